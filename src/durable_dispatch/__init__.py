@@ -1,0 +1,30 @@
+"""durable-dispatch: crash-safe MPI master/worker task farms.
+
+Only re-exports live here; see the README for the tour and ``docs/`` for the details.
+"""
+
+from .errors import DurableDispatchError
+from .storage import (
+    Health,
+    HealthState,
+    Journal,
+    Receipt,
+    Record,
+    RecoveryReport,
+    Snapshot,
+    SnapshotStore,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DurableDispatchError",
+    "Health",
+    "HealthState",
+    "Journal",
+    "Receipt",
+    "Record",
+    "RecoveryReport",
+    "Snapshot",
+    "SnapshotStore",
+]

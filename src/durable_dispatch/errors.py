@@ -1,0 +1,309 @@
+"""The whole exception hierarchy of durable-dispatch.
+
+Every error the library raises on purpose derives from :class:`DurableDispatchError`. The tree
+splits *caller misuse* (:class:`UsageError`, :class:`ConfigurationError`) from *the world
+misbehaving*: a corrupt file (:class:`CorruptionError` and its subclasses), a disk that refuses
+writes (:class:`StorageError`), another process holding a lock (:class:`LockHeldError`), or a
+worker sending a bad message (:class:`ProtocolError`).
+
+Every error keeps the facts it is about as read-only attributes (``path``, ``offset``, ``rank``,
+``errno`` ...), renders them in ``str()``, and pickles (errors cross MPI and process pipes): each
+class stores its constructor arguments and rebuilds itself from them in ``__reduce__``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = [
+    "DurableDispatchError",
+    "UsageError",
+    "ConfigurationError",
+    "CorruptionError",
+    "JournalCorruptError",
+    "JournalVersionError",
+    "SnapshotCorruptError",
+    "RecordTooLargeError",
+    "RecordEncodeError",
+    "StorageError",
+    "StorageDegradedError",
+    "MemoryBoundError",
+    "NotDurableError",
+    "LockHeldError",
+    "ProtocolError",
+]
+
+
+def _fmt_path(path: str | os.PathLike[str] | None) -> str | None:
+    return None if path is None else os.fspath(path)
+
+
+class DurableDispatchError(Exception):
+    """Root of every error this library raises on purpose.
+
+    Catch this to handle any library failure; catch a subclass to handle one cause. Each instance
+    keeps the keyword facts it was built with and pickles with them.
+    """
+
+    def __init__(self, message: str, **facts: Any) -> None:
+        super().__init__(message)
+        self._message = message
+        self._facts = facts
+
+    @property
+    def message(self) -> str:
+        """The human sentence, without the facts."""
+        return self._message
+
+    def __str__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self._facts.items() if v is not None)
+        return f"{self._message} ({shown})" if shown else self._message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self._message, self._facts))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+
+def _rebuild(cls: type[DurableDispatchError], message: str, facts: dict[str, Any]) -> Any:
+    err = cls.__new__(cls)
+    DurableDispatchError.__init__(err, message, **facts)
+    return err
+
+
+class UsageError(DurableDispatchError, ValueError):
+    """The caller used the API wrongly (a closed journal, an unknown sync policy, a bad argument).
+
+    Fix the calling code; retrying will not help.
+    """
+
+
+class ConfigurationError(UsageError):
+    """A configuration value cannot be used at all (as opposed to being clamped and reported).
+
+    Attributes:
+        name: the setting's name (for example an environment variable).
+    """
+
+    def __init__(self, message: str, *, name: str | None = None) -> None:
+        super().__init__(message, name=name)
+
+    @property
+    def name(self) -> str | None:
+        """The setting's name."""
+        return self._facts.get("name")  # type: ignore[no-any-return]
+
+
+class CorruptionError(DurableDispatchError):
+    """A file on disk is damaged: its bytes do not pass the format's checks.
+
+    Attributes:
+        path: the file.
+        offset: the byte offset of the first damage, when known.
+        reason: what is wrong, in a few words.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        offset: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message, path=_fmt_path(path), offset=offset, reason=reason)
+
+    @property
+    def path(self) -> str | None:
+        """The damaged file."""
+        return self._facts.get("path")  # type: ignore[no-any-return]
+
+    @property
+    def offset(self) -> int | None:
+        """Byte offset of the first damage, or None."""
+        return self._facts.get("offset")  # type: ignore[no-any-return]
+
+    @property
+    def reason(self) -> str | None:
+        """What is wrong, in a few words."""
+        return self._facts.get("reason")  # type: ignore[no-any-return]
+
+
+class JournalCorruptError(CorruptionError):
+    """A journal has damage that the chosen recovery mode does not repair.
+
+    Raised by ``Journal.open`` (for example damage before the tail under the default
+    ``tolerate-torn-tail`` mode) and by readers that meet damage. Open again with
+    ``recovery="point-in-time"`` or ``"skip-corrupted"`` to salvage; the dropped bytes are kept in a
+    side file.
+    """
+
+
+class JournalVersionError(JournalCorruptError):
+    """A journal was written in a format version this library does not read.
+
+    Unlike other corruption no recovery mode touches such a file: upgrade the library instead.
+    """
+
+
+class SnapshotCorruptError(CorruptionError):
+    """No snapshot generation in a store passed its checks (``SnapshotStore.load``).
+
+    Raised only when every generation present is damaged; a damaged newest generation with a valid
+    older one is a fallback, reported on the loaded snapshot, not an error.
+    """
+
+
+class RecordTooLargeError(UsageError):
+    """An appended record is larger than the journal's ``max_record_bytes``. Nothing was written.
+
+    Attributes:
+        size: the encoded size in bytes.
+        limit: the journal's bound.
+    """
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message, size=size, limit=limit)
+
+    @property
+    def size(self) -> int:
+        """Encoded record size in bytes."""
+        return self._facts["size"]  # type: ignore[no-any-return]
+
+    @property
+    def limit(self) -> int:
+        """The journal's size bound in bytes."""
+        return self._facts["limit"]  # type: ignore[no-any-return]
+
+
+class RecordEncodeError(UsageError, TypeError):
+    """An appended record cannot be encoded as JSON by orjson. Nothing was written."""
+
+
+class StorageError(DurableDispatchError, OSError):
+    """The operating system refused a file operation in a way the library cannot absorb.
+
+    Raised at start-up for errors such as permission denied or a bad path, where falling back to
+    memory would hide a configuration mistake. Attributes ``path``, ``op`` and ``errno``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        op: str | None = None,
+        errno: int | None = None,
+        **extra: Any,
+    ) -> None:
+        DurableDispatchError.__init__(
+            self, message, path=_fmt_path(path), op=op, errno=errno, **extra
+        )
+        self.args = (message,)
+
+    @property
+    def path(self) -> str | None:  # type: ignore[override]
+        """The file the operation was about."""
+        return self._facts.get("path")  # type: ignore[no-any-return]
+
+    @property
+    def op(self) -> str | None:
+        """The fs-seam operation that failed (``open``, ``write``, ``fsync`` ...)."""
+        return self._facts.get("op")  # type: ignore[no-any-return]
+
+    @property
+    def errno(self) -> int | None:  # type: ignore[override]
+        """The OS error number, when there was one."""
+        return self._facts.get("errno")  # type: ignore[no-any-return]
+
+    @errno.setter
+    def errno(self, value: int | None) -> None:
+        # OSError.__init__ machinery may assign; keep the facts authoritative.
+        pass
+
+    @property
+    def strerror(self) -> str | None:  # type: ignore[override]
+        """The OS message for ``errno``."""
+        e = self.errno
+        return os.strerror(e) if e is not None else None
+
+    @strerror.setter
+    def strerror(self, value: str | None) -> None:
+        pass
+
+    @property
+    def filename(self) -> str | None:  # type: ignore[override]
+        """Same as ``path`` (the ``OSError`` spelling)."""
+        return self.path
+
+    @filename.setter
+    def filename(self, value: Any) -> None:
+        pass
+
+
+class StorageDegradedError(StorageError):
+    """The storage is running from memory after a disk fault and cannot do what was asked.
+
+    For example ``Journal.wait_durable`` for a record that is memory-only, or
+    ``SnapshotStore.save`` when the disk refused the write. The data is not lost: it is held in
+    memory (see ``health``); call ``try_restore()`` / save again once the disk is healthy.
+    """
+
+
+class MemoryBoundError(StorageDegradedError):
+    """A degraded journal's memory buffer is full; the record was *not* accepted.
+
+    The caller still owns the record and must decide: wait and retry after ``try_restore()``, or stop.
+    """
+
+
+class NotDurableError(StorageDegradedError):
+    """Records were accepted but are not on disk, and the operation needed them to be.
+
+    Raised by ``wait_durable`` for a memory-only sequence number and by ``close`` when memory-only
+    records would be dropped; ``pending`` says how many.
+    """
+
+    @property
+    def pending(self) -> int | None:
+        """How many records are memory-only."""
+        return self._facts.get("pending")  # type: ignore[no-any-return]
+
+
+class LockHeldError(DurableDispatchError):
+    """Another writer holds the lock of a journal or state directory (S5).
+
+    Attributes:
+        path: the lock file.
+    """
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(message, path=_fmt_path(path))
+
+    @property
+    def path(self) -> str | None:
+        """The lock file."""
+        return self._facts.get("path")  # type: ignore[no-any-return]
+
+
+class ProtocolError(DurableDispatchError):
+    """A peer (a worker rank) sent a message that breaks the protocol.
+
+    The master never raises this at its loop: it counts and quarantines such messages. It is raised
+    by strict decoding helpers and carries ``rank`` and ``reason``.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, reason: str | None = None) -> None:
+        super().__init__(message, rank=rank, reason=reason)
+
+    @property
+    def rank(self) -> int | None:
+        """The sending rank, when known."""
+        return self._facts.get("rank")  # type: ignore[no-any-return]
+
+    @property
+    def reason(self) -> str | None:
+        """What is wrong with the message."""
+        return self._facts.get("reason")  # type: ignore[no-any-return]

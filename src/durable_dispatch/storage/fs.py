@@ -1,0 +1,214 @@
+"""The fs seam: the only module of durable-dispatch that writes, syncs, renames or removes files.
+
+Theory of operation: every durable-storage step goes through one small function here, named
+after the operation that can fail (``open``, ``write``, ``fsync``, ``dir-fsync``, ``replace``,
+``close``, ``truncate``, ``unlink``, ``read``). Before doing the real call each function asks
+the installed fault hook (see :mod:`durable_dispatch.testing`) whether this operation on this
+path should fail, so tests can make any single step fail with any errno, on real files or under
+pyfakefs.
+
+Durability contract of the helpers:
+
+* :func:`write_all` hands bytes to the kernel (they survive a *process* crash, not a power loss);
+* :func:`fsync` makes a file's data and size durable (survives power loss) once it returns;
+* :func:`fsync_dir` makes directory entries (creations, renames) durable once it returns;
+* :func:`replace` is atomic for readers but is durable only after :func:`fsync_dir` of the parent.
+
+Files are created with owner-only permissions (``0o600``) unless told otherwise; exclusive
+creation never follows a symlink (``O_EXCL | O_NOFOLLOW``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable
+from typing import BinaryIO
+
+__all__ = [
+    "OPERATIONS",
+    "FaultHook",
+    "set_fault_hook",
+    "get_fault_hook",
+    "open_append",
+    "open_read",
+    "create_exclusive",
+    "write_all",
+    "fsync",
+    "fsync_dir",
+    "replace",
+    "close",
+    "truncate",
+    "unlink",
+    "path_of",
+    "makedirs",
+    "DEGRADABLE_ERRNOS",
+    "is_degradable",
+]
+
+#: The operation names a fault can target.
+OPERATIONS = (
+    "open",
+    "write",
+    "fsync",
+    "dir-fsync",
+    "replace",
+    "close",
+    "truncate",
+    "unlink",
+    "read",
+)
+
+#: A fault hook receives ``(op, path)`` and raises ``OSError`` to make the operation fail.
+FaultHook = Callable[[str, str], None]
+
+#: Errors that mean "the disk said no" (as opposed to a bug or a misconfiguration): on these the
+#: storage layer falls back to memory instead of raising.
+DEGRADABLE_ERRNOS = frozenset(
+    e for e in (errno.EIO, errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS) if e is not None
+)
+
+
+def is_degradable(err: BaseException) -> bool:
+    """True for an ``OSError`` whose errno is in :data:`DEGRADABLE_ERRNOS`."""
+    return isinstance(err, OSError) and err.errno in DEGRADABLE_ERRNOS
+
+
+_hook: FaultHook | None = None
+_paths: dict[int, str] = {}
+_paths_lock = threading.Lock()
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def set_fault_hook(hook: FaultHook | None) -> FaultHook | None:
+    """Install ``hook`` (or remove it with None); returns the previous hook."""
+    global _hook
+    previous, _hook = _hook, hook
+    return previous
+
+
+def get_fault_hook() -> FaultHook | None:
+    """The installed fault hook, or None."""
+    return _hook
+
+
+def _check(op: str, path: str) -> None:
+    hook = _hook
+    if hook is not None:
+        hook(op, path)
+
+
+def _remember(fd: int, path: str) -> int:
+    with _paths_lock:
+        _paths[fd] = path
+    return fd
+
+
+def path_of(fd: int) -> str:
+    """The path a descriptor opened by this module was opened with ("" if unknown)."""
+    return _paths.get(fd, "")
+
+
+def open_append(path: str, mode: int = 0o600) -> int:
+    """Open (creating if missing) ``path`` for appending; returns the descriptor."""
+    _check("open", path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, mode)
+    return _remember(fd, path)
+
+
+def create_exclusive(path: str, mode: int = 0o600) -> int:
+    """Create a new file for writing; fails if anything (even a symlink) is already there."""
+    _check("open", path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    fd = os.open(path, flags, mode)
+    return _remember(fd, path)
+
+
+def open_read(path: str) -> BinaryIO:
+    """Open ``path`` for buffered binary reading (a fault on ``read`` fires here)."""
+    _check("read", path)
+    return open(path, "rb")  # noqa: SIM115 - the caller owns and closes it
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``, looping over short writes.
+
+    One ``os.write`` call carries the whole buffer unless the kernel returns short, so a record
+    written alone is one ``write()`` of the whole line.
+    """
+    _check("write", path_of(fd))
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def fsync(fd: int) -> None:
+    """``fsync`` a file descriptor: its data is durable once this returns."""
+    _check("fsync", path_of(fd))
+    os.fsync(fd)
+
+
+def fsync_dir(directory: str) -> None:
+    """``fsync`` a directory so that entries created or renamed in it are durable."""
+    _check("dir-fsync", directory)
+    fd = os.open(directory or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace(src: str, dst: str) -> None:
+    """Atomically rename ``src`` over ``dst`` (durable only after ``fsync_dir``)."""
+    _check("replace", dst)
+    os.replace(src, dst)
+
+
+def close(fd: int) -> None:
+    """Close a descriptor opened by this module."""
+    with _paths_lock:
+        path = _paths.pop(fd, "")
+    try:
+        _check("close", path)
+    finally:
+        os.close(fd)
+
+
+def truncate(path: str, length: int) -> None:
+    """Cut ``path`` to ``length`` bytes and fsync it."""
+    _check("truncate", path)
+    fd = os.open(path, os.O_WRONLY | _NOFOLLOW | _CLOEXEC)
+    try:
+        os.ftruncate(fd, length)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def unlink(path: str) -> None:
+    """Remove a file."""
+    _check("unlink", path)
+    os.unlink(path)
+
+
+def makedirs(directory: str, mode: int = 0o700) -> None:
+    """Create ``directory`` and missing parents (owner-only), then fsync the parent of each."""
+    _check("open", directory)
+    missing = []
+    d = os.path.abspath(directory)
+    while d and not os.path.isdir(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+        except FileExistsError:
+            continue
+        fsync_dir(os.path.dirname(d))

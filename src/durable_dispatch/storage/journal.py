@@ -1,0 +1,929 @@
+"""Append-only JSON Lines journal with checksums, sync policies, group commit and honest degradation.
+
+Theory of operation. ``append`` encodes the payload with orjson (refusing oversized or unencodable
+records before anything is written), takes the next sequence number and queues the bytes. A
+*flush* moves queued records to the kernel with one ``write()`` of whole lines (survives a process
+crash); a *sync* then ``fsync``s the file (survives power loss). Only after ``fsync`` returns is a
+sequence number reported durable. The sync policy decides who flushes and when:
+
+* ``always``: ``append`` flushes and fsyncs before it returns; concurrent appenders share fsyncs.
+* ``batch``: group commit. A background flusher writes and fsyncs the queue when it holds
+  ``batch_max_records`` records or its oldest record is ``batch_max_delay`` seconds old;
+  ``wait_durable(seq)`` flushes at once and returns when ``seq`` is durable.
+* ``never``: each append is written to the kernel, never fsynced; receipts say ``durable=False``.
+
+Honest degradation (S4). When a write or fsync fails the journal never trusts that descriptor
+again: every record since the last good fsync (written or not) moves to a bounded in-memory list,
+the file descriptor is closed, ``health`` turns ``DEGRADED`` and new appends go to memory with
+``durable=False`` receipts. ``try_restore()`` writes the durable prefix plus the memory records to a
+*fresh* temporary file, fsyncs it, renames it over the journal and fsyncs the directory; only then
+are those records durable and the health ``OK`` again. Sequence numbers never repeat.
+
+Opening recovers according to a named mode (``RECOVERY_MODES``); bytes a mode drops are first
+copied to a side file next to the journal, and the :class:`RecoveryReport` says what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from types import TracebackType
+from typing import Any, NamedTuple
+
+import filelock
+import orjson
+
+from ..errors import (
+    JournalCorruptError,
+    JournalVersionError,
+    LockHeldError,
+    MemoryBoundError,
+    NotDurableError,
+    RecordEncodeError,
+    RecordTooLargeError,
+    StorageError,
+    UsageError,
+)
+from . import fs
+from .format import Damage, Header, frame_record, new_salt, parse_record, scan
+
+__all__ = [
+    "Journal",
+    "Receipt",
+    "Record",
+    "Health",
+    "HealthState",
+    "RecoveryReport",
+    "SYNC_POLICIES",
+    "RECOVERY_MODES",
+]
+
+log = logging.getLogger("durable_dispatch.journal")
+
+SYNC_POLICIES = ("always", "batch", "never")
+RECOVERY_MODES = ("tolerate-torn-tail", "absolute", "point-in-time", "skip-corrupted")
+
+
+class Receipt(NamedTuple):
+    """What ``append`` returns: the record's sequence number and whether it is durable *now*.
+
+    ``durable=False`` in ``batch`` mode means "queued": call ``Journal.wait_durable(seq)``.
+    """
+
+    seq: int
+    durable: bool
+
+
+class Record(NamedTuple):
+    """One record read back from a journal."""
+
+    seq: int
+    payload: Any
+
+
+class HealthState(str, Enum):
+    """Whether storage is writing to disk (``OK``) or holding records in memory (``DEGRADED``)."""
+
+    OK = "OK"
+    DEGRADED = "DEGRADED"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Health:
+    """An immutable snapshot of a journal's (or snapshot store's) storage health.
+
+    Attributes:
+        state: ``OK`` or ``DEGRADED``.
+        op: the fs operation that failed (``write``, ``fsync`` ...), when degraded.
+        errno: its error number.
+        path: the file it was about.
+        since: wall-clock time (``time.time()``) when the degradation began.
+        pending: how many records (or snapshots) are held only in memory.
+    """
+
+    state: HealthState = HealthState.OK
+    op: str | None = None
+    errno: int | None = None
+    path: str | None = None
+    since: float | None = None
+    pending: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """True when everything accepted is on disk or on its way there normally."""
+        return self.state is HealthState.OK
+
+    def __repr__(self) -> str:
+        if self.ok:
+            return "OK"
+        err = os.strerror(self.errno) if self.errno is not None else "?"
+        return (
+            f"DEGRADED(op={self.op!r}, errno={self.errno} [{err}], path={self.path!r}, "
+            f"since={self.since}, pending={self.pending})"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
+        return {
+            "state": self.state.value,
+            "op": self.op,
+            "errno": self.errno,
+            "path": self.path,
+            "since": self.since,
+            "pending": self.pending,
+        }
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What ``Journal.open`` found and did.
+
+    Attributes:
+        mode: the recovery mode used.
+        created: the journal file was new (or empty) and a header was written.
+        records: intact records kept.
+        cut_offset: where the file was cut back to, when it was.
+        cut_bytes: how many bytes were removed from the journal (all copied to ``side_file``).
+        side_file: where removed bytes were saved.
+        damage: every damaged span found, in file order.
+    """
+
+    mode: str
+    created: bool = False
+    records: int = 0
+    cut_offset: int | None = None
+    cut_bytes: int = 0
+    side_file: str | None = None
+    damage: tuple[Damage, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """True when nothing was found damaged."""
+        return not self.damage
+
+
+class _Degraded(Exception):
+    """Internal: an open-time step failed with a degradable errno."""
+
+    def __init__(self, op: str, err: OSError) -> None:
+        super().__init__(op)
+        self.op = op
+        self.err = err
+
+
+class Journal:
+    """An append-only, checksummed JSON Lines journal with one writer process (S1, S2, S4, S5).
+
+    Open with :meth:`Journal.open`; use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, path: str, *, _token: object = None, **kw: Any) -> None:
+        if _token is not _OPEN_TOKEN:
+            raise UsageError("use Journal.open(path, ...) to open a journal")
+        self.path = path
+        self._dir = os.path.dirname(os.path.abspath(path))
+        self.sync: str = kw["sync"]
+        self.max_record_bytes: int = kw["max_record_bytes"]
+        self._batch_max = kw["batch_max_records"]
+        self._batch_delay = kw["batch_max_delay"]
+        self._max_mem = kw["max_memory_bytes"]
+        self._file_mode = kw["mode"]
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._io_lock = threading.Lock()
+        # Guarded by _lock:
+        self._queue: list[tuple[int, bytes]] = []  # appended, not yet written
+        self._queue_since = 0.0
+        self._memory: list[tuple[int, bytes]] = []  # memory-only while degraded
+        self._mem_bytes = 0
+        self._health = Health()
+        self._closed = False
+        self._next_seq = 0
+        self._durable_seq = -1
+        # Guarded by _io_lock:
+        self._fd: int | None = None
+        self._unsynced: list[tuple[int, bytes]] = []  # written, not fsynced
+        self._written = 0  # file size after our writes
+        self._synced = 0  # file size covered by the last good fsync
+        self._header = Header(new_salt(), 0)
+        self._seed = self._header.seed
+        self._header_len = 0
+        self._file_exists = False
+        self._flusher: threading.Thread | None = None
+        self._flock: filelock.BaseFileLock | None = None
+        self.recovery = RecoveryReport(mode=kw["recovery"])
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        sync: str = "batch",
+        *,
+        recovery: str = "tolerate-torn-tail",
+        max_record_bytes: int = 1 << 20,
+        batch_max_records: int = 1024,
+        batch_max_delay: float = 0.002,
+        max_memory_bytes: int = 64 << 20,
+        mode: int = 0o600,
+        lock_timeout: float = 0.0,
+    ) -> Journal:
+        """Open (creating if needed) and recover a journal, taking its writer lock.
+
+        Args:
+            path: the journal file; missing parent directories are created owner-only.
+            sync: ``"always"``, ``"batch"`` or ``"never"`` (see the module docs).
+            recovery: one of :data:`RECOVERY_MODES`. ``tolerate-torn-tail`` (default) cuts a torn,
+                zero-filled or checksum-failing tail that no later record proves durable;
+                ``absolute`` refuses any damage; ``point-in-time`` keeps the valid prefix before
+                the first damage; ``skip-corrupted`` keeps every intact record and records the gaps.
+                Dropped bytes always go to a side file ``<path>.damaged-<offset>``.
+            max_record_bytes: bound on one encoded payload; larger appends are refused.
+            batch_max_records: ``batch`` mode writes and fsyncs at least this often (in records).
+            batch_max_delay: ``batch`` mode's longest wait (seconds) before it writes and fsyncs.
+            max_memory_bytes: bound on payload bytes held in memory while degraded.
+            mode: permission bits of files the journal creates.
+            lock_timeout: seconds to wait for another writer's lock (0: fail at once).
+
+        Returns:
+            The open journal; ``journal.recovery`` reports what opening found and did, and
+            ``journal.health`` is ``DEGRADED`` if the disk refused to let it start on disk.
+
+        Raises:
+            UsageError: an unknown sync policy or recovery mode, or a non-positive bound.
+            LockHeldError: another writer holds ``<path>.lock`` (S5).
+            JournalCorruptError: damage the recovery mode does not repair (offset included).
+            JournalVersionError: the file is of a format version this library does not read.
+            StorageError: the OS refused with a non-disk error (permission denied, not a file ...).
+        """
+        if sync not in SYNC_POLICIES:
+            raise UsageError(f"unknown sync policy {sync!r}; use one of {SYNC_POLICIES}")
+        if recovery not in RECOVERY_MODES:
+            raise UsageError(f"unknown recovery mode {recovery!r}; use one of {RECOVERY_MODES}")
+        for name, val in (
+            ("max_record_bytes", max_record_bytes),
+            ("batch_max_records", batch_max_records),
+            ("max_memory_bytes", max_memory_bytes),
+        ):
+            if not isinstance(val, int) or val <= 0:
+                raise UsageError(f"{name} must be a positive integer, got {val!r}")
+        if not batch_max_delay >= 0:
+            raise UsageError(f"batch_max_delay must be >= 0, got {batch_max_delay!r}")
+        j = cls(
+            os.fspath(path),
+            _token=_OPEN_TOKEN,
+            sync=sync,
+            recovery=recovery,
+            max_record_bytes=max_record_bytes,
+            batch_max_records=batch_max_records,
+            batch_max_delay=float(batch_max_delay),
+            max_memory_bytes=max_memory_bytes,
+            mode=mode,
+        )
+        j._start(recovery, lock_timeout)
+        return j
+
+    def _start(self, recovery: str, lock_timeout: float) -> None:
+        try:
+            try:
+                if not os.path.isdir(self._dir):
+                    fs.makedirs(self._dir)
+                self._take_lock(lock_timeout)
+                self._recover_and_open(recovery)
+            except OSError as e:
+                if not fs.is_degradable(e):
+                    raise StorageError(
+                        f"cannot open journal: {e.strerror or e}",
+                        path=getattr(e, "filename", None) or self.path,
+                        op="open",
+                        errno=e.errno,
+                    ) from e
+                raise _Degraded("open", e) from e
+        except _Degraded as d:
+            self._durable_seq = self._next_seq - 1
+            self._enter_degraded(d.op, d.err)
+        except BaseException:
+            self._release()
+            raise
+        if self.sync == "batch":
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"journal-flusher:{self.path}", daemon=True
+            )
+            self._flusher.start()
+
+    def _take_lock(self, timeout: float) -> None:
+        lock = filelock.FileLock(self.path + ".lock", timeout=timeout, mode=0o600, thread_local=False)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise LockHeldError(
+                "another writer holds this journal's lock", path=self.path + ".lock"
+            ) from None
+        self._flock = lock
+
+    def _recover_and_open(self, mode: str) -> None:
+        size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        self._file_exists = os.path.exists(self.path)
+        created = False
+        cut_offset: int | None = None
+        side: str | None = None
+        damage: tuple[Damage, ...] = ()
+        records = 0
+        if size == 0:
+            created = True
+        else:
+            try:
+                with fs.open_read(self.path) as f:
+                    res = scan(f, size, self.max_record_bytes)
+            except ValueError as e:
+                raise JournalVersionError(
+                    f"journal format version {e.args[1]!r} is not supported (this library reads "
+                    f"version 1)",
+                    path=self.path,
+                    reason="unsupported version",
+                ) from None
+            except OSError as e:
+                # Without reading the file the next sequence number is unknown: refuse to start
+                # rather than risk reusing a number.
+                raise StorageError(
+                    f"cannot read journal to recover it: {e.strerror or e}",
+                    path=self.path,
+                    op="read",
+                    errno=e.errno,
+                ) from e
+            if res.header is not None:
+                self._header_len = res.header_len
+                self._written = self._synced = res.end
+            damage = tuple(res.damage)
+            first = res.damage[0] if res.damage else None
+            if res.header is None:
+                # Without a valid header no record can be verified.
+                if mode == "absolute" or not res.tail_only:
+                    assert first is not None
+                    raise JournalCorruptError(
+                        f"journal header is damaged: {first.reason}",
+                        path=self.path,
+                        offset=0,
+                        reason=first.reason,
+                    )
+                side = self._save_side(0, size)
+                self._written = self._synced = 0
+                fs.truncate(self.path, 0)
+                cut_offset, created = 0, True
+            else:
+                self._header = res.header
+                self._seed = res.header.seed
+                records = res.prefix_records
+                self._next_seq = res.prefix_next_seq
+                if first is not None:
+                    tail_ok = mode == "point-in-time" or (
+                        mode in ("tolerate-torn-tail", "skip-corrupted") and res.tail_only
+                    )
+                    if mode == "skip-corrupted" and res.after_damage:
+                        self._next_seq = res.next_seq
+                        side = self._salvage(res, size)
+                        records = res.records
+                        self._next_seq = res.next_seq
+                    elif tail_ok:
+                        side = self._save_side(first.offset, size)
+                        fs.truncate(self.path, first.offset)
+                        cut_offset = first.offset
+                    else:
+                        why = (
+                            "a later record proves it was durable"
+                            if mode == "tolerate-torn-tail"
+                            else "recovery mode is absolute"
+                        )
+                        raise JournalCorruptError(
+                            f"journal damaged at offset {first.offset}: {first.reason} ({why})",
+                            path=self.path,
+                            offset=first.offset,
+                            reason=first.reason,
+                        )
+                    log.warning(
+                        "journal %s: recovery %s dropped %d damaged span(s) starting at offset %d; "
+                        "bytes saved to %s",
+                        self.path,
+                        mode,
+                        len(damage),
+                        first.offset,
+                        side,
+                    )
+        self.recovery = RecoveryReport(
+            mode=mode,
+            created=created,
+            records=records,
+            cut_offset=cut_offset,
+            cut_bytes=(size - cut_offset) if cut_offset is not None else 0,
+            side_file=side,
+            damage=damage,
+        )
+        if created:
+            self._header = Header(new_salt(), self._next_seq)
+            self._seed = self._header.seed
+            fd = fs.open_append(self.path, self._file_mode)
+            self._fd = fd
+            self._file_exists = True
+            hdr = self._header.frame()
+            fs.write_all(fd, hdr)
+            fs.fsync(fd)
+            fs.fsync_dir(self._dir)
+            self._written = self._synced = self._header_len = len(hdr)
+            self._durable_seq = self._next_seq - 1
+            return
+        elif self._fd is None:
+            self._fd = fs.open_append(self.path, self._file_mode)
+            # Whatever an earlier process left unsynced becomes durable (or fails) here.
+            fs.fsync(self._fd)
+        self._durable_seq = self._next_seq - 1
+
+    def _save_side(self, offset: int, size: int) -> str:
+        """Copy bytes ``[offset, size)`` of the journal to a new side file; return its path."""
+        base = f"{self.path}.damaged-{offset}"
+        side, n = base, 0
+        while os.path.lexists(side):
+            n += 1
+            side = f"{base}.{n}"
+        fd = fs.create_exclusive(side, self._file_mode)
+        try:
+            with fs.open_read(self.path) as f:
+                f.seek(offset)
+                while chunk := f.read(1 << 20):
+                    fs.write_all(fd, chunk)
+            fs.fsync(fd)
+        finally:
+            fs.close(fd)
+        fs.fsync_dir(self._dir)
+        return side
+
+    def _salvage(self, res: Any, size: int) -> str:
+        """skip-corrupted: keep a copy of the whole file, rewrite it with the intact records only."""
+        side = self._save_side(0, size)
+        holes = tuple(sorted(set(self._header.holes) | set(res.holes)))
+        hdr = Header(new_salt(), self._header.first_seq, holes)
+        self._rewrite(hdr, self._intact_lines(self.path, self._seed, None), [])
+        self._header, self._seed = hdr, hdr.seed
+        return side
+
+    def _intact_lines(self, path: str, seed: int, end: int | None) -> Iterator[tuple[int, int, bytes]]:
+        """Yield ``(seq, durable_mark, payload_bytes)`` of every intact record of ``path``."""
+        from .format import iter_lines
+
+        with fs.open_read(path) as f:
+            lines = iter_lines(f, self.max_record_bytes + 256)
+            next(lines, None)  # header
+            for off, line, _n in lines:
+                if end is not None and off >= end:
+                    return
+                r = parse_record(line, seed) if line else "oversized"
+                if isinstance(r, str):
+                    continue
+                i = line.find(b',"p":')
+                yield r[0], r[1], line[i + 5 : -2]
+
+    def _rewrite(
+        self,
+        hdr: Header,
+        durable: Iterator[tuple[int, int, bytes]],
+        extra: list[tuple[int, bytes]],
+    ) -> int:
+        """Write header + records to a fresh temp file, fsync, rename over the journal, fsync dir.
+
+        Returns the new file's open append descriptor's size; sets ``self._fd`` to it.
+        """
+        tmp = f"{self.path}.rewrite-{new_salt()}.tmp"
+        fd = fs.create_exclusive(tmp, self._file_mode)
+        try:
+            seed = hdr.seed
+            chunk: list[bytes] = [hdr.frame()]
+            size = 0
+            pending = len(chunk[0])
+            last = -1
+            for seq, mark, payload in durable:
+                chunk.append(frame_record(seed, seq, mark, payload))
+                pending += len(chunk[-1])
+                last = seq
+                if pending >= 1 << 20:
+                    data = b"".join(chunk)
+                    fs.write_all(fd, data)
+                    size += len(data)
+                    chunk, pending = [], 0
+            for seq, payload in extra:
+                chunk.append(frame_record(seed, seq, last, payload))
+            data = b"".join(chunk)
+            fs.write_all(fd, data)
+            size += len(data)
+            fs.fsync(fd)
+            fs.replace(tmp, self.path)
+        except BaseException:
+            try:
+                fs.close(fd)
+            except OSError:
+                pass
+            try:
+                fs.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        try:
+            fs.fsync_dir(self._dir)
+        except BaseException:
+            fs.close(fd)
+            raise
+        # The descriptor now names the journal's inode; keep appending through it.
+        old = self._fd
+        self._fd = fd
+        self._file_exists = True
+        if old is not None:
+            try:
+                fs.close(old)
+            except OSError:
+                pass
+        self._written = self._synced = size
+        self._header_len = len(hdr.frame())
+        return size
+
+    # ---------------------------------------------------------------- appending
+    def append(self, payload: Any) -> Receipt:
+        """Append one JSON-encodable payload; returns its :class:`Receipt`.
+
+        ``always``: returns after the record's fsync (``durable=True``), or ``durable=False`` if
+        the disk failed and the record is held in memory. ``batch``: returns at once with
+        ``durable=False`` unless an fsync already covers it; use :meth:`wait_durable`. ``never``:
+        the record is handed to the kernel, never fsynced.
+
+        Note: orjson encodes NaN and infinities as ``null``; keep payloads finite.
+
+        Raises:
+            RecordEncodeError: orjson cannot encode the payload (nothing written).
+            RecordTooLargeError: the encoded payload exceeds ``max_record_bytes`` (nothing written).
+            MemoryBoundError: degraded and the memory bound is reached (the record was not taken).
+            UsageError: the journal is closed.
+        """
+        try:
+            data = orjson.dumps(payload)
+        except (orjson.JSONEncodeError, TypeError) as e:
+            raise RecordEncodeError(f"payload cannot be encoded as JSON: {e}") from None
+        if len(data) > self.max_record_bytes:
+            raise RecordTooLargeError(
+                f"record of {len(data)} bytes exceeds max_record_bytes",
+                size=len(data),
+                limit=self.max_record_bytes,
+            )
+        with self._lock:
+            if self._closed:
+                raise UsageError("journal is closed")
+            seq = self._next_seq
+            if not self._health.ok:
+                if self._mem_bytes + len(data) > self._max_mem:
+                    raise MemoryBoundError(
+                        "degraded journal's memory bound reached; record not accepted",
+                        path=self.path,
+                        op="append",
+                        errno=self._health.errno,
+                        pending=len(self._memory),
+                    )
+                self._next_seq = seq + 1
+                self._memory.append((seq, data))
+                self._mem_bytes += len(data)
+                self._refresh_pending()
+                return Receipt(seq, False)
+            self._next_seq = seq + 1
+            if not self._queue:
+                self._queue_since = time.monotonic()
+            self._queue.append((seq, data))
+            if self.sync == "batch":
+                n = len(self._queue)
+                if n >= self._batch_max:
+                    self._cond.notify_all()
+                # Back-pressure: never let the queue run far ahead of the disk.
+                while len(self._queue) >= 8 * self._batch_max and self._health.ok:
+                    self._cond.wait(0.05)
+                return Receipt(seq, self._durable_seq >= seq)
+        if self.sync == "always":
+            self._flush(sync=True)
+        else:
+            self._flush(sync=False)
+        with self._lock:
+            return Receipt(seq, self.sync != "never" and self._durable_seq >= seq)
+
+    def wait_durable(self, seq: int, timeout: float | None = None) -> None:
+        """Return once an fsync covers ``seq`` (flushing now if needed, whatever the policy).
+
+        Raises:
+            NotDurableError: the record is held in memory after a disk fault.
+            TimeoutError: ``timeout`` seconds passed first (only possible under lock contention).
+            UsageError: ``seq`` was never appended.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if seq >= self._next_seq or seq < 0:
+                    raise UsageError(f"sequence number {seq} was never appended")
+                if self._durable_seq >= seq:
+                    return
+                if not self._health.ok:
+                    raise NotDurableError(
+                        f"record {seq} is held in memory only; storage is degraded",
+                        path=self.path,
+                        op=self._health.op,
+                        errno=self._health.errno,
+                        pending=len(self._memory),
+                    )
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"record {seq} not durable within {timeout} s")
+            self._flush(sync=True)
+
+    def sync_now(self) -> int:
+        """Write and fsync everything appended so far; returns the durable sequence number.
+
+        Works under every policy (also ``never``). Returns ``-1``-based ``durable_seq`` unchanged
+        if degraded (check ``health``).
+        """
+        self._flush(sync=True)
+        return self.durable_seq
+
+    def _flush(self, sync: bool) -> None:
+        with self._io_lock:
+            with self._lock:
+                if not self._health.ok or self._fd is None:
+                    return
+                batch, self._queue = self._queue, []
+                mark = self._durable_seq
+                self._cond.notify_all()
+            fd = self._fd
+            if batch:
+                seed = self._seed
+                data = b"".join([frame_record(seed, s, mark, p) for s, p in batch])
+                try:
+                    fs.write_all(fd, data)
+                except OSError as e:
+                    self._degrade("write", e, batch)
+                    return
+                self._written += len(data)
+                self._unsynced.extend(batch)
+            if sync and self._unsynced:
+                try:
+                    fs.fsync(fd)
+                except OSError as e:
+                    self._degrade("fsync", e, [])
+                    return
+                with self._lock:
+                    self._durable_seq = self._unsynced[-1][0]
+                    self._cond.notify_all()
+                self._synced = self._written
+                self._unsynced = []
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    if self._closed:
+                        return
+                    if self._queue and self._health.ok:
+                        age = time.monotonic() - self._queue_since
+                        if len(self._queue) >= self._batch_max or age >= self._batch_delay:
+                            break
+                        self._cond.wait(self._batch_delay - age)
+                    else:
+                        self._cond.wait()
+            self._flush(sync=True)
+
+    # ------------------------------------------------------------- degradation
+    def _degrade(self, op: str, err: OSError, batch: list[tuple[int, bytes]]) -> None:
+        """Called with ``_io_lock`` held: never trust this descriptor again (S4)."""
+        with self._lock:
+            moved = self._unsynced + batch + self._queue
+            self._memory = moved + self._memory
+            self._mem_bytes = sum(len(p) for _, p in self._memory)
+            self._queue, self._unsynced = [], []
+            self._health = Health(
+                HealthState.DEGRADED, op, err.errno, self.path, time.time(), len(self._memory)
+            )
+            self._cond.notify_all()
+        fd, self._fd = self._fd, None
+        self._written = self._synced
+        if fd is not None:
+            try:
+                fs.close(fd)
+            except OSError:
+                pass
+        log.error(
+            "journal %s degraded: %s failed (%s); %d record(s) held in memory, not durable",
+            self.path,
+            op,
+            err,
+            len(moved),
+        )
+
+    def _enter_degraded(self, op: str, err: OSError) -> None:
+        with self._io_lock:
+            self._degrade(op, err, [])
+
+    def _refresh_pending(self) -> None:
+        h = self._health
+        if not h.ok:
+            self._health = Health(h.state, h.op, h.errno, h.path, h.since, len(self._memory))
+
+    @property
+    def health(self) -> Health:
+        """The storage health now: ``OK``, or ``DEGRADED(op, errno, path, since, pending)``."""
+        with self._lock:
+            return self._health
+
+    def try_restore(self) -> bool:
+        """Try to make the memory-only records durable again, in a fresh file.
+
+        Writes the durable prefix and the memory records to a new temp file, fsyncs it, renames it
+        over the journal and fsyncs the directory. Never re-fsyncs the failed descriptor.
+
+        Returns:
+            True when the journal is healthy (it was, or it is now); False when the disk still
+            refused (``health`` shows the newest error; the records stay in memory).
+        """
+        with self._io_lock:
+            with self._lock:
+                if self._health.ok:
+                    return True
+                mem = list(self._memory)
+            try:
+                if self._synced > self._header_len and self._file_exists:
+                    prefix: Iterator[tuple[int, int, bytes]] = self._intact_lines(
+                        self.path, self._seed, self._synced
+                    )
+                else:
+                    prefix = iter(())
+                hdr = Header(new_salt(), self._header.first_seq, self._header.holes)
+                self._rewrite(hdr, prefix, mem)
+            except OSError as e:
+                with self._lock:
+                    h = self._health
+                    self._health = Health(
+                        h.state, "restore", e.errno, self.path, h.since, len(self._memory)
+                    )
+                log.warning("journal %s: restore failed (%s); still degraded", self.path, e)
+                return False
+            self._header, self._seed = hdr, hdr.seed
+            with self._lock:
+                rest = self._memory[len(mem) :]
+                self._memory = []
+                self._mem_bytes = 0
+                if mem:
+                    self._durable_seq = mem[-1][0]
+                self._health = Health()
+                if rest:
+                    self._queue_since = time.monotonic()
+                self._queue = rest + self._queue
+                self._cond.notify_all()
+        log.warning("journal %s restored: %d memory record(s) now durable", self.path, len(mem))
+        return True
+
+    # ------------------------------------------------------------------ reading
+    def records(self, from_seq: int = 0) -> Iterator[Record]:
+        """Iterate every record with ``seq >= from_seq``, verifying each checksum.
+
+        Includes records not yet durable (queued, or memory-only while degraded), in order.
+
+        Raises:
+            JournalCorruptError: a record in the file fails its checks while being read.
+        """
+        with self._io_lock, self._lock:
+            if self._closed:
+                raise UsageError("journal is closed")
+            if self._health.ok:
+                end, tail = self._written, list(self._queue)
+            else:
+                end, tail = self._synced, list(self._memory)
+            seed = self._seed
+            f = fs.open_read(self.path) if self._file_exists and end > self._header_len else None
+        return self._iter(f, end, seed, tail, from_seq)
+
+    def _iter(
+        self,
+        f: Any,
+        end: int,
+        seed: int,
+        tail: list[tuple[int, bytes]],
+        from_seq: int,
+    ) -> Iterator[Record]:
+        if f is not None:
+            from .format import iter_lines
+
+            with f:
+                lines = iter_lines(f, self.max_record_bytes + 256)
+                next(lines, None)
+                for off, line, n in lines:
+                    if off >= end:
+                        break
+                    r = parse_record(line, seed) if line else "oversized record"
+                    if isinstance(r, str):
+                        raise JournalCorruptError(
+                            f"journal damaged at offset {off}: {r}",
+                            path=self.path,
+                            offset=off,
+                            reason=r,
+                        )
+                    if r[0] >= from_seq:
+                        yield Record(r[0], r[2])
+        for seq, data in tail:
+            if seq >= from_seq:
+                yield Record(seq, orjson.loads(data))
+
+    # --------------------------------------------------------------- properties
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next append will take."""
+        return self._next_seq
+
+    @property
+    def durable_seq(self) -> int:
+        """The highest sequence number covered by a successful fsync (-1 if none yet this open)."""
+        return self._durable_seq
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    # ------------------------------------------------------------------ closing
+    def close(self) -> None:
+        """Flush, fsync (unless ``never``), stop the flusher and release the lock.
+
+        If the journal is degraded it tries :meth:`try_restore` once first.
+
+        Raises:
+            NotDurableError: memory-only records could not be written; they are lost with the
+                process unless the caller saved them (``pending`` says how many).
+        """
+        with self._lock:
+            if self._closed:
+                return
+        self._flush(sync=self.sync != "never")
+        if not self.health.ok:
+            self.try_restore()
+            self._flush(sync=self.sync != "never")
+        with self._lock:
+            self._closed = True
+            self._cond.notify_all()
+            pending = len(self._memory)
+            health = self._health
+        if self._flusher is not None:
+            self._flusher.join()
+        with self._io_lock:
+            if self._fd is not None:
+                try:
+                    fs.close(self._fd)
+                except OSError:
+                    pass
+                self._fd = None
+        self._release()
+        if pending:
+            raise NotDurableError(
+                f"journal closed with {pending} record(s) held only in memory",
+                path=self.path,
+                op=health.op,
+                errno=health.errno,
+                pending=pending,
+            )
+
+    def _release(self) -> None:
+        if self._flock is not None:
+            try:
+                self._flock.release()
+            except OSError:
+                pass
+            self._flock = None
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            try:
+                self.close()
+            except NotDurableError as e:
+                log.error("%s", e)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Journal {self.path!r} sync={self.sync} next_seq={self._next_seq} "
+            f"durable_seq={self._durable_seq} health={self._health!r}>"
+        )
+
+
+_OPEN_TOKEN = object()

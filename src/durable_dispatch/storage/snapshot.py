@@ -1,0 +1,287 @@
+"""Atomic, checksummed, generational snapshots (S3, S7).
+
+Theory of operation. ``save(obj)`` encodes ``obj`` with orjson and writes one file per generation,
+``<name>.<generation>.snap``, through a temp file: exclusive create (never following a symlink,
+owner-only permissions) -> one write -> fsync -> rename over the target -> fsync of the directory.
+A reader therefore sees either the old complete generation or the new complete one. Each file is a
+header line ``{"v":1,"gen":N,"len":L,"crc":"xxxxxxxx"}`` followed by ``L`` bytes of JSON body whose
+CRC-32 is ``crc``. ``load()`` returns the newest generation that verifies and says when it had to
+fall back past a damaged newer one. The newest ``keep`` generations are kept; older ones are
+removed after a successful save.
+
+Durability contract: a generation returned by ``save`` has had its file and its directory entry
+fsynced. A failed save (the disk said EIO, ENOSPC, EDQUOT or EROFS) leaves every earlier
+generation untouched, keeps the value in memory (``unsaved``), turns ``health`` to ``DEGRADED`` and
+raises :class:`~durable_dispatch.errors.StorageDegradedError`; the next ``save`` tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..errors import (
+    RecordEncodeError,
+    SnapshotCorruptError,
+    StorageDegradedError,
+    StorageError,
+    UsageError,
+)
+from . import fs
+from .format import new_salt
+from .journal import Health, HealthState
+
+__all__ = ["SnapshotStore", "Snapshot"]
+
+log = logging.getLogger("durable_dispatch.snapshot")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_MAX_HEADER = 256
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A loaded snapshot.
+
+    Attributes:
+        generation: the generation number that was loaded.
+        value: the decoded JSON value.
+        fell_back: True when a newer generation exists but failed its checks.
+        skipped: ``(path, reason)`` of every newer generation that was passed over.
+    """
+
+    generation: int
+    value: Any
+    fell_back: bool = False
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+def encode_snapshot(gen: int, body: bytes) -> bytes:
+    """The bytes of one snapshot file."""
+    head = b'{"v":1,"gen":%d,"len":%d,"crc":"%08x"}\n' % (gen, len(body), zlib.crc32(body))
+    return head + body
+
+
+def decode_snapshot(data: bytes, expect_gen: int | None = None) -> tuple[int, Any] | str:
+    """Verify and decode one snapshot file's bytes; returns ``(gen, value)`` or the reason."""
+    nl = data.find(b"\n", 0, _MAX_HEADER)
+    if nl < 0:
+        return "no header line"
+    try:
+        head = orjson.loads(data[:nl])
+    except orjson.JSONDecodeError:
+        return "header is not JSON"
+    if not isinstance(head, dict) or set(head) != {"v", "gen", "len", "crc"}:
+        return "header has wrong members"
+    if head["v"] != 1:
+        return f"unsupported format version {head['v']!r}"
+    body = data[nl + 1 :]
+    if type(head["len"]) is not int or len(body) != head["len"]:
+        return f"body is {len(body)} bytes, header says {head['len']!r}"
+    if head["crc"] != "%08x" % zlib.crc32(body):
+        return "checksum mismatch"
+    if expect_gen is not None and head["gen"] != expect_gen:
+        return f"generation {head['gen']!r} in a file named for {expect_gen}"
+    try:
+        return int(head["gen"]), orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return "body is not JSON"
+
+
+class SnapshotStore:
+    """Generational atomic snapshots of one JSON value in a directory.
+
+    Args:
+        directory: where the files live (created owner-only if missing).
+        name: the file name stem (letters, digits, ``_ . -``).
+        keep: how many newest generations to keep (at least 1; keep 2+ to allow fallback).
+        mode: permission bits of created files.
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], name: str = "snapshot", keep: int = 3,
+        mode: int = 0o600,
+    ) -> None:
+        if not _NAME_RE.match(name):
+            raise UsageError(f"snapshot name {name!r} must match {_NAME_RE.pattern}")
+        if not isinstance(keep, int) or keep < 1:
+            raise UsageError(f"keep must be a positive integer, got {keep!r}")
+        self.directory = os.fspath(directory)
+        self.name = name
+        self.keep = keep
+        self._mode = mode
+        self._health = Health()
+        self._unsaved: Any = None
+        self._has_unsaved = False
+        self._last_gen = 0
+        self._file_re = re.compile(r"^" + re.escape(name) + r"\.(\d{1,20})\.snap$")
+
+    # ------------------------------------------------------------------ listing
+    def generations(self) -> list[int]:
+        """Generation numbers present on disk, oldest first."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        gens = []
+        for n in names:
+            m = self._file_re.match(n)
+            if m:
+                gens.append(int(m.group(1)))
+        return sorted(gens)
+
+    def path_of(self, generation: int) -> str:
+        """The file path of ``generation``."""
+        return os.path.join(self.directory, f"{self.name}.{generation:012d}.snap")
+
+    # ------------------------------------------------------------------- saving
+    def save(self, obj: Any) -> int:
+        """Atomically write ``obj`` as a new generation; returns its number.
+
+        Raises:
+            RecordEncodeError: orjson cannot encode ``obj`` (nothing written).
+            StorageDegradedError: the disk refused (EIO, ENOSPC, EDQUOT, EROFS); earlier
+                generations are intact, ``obj`` is kept in ``unsaved``, ``health`` is DEGRADED.
+                Call ``save`` again later.
+            StorageError: another OS error (permission denied, not a directory ...).
+        """
+        try:
+            body = orjson.dumps(obj)
+        except (orjson.JSONEncodeError, TypeError) as e:
+            raise RecordEncodeError(f"snapshot value cannot be encoded as JSON: {e}") from None
+        try:
+            if not os.path.isdir(self.directory):
+                fs.makedirs(self.directory)
+            gens = self.generations()
+            gen = max([self._last_gen, *gens]) + 1
+            self._write(gen, body)
+        except OSError as e:
+            if not fs.is_degradable(e):
+                raise StorageError(
+                    f"cannot save snapshot: {e.strerror or e}",
+                    path=getattr(e, "filename", None) or self.directory,
+                    op="save",
+                    errno=e.errno,
+                ) from e
+            since = self._health.since if not self._health.ok else time.time()
+            self._health = Health(HealthState.DEGRADED, "save", e.errno, self.directory, since, 1)
+            self._unsaved, self._has_unsaved = obj, True
+            log.error("snapshot %s/%s not saved (%s); value kept in memory", self.directory,
+                      self.name, e)
+            raise StorageDegradedError(
+                f"snapshot not saved: {e.strerror or e}",
+                path=self.directory,
+                op="save",
+                errno=e.errno,
+            ) from e
+        self._last_gen = gen
+        self._health = Health()
+        self._unsaved, self._has_unsaved = None, False
+        self._prune(gen)
+        return gen
+
+    def _write(self, gen: int, body: bytes) -> None:
+        target = self.path_of(gen)
+        tmp = os.path.join(self.directory, f".{self.name}.{gen}.{new_salt()}.tmp")
+        fd = fs.create_exclusive(tmp, self._mode)
+        try:
+            fs.write_all(fd, encode_snapshot(gen, body))
+            fs.fsync(fd)
+            fs.close(fd)
+            fd = -1
+            fs.replace(tmp, target)
+        except BaseException:
+            if fd >= 0:
+                try:
+                    fs.close(fd)
+                except OSError:
+                    pass
+            try:
+                fs.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        fs.fsync_dir(self.directory)
+
+    def _prune(self, newest: int) -> None:
+        """Remove generations older than the newest ``keep`` and stale temp files (best effort)."""
+        try:
+            old = [g for g in self.generations() if g <= newest][: -self.keep]
+            stale = [
+                n for n in os.listdir(self.directory)
+                if n.startswith(f".{self.name}.") and n.endswith(".tmp")
+            ]
+            for g in old:
+                fs.unlink(self.path_of(g))
+            for n in stale:
+                fs.unlink(os.path.join(self.directory, n))
+            if old or stale:
+                fs.fsync_dir(self.directory)
+        except OSError as e:
+            log.warning("snapshot %s/%s: pruning old generations failed: %s", self.directory,
+                        self.name, e)
+
+    # ------------------------------------------------------------------ loading
+    def load(self) -> Snapshot | None:
+        """The newest generation that passes its checks, or None when there is none at all.
+
+        Raises:
+            SnapshotCorruptError: generations exist but none passes its checks.
+            StorageError: a generation file cannot be read for a reason other than damage.
+        """
+        skipped: list[tuple[str, str]] = []
+        for gen in reversed(self.generations()):
+            path = self.path_of(gen)
+            try:
+                with fs.open_read(path) as f:
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                if not fs.is_degradable(e):
+                    raise StorageError(
+                        f"cannot read snapshot: {e.strerror or e}", path=path, op="read",
+                        errno=e.errno,
+                    ) from e
+                skipped.append((path, f"read failed: {e.strerror}"))
+                continue
+            r = decode_snapshot(data, gen)
+            if isinstance(r, str):
+                skipped.append((path, r))
+                log.warning("snapshot %s is damaged (%s); falling back", path, r)
+                continue
+            self._last_gen = max(self._last_gen, gen)
+            return Snapshot(gen, r[1], bool(skipped), tuple(skipped))
+        if skipped:
+            path, reason = skipped[0]
+            raise SnapshotCorruptError(
+                f"no valid snapshot generation in {self.directory} ({len(skipped)} damaged)",
+                path=path,
+                reason=reason,
+            )
+        return None
+
+    # --------------------------------------------------------------- properties
+    @property
+    def health(self) -> Health:
+        """``OK`` after a successful save; ``DEGRADED`` while the newest value is memory-only."""
+        return self._health
+
+    @property
+    def unsaved(self) -> Any:
+        """The value whose save failed and has not been saved since (None otherwise)."""
+        return self._unsaved
+
+    @property
+    def has_unsaved(self) -> bool:
+        """True while a failed save's value is held in memory only."""
+        return self._has_unsaved
+
+    def __repr__(self) -> str:
+        return f"<SnapshotStore {self.directory!r} name={self.name!r} health={self._health!r}>"
