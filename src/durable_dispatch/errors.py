@@ -93,7 +93,7 @@ class ConfigurationError(UsageError):
     @property
     def name(self) -> str | None:
         """The setting's name."""
-        return self._facts.get("name")  # type: ignore[no-any-return]
+        return self._facts.get("name")
 
 
 class CorruptionError(DurableDispatchError):
@@ -118,17 +118,17 @@ class CorruptionError(DurableDispatchError):
     @property
     def path(self) -> str | None:
         """The damaged file."""
-        return self._facts.get("path")  # type: ignore[no-any-return]
+        return self._facts.get("path")
 
     @property
     def offset(self) -> int | None:
         """Byte offset of the first damage, or None."""
-        return self._facts.get("offset")  # type: ignore[no-any-return]
+        return self._facts.get("offset")
 
     @property
     def reason(self) -> str | None:
         """What is wrong, in a few words."""
-        return self._facts.get("reason")  # type: ignore[no-any-return]
+        return self._facts.get("reason")
 
 
 class JournalCorruptError(CorruptionError):
@@ -204,19 +204,19 @@ class StorageError(DurableDispatchError, OSError):
         self.args = (message,)
 
     @property
-    def path(self) -> str | None:  # type: ignore[override]
+    def path(self) -> str | None:
         """The file the operation was about."""
-        return self._facts.get("path")  # type: ignore[no-any-return]
+        return self._facts.get("path")
 
     @property
     def op(self) -> str | None:
         """The fs-seam operation that failed (``open``, ``write``, ``fsync`` ...)."""
-        return self._facts.get("op")  # type: ignore[no-any-return]
+        return self._facts.get("op")
 
     @property
-    def errno(self) -> int | None:  # type: ignore[override]
+    def errno(self) -> int | None:
         """The OS error number, when there was one."""
-        return self._facts.get("errno")  # type: ignore[no-any-return]
+        return self._facts.get("errno")
 
     @errno.setter
     def errno(self, value: int | None) -> None:
@@ -224,7 +224,7 @@ class StorageError(DurableDispatchError, OSError):
         pass
 
     @property
-    def strerror(self) -> str | None:  # type: ignore[override]
+    def strerror(self) -> str | None:
         """The OS message for ``errno``."""
         e = self.errno
         return os.strerror(e) if e is not None else None
@@ -234,7 +234,7 @@ class StorageError(DurableDispatchError, OSError):
         pass
 
     @property
-    def filename(self) -> str | None:  # type: ignore[override]
+    def filename(self) -> str | None:
         """Same as ``path`` (the ``OSError`` spelling)."""
         return self.path
 
@@ -255,7 +255,7 @@ class StorageDegradedError(StorageError):
 class MemoryBoundError(StorageDegradedError):
     """A degraded journal's memory buffer is full; the record was *not* accepted.
 
-    The caller still owns the record and must decide: wait and retry after ``try_restore()``, or stop.
+    The caller still owns the record: retry after ``try_restore()`` succeeds, or stop.
     """
 
 
@@ -269,7 +269,7 @@ class NotDurableError(StorageDegradedError):
     @property
     def pending(self) -> int | None:
         """How many records are memory-only."""
-        return self._facts.get("pending")  # type: ignore[no-any-return]
+        return self._facts.get("pending")
 
 
 class LockHeldError(DurableDispatchError):
@@ -285,7 +285,7 @@ class LockHeldError(DurableDispatchError):
     @property
     def path(self) -> str | None:
         """The lock file."""
-        return self._facts.get("path")  # type: ignore[no-any-return]
+        return self._facts.get("path")
 
 
 class ProtocolError(DurableDispatchError):
@@ -301,9 +301,9 @@ class ProtocolError(DurableDispatchError):
     @property
     def rank(self) -> int | None:
         """The sending rank, when known."""
-        return self._facts.get("rank")  # type: ignore[no-any-return]
+        return self._facts.get("rank")
 
     @property
     def reason(self) -> str | None:
         """What is wrong with the message."""
-        return self._facts.get("reason")  # type: ignore[no-any-return]
+        return self._facts.get("reason")

@@ -79,8 +79,10 @@ class FaultRule:
         """True when this rule is about ``op`` on ``path``."""
         if self.op != "*" and self.op != op:
             return False
-        return self.path == "*" or fnmatch.fnmatch(path, self.path) or fnmatch.fnmatch(
-            os.path.basename(path), self.path
+        return (
+            self.path == "*"
+            or fnmatch.fnmatch(path, self.path)
+            or fnmatch.fnmatch(os.path.basename(path), self.path)
         )
 
 
@@ -142,8 +144,10 @@ class FaultInjector:
                 if not rule.matches(op, path):
                     continue
                 rule.calls += 1
-                if rule.nth is None or rule.calls == rule.nth or (
-                    rule.from_nth and rule.calls >= rule.nth
+                if (
+                    rule.nth is None
+                    or rule.calls == rule.nth
+                    or (rule.from_nth and rule.calls >= rule.nth)
                 ):
                     rule.fired += 1
                     self.log.append((op, path, rule.errno))

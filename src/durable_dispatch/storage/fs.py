@@ -66,7 +66,9 @@ FaultHook = Callable[[str, str], None]
 #: Errors that mean "the disk said no" (as opposed to a bug or a misconfiguration): on these the
 #: storage layer falls back to memory instead of raising.
 DEGRADABLE_ERRNOS = frozenset(
-    e for e in (errno.EIO, errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS) if e is not None
+    e
+    for e in (errno.EIO, errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS)
+    if e is not None
 )
 
 
@@ -139,16 +141,20 @@ def write_all(fd: int, data: bytes) -> None:
     One ``os.write`` call carries the whole buffer unless the kernel returns short, so a record
     written alone is one ``write()`` of the whole line.
     """
-    _check("write", path_of(fd))
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+    if _hook is not None:
+        _hook("write", path_of(fd))
+    n = os.write(fd, data)
+    if n < len(data):
+        view = memoryview(data)[n:]
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
 
 
 def fsync(fd: int) -> None:
     """``fsync`` a file descriptor: its data is durable once this returns."""
-    _check("fsync", path_of(fd))
+    if _hook is not None:
+        _hook("fsync", path_of(fd))
     os.fsync(fd)
 
 

@@ -1,4 +1,4 @@
-"""Append-only JSON Lines journal with checksums, sync policies, group commit and honest degradation.
+"""Append-only JSON Lines journal: checksums, sync policies, group commit, honest degradation.
 
 Theory of operation. ``append`` encodes the payload with orjson (refusing oversized or unencodable
 records before anything is written), takes the next sequence number and queues the bytes. A
@@ -29,9 +29,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
+from itertools import chain, repeat
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -50,7 +52,17 @@ from ..errors import (
     UsageError,
 )
 from . import fs
-from .format import Damage, Header, frame_record, new_salt, parse_record, scan
+from .format import (
+    Damage,
+    Header,
+    ReadDamage,
+    frame_record,
+    new_salt,
+    payload_of,
+    read_chunks,
+    scan,
+    verify_record,
+)
 
 __all__ = [
     "Journal",
@@ -200,11 +212,14 @@ class Journal:
         self._cond = threading.Condition(self._lock)
         self._io_lock = threading.Lock()
         # Guarded by _lock:
+        # Records are framed (checksummed line bytes) when appended: (seq, line).
         self._queue: list[tuple[int, bytes]] = []  # appended, not yet written
         self._queue_since = 0.0
         self._memory: list[tuple[int, bytes]] = []  # memory-only while degraded
         self._mem_bytes = 0
         self._health = Health()
+        self._degraded = False  # mirrors "not self._health.ok" for the hot path
+        self._batch = kw["sync"] == "batch"
         self._closed = False
         self._next_seq = 0
         self._durable_seq = -1
@@ -249,7 +264,7 @@ class Journal:
             max_record_bytes: bound on one encoded payload; larger appends are refused.
             batch_max_records: ``batch`` mode writes and fsyncs at least this often (in records).
             batch_max_delay: ``batch`` mode's longest wait (seconds) before it writes and fsyncs.
-            max_memory_bytes: bound on payload bytes held in memory while degraded.
+            max_memory_bytes: bound on record bytes held in memory while degraded.
             mode: permission bits of files the journal creates.
             lock_timeout: seconds to wait for another writer's lock (0: fail at once).
 
@@ -320,7 +335,9 @@ class Journal:
             self._flusher.start()
 
     def _take_lock(self, timeout: float) -> None:
-        lock = filelock.FileLock(self.path + ".lock", timeout=timeout, mode=0o600, thread_local=False)
+        lock = filelock.FileLock(
+            self.path + ".lock", timeout=timeout, mode=0o600, thread_local=False
+        )
         try:
             lock.acquire()
         except filelock.Timeout:
@@ -465,7 +482,7 @@ class Journal:
         return side
 
     def _salvage(self, res: Any, size: int) -> str:
-        """skip-corrupted: keep a copy of the whole file, rewrite it with the intact records only."""
+        """skip-corrupted: save the whole file aside, rewrite it with the intact records only."""
         side = self._save_side(0, size)
         holes = tuple(sorted(set(self._header.holes) | set(res.holes)))
         hdr = Header(new_salt(), self._header.first_seq, holes)
@@ -473,7 +490,9 @@ class Journal:
         self._header, self._seed = hdr, hdr.seed
         return side
 
-    def _intact_lines(self, path: str, seed: int, end: int | None) -> Iterator[tuple[int, int, bytes]]:
+    def _intact_lines(
+        self, path: str, seed: int, end: int | None
+    ) -> Iterator[tuple[int, int, bytes]]:
         """Yield ``(seq, durable_mark, payload_bytes)`` of every intact record of ``path``."""
         from .format import iter_lines
 
@@ -483,11 +502,10 @@ class Journal:
             for off, line, _n in lines:
                 if end is not None and off >= end:
                     return
-                r = parse_record(line, seed) if line else "oversized"
+                r = verify_record(line, seed) if line else "oversized"
                 if isinstance(r, str):
                     continue
-                i = line.find(b',"p":')
-                yield r[0], r[1], line[i + 5 : -2]
+                yield r
 
     def _rewrite(
         self,
@@ -516,8 +534,8 @@ class Journal:
                     fs.write_all(fd, data)
                     size += len(data)
                     chunk, pending = [], 0
-            for seq, payload in extra:
-                chunk.append(frame_record(seed, seq, last, payload))
+            for seq, line in extra:
+                chunk.append(frame_record(seed, seq, last, payload_of(line)))
             data = b"".join(chunk)
             fs.write_all(fd, data)
             size += len(data)
@@ -582,38 +600,45 @@ class Journal:
             if self._closed:
                 raise UsageError("journal is closed")
             seq = self._next_seq
-            if not self._health.ok:
-                if self._mem_bytes + len(data) > self._max_mem:
-                    raise MemoryBoundError(
-                        "degraded journal's memory bound reached; record not accepted",
-                        path=self.path,
-                        op="append",
-                        errno=self._health.errno,
-                        pending=len(self._memory),
-                    )
-                self._next_seq = seq + 1
-                self._memory.append((seq, data))
-                self._mem_bytes += len(data)
-                self._refresh_pending()
-                return Receipt(seq, False)
+            # Frame now: the orjson buffer is dropped at once, and the durable mark is the
+            # conservative "known durable at append time".
+            region = b'"seq":%d,"d":%d,"p":%s' % (seq, self._durable_seq, data)
+            line = b'{"v":1,"crc":"%08x",%s}\n' % (_crc32(region, self._seed), region)
+            if self._degraded:
+                self._append_to_memory(seq, line)
+                return _receipt(Receipt, (seq, False))
             self._next_seq = seq + 1
-            if not self._queue:
+            queue = self._queue
+            if not queue:
                 self._queue_since = time.monotonic()
-            self._queue.append((seq, data))
-            if self.sync == "batch":
-                n = len(self._queue)
-                if n >= self._batch_max:
-                    self._cond.notify_all()
-                # Back-pressure: never let the queue run far ahead of the disk.
-                while len(self._queue) >= 8 * self._batch_max and self._health.ok:
-                    self._cond.wait(0.05)
-                return Receipt(seq, self._durable_seq >= seq)
-        if self.sync == "always":
-            self._flush(sync=True)
-        else:
-            self._flush(sync=False)
+                if self._batch:
+                    self._cond.notify_all()  # start the flusher's delay clock
+            queue.append((seq, line))
+            if self._batch:
+                if len(queue) >= self._batch_max:
+                    self._cond.notify_all()  # a full batch
+                    # Back-pressure: never let the queue run far ahead of the disk.
+                    while len(self._queue) >= 8 * self._batch_max and not self._degraded:
+                        self._cond.wait(0.05)
+                return _receipt(Receipt, (seq, False))
+        self._flush(sync=self.sync == "always")
         with self._lock:
-            return Receipt(seq, self.sync != "never" and self._durable_seq >= seq)
+            return Receipt(seq, self.sync == "always" and self._durable_seq >= seq)
+
+    def _append_to_memory(self, seq: int, line: bytes) -> None:
+        """Degraded append, with ``_lock`` held."""
+        if self._mem_bytes + len(line) > self._max_mem:
+            raise MemoryBoundError(
+                "degraded journal's memory bound reached; record not accepted",
+                path=self.path,
+                op="append",
+                errno=self._health.errno,
+                pending=len(self._memory),
+            )
+        self._next_seq = seq + 1
+        self._memory.append((seq, line))
+        self._mem_bytes += len(line)
+        self._refresh_pending()
 
     def wait_durable(self, seq: int, timeout: float | None = None) -> None:
         """Return once an fsync covers ``seq`` (flushing now if needed, whatever the policy).
@@ -654,15 +679,14 @@ class Journal:
     def _flush(self, sync: bool) -> None:
         with self._io_lock:
             with self._lock:
-                if not self._health.ok or self._fd is None:
+                if self._degraded or self._fd is None:
                     return
                 batch, self._queue = self._queue, []
-                mark = self._durable_seq
-                self._cond.notify_all()
+                if self._batch:
+                    self._cond.notify_all()  # release back-pressured appenders
             fd = self._fd
             if batch:
-                seed = self._seed
-                data = b"".join([frame_record(seed, s, mark, p) for s, p in batch])
+                data = batch[0][1] if len(batch) == 1 else b"".join([x[1] for x in batch])
                 try:
                     fs.write_all(fd, data)
                 except OSError as e:
@@ -678,7 +702,6 @@ class Journal:
                     return
                 with self._lock:
                     self._durable_seq = self._unsynced[-1][0]
-                    self._cond.notify_all()
                 self._synced = self._written
                 self._unsynced = []
 
@@ -703,11 +726,12 @@ class Journal:
         with self._lock:
             moved = self._unsynced + batch + self._queue
             self._memory = moved + self._memory
-            self._mem_bytes = sum(len(p) for _, p in self._memory)
+            self._mem_bytes = sum(len(line) for _, line in self._memory)
             self._queue, self._unsynced = [], []
             self._health = Health(
                 HealthState.DEGRADED, op, err.errno, self.path, time.time(), len(self._memory)
             )
+            self._degraded = True
             self._cond.notify_all()
         fd, self._fd = self._fd, None
         self._written = self._synced
@@ -771,14 +795,19 @@ class Journal:
                     )
                 log.warning("journal %s: restore failed (%s); still degraded", self.path, e)
                 return False
-            self._header, self._seed = hdr, hdr.seed
             with self._lock:
-                rest = self._memory[len(mem) :]
-                self._memory = []
-                self._mem_bytes = 0
+                self._header, self._seed = hdr, hdr.seed
                 if mem:
                     self._durable_seq = mem[-1][0]
+                # Appended while the rewrite ran: framed with the old salt, so frame again.
+                rest = [
+                    (q, frame_record(hdr.seed, q, self._durable_seq, payload_of(line)))
+                    for q, line in self._memory[len(mem) :]
+                ]
+                self._memory = []
+                self._mem_bytes = 0
                 self._health = Health()
+                self._degraded = False
                 if rest:
                     self._queue_since = time.monotonic()
                 self._queue = rest + self._queue
@@ -814,28 +843,28 @@ class Journal:
         tail: list[tuple[int, bytes]],
         from_seq: int,
     ) -> Iterator[Record]:
+        parts: list[Iterable[Record]] = []
         if f is not None:
-            from .format import iter_lines
+            chunks = self._chunks(f, end, seed, from_seq)
+            parts.append(chain.from_iterable(map(_as_records, chunks)))
+        parts.append(
+            Record(seq, orjson.loads(payload_of(line))) for seq, line in tail if seq >= from_seq
+        )
+        return chain.from_iterable(parts)
 
-            with f:
-                lines = iter_lines(f, self.max_record_bytes + 256)
-                next(lines, None)
-                for off, line, n in lines:
-                    if off >= end:
-                        break
-                    r = parse_record(line, seed) if line else "oversized record"
-                    if isinstance(r, str):
-                        raise JournalCorruptError(
-                            f"journal damaged at offset {off}: {r}",
-                            path=self.path,
-                            offset=off,
-                            reason=r,
-                        )
-                    if r[0] >= from_seq:
-                        yield Record(r[0], r[2])
-        for seq, data in tail:
-            if seq >= from_seq:
-                yield Record(seq, orjson.loads(data))
+    def _chunks(
+        self, f: Any, end: int, seed: int, from_seq: int
+    ) -> Iterator[Iterable[tuple[int, Any]]]:
+        with f:
+            try:
+                yield from read_chunks(f, seed, self._header_len, end, from_seq, self._header.holes)
+            except ReadDamage as d:
+                raise JournalCorruptError(
+                    f"journal damaged at offset {d.offset}: {d.reason}",
+                    path=self.path,
+                    offset=d.offset,
+                    reason=d.reason,
+                ) from None
 
     # --------------------------------------------------------------- properties
     @property
@@ -927,3 +956,9 @@ class Journal:
 
 
 _OPEN_TOKEN = object()
+_crc32 = zlib.crc32
+_receipt = tuple.__new__
+
+
+def _as_records(rows: Iterable[tuple[int, Any]]) -> Iterator[Record]:
+    return map(_receipt, repeat(Record), rows)

@@ -84,7 +84,7 @@ def decode_snapshot(data: bytes, expect_gen: int | None = None) -> tuple[int, An
     body = data[nl + 1 :]
     if type(head["len"]) is not int or len(body) != head["len"]:
         return f"body is {len(body)} bytes, header says {head['len']!r}"
-    if head["crc"] != "%08x" % zlib.crc32(body):
+    if head["crc"] != f"{zlib.crc32(body):08x}":
         return "checksum mismatch"
     if expect_gen is not None and head["gen"] != expect_gen:
         return f"generation {head['gen']!r} in a file named for {expect_gen}"
@@ -105,7 +105,10 @@ class SnapshotStore:
     """
 
     def __init__(
-        self, directory: str | os.PathLike[str], name: str = "snapshot", keep: int = 3,
+        self,
+        directory: str | os.PathLike[str],
+        name: str = "snapshot",
+        keep: int = 3,
         mode: int = 0o600,
     ) -> None:
         if not _NAME_RE.match(name):
@@ -172,8 +175,9 @@ class SnapshotStore:
             since = self._health.since if not self._health.ok else time.time()
             self._health = Health(HealthState.DEGRADED, "save", e.errno, self.directory, since, 1)
             self._unsaved, self._has_unsaved = obj, True
-            log.error("snapshot %s/%s not saved (%s); value kept in memory", self.directory,
-                      self.name, e)
+            log.error(
+                "snapshot %s/%s not saved (%s); value kept in memory", self.directory, self.name, e
+            )
             raise StorageDegradedError(
                 f"snapshot not saved: {e.strerror or e}",
                 path=self.directory,
@@ -214,7 +218,8 @@ class SnapshotStore:
         try:
             old = [g for g in self.generations() if g <= newest][: -self.keep]
             stale = [
-                n for n in os.listdir(self.directory)
+                n
+                for n in os.listdir(self.directory)
                 if n.startswith(f".{self.name}.") and n.endswith(".tmp")
             ]
             for g in old:
@@ -224,8 +229,9 @@ class SnapshotStore:
             if old or stale:
                 fs.fsync_dir(self.directory)
         except OSError as e:
-            log.warning("snapshot %s/%s: pruning old generations failed: %s", self.directory,
-                        self.name, e)
+            log.warning(
+                "snapshot %s/%s: pruning old generations failed: %s", self.directory, self.name, e
+            )
 
     # ------------------------------------------------------------------ loading
     def load(self) -> Snapshot | None:
@@ -246,7 +252,9 @@ class SnapshotStore:
             except OSError as e:
                 if not fs.is_degradable(e):
                     raise StorageError(
-                        f"cannot read snapshot: {e.strerror or e}", path=path, op="read",
+                        f"cannot read snapshot: {e.strerror or e}",
+                        path=path,
+                        op="read",
                         errno=e.errno,
                     ) from e
                 skipped.append((path, f"read failed: {e.strerror}"))
