@@ -5,6 +5,7 @@ Only re-exports live here; see the README for the tour and ``docs/`` for the det
 
 from .errors import DurableDispatchError
 from .storage import (
+    DeferJournal,
     Health,
     HealthState,
     Journal,
@@ -18,6 +19,7 @@ from .storage import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DeferJournal",
     "DurableDispatchError",
     "Health",
     "HealthState",

@@ -251,6 +251,11 @@ class StorageDegradedError(StorageError):
     memory (see ``health``); call ``try_restore()`` / save again once the disk is healthy.
     """
 
+    @property
+    def pending(self) -> int | None:
+        """How many records are memory-only."""
+        return self._facts.get("pending")
+
 
 class MemoryBoundError(StorageDegradedError):
     """A degraded journal's memory buffer is full; the record was *not* accepted.
@@ -265,11 +270,6 @@ class NotDurableError(StorageDegradedError):
     Raised by ``wait_durable`` for a memory-only sequence number and by ``close`` when memory-only
     records would be dropped; ``pending`` says how many.
     """
-
-    @property
-    def pending(self) -> int | None:
-        """How many records are memory-only."""
-        return self._facts.get("pending")
 
 
 class LockHeldError(DurableDispatchError):

@@ -313,6 +313,8 @@ class Journal:
                     fs.makedirs(self._dir)
                 self._take_lock(lock_timeout)
                 self._recover_and_open(recovery)
+            except StorageError:
+                raise
             except OSError as e:
                 if not fs.is_degradable(e):
                     raise StorageError(
@@ -486,14 +488,17 @@ class Journal:
         side = self._save_side(0, size)
         holes = tuple(sorted(set(self._header.holes) | set(res.holes)))
         hdr = Header(new_salt(), self._header.first_seq, holes)
-        self._rewrite(hdr, self._intact_lines(self.path, self._seed, None), [])
-        self._header, self._seed = hdr, hdr.seed
+        self._rewrite(hdr, self._intact_lines(self.path, self._seed, None, strict=False), [])
         return side
 
     def _intact_lines(
-        self, path: str, seed: int, end: int | None
+        self, path: str, seed: int, end: int | None, *, strict: bool
     ) -> Iterator[tuple[int, int, bytes]]:
-        """Yield ``(seq, durable_mark, payload_bytes)`` of every intact record of ``path``."""
+        """Yield ``(seq, durable_mark, payload_bytes)`` of the records of ``path`` before ``end``.
+
+        With ``strict`` a damaged record raises :class:`JournalCorruptError` (it was durable and
+        must not be dropped silently); without it damaged records are skipped (salvage).
+        """
         from .format import iter_lines
 
         with fs.open_read(path) as f:
@@ -504,6 +509,13 @@ class Journal:
                     return
                 r = verify_record(line, seed) if line else "oversized"
                 if isinstance(r, str):
+                    if strict:
+                        raise JournalCorruptError(
+                            f"durable record damaged at offset {off}: {r}",
+                            path=path,
+                            offset=off,
+                            reason=r,
+                        )
                     continue
                 yield r
 
@@ -512,18 +524,23 @@ class Journal:
         hdr: Header,
         durable: Iterator[tuple[int, int, bytes]],
         extra: list[tuple[int, bytes]],
-    ) -> int:
+    ) -> None:
         """Write header + records to a fresh temp file, fsync, rename over the journal, fsync dir.
 
-        Returns the new file's open append descriptor's size; sets ``self._fd`` to it.
+        Called with ``_io_lock`` held (or before the journal is shared). Once the rename is done the
+        new file *is* the journal, whatever happens next: the header, salt and durable prefix end
+        are switched to it. Only when the directory fsync also succeeds does ``self._fd`` become
+        the new file's descriptor (and the records in it durable); otherwise the caller stays
+        degraded and a later rewrite starts from the new file's durable prefix.
         """
         tmp = f"{self.path}.rewrite-{new_salt()}.tmp"
         fd = fs.create_exclusive(tmp, self._file_mode)
         try:
             seed = hdr.seed
-            chunk: list[bytes] = [hdr.frame()]
+            head = hdr.frame()
+            chunk: list[bytes] = [head]
             size = 0
-            pending = len(chunk[0])
+            pending = len(head)
             last = -1
             for seq, mark, payload in durable:
                 chunk.append(frame_record(seed, seq, mark, payload))
@@ -534,6 +551,7 @@ class Journal:
                     fs.write_all(fd, data)
                     size += len(data)
                     chunk, pending = [], 0
+            prefix_end = size + pending
             for seq, line in extra:
                 chunk.append(frame_record(seed, seq, last, payload_of(line)))
             data = b"".join(chunk)
@@ -551,23 +569,27 @@ class Journal:
             except OSError:
                 pass
             raise
-        try:
-            fs.fsync_dir(self._dir)
-        except BaseException:
-            fs.close(fd)
-            raise
-        # The descriptor now names the journal's inode; keep appending through it.
-        old = self._fd
-        self._fd = fd
-        self._file_exists = True
+        old, self._fd = self._fd, None
         if old is not None:
             try:
                 fs.close(old)
             except OSError:
                 pass
+        with self._lock:
+            self._header, self._seed = hdr, hdr.seed
+        self._header_len = len(head)
+        self._file_exists = True
+        self._written = self._synced = prefix_end
+        try:
+            fs.fsync_dir(self._dir)
+        except BaseException:
+            try:
+                fs.close(fd)
+            except OSError:
+                pass
+            raise
+        self._fd = fd
         self._written = self._synced = size
-        self._header_len = len(hdr.frame())
-        return size
 
     # ---------------------------------------------------------------- appending
     def append(self, payload: Any) -> Receipt:
@@ -779,9 +801,15 @@ class Journal:
                     return True
                 mem = list(self._memory)
             try:
+                if not os.path.isdir(self._dir):
+                    fs.makedirs(self._dir)
+                if self._flock is None:
+                    # Started degraded before the lock could be taken (S5 still holds: a
+                    # competing writer makes this raise LockHeldError).
+                    self._take_lock(0)
                 if self._synced > self._header_len and self._file_exists:
                     prefix: Iterator[tuple[int, int, bytes]] = self._intact_lines(
-                        self.path, self._seed, self._synced
+                        self.path, self._seed, self._synced, strict=True
                     )
                 else:
                     prefix = iter(())
@@ -796,7 +824,6 @@ class Journal:
                 log.warning("journal %s: restore failed (%s); still degraded", self.path, e)
                 return False
             with self._lock:
-                self._header, self._seed = hdr, hdr.seed
                 if mem:
                     self._durable_seq = mem[-1][0]
                 # Appended while the rewrite ran: framed with the old salt, so frame again.

@@ -1,0 +1,251 @@
+"""The defer journal: a durable record of work items that ran out of retries.
+
+Theory of operation. A :class:`DeferJournal` is a :class:`~durable_dispatch.storage.journal.Journal`
+(same format, default file name ``.dispatch_protocol_deferred.jsonl``, ``sync="always"`` by
+default because deferrals are rare and each one matters) holding two kinds of records: ``deferred``
+(a work item, its attempts, failure kinds and last error) and ``resolved`` (the item was requeued,
+dropped or replayed). The live deferred set is every deferred work ID not resolved since.
+
+Honest counting (the rule from the design this library generalises): a deferral whose append was not
+fsynced, because the disk failed and the journal fell back to memory, is counted as
+``in_memory``, never as ``persisted``; it moves to ``persisted`` only when ``try_restore()`` has
+written it to a fresh, fsynced file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import NotDurableError, UsageError
+from .journal import Health, Journal
+
+__all__ = ["DeferJournal", "DeferredItem", "DeferReceipt", "DeferStats", "DEFAULT_DEFER_NAME"]
+
+DEFAULT_DEFER_NAME = ".dispatch_protocol_deferred.jsonl"
+RESOLUTIONS = ("requeued", "dropped", "replayed")
+
+
+@dataclass(frozen=True)
+class DeferredItem:
+    """One deferred work item as recorded.
+
+    Attributes:
+        work_id: the stable semantic work ID.
+        item: the work item's JSON payload.
+        attempts: how many dispatches failed.
+        kinds: the failure kinds seen (``timeout``, ``malformed-result``, ``send-failure`` ...).
+        last_error: the last failure's description.
+        inputs: paths the item needs to be replayed (empty when self-contained).
+        self_contained: True when the item carries everything it needs.
+        seq: the journal sequence number of the deferral.
+    """
+
+    work_id: str
+    item: Any
+    attempts: int
+    kinds: tuple[str, ...]
+    last_error: str | None
+    inputs: tuple[str, ...] = ()
+    self_contained: bool = False
+    seq: int = -1
+
+    def replayable(self, exists: Callable[[str], bool] = os.path.exists) -> bool:
+        """True when the item can be replayed: it is self-contained or all its inputs exist."""
+        return self.self_contained or all(exists(p) for p in self.inputs)
+
+
+@dataclass(frozen=True)
+class DeferReceipt:
+    """What :meth:`DeferJournal.defer` returns: the sequence number and whether it is on disk."""
+
+    seq: int
+    persisted: bool
+
+
+@dataclass(frozen=True)
+class DeferStats:
+    """Immutable counters of a defer journal (this process's view since it opened).
+
+    Attributes:
+        persisted: deferrals known fsynced to disk.
+        in_memory: deferrals held only in memory after a disk fault (not persisted).
+        resolved: resolutions recorded.
+        live: work IDs deferred and not resolved.
+    """
+
+    persisted: int = 0
+    in_memory: int = 0
+    resolved: int = 0
+    live: int = 0
+
+
+@dataclass
+class _Counts:
+    persisted: int = 0
+    memory_seqs: list[int] = field(default_factory=list)
+    resolved: int = 0
+
+
+class DeferJournal:
+    """Durable set of deferred work items with honest persisted/in-memory accounting.
+
+    Open with :meth:`open`; use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self._counts = _Counts()
+        self._live: dict[str, DeferredItem] = {}
+        for rec in journal.records():
+            self._apply(rec.seq, rec.payload)
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], *, sync: str = "always", **journal_kw: Any
+    ) -> DeferJournal:
+        """Open the defer journal at ``path`` (a file, or a directory for the default name).
+
+        Extra keyword arguments go to :meth:`Journal.open`.
+        """
+        p = os.fspath(path)
+        if os.path.isdir(p):
+            p = os.path.join(p, DEFAULT_DEFER_NAME)
+        return cls(Journal.open(p, sync=sync, **journal_kw))
+
+    def _apply(self, seq: int, payload: Any) -> None:
+        if not isinstance(payload, dict):
+            return
+        event = payload.get("event")
+        wid = payload.get("work_id")
+        if not isinstance(wid, str):
+            return
+        if event == "deferred":
+            self._live[wid] = DeferredItem(
+                work_id=wid,
+                item=payload.get("item"),
+                attempts=int(payload.get("attempts", 0)),
+                kinds=tuple(payload.get("kinds", ())),
+                last_error=payload.get("last_error"),
+                inputs=tuple(payload.get("inputs", ())),
+                self_contained=bool(payload.get("self_contained", False)),
+                seq=seq,
+            )
+        elif event == "resolved":
+            self._live.pop(wid, None)
+
+    def defer(
+        self,
+        work_id: str,
+        item: Any,
+        *,
+        attempts: int,
+        kinds: tuple[str, ...] | list[str] = (),
+        last_error: str | None = None,
+        inputs: tuple[str, ...] | list[str] = (),
+        self_contained: bool = False,
+    ) -> DeferReceipt:
+        """Record that ``work_id`` is deferred; returns whether that record is on disk.
+
+        A ``persisted=False`` receipt means the item is held in memory (the journal is degraded):
+        it is counted in ``in_memory`` until :meth:`try_restore` succeeds.
+
+        Raises:
+            UsageError: ``work_id`` is not a non-empty string.
+            MemoryBoundError: degraded and the memory bound is reached (nothing recorded).
+        """
+        if not isinstance(work_id, str) or not work_id:
+            raise UsageError(f"work_id must be a non-empty string, got {work_id!r}")
+        payload = {
+            "event": "deferred",
+            "work_id": work_id,
+            "item": item,
+            "attempts": attempts,
+            "kinds": list(kinds),
+            "last_error": last_error,
+            "inputs": list(inputs),
+            "self_contained": self_contained,
+        }
+        r = self.journal.append(payload)
+        persisted = r.durable
+        if not persisted and self.journal.sync != "always" and self.journal.health.ok:
+            try:
+                self.journal.wait_durable(r.seq)
+                persisted = True
+            except NotDurableError:
+                persisted = False
+        if persisted:
+            self._counts.persisted += 1
+        else:
+            self._counts.memory_seqs.append(r.seq)
+        self._apply(r.seq, payload)
+        return DeferReceipt(r.seq, persisted)
+
+    def resolve(self, work_id: str, how: str) -> bool:
+        """Record that a deferred item was ``requeued``, ``dropped`` or ``replayed``.
+
+        Returns:
+            True when the resolution is on disk (False: held in memory, degraded).
+
+        Raises:
+            UsageError: an unknown resolution or a work ID that is not deferred.
+        """
+        if how not in RESOLUTIONS:
+            raise UsageError(f"unknown resolution {how!r}; use one of {RESOLUTIONS}")
+        if work_id not in self._live:
+            raise UsageError(f"{work_id!r} is not deferred")
+        r = self.journal.append({"event": "resolved", "work_id": work_id, "how": how})
+        self._live.pop(work_id, None)
+        self._counts.resolved += 1
+        return r.durable
+
+    def try_restore(self) -> bool:
+        """Make memory-only deferrals durable (see :meth:`Journal.try_restore`)."""
+        ok = self.journal.try_restore()
+        if ok:
+            self.journal.sync_now()
+            durable = self.journal.durable_seq
+            done = [s for s in self._counts.memory_seqs if s <= durable]
+            self._counts.persisted += len(done)
+            self._counts.memory_seqs = [s for s in self._counts.memory_seqs if s > durable]
+        return ok
+
+    def items(self) -> Iterator[DeferredItem]:
+        """The live deferred items, oldest deferral first."""
+        return iter(sorted(self._live.values(), key=lambda d: d.seq))
+
+    def get(self, work_id: str) -> DeferredItem | None:
+        """The live deferred item for ``work_id``, or None."""
+        return self._live.get(work_id)
+
+    def __contains__(self, work_id: object) -> bool:
+        return work_id in self._live
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def statistics(self) -> DeferStats:
+        """An immutable snapshot of the counters."""
+        return DeferStats(
+            persisted=self._counts.persisted,
+            in_memory=len(self._counts.memory_seqs),
+            resolved=self._counts.resolved,
+            live=len(self._live),
+        )
+
+    @property
+    def health(self) -> Health:
+        """The underlying journal's health."""
+        return self.journal.health
+
+    def close(self) -> None:
+        """Close the journal (see :meth:`Journal.close`)."""
+        self.journal.close()
+
+    def __enter__(self) -> DeferJournal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.journal.__exit__(*exc)  # type: ignore[arg-type]

@@ -1,0 +1,82 @@
+"""Tests of durable_dispatch.storage.defer: deferred items and honest persisted/in-memory counts."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from durable_dispatch import DeferJournal
+from durable_dispatch.errors import UsageError
+from durable_dispatch.storage.defer import DEFAULT_DEFER_NAME
+from durable_dispatch.testing import inject_faults
+
+
+def test_defer_persists_and_survives_reopen(tmp_path: Path) -> None:
+    with DeferJournal.open(tmp_path) as d:
+        r = d.defer("w-1", {"seed": "a"}, attempts=3, kinds=["timeout", "timeout"], last_error="t")
+        assert r.persisted
+        d.defer("w-2", {"seed": "b"}, attempts=2, kinds=["malformed-result"], self_contained=True)
+        assert d.statistics().persisted == 2 and d.statistics().in_memory == 0
+    assert (tmp_path / DEFAULT_DEFER_NAME).exists()
+    with DeferJournal.open(tmp_path) as d:
+        assert [i.work_id for i in d.items()] == ["w-1", "w-2"]
+        item = d.get("w-1")
+        assert item is not None
+        assert (
+            item.attempts == 3 and item.kinds == ("timeout", "timeout") and item.last_error == "t"
+        )
+        assert d.resolve("w-1", "requeued")
+        assert "w-1" not in d and len(d) == 1
+    with DeferJournal.open(tmp_path) as d:
+        assert [i.work_id for i in d.items()] == ["w-2"]
+
+
+def test_failed_append_is_counted_in_memory_never_persisted(tmp_path: Path) -> None:
+    with inject_faults() as faults, DeferJournal.open(tmp_path) as d:
+        faults.fail("fsync", errno.EIO)
+        r = d.defer("w-9", {"x": 1}, attempts=2, kinds=["timeout"])
+        assert not r.persisted
+        s = d.statistics()
+        assert (s.persisted, s.in_memory, s.live) == (0, 1, 1)
+        assert "w-9" in d  # still visible, in memory
+        assert not d.try_restore()
+        assert d.statistics().persisted == 0
+        faults.heal()
+        assert d.try_restore()
+        s = d.statistics()
+        assert (s.persisted, s.in_memory) == (1, 0)
+    with DeferJournal.open(tmp_path) as d:
+        assert [i.work_id for i in d.items()] == ["w-9"]
+
+
+@pytest.mark.parametrize("sync", ["batch", "never"])
+def test_defer_waits_for_durability_under_other_policies(tmp_path: Path, sync: str) -> None:
+    with DeferJournal.open(tmp_path / "d.jsonl", sync=sync) as d:
+        assert d.defer("w", None, attempts=1).persisted
+        assert d.journal.durable_seq == 0
+
+
+def test_replayable_needs_inputs_unless_self_contained(tmp_path: Path) -> None:
+    seed = tmp_path / "seed.bin"
+    seed.write_bytes(b"x")
+    with DeferJournal.open(tmp_path) as d:
+        d.defer("a", {}, attempts=1, inputs=[str(seed)])
+        d.defer("b", {}, attempts=1, inputs=[str(tmp_path / "gone")])
+        d.defer(
+            "c", {"all": "inside"}, attempts=1, inputs=[str(tmp_path / "gone")], self_contained=True
+        )
+        got = {i.work_id: i.replayable() for i in d.items()}
+    assert got == {"a": True, "b": False, "c": True}
+
+
+def test_bad_input(tmp_path: Path) -> None:
+    with DeferJournal.open(tmp_path) as d:
+        with pytest.raises(UsageError):
+            d.defer("", {}, attempts=1)
+        with pytest.raises(UsageError):
+            d.resolve("nope", "requeued")
+        d.defer("w", {}, attempts=1)
+        with pytest.raises(UsageError):
+            d.resolve("w", "forgotten")
