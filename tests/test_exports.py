@@ -12,6 +12,8 @@ PUBLIC_MODULES = [
     "durable_dispatch.errors",
     "durable_dispatch.storage",
     "durable_dispatch.testing",
+    "durable_dispatch.core",
+    "durable_dispatch.logs",
 ]
 
 

@@ -3,6 +3,7 @@
 Only re-exports live here; see the README for the tour and ``docs/`` for the details.
 """
 
+from .core import Dispatcher, RetryPolicy, WatchdogConfig, WorkItem
 from .errors import DurableDispatchError
 from .storage import (
     DeferJournal,
@@ -19,6 +20,10 @@ from .storage import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Dispatcher",
+    "RetryPolicy",
+    "WatchdogConfig",
+    "WorkItem",
     "DeferJournal",
     "DurableDispatchError",
     "Health",

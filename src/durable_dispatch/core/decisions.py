@@ -1,0 +1,182 @@
+"""What the dispatch core tells its shell to do, and how it classifies what the shell tells it.
+
+Every value here is a plain immutable record. The shell executes decisions in the order they
+are returned; the one ordering rule that matters is *persist before you act*: a
+:class:`PersistSnapshot` must be done before the next :class:`Send`, a :class:`Commit` must be
+journaled before its work ID is acknowledged or leased to anyone, and a :class:`Defer` must be
+appended to the defer journal (and its outcome reported back with ``defer_recorded``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .tokens import Token
+
+__all__ = [
+    "WorkItem",
+    "Classification",
+    "Decision",
+    "Send",
+    "Commit",
+    "Requeue",
+    "Defer",
+    "Park",
+    "Release",
+    "PersistSnapshot",
+    "Quarantine",
+    "SOURCE_INVALID_RESULT",
+    "SOURCE_WATCHDOG",
+    "SOURCE_SEND_FAILURE",
+    "SOURCE_RANK_LOST",
+    "SOURCE_MASTER_RESTART",
+]
+
+SOURCE_INVALID_RESULT = "invalid-result"
+SOURCE_WATCHDOG = "watchdog-timeout"
+SOURCE_SEND_FAILURE = "send-failure"
+SOURCE_RANK_LOST = "rank-lost"
+SOURCE_MASTER_RESTART = "master-restart"
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One unit of work, identified by a stable semantic ID.
+
+    Attributes:
+        work_id: the stable semantic ID (retries and commits are counted under it).
+        payload: JSON-compatible data the worker needs.
+        timeout: this item's deadline in seconds, overriding the watchdog's default.
+        leases: side-table entries this item holds exclusively while in flight (for example
+            ``{"target": "libpng"}``); an item waits in the frontier while one is taken.
+        inputs: paths the item needs to be replayed after a deferral.
+        self_contained: the item carries everything it needs (no ``inputs`` required).
+    """
+
+    work_id: str
+    payload: Any = None
+    timeout: float | None = None
+    leases: Mapping[str, str] = field(default_factory=dict)
+    inputs: tuple[str, ...] = ()
+    self_contained: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the inverse of :meth:`from_json`)."""
+        return {
+            "work_id": self.work_id,
+            "payload": self.payload,
+            "timeout": self.timeout,
+            "leases": dict(self.leases),
+            "inputs": list(self.inputs),
+            "self_contained": self.self_contained,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WorkItem:
+        """Rebuild from :meth:`to_json` output."""
+        return cls(
+            work_id=str(d["work_id"]),
+            payload=d.get("payload"),
+            timeout=d.get("timeout"),
+            leases=dict(d.get("leases") or {}),
+            inputs=tuple(d.get("inputs") or ()),
+            self_contained=bool(d.get("self_contained", False)),
+        )
+
+
+class Classification(str, Enum):
+    """How an incoming RESULT, READY or HEARTBEAT was classified."""
+
+    CURRENT = "CURRENT"
+    STALE = "STALE"
+    UNOWNED = "UNOWNED"
+    MALFORMED = "MALFORMED"
+    DUPLICATE = "DUPLICATE"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+class Decision:
+    """Base class of everything the core asks its shell to do."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class Send(Decision):
+    """Send WORK to ``rank`` with ``token``; then report ``mark_dispatched`` or ``send_failed``."""
+
+    rank: int
+    token: Token
+    work: WorkItem
+
+
+@dataclass(frozen=True)
+class Commit(Decision):
+    """Journal this result durably, then report ``commit_done(token)`` (exactly-once record)."""
+
+    rank: int
+    token: Token
+    work_id: str
+    result: Any
+
+
+@dataclass(frozen=True)
+class Requeue(Decision):
+    """The work went back to the front of the frontier (informational: the core did it)."""
+
+    work_id: str
+    token: Token
+    source: str
+    kind: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Defer(Decision):
+    """Append this item to the defer journal, then report ``defer_recorded(work_id, persisted)``."""
+
+    work: WorkItem
+    token: Token
+    source: str
+    attempts: int
+    kinds: tuple[str, ...]
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class Park(Decision):
+    """``rank`` left the idle set: only a READY with ``token`` can release it (W6, W7)."""
+
+    rank: int
+    token: Token
+    source: str
+
+
+@dataclass(frozen=True)
+class Release(Decision):
+    """A parked ``rank`` proved with its exact retired ``token`` that the old generation ended."""
+
+    rank: int
+    token: Token
+
+
+@dataclass(frozen=True)
+class PersistSnapshot(Decision):
+    """Write an atomic snapshot of the state now, then report ``snapshot_persisted()`` (S8)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Quarantine(Decision):
+    """A message was not current: counted and ignored (never a crash of the master)."""
+
+    rank: int
+    message: str
+    classification: Classification
+    reason: str

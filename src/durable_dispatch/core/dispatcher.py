@@ -1,0 +1,724 @@
+"""The sans-I/O dispatch core: reservations, tokens, watchdog, parked-rank gate, retry ledger.
+
+Theory of operation. The core never reads a clock, a file, the environment or MPI: the shell passes
+``now`` (a monotonic float) and the messages it received, and the core returns :mod:`decisions
+<durable_dispatch.core.decisions>`. One loop turn of the shell (W3) is::
+
+    for rank, token in readies:   decisions += core.on_ready(rank, token, now)        # 1. READY
+    while (d := core.reserve(now)) is not None:                                       # 2. dispatch
+        if isinstance(d, PersistSnapshot): persist(); core.snapshot_persisted(); continue
+        ok = send(d.rank, d.token, d.work)            # then, once the send returned:
+        decisions += core.mark_dispatched(d.token, now) if ok else core.send_failed(d.token, now)
+    for rank, token, result in results: decisions += core.on_result(rank, token, result, now)  # 3.
+    decisions += core.join_invalid(now)                                               # 4. join
+    decisions += core.sweep(now)                                                      # 5. sweep
+
+Each dispatch is a reservation transaction ``PREPARING -> DISPATCHED -> COMMITTING -> CLOSED`` (or
+``ROLLED_BACK``). Its deadline starts only at ``mark_dispatched`` (W1) and lives in a heap, so a
+sweep with nothing expired costs the same at 10 or 100,000 transactions in flight. A timeout is a
+suspicion: the task moves at once (requeued or deferred under its work ID, W5), but the rank is
+parked until a READY with its exact retired token proves the old generation is over (W6, W7). Late
+messages are classified (current, stale, unowned, malformed, duplicate) and only a current RESULT
+can commit (W8). Every rollback sets "snapshot required", and :meth:`Dispatcher.reserve` returns
+:class:`PersistSnapshot` before any further :class:`Send` until the shell confirms it (S8).
+
+Ordering assumption: messages from one rank arrive in the order it sent them (the MPI shell receives
+with ``ANY_TAG``, which MPI's non-overtaking rule orders per sender), so when the turn's join step
+sees a current READY without a RESULT, the RESULT is missing, not late.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from ..errors import UsageError
+from .config import RetryPolicy, WatchdogConfig
+from .decisions import (
+    SOURCE_INVALID_RESULT,
+    SOURCE_MASTER_RESTART,
+    SOURCE_RANK_LOST,
+    SOURCE_SEND_FAILURE,
+    SOURCE_WATCHDOG,
+    Classification,
+    Commit,
+    Decision,
+    Defer,
+    Park,
+    PersistSnapshot,
+    Quarantine,
+    Release,
+    Requeue,
+    Send,
+    WorkItem,
+)
+from .tokens import Token
+
+__all__ = ["Dispatcher", "TxState", "Transaction", "DispatchStats", "WorkStatus"]
+
+_RETIRED_KEEP = 64  # retired tokens remembered per rank, to tell stale from unowned
+
+
+class TxState(str, Enum):
+    """The life of one reservation transaction."""
+
+    PREPARING = "PREPARING"
+    DISPATCHED = "DISPATCHED"
+    COMMITTING = "COMMITTING"
+    CLOSED = "CLOSED"
+    ROLLED_BACK = "ROLLED_BACK"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+class WorkStatus(str, Enum):
+    """Where a work ID is: every known work ID is in exactly one of these."""
+
+    PENDING = "PENDING"
+    IN_FLIGHT = "IN_FLIGHT"
+    COMMITTED = "COMMITTED"
+    DEFERRED = "DEFERRED"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+@dataclass(slots=True)
+class Transaction:
+    """One dispatch of one work item to one rank (mutable, owned by the core)."""
+
+    token: Token
+    rank: int
+    work: WorkItem
+    state: TxState = TxState.PREPARING
+    deadline: float | None = None
+    ready_seen: bool = False
+    result_malformed: str | None = None
+
+
+@dataclass(frozen=True)
+class DispatchStats:
+    """An immutable snapshot of the core's counters (all zero in a campaign with no faults,
+    except the work counters ``dispatches`` and ``commits`` and the gauges).
+
+    Counters by message kind (``stale``, ``unowned``, ``malformed``) are dicts keyed
+    ``"RESULT"``, ``"READY"``, ``"HEARTBEAT"``.
+    """
+
+    dispatches: int = 0
+    commits: int = 0
+    dispatch_watchdog_timeouts: int = 0
+    watchdog_worker_recoveries: int = 0
+    protocol_requeued_dispatches: int = 0
+    protocol_deferred_dispatches: int = 0
+    deferred_in_memory: int = 0
+    invalid_result_rollbacks: int = 0
+    send_failures: int = 0
+    ranks_lost: int = 0
+    master_restart_rollbacks: int = 0
+    duplicate_commits_ignored: int = 0
+    heartbeats: int = 0
+    stale: Mapping[str, int] = field(default_factory=dict)
+    unowned: Mapping[str, int] = field(default_factory=dict)
+    malformed: Mapping[str, int] = field(default_factory=dict)
+    parked_ready_missing: int = 0
+    parked_ready_malformed: int = 0
+    parked_ready_other_token: int = 0
+    parked_ranks_now: int = 0
+    idle_ranks_now: int = 0
+    in_flight_now: int = 0
+    pending_now: int = 0
+    deferred_now: int = 0
+    watchdog_enabled: bool = True
+    watchdog_seconds: float = 0.0
+    config_corrections: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(self).items()}
+
+
+class Dispatcher:
+    """The dispatch state machine. See the module docs for the turn order.
+
+    Args:
+        epoch: this master run's epoch (from durable state; increases at every start).
+        watchdog: deadlines (``WatchdogConfig()`` by default).
+        retry: retry budgets (``RetryPolicy()`` by default).
+        ranks: worker ranks that start idle.
+    """
+
+    def __init__(
+        self,
+        epoch: int = 1,
+        watchdog: WatchdogConfig | None = None,
+        retry: RetryPolicy | None = None,
+        ranks: Iterable[int] = (),
+    ) -> None:
+        if not isinstance(epoch, int) or epoch < 0:
+            raise UsageError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self.epoch = epoch
+        self.watchdog = watchdog or WatchdogConfig()
+        self.retry = retry or RetryPolicy()
+        self._counter = 0
+        self._frontier: deque[WorkItem] = deque()
+        self._pending: set[str] = set()
+        self._committed: set[str] = set()
+        self._deferred: dict[str, WorkItem] = {}
+        self._attempts: dict[str, int] = {}
+        self._kinds: dict[str, list[str]] = {}
+        self._last_error: dict[str, str] = {}
+        self._ranks: set[int] = set()
+        self._idle: set[int] = set()
+        self._parked: dict[int, Token] = {}
+        self._current: dict[int, Transaction] = {}  # rank -> its transaction
+        self._by_token: dict[Token, Transaction] = {}
+        self._open: dict[str, Transaction] = {}  # wire form -> open transaction (fast lookup)
+        self._in_flight: dict[str, Token] = {}  # work_id -> token
+        self._leases: dict[tuple[str, str], Token] = {}
+        self._retired: dict[int, deque[Token]] = {}
+        self._heap: list[tuple[float, Token]] = []
+        self._snapshot_required: str | None = None
+        self._c: Counter[str] = Counter()
+        self._stale: Counter[str] = Counter()
+        self._unowned: Counter[str] = Counter()
+        self._malformed: Counter[str] = Counter()
+        for r in ranks:
+            self.add_rank(r)
+
+    # ----------------------------------------------------------------- set-up
+    def add_rank(self, rank: int) -> None:
+        """Make ``rank`` a worker that starts idle."""
+        if not isinstance(rank, int) or rank < 0:
+            raise UsageError(f"rank must be an integer >= 0, got {rank!r}")
+        if rank in self._ranks:
+            raise UsageError(f"rank {rank} was already added")
+        self._ranks.add(rank)
+        self._idle.add(rank)
+
+    def submit(self, items: Iterable[WorkItem]) -> int:
+        """Append work items to the back of the frontier; returns how many were added.
+
+        Raises:
+            UsageError: a work ID that is already pending, in flight, committed or deferred
+                (a work ID lives in exactly one place).
+        """
+        n = 0
+        for item in items:
+            if not isinstance(item, WorkItem) or not isinstance(item.work_id, str):
+                raise UsageError(f"expected a WorkItem with a str work_id, got {item!r}")
+            if self.status(item.work_id) is not None:
+                raise UsageError(f"work ID {item.work_id!r} is already {self.status(item.work_id)}")
+            self._frontier.append(item)
+            self._pending.add(item.work_id)
+            n += 1
+        return n
+
+    # --------------------------------------------------------------- dispatch
+    def reserve(self, now: float) -> Send | PersistSnapshot | None:
+        """Reserve the next dispatch: the lowest idle rank and the first frontier item whose
+        leases are free. Returns :class:`PersistSnapshot` first if a rollback is not yet persisted,
+        or None when nothing can be dispatched now.
+        """
+        if self._snapshot_required is not None:
+            return PersistSnapshot(self._snapshot_required)
+        if not self._idle or not self._frontier:
+            return None
+        item = self._take_free_item()
+        if item is None:
+            return None
+        rank = min(self._idle)
+        self._idle.discard(rank)
+        self._counter += 1
+        token = Token(self.epoch, self._counter)
+        tx = Transaction(token, rank, item)
+        self._current[rank] = tx
+        self._by_token[token] = tx
+        self._open[str(token)] = tx
+        self._in_flight[item.work_id] = token
+        for k, v in item.leases.items():
+            self._leases[(k, v)] = token
+        self._c["dispatches"] += 1
+        return Send(rank, token, item)
+
+    def _take_free_item(self) -> WorkItem | None:
+        head = self._frontier[0]
+        if not head.leases:
+            self._frontier.popleft()
+            self._pending.discard(head.work_id)
+            return head
+        for i, item in enumerate(self._frontier):
+            if all((k, v) not in self._leases for k, v in item.leases.items()):
+                del self._frontier[i]
+                self._pending.discard(item.work_id)
+                return item
+        return None
+
+    def mark_dispatched(self, token: Token, now: float) -> list[Decision]:
+        """The WORK send for ``token`` returned: the deadline starts now (W1)."""
+        tx = self._tx(token)
+        if tx.state is not TxState.PREPARING:
+            raise UsageError(f"{token} is {tx.state.value}, not PREPARING")
+        tx.state = TxState.DISPATCHED
+        if self.watchdog.enabled:
+            seconds = tx.work.timeout if tx.work.timeout is not None else self.watchdog.seconds
+            tx.deadline = now + seconds
+            heapq.heappush(self._heap, (tx.deadline, token))
+        return []
+
+    def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
+        """The WORK send for ``token`` failed: the same compensation path as a timeout (W4)."""
+        tx = self._tx(token)
+        if tx.state is not TxState.PREPARING:
+            raise UsageError(f"{token} is {tx.state.value}, not PREPARING")
+        self._c["send_failures"] += 1
+        return self._rollback(tx, SOURCE_SEND_FAILURE, "send-failure", error, park=True)
+
+    def snapshot_persisted(self) -> None:
+        """The shell wrote the snapshot a :class:`PersistSnapshot` asked for."""
+        self._snapshot_required = None
+
+    # -------------------------------------------------------------- messages
+    def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
+        """A READY arrived from ``rank`` carrying ``token`` (any wire value; None if absent)."""
+        tx = self._open.get(token) if type(token) is str else None
+        if tx is not None and tx.rank == rank:
+            return self._current_ready(tx)
+        if rank not in self._ranks:
+            return self._quarantine(rank, "READY", Classification.UNOWNED, "unknown rank")
+        t = Token.parse(token)
+        retired = self._parked.get(rank)
+        if retired is not None:
+            if t == retired:
+                del self._parked[rank]
+                self._idle.add(rank)
+                self._c["watchdog_worker_recoveries"] += 1
+                return [Release(rank, retired)]
+            if token is None:
+                self._c["parked_ready_missing"] += 1
+                return self._quarantine(rank, "READY", Classification.MALFORMED, "parked: no token")
+            if t is None:
+                self._c["parked_ready_malformed"] += 1
+                return self._quarantine(
+                    rank, "READY", Classification.MALFORMED, "parked: malformed"
+                )
+            self._c["parked_ready_other_token"] += 1
+            return self._quarantine(rank, "READY", Classification.STALE, "parked: other token")
+        if t is None:
+            if token is None and rank in self._idle:
+                return []  # an idle worker announcing itself
+            return self._quarantine(rank, "READY", Classification.MALFORMED, "bad token")
+        tx = self._current.get(rank)
+        if tx is not None and tx.token == t:
+            return self._current_ready(tx)
+        return self._classify_old(rank, t, "READY")
+
+    def _current_ready(self, tx: Transaction) -> list[Decision]:
+        if tx.ready_seen:
+            return self._quarantine(tx.rank, "READY", Classification.DUPLICATE, "second READY")
+        tx.ready_seen = True
+        if tx.state is TxState.PREPARING:
+            # The send evidently completed; never time out a generation that said READY.
+            tx.state = TxState.DISPATCHED
+        return self._finish_if_done(tx)
+
+    def on_result(
+        self,
+        rank: int,
+        token: object,
+        result: Any,
+        now: float,
+        *,
+        valid: bool = True,
+        error: str | None = None,
+    ) -> list[Decision]:
+        """A RESULT arrived. ``valid=False`` (with ``error``) when its payload failed to decode.
+
+        Only a current RESULT with a valid payload commits (it returns :class:`Commit`).
+        """
+        tx = self._open.get(token) if type(token) is str else None
+        if tx is None or tx.rank != rank:
+            if rank not in self._ranks:
+                return self._quarantine(rank, "RESULT", Classification.UNOWNED, "unknown rank")
+            t = Token.parse(token)
+            if t is None:
+                return self._quarantine(rank, "RESULT", Classification.MALFORMED, "bad token")
+            tx = self._current.get(rank)
+            if tx is None or tx.token != t:
+                return self._classify_old(rank, t, "RESULT")
+        if tx.state in (TxState.COMMITTING, TxState.CLOSED):
+            return self._quarantine(rank, "RESULT", Classification.DUPLICATE, "second RESULT")
+        if not valid:
+            tx.result_malformed = error or "malformed result payload"
+            return self._quarantine(rank, "RESULT", Classification.MALFORMED, tx.result_malformed)
+        tx.state = TxState.COMMITTING
+        wid = tx.work.work_id
+        if wid in self._committed:
+            self._c["duplicate_commits_ignored"] += 1
+            tx.state = TxState.CLOSED
+            self._release_leases(tx)
+            return self._finish_if_done(tx) + self._quarantine(
+                rank, "RESULT", Classification.DUPLICATE, "work ID already committed"
+            )
+        return [Commit(rank, tx.token, wid, result)]
+
+    def commit_done(self, token: Token) -> list[Decision]:
+        """The shell journaled the :class:`Commit` for ``token``: the work ID is committed."""
+        tx = self._tx(token)
+        if tx.state is not TxState.COMMITTING:
+            raise UsageError(f"{token} is {tx.state.value}, not COMMITTING")
+        tx.state = TxState.CLOSED
+        self._committed.add(tx.work.work_id)
+        self._c["commits"] += 1
+        self._release_leases(tx)
+        return self._finish_if_done(tx)
+
+    def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
+        """A HEARTBEAT: a current one pushes the deadline to ``now + lease``."""
+        t = Token.parse(token)
+        if rank not in self._ranks or t is None:
+            kind = Classification.UNOWNED if rank not in self._ranks else Classification.MALFORMED
+            return self._quarantine(rank, "HEARTBEAT", kind, "bad heartbeat")
+        tx = self._current.get(rank)
+        if tx is None or tx.token != t or tx.state is not TxState.DISPATCHED:
+            return self._classify_old(rank, t, "HEARTBEAT")
+        self._c["heartbeats"] += 1
+        if self.watchdog.enabled:
+            deadline = now + self.watchdog.lease
+            if tx.deadline is None or deadline > tx.deadline:
+                tx.deadline = deadline
+                heapq.heappush(self._heap, (deadline, t))
+        return []
+
+    # ------------------------------------------------------- join and sweep
+    def join_invalid(self, now: float) -> list[Decision]:
+        """Roll back every generation whose current READY came without a valid RESULT (W3 step 4).
+
+        The worker finished (READY) but its result was lost or broken: the task is recovered through
+        the shared retry path with ``source=invalid-result`` and the rank goes back to idle.
+        """
+        out: list[Decision] = []
+        for rank in sorted(self._current):
+            tx = self._current[rank]
+            if tx.ready_seen and tx.state is TxState.DISPATCHED:
+                kind = "malformed-result" if tx.result_malformed else "missing-result"
+                err = tx.result_malformed or "READY without RESULT"
+                self._c["invalid_result_rollbacks"] += 1
+                out += self._rollback(tx, SOURCE_INVALID_RESULT, kind, err, park=False)
+        return out
+
+    def expired(self, now: float) -> list[tuple[int, Token]]:
+        """A sorted snapshot of ``(rank, exact token)`` of dispatches past their deadline.
+
+        Generations whose current READY was already seen are not included (W3). Cost: O(1) when
+        nothing expired, O(k log n) for k expired entries.
+        """
+        heap = self._heap
+        popped: list[tuple[float, Token]] = []
+        out: list[tuple[int, Token]] = []
+        while heap and heap[0][0] <= now:
+            deadline, token = heapq.heappop(heap)
+            tx = self._by_token.get(token)
+            if tx is None or tx.state is not TxState.DISPATCHED or tx.deadline != deadline:
+                continue  # a stale heap entry: closed, rolled back, or extended by a heartbeat
+            if popped and popped[-1] == (deadline, token):
+                continue  # the same entry twice (equal entries pop next to each other)
+            popped.append((deadline, token))
+            if not tx.ready_seen:
+                out.append((tx.rank, token))
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return sorted(out)
+
+    def sweep(self, now: float) -> list[Decision]:
+        """Roll back every expired dispatch and park its rank (W3 step 5, W4, W6)."""
+        out: list[Decision] = []
+        for _rank, token in self.expired(now):
+            tx = self._by_token[token]
+            self._c["dispatch_watchdog_timeouts"] += 1
+            out += self._rollback(tx, SOURCE_WATCHDOG, "timeout", "deadline passed", park=True)
+        return out
+
+    def rank_lost(self, rank: int, now: float, error: str = "rank lost") -> list[Decision]:
+        """The runtime reported ``rank`` dead (ULFM): roll back its dispatch now, drop the rank."""
+        if rank not in self._ranks:
+            raise UsageError(f"unknown rank {rank}")
+        out: list[Decision] = []
+        tx = self._current.get(rank)
+        self._c["ranks_lost"] += 1
+        if tx is not None and tx.state in (TxState.PREPARING, TxState.DISPATCHED):
+            out += self._rollback(tx, SOURCE_RANK_LOST, "rank-lost", error, park=False)
+        self._current.pop(rank, None)
+        self._ranks.discard(rank)
+        self._idle.discard(rank)
+        self._parked.pop(rank, None)
+        return out
+
+    # ------------------------------------------------ deferral bookkeeping
+    def defer_recorded(self, work_id: str, persisted: bool) -> None:
+        """Report the outcome of a :class:`Defer`: on disk, or held in memory after a fault."""
+        if work_id not in self._deferred:
+            raise UsageError(f"{work_id!r} is not deferred")
+        self._c["protocol_deferred_dispatches" if persisted else "deferred_in_memory"] += 1
+
+    def defer_persisted_later(self, count: int = 1) -> None:
+        """``count`` deferrals held in memory were since written durably (after a restore)."""
+        count = min(count, self._c["deferred_in_memory"])
+        self._c["deferred_in_memory"] -= count
+        self._c["protocol_deferred_dispatches"] += count
+
+    def requeue_deferred(self, work_id: str) -> None:
+        """Put a deferred item back at the end of the frontier (an operator's decision)."""
+        item = self._deferred.pop(work_id, None)
+        if item is None:
+            raise UsageError(f"{work_id!r} is not deferred")
+        self._attempts.pop(work_id, None)
+        self._kinds.pop(work_id, None)
+        self._frontier.append(item)
+        self._pending.add(work_id)
+
+    # ----------------------------------------------------------- internals
+    def _tx(self, token: Token) -> Transaction:
+        tx = self._by_token.get(token)
+        if tx is None:
+            raise UsageError(f"no open transaction has token {token}")
+        return tx
+
+    def _quarantine(
+        self, rank: int, message: str, cls: Classification, reason: str
+    ) -> list[Decision]:
+        if cls is Classification.STALE:
+            self._stale[message] += 1
+        elif cls is Classification.UNOWNED:
+            self._unowned[message] += 1
+        elif cls is Classification.MALFORMED:
+            self._malformed[message] += 1
+        else:
+            self._c[f"duplicate_{message.lower()}"] += 1
+        return [Quarantine(rank, message, cls, reason)]
+
+    def _classify_old(self, rank: int, t: Token, message: str) -> list[Decision]:
+        if t.epoch < self.epoch or t in self._retired.get(rank, ()):
+            return self._quarantine(rank, message, Classification.STALE, "older token")
+        return self._quarantine(rank, message, Classification.UNOWNED, "no transaction owns it")
+
+    def _release_leases(self, tx: Transaction) -> None:
+        self._in_flight.pop(tx.work.work_id, None)
+        for k, v in tx.work.leases.items():
+            if self._leases.get((k, v)) == tx.token:
+                del self._leases[(k, v)]
+
+    def _finish_if_done(self, tx: Transaction) -> list[Decision]:
+        """A closed generation whose READY was seen frees its rank."""
+        if tx.state is TxState.CLOSED and tx.ready_seen:
+            self._forget(tx)
+            self._idle.add(tx.rank)
+        return []
+
+    def _forget(self, tx: Transaction) -> None:
+        self._by_token.pop(tx.token, None)
+        self._open.pop(str(tx.token), None)
+        if self._current.get(tx.rank) is tx:
+            del self._current[tx.rank]
+        self._retired.setdefault(tx.rank, deque(maxlen=_RETIRED_KEEP)).append(tx.token)
+
+    def _rollback(
+        self, tx: Transaction, source: str, kind: str, error: str, *, park: bool
+    ) -> list[Decision]:
+        """The one compensation path: timeout, invalid result, send failure, rank lost (W4, S8)."""
+        tx.state = TxState.ROLLED_BACK
+        self._release_leases(tx)
+        self._forget(tx)
+        out: list[Decision] = []
+        if park:
+            self._parked[tx.rank] = tx.token
+            out.append(Park(tx.rank, tx.token, source))
+        elif tx.rank in self._ranks and source != SOURCE_RANK_LOST:
+            self._idle.add(tx.rank)
+        out.append(self._recover(tx.work, tx.token, source, kind, error))
+        self._snapshot_required = f"rollback of {tx.token} ({source})"
+        out.append(PersistSnapshot(self._snapshot_required))
+        return out
+
+    def _recover(
+        self, item: WorkItem, token: Token, source: str, kind: str, error: str
+    ) -> Decision:
+        """The shared retry path (W5): requeue at the front, or defer after the budget."""
+        wid = item.work_id
+        if source == SOURCE_MASTER_RESTART:
+            self._c["master_restart_rollbacks"] += 1
+            self._frontier.appendleft(item)
+            self._pending.add(wid)
+            return Requeue(wid, token, source, kind, self._attempts.get(wid, 0))
+        n = self._attempts.get(wid, 0) + 1
+        self._attempts[wid] = n
+        self._kinds.setdefault(wid, []).append(kind)
+        self._last_error[wid] = error
+        if n <= self.retry.retries_for(kind):
+            self._frontier.appendleft(item)
+            self._pending.add(wid)
+            self._c["protocol_requeued_dispatches"] += 1
+            return Requeue(wid, token, source, kind, n)
+        self._deferred[wid] = item
+        return Defer(item, token, source, n, tuple(self._kinds[wid]), error)
+
+    # ------------------------------------------------------------- queries
+    def status(self, work_id: str) -> WorkStatus | None:
+        """Where ``work_id`` is, or None if the core never saw it."""
+        if work_id in self._committed:
+            return WorkStatus.COMMITTED
+        if work_id in self._in_flight:
+            return WorkStatus.IN_FLIGHT
+        if work_id in self._deferred:
+            return WorkStatus.DEFERRED
+        if work_id in self._pending:
+            return WorkStatus.PENDING
+        return None
+
+    @property
+    def done(self) -> bool:
+        """True when nothing is pending or in flight (everything committed or deferred)."""
+        return not self._frontier and not self._in_flight
+
+    @property
+    def snapshot_required(self) -> bool:
+        """True while a rollback waits for its snapshot (no dispatch until then)."""
+        return self._snapshot_required is not None
+
+    def idle_ranks(self) -> list[int]:
+        """Idle ranks, sorted."""
+        return sorted(self._idle)
+
+    def parked_ranks(self) -> dict[int, Token]:
+        """Parked ranks and the exact token that releases each."""
+        return dict(self._parked)
+
+    def in_flight(self) -> dict[str, Token]:
+        """Work ID -> token of every open transaction."""
+        return dict(self._in_flight)
+
+    def transaction(self, token: Token) -> Transaction | None:
+        """The open transaction with ``token`` (for inspection; do not mutate)."""
+        return self._by_token.get(token)
+
+    def lease_holder(self, table: str, key: str) -> Token | None:
+        """The token holding side-table entry ``table[key]``, or None."""
+        return self._leases.get((table, key))
+
+    def committed(self) -> frozenset[str]:
+        """Committed work IDs."""
+        return frozenset(self._committed)
+
+    def deferred(self) -> dict[str, WorkItem]:
+        """Deferred work items by work ID."""
+        return dict(self._deferred)
+
+    def pending(self) -> list[str]:
+        """Pending work IDs in frontier order."""
+        return [i.work_id for i in self._frontier]
+
+    def attempts(self, work_id: str) -> int:
+        """Failures charged to ``work_id`` so far."""
+        return self._attempts.get(work_id, 0)
+
+    def statistics(self) -> DispatchStats:
+        """An immutable snapshot of every counter and gauge."""
+        c = self._c
+        return DispatchStats(
+            dispatches=c["dispatches"],
+            commits=c["commits"],
+            dispatch_watchdog_timeouts=c["dispatch_watchdog_timeouts"],
+            watchdog_worker_recoveries=c["watchdog_worker_recoveries"],
+            protocol_requeued_dispatches=c["protocol_requeued_dispatches"],
+            protocol_deferred_dispatches=c["protocol_deferred_dispatches"],
+            deferred_in_memory=c["deferred_in_memory"],
+            invalid_result_rollbacks=c["invalid_result_rollbacks"],
+            send_failures=c["send_failures"],
+            ranks_lost=c["ranks_lost"],
+            master_restart_rollbacks=c["master_restart_rollbacks"],
+            duplicate_commits_ignored=c["duplicate_commits_ignored"],
+            heartbeats=c["heartbeats"],
+            stale=dict(self._stale),
+            unowned=dict(self._unowned),
+            malformed=dict(self._malformed),
+            parked_ready_missing=c["parked_ready_missing"],
+            parked_ready_malformed=c["parked_ready_malformed"],
+            parked_ready_other_token=c["parked_ready_other_token"],
+            parked_ranks_now=len(self._parked),
+            idle_ranks_now=len(self._idle),
+            in_flight_now=len(self._in_flight),
+            pending_now=len(self._frontier),
+            deferred_now=len(self._deferred),
+            watchdog_enabled=self.watchdog.enabled,
+            watchdog_seconds=self.watchdog.seconds,
+            config_corrections=len(self.watchdog.corrections),
+        )
+
+    # ------------------------------------------------------ durable state
+    def snapshot(self) -> dict[str, Any]:
+        """The durable part of the state as a JSON-ready dict (deadlines are never saved, W2).
+
+        In-flight dispatches are saved with their work so that :meth:`restore` can roll them back.
+        """
+        return {
+            "epoch": self.epoch,
+            "counter": self._counter,
+            "frontier": [i.to_json() for i in self._frontier],
+            "in_flight": [
+                {"token": str(tx.token), "rank": tx.rank, "work": tx.work.to_json()}
+                for tx in self._by_token.values()
+                if tx.state in (TxState.PREPARING, TxState.DISPATCHED, TxState.COMMITTING)
+            ],
+            "committed": sorted(self._committed),
+            "deferred": [i.to_json() for i in self._deferred.values()],
+            "attempts": dict(self._attempts),
+            "kinds": {k: list(v) for k, v in self._kinds.items()},
+            "last_error": dict(self._last_error),
+        }
+
+    @classmethod
+    def restore(
+        cls,
+        state: Mapping[str, Any],
+        *,
+        epoch: int,
+        watchdog: WatchdogConfig | None = None,
+        retry: RetryPolicy | None = None,
+        ranks: Iterable[int] = (),
+    ) -> tuple[Dispatcher, list[Decision]]:
+        """Rebuild a core from :meth:`snapshot` output for a new master ``epoch``.
+
+        Every dispatch that was in flight is rolled back to the front of the frontier without
+        charging a retry (the fault was the master's); its token's epoch is older than ``epoch``,
+        so any late message from it is stale.
+
+        Raises:
+            UsageError: ``epoch`` is not greater than the saved one.
+        """
+        if epoch <= int(state.get("epoch", 0)):
+            raise UsageError(f"new epoch {epoch} must be greater than {state.get('epoch')}")
+        d = cls(epoch, watchdog, retry, ranks)
+        d._committed = set(state.get("committed", ()))
+        for it in state.get("deferred", ()):
+            w = WorkItem.from_json(it)
+            d._deferred[w.work_id] = w
+        d._attempts = {k: int(v) for k, v in state.get("attempts", {}).items()}
+        d._kinds = {k: list(v) for k, v in state.get("kinds", {}).items()}
+        d._last_error = dict(state.get("last_error", {}))
+        for it in state.get("frontier", ()):
+            w = WorkItem.from_json(it)
+            d._frontier.append(w)
+            d._pending.add(w.work_id)
+        out: list[Decision] = []
+        for tx in reversed(state.get("in_flight", ())):
+            w = WorkItem.from_json(tx["work"])
+            token = Token.parse(tx["token"]) or Token(0, 0)
+            if w.work_id in d._committed or w.work_id in d._pending:
+                continue
+            out.append(d._recover(w, token, SOURCE_MASTER_RESTART, "master-restart", "restart"))
+        return d, out

@@ -1,0 +1,105 @@
+"""Structured log records for the core's decisions (the core itself never logs: it has no I/O).
+
+:func:`log_decisions` turns each decision into one ``logging`` record on the
+``durable_dispatch.dispatch`` logger. The message reads ``key=value`` pairs
+(``requeue work_id=w-3 token=e1-7 source=watchdog-timeout kind=timeout attempts=1``) and the same
+pairs are attached as record attributes (``record.source``, ``record.work_id`` ...), so both a
+human reading the log and a JSON log handler see ``source=invalid-result`` or
+``source=watchdog-timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from .core.decisions import (
+    Commit,
+    Decision,
+    Defer,
+    Park,
+    PersistSnapshot,
+    Quarantine,
+    Release,
+    Requeue,
+    Send,
+)
+
+__all__ = ["decision_fields", "log_decisions", "LOGGER_NAME"]
+
+LOGGER_NAME = "durable_dispatch.dispatch"
+
+
+def decision_fields(d: Decision) -> tuple[str, int, dict[str, Any]]:
+    """``(event, level, fields)`` describing one decision."""
+    if isinstance(d, Requeue):
+        return (
+            "requeue",
+            logging.WARNING,
+            {
+                "work_id": d.work_id,
+                "token": str(d.token),
+                "source": d.source,
+                "kind": d.kind,
+                "attempts": d.attempts,
+            },
+        )
+    if isinstance(d, Defer):
+        return (
+            "defer",
+            logging.WARNING,
+            {
+                "work_id": d.work.work_id,
+                "token": str(d.token),
+                "source": d.source,
+                "attempts": d.attempts,
+                "kinds": ",".join(d.kinds),
+                "last_error": d.last_error,
+            },
+        )
+    if isinstance(d, Park):
+        return "park", logging.WARNING, {"rank": d.rank, "token": str(d.token), "source": d.source}
+    if isinstance(d, Release):
+        return "release", logging.INFO, {"rank": d.rank, "token": str(d.token)}
+    if isinstance(d, Quarantine):
+        return (
+            "quarantine",
+            logging.INFO,
+            {
+                "rank": d.rank,
+                "message": d.message,
+                "classification": d.classification.value,
+                "reason": d.reason,
+            },
+        )
+    if isinstance(d, Commit):
+        return (
+            "commit",
+            logging.DEBUG,
+            {"rank": d.rank, "token": str(d.token), "work_id": d.work_id},
+        )
+    if isinstance(d, Send):
+        return (
+            "send",
+            logging.DEBUG,
+            {
+                "rank": d.rank,
+                "token": str(d.token),
+                "work_id": d.work.work_id,
+            },
+        )
+    if isinstance(d, PersistSnapshot):
+        return "persist-snapshot", logging.DEBUG, {"reason": d.reason}
+    return type(d).__name__.lower(), logging.DEBUG, {}
+
+
+def log_decisions(decisions: Iterable[Decision], logger: logging.Logger | None = None) -> None:
+    """Emit one structured record per decision."""
+    lg = logger or logging.getLogger(LOGGER_NAME)
+    for d in decisions:
+        event, level, fields = decision_fields(d)
+        if not lg.isEnabledFor(level):
+            continue
+        text = " ".join(f"{k}={v}" for k, v in fields.items())
+        lg.log(level, "%s %s", event, text, extra={"event": event, **fields})

@@ -1,0 +1,96 @@
+"""Tests of durable_dispatch.core.config: the watchdog rules of DESIGN.md section 3 and retries."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from durable_dispatch.core.config import (
+    DEFAULT_ENV_NAMES,
+    WATCHDOG_MAX,
+    RetryPolicy,
+    WatchdogConfig,
+    parse_watchdog_seconds,
+)
+from durable_dispatch.errors import ConfigurationError
+
+
+@pytest.mark.parametrize(
+    "given,task,expect,reason",
+    [
+        (None, 0, 120.0, None),
+        (None, 60, 240.0, None),
+        (None, 10**6, WATCHDOG_MAX, None),
+        ("0", 0, 0.0, None),
+        (0, 0, 0.0, None),
+        ("300", 0, 300.0, None),
+        (" 7.5 ", 0, 7.5, None),
+        (86400, 0, 86400.0, None),
+        ("-5", 0, 0.0, "negative (clamped to 0: disabled)"),
+        (-0.1, 0, 0.0, "negative (clamped to 0: disabled)"),
+        ("nan", 30, 120.0, "NaN"),
+        (math.nan, 60, 240.0, "NaN"),
+        ("inf", 0, 120.0, "infinite"),
+        ("-inf", 0, 120.0, "infinite"),
+        (math.inf, 0, 120.0, "infinite"),
+        ("ten", 0, 120.0, "not a number"),
+        ("", 0, 120.0, "not a number"),
+        (True, 0, 120.0, "not a number"),
+        ([1], 0, 120.0, "not a number"),
+        ("1e9", 0, WATCHDOG_MAX, "over the maximum"),
+        (10**30, 0, WATCHDOG_MAX, "over the maximum"),
+    ],
+)
+def test_watchdog_rules(given: object, task: float, expect: float, reason: str | None) -> None:
+    value, corrections = parse_watchdog_seconds(given, task)
+    assert value == expect
+    if reason is None:
+        assert corrections == []
+    else:
+        assert len(corrections) == 1
+        c = corrections[0]
+        assert c.reason == reason and c.used == expect and c.given is given
+        assert "using" in str(c)
+
+
+def test_from_env_reads_the_named_variables_and_reports() -> None:
+    env = {
+        DEFAULT_ENV_NAMES["task_timeout"]: "100",
+        DEFAULT_ENV_NAMES["watchdog"]: "NaN",
+        DEFAULT_ENV_NAMES["heartbeat_lease"]: "30",
+    }
+    cfg = WatchdogConfig.from_env(env)
+    assert cfg.seconds == 400 and cfg.lease == 30 and cfg.enabled
+    assert [c.name for c in cfg.corrections] == [DEFAULT_ENV_NAMES["watchdog"]]
+    custom = WatchdogConfig.from_env({"MY_WD": "0"}, names={"watchdog": "MY_WD"})
+    assert custom.seconds == 0 and not custom.enabled and custom.corrections == ()
+    bad_task = WatchdogConfig.from_env({DEFAULT_ENV_NAMES["task_timeout"]: "soon"})
+    assert bad_task.seconds == 120 and len(bad_task.corrections) == 1
+
+
+def test_build_and_direct_construction() -> None:
+    assert WatchdogConfig.build("-3").seconds == 0
+    assert WatchdogConfig.build(50, heartbeat_lease="x").lease == 50
+    assert WatchdogConfig.build(50, heartbeat_lease=0).corrections
+    with pytest.raises(ConfigurationError):
+        WatchdogConfig(-1)
+    with pytest.raises(ConfigurationError):
+        WatchdogConfig(10, heartbeat_lease=0)
+    assert WatchdogConfig(10).lease == 10
+
+
+def test_retry_policy() -> None:
+    p = RetryPolicy(2, {"timeout": 0})
+    assert p.retries_for("timeout") == 0 and p.retries_for("malformed-result") == 2
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(-1)
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(1, {"bogus": 1})
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(1, {"timeout": -2})
+    assert RetryPolicy.from_env({}) == (RetryPolicy(), [])
+    pol, corr = RetryPolicy.from_env({DEFAULT_ENV_NAMES["retries"]: "3"})
+    assert pol.retries == 3 and corr == []
+    pol, corr = RetryPolicy.from_env({DEFAULT_ENV_NAMES["retries"]: "-1"})
+    assert pol.retries == 1 and len(corr) == 1

@@ -1,0 +1,437 @@
+"""Unit tests of the sans-I/O dispatch core, one group per invariant W1-W9 (virtual time)."""
+
+from __future__ import annotations
+
+import pytest
+
+from durable_dispatch.core import (
+    Classification,
+    Commit,
+    Defer,
+    Dispatcher,
+    Park,
+    PersistSnapshot,
+    Quarantine,
+    Release,
+    Requeue,
+    RetryPolicy,
+    Send,
+    Token,
+    TxState,
+    WatchdogConfig,
+    WorkItem,
+    WorkStatus,
+)
+from durable_dispatch.errors import UsageError
+
+
+def make(
+    n_items: int = 3, ranks: tuple[int, ...] = (1, 2), seconds: float = 10.0, **kw
+) -> Dispatcher:
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(seconds), ranks=ranks, **kw)
+    d.submit(WorkItem(f"w{i}", {"i": i}) for i in range(n_items))
+    return d
+
+
+def dispatch(d: Dispatcher, now: float) -> Send:
+    s = d.reserve(now)
+    assert isinstance(s, Send)
+    d.mark_dispatched(s.token, now)
+    return s
+
+
+def finish(d: Dispatcher, s: Send, now: float, result: object = "ok") -> None:
+    (c,) = d.on_result(s.rank, str(s.token), result, now)
+    assert isinstance(c, Commit)
+    d.commit_done(s.token)
+    assert d.on_ready(s.rank, str(s.token), now) == []
+
+
+def kinds(decisions: list) -> list[str]:
+    return [type(x).__name__ for x in decisions]
+
+
+def test_happy_path_commits_everything_once_and_stats_are_clean() -> None:
+    d = make(5)
+    now = 0.0
+    while not d.done:
+        sends = []
+        while (s := d.reserve(now)) is not None:
+            assert isinstance(s, Send)
+            d.mark_dispatched(s.token, now)
+            sends.append(s)
+        for s in sends:
+            finish(d, s, now + 1)
+        now += 2
+    assert d.committed() == {f"w{i}" for i in range(5)}
+    st = d.statistics()
+    assert (st.dispatches, st.commits) == (5, 5)
+    for name in (
+        "dispatch_watchdog_timeouts",
+        "watchdog_worker_recoveries",
+        "protocol_requeued_dispatches",
+        "protocol_deferred_dispatches",
+        "deferred_in_memory",
+        "duplicate_commits_ignored",
+        "parked_ranks_now",
+    ):
+        assert getattr(st, name) == 0, name
+    assert st.stale == {} and st.unowned == {} and st.malformed == {}
+
+
+def test_tokens_are_unique_and_carry_the_epoch() -> None:
+    d = make(4, ranks=(1, 2, 3, 4))
+    tokens = [dispatch(d, 0).token for _ in range(4)]
+    assert len(set(tokens)) == 4 and all(t.epoch == 1 for t in tokens)
+    assert Token.parse(str(tokens[0])) == tokens[0]
+    for bad in (None, 5, "", "e1", "e1-", "x1-2", "e01-2", "e1-2 ", "e-1-2", ["e1-2"]):
+        assert Token.parse(bad) is None
+
+
+# W1 ------------------------------------------------------------------------------------------
+def test_w1_deadline_starts_only_when_send_returned_preparing_never_times_out() -> None:
+    d = make(1)
+    s = d.reserve(0.0)
+    assert isinstance(s, Send)
+    assert d.transaction(s.token).state is TxState.PREPARING  # type: ignore[union-attr]
+    assert d.expired(10**6) == [] and d.sweep(10**6) == []
+    d.mark_dispatched(s.token, 100.0)
+    assert d.expired(109.999) == []
+    assert d.expired(110.0) == [(s.rank, s.token)]
+
+
+def test_w1_committing_is_never_timed_out_and_closed_never_again() -> None:
+    d = make(1)
+    s = dispatch(d, 0.0)
+    (c,) = d.on_result(s.rank, str(s.token), "r", 1.0)
+    assert isinstance(c, Commit)
+    assert d.transaction(s.token).state is TxState.COMMITTING  # type: ignore[union-attr]
+    assert d.sweep(1000.0) == []
+    d.commit_done(s.token)
+    assert d.sweep(2000.0) == []
+
+
+# W2 ------------------------------------------------------------------------------------------
+def test_w2_deadlines_are_never_persisted() -> None:
+    d = make(2)
+    dispatch(d, 5.0)
+    snap = d.snapshot()
+    assert "deadline" not in str(snap)
+
+
+# W3 ------------------------------------------------------------------------------------------
+def test_w3_a_current_ready_blocks_wall_clock_rollback() -> None:
+    d = make(1)
+    s = dispatch(d, 0.0)
+    d.on_ready(s.rank, str(s.token), 5.0)  # READY seen, RESULT not yet drained this turn
+    assert d.expired(100.0) == []
+    assert d.sweep(100.0) == []
+
+
+def test_w3_result_drained_before_sweep_commits_even_past_deadline() -> None:
+    d = make(1)
+    s = dispatch(d, 0.0)
+    # The turn order drains RESULT before the sweep, so a result that arrived in time commits.
+    assert kinds(d.on_result(s.rank, str(s.token), "late-but-here", 50.0)) == ["Commit"]
+    assert d.sweep(50.0) == []
+
+
+def test_w3_invalid_result_join_recovers_the_task_and_frees_the_rank() -> None:
+    d = make(1, ranks=(1,))
+    s = dispatch(d, 0.0)
+    q = d.on_result(1, str(s.token), None, 1.0, valid=False, error="not JSON")
+    assert isinstance(q[0], Quarantine) and q[0].classification is Classification.MALFORMED
+    assert d.join_invalid(1.0) == []  # no READY yet: wait
+    d.on_ready(1, str(s.token), 2.0)
+    out = d.join_invalid(2.0)
+    assert kinds(out) == ["Requeue", "PersistSnapshot"]
+    r = out[0]
+    assert isinstance(r, Requeue) and r.source == "invalid-result" and r.kind == "malformed-result"
+    assert d.idle_ranks() == [1] and d.parked_ranks() == {}
+    assert d.statistics().invalid_result_rollbacks == 1
+
+
+def test_w3_ready_without_result_is_a_missing_result() -> None:
+    d = make(1, ranks=(1,))
+    s = dispatch(d, 0.0)
+    d.on_ready(1, str(s.token), 1.0)
+    out = d.join_invalid(1.0)
+    assert isinstance(out[0], Requeue) and out[0].kind == "missing-result"
+
+
+# W4 ------------------------------------------------------------------------------------------
+def test_w4_timeout_rolls_back_only_the_exact_rank_and_token() -> None:
+    d = make(2)
+    a = dispatch(d, 0.0)
+    b = dispatch(d, 5.0)
+    out = d.sweep(10.0)
+    assert kinds(out) == ["Park", "Requeue", "PersistSnapshot"]
+    assert out[0] == Park(a.rank, a.token, "watchdog-timeout")
+    assert d.transaction(b.token) is not None and d.transaction(a.token) is None
+    assert d.status("w0") is WorkStatus.PENDING and d.status("w1") is WorkStatus.IN_FLIGHT
+
+
+def test_w4_send_failure_uses_the_same_compensation_path() -> None:
+    d = make(1, ranks=(1, 2))
+    s = d.reserve(0.0)
+    assert isinstance(s, Send)
+    out = d.send_failed(s.token, 0.0, "MPI_ERR_OTHER")
+    assert kinds(out) == ["Park", "Requeue", "PersistSnapshot"]
+    assert d.statistics().send_failures == 1
+    assert d.pending() == ["w0"]
+
+
+def test_w4_s8_rollback_requires_a_snapshot_before_the_next_dispatch() -> None:
+    d = make(3)
+    dispatch(d, 0.0)
+    d.sweep(100.0)
+    assert d.snapshot_required
+    p = d.reserve(100.0)
+    assert isinstance(p, PersistSnapshot)
+    assert isinstance(d.reserve(100.0), PersistSnapshot)  # still, until confirmed
+    d.snapshot_persisted()
+    assert isinstance(d.reserve(100.0), Send)
+
+
+def test_s8_rollback_clears_every_side_table_the_rank_owned() -> None:
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(10), ranks=(1, 2))
+    d.submit(
+        [
+            WorkItem("a", leases={"target": "png", "strategy": "havoc"}),
+            WorkItem("b", leases={"target": "png"}),
+            WorkItem("c", leases={"target": "zlib"}),
+        ]
+    )
+    s1 = dispatch(d, 0.0)
+    s2 = dispatch(d, 0.0)
+    assert (s1.work.work_id, s2.work.work_id) == ("a", "c")  # "b" waits for the png lease
+    assert d.lease_holder("target", "png") == s1.token
+    assert d.lease_holder("strategy", "havoc") == s1.token
+    d.sweep(10.0)
+    assert d.lease_holder("target", "png") is None and d.lease_holder("strategy", "havoc") is None
+    assert d.lease_holder("target", "zlib") is None  # s2 timed out too (same deadline)
+    assert d.in_flight() == {}
+
+
+# W5 ------------------------------------------------------------------------------------------
+def test_w5_retries_are_counted_per_work_id_never_per_token() -> None:
+    d = make(1, ranks=(1, 2, 3))
+    s1 = dispatch(d, 0.0)
+    out = d.sweep(10.0)
+    assert isinstance(out[1], Requeue) and out[1].attempts == 1
+    d.snapshot_persisted()
+    s2 = dispatch(d, 10.0)
+    assert s2.work.work_id == s1.work.work_id and s2.token != s1.token
+    out = d.sweep(20.0)
+    df = out[1]
+    assert isinstance(df, Defer)
+    assert (
+        df.attempts == 2 and df.kinds == ("timeout", "timeout") and df.source == "watchdog-timeout"
+    )
+    assert d.status("w0") is WorkStatus.DEFERRED
+    d.defer_recorded("w0", persisted=False)
+    st = d.statistics()
+    assert st.deferred_in_memory == 1 and st.protocol_deferred_dispatches == 0
+    assert st.protocol_requeued_dispatches == 1
+    d.defer_persisted_later(1)
+    st = d.statistics()
+    assert st.deferred_in_memory == 0 and st.protocol_deferred_dispatches == 1
+
+
+def test_w5_first_failure_goes_to_the_front_of_the_frontier() -> None:
+    d = make(3, ranks=(1,))
+    dispatch(d, 0.0)
+    d.sweep(10.0)
+    assert d.pending() == ["w0", "w1", "w2"]
+
+
+def test_w5_budgets_per_failure_kind_and_shared_path_for_both_sources() -> None:
+    d = make(1, ranks=(1, 2, 3, 4), retry=RetryPolicy(retries=1, per_kind={"timeout": 3}))
+    for now in (0.0, 10.0, 20.0):
+        dispatch(d, now)
+        out = d.sweep(now + 10)
+        assert isinstance(out[1], Requeue)
+        d.snapshot_persisted()
+    s = dispatch(d, 30.0)
+    d.on_ready(s.rank, str(s.token), 31.0)  # missing result: budget 1, fourth failure
+    out = d.join_invalid(31.0)
+    assert isinstance(out[0], Defer) and out[0].kinds == (
+        "timeout",
+        "timeout",
+        "timeout",
+        "missing-result",
+    )
+
+
+# W6 / W7 ---------------------------------------------------------------------------------------
+def test_w6_timed_out_rank_is_parked_and_never_receives_work() -> None:
+    d = make(3, ranks=(1,))
+    s = dispatch(d, 0.0)
+    d.sweep(10.0)
+    d.snapshot_persisted()
+    assert d.parked_ranks() == {1: s.token} and d.idle_ranks() == []
+    assert d.reserve(11.0) is None
+
+
+@pytest.mark.parametrize(
+    "token,counter",
+    [
+        (None, "parked_ready_missing"),
+        ("garbage", "parked_ready_malformed"),
+        ({"t": 1}, "parked_ready_malformed"),
+        ("e1-999", "parked_ready_other_token"),
+    ],
+)
+def test_w7_only_the_exact_retired_token_releases(token: object, counter: str) -> None:
+    d = make(2, ranks=(1,))
+    s = dispatch(d, 0.0)
+    d.sweep(10.0)
+    d.snapshot_persisted()
+    q = d.on_ready(1, token, 11.0)
+    assert isinstance(q[0], Quarantine)
+    assert d.parked_ranks() == {1: s.token}
+    assert getattr(d.statistics(), counter) == 1
+    out = d.on_ready(1, str(s.token), 12.0)
+    assert out == [Release(1, s.token)]
+    assert d.idle_ranks() == [1] and d.statistics().watchdog_worker_recoveries == 1
+
+
+# W8 --------------------------------------------------------------------------------------------
+def test_w8_late_result_from_parked_rank_is_stale_and_cannot_commit() -> None:
+    d = make(2, ranks=(1, 2))
+    s = dispatch(d, 0.0)
+    d.sweep(10.0)
+    d.snapshot_persisted()
+    s2 = dispatch(d, 10.0)  # the same work moved to rank 2
+    assert s2.work.work_id == s.work.work_id and s2.rank == 2
+    q = d.on_result(1, str(s.token), "late", 12.0)
+    assert q == [Quarantine(1, "RESULT", Classification.STALE, "older token")]
+    assert d.lease_holder("work", s.work.work_id) is None
+    finish(d, s2, 13.0)
+    assert d.committed() == {"w0"} and d.statistics().commits == 1
+
+
+def test_w8_false_suspicion_slow_worker_then_exact_ready_then_new_work() -> None:
+    d = make(2, ranks=(1,))
+    s = dispatch(d, 0.0)
+    d.sweep(10.0)
+    d.snapshot_persisted()
+    # The slow worker finishes: its RESULT is stale, its exact READY releases it.
+    assert d.on_result(1, str(s.token), "slow", 15.0)[0].classification is Classification.STALE  # type: ignore[union-attr]
+    assert d.on_ready(1, str(s.token), 15.0) == [Release(1, s.token)]
+    s2 = dispatch(d, 16.0)
+    assert s2.rank == 1 and s2.work.work_id == "w0"
+    # A second late copy of the old RESULT after the new dispatch cannot touch it either.
+    assert d.on_result(1, str(s.token), "slow", 17.0)[0].classification is Classification.STALE  # type: ignore[union-attr]
+    finish(d, s2, 18.0)
+    assert d.committed() == {"w0"}
+
+
+def test_classification_unowned_malformed_duplicate() -> None:
+    d = make(2, ranks=(1, 2))
+    s = dispatch(d, 0.0)
+    assert d.on_result(2, str(s.token), "x", 1)[0].classification is Classification.UNOWNED  # type: ignore[union-attr]
+    assert d.on_result(9, str(s.token), "x", 1)[0].classification is Classification.UNOWNED  # type: ignore[union-attr]
+    assert d.on_result(1, "bad", "x", 1)[0].classification is Classification.MALFORMED  # type: ignore[union-attr]
+    assert d.on_result(1, "e0-1", "x", 1)[0].classification is Classification.STALE  # type: ignore[union-attr]
+    d.on_result(1, str(s.token), "x", 1)
+    assert d.on_result(1, str(s.token), "x", 1)[0].classification is Classification.DUPLICATE  # type: ignore[union-attr]
+    st = d.statistics()
+    assert (
+        st.unowned == {"RESULT": 2} and st.malformed == {"RESULT": 1} and st.stale == {"RESULT": 1}
+    )
+
+
+def test_a_committed_work_id_is_committed_once() -> None:
+    d = make(1, ranks=(1,))
+    s = dispatch(d, 0.0)
+    finish(d, s, 1.0)
+    # Force a second dispatch of the same work ID the only way a user could: requeue by hand.
+    with pytest.raises(UsageError):
+        d.submit([WorkItem("w0")])
+    assert d.statistics().commits == 1
+
+
+# Heartbeats -------------------------------------------------------------------------------------
+def test_current_heartbeat_extends_the_deadline_stale_is_counted() -> None:
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(10, heartbeat_lease=30), ranks=(1,))
+    d.submit([WorkItem("w")])
+    s = dispatch(d, 0.0)
+    assert d.on_heartbeat(1, str(s.token), 8.0) == []
+    assert d.expired(20.0) == []
+    assert d.expired(38.0) == [(1, s.token)]
+    q = d.on_heartbeat(1, "e1-77", 9.0)
+    assert q[0].classification is Classification.UNOWNED  # type: ignore[union-attr]
+    assert d.statistics().heartbeats == 1
+
+
+def test_per_item_timeout_overrides_the_default() -> None:
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(100), ranks=(1, 2))
+    d.submit([WorkItem("short", timeout=1.0), WorkItem("long")])
+    a = dispatch(d, 0.0)
+    dispatch(d, 0.0)
+    assert d.expired(1.0) == [(a.rank, a.token)]
+
+
+# W9 --------------------------------------------------------------------------------------------
+def test_w9_disabled_watchdog_never_expires_and_says_so() -> None:
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig.build(0), ranks=(1,))
+    d.submit([WorkItem("w")])
+    dispatch(d, 0.0)
+    assert d.sweep(10.0**9) == []
+    st = d.statistics()
+    assert st.watchdog_enabled is False and st.watchdog_seconds == 0
+
+
+def test_w9_config_corrections_are_observable_in_stats() -> None:
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig.build("nan", task_timeout=60))
+    st = d.statistics()
+    assert st.config_corrections == 1 and st.watchdog_seconds == 240
+
+
+# Restart and rank loss ---------------------------------------------------------------------------
+def test_restart_rolls_back_in_flight_without_charging_a_retry() -> None:
+    d = make(3, ranks=(1, 2))
+    a = dispatch(d, 0.0)
+    dispatch(d, 0.0)
+    finish(d, a, 1.0)
+    state = d.snapshot()
+    d2, out = Dispatcher.restore(state, epoch=2, ranks=(1, 2))
+    assert [type(x).__name__ for x in out] == ["Requeue"]
+    assert out[0].source == "master-restart"  # type: ignore[attr-defined]
+    assert d2.pending() == ["w1", "w2"] and d2.attempts("w1") == 0
+    assert d2.committed() == {"w0"}
+    # A late message of the old epoch is stale by the token rules.
+    assert d2.on_result(2, "e1-2", "late", 0.0)[0].classification is Classification.STALE  # type: ignore[union-attr]
+    s = dispatch(d2, 0.0)
+    assert s.token.epoch == 2
+    with pytest.raises(UsageError):
+        Dispatcher.restore(state, epoch=1)
+
+
+def test_rank_lost_rolls_back_at_once_and_removes_the_rank() -> None:
+    d = make(2, ranks=(1, 2))
+    s = dispatch(d, 0.0)
+    out = d.rank_lost(s.rank, 1.0)
+    assert kinds(out) == ["Requeue", "PersistSnapshot"]
+    assert out[0].source == "rank-lost"  # type: ignore[attr-defined]
+    assert d.idle_ranks() == [2] and d.statistics().ranks_lost == 1
+
+
+def test_misuse_raises_usage_errors() -> None:
+    d = make(1)
+    with pytest.raises(UsageError):
+        d.add_rank(1)
+    with pytest.raises(UsageError):
+        d.add_rank(-1)
+    with pytest.raises(UsageError):
+        d.mark_dispatched(Token(1, 99), 0)
+    s = dispatch(d, 0)
+    with pytest.raises(UsageError):
+        d.mark_dispatched(s.token, 0)
+    with pytest.raises(UsageError):
+        d.commit_done(s.token)
+    with pytest.raises(UsageError):
+        d.submit([WorkItem("w0")])
+    with pytest.raises(UsageError):
+        Dispatcher(epoch=-1)

@@ -1,0 +1,184 @@
+"""Hypothesis state machine: random interleavings against the dispatch core, checked by a model.
+
+The world: worker ranks that may be slow, silent, lying or late; a network that may deliver any
+message any number of times; a clock that jumps. The reference model follows the decisions and
+checks the invariants after every step: a parked rank never receives work; every work ID is exactly
+one of pending, in flight, committed or deferred (never lost, never committed twice); at most one
+current dispatch per work ID; the counters add up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from durable_dispatch.core import (
+    Commit,
+    Decision,
+    Defer,
+    Dispatcher,
+    Park,
+    PersistSnapshot,
+    Release,
+    Requeue,
+    RetryPolicy,
+    Send,
+    Token,
+    WatchdogConfig,
+    WorkItem,
+    WorkStatus,
+)
+
+RANKS = (1, 2, 3)
+WORK = [f"w{i}" for i in range(6)]
+
+
+class DispatchMachine(RuleBasedStateMachine):
+    @initialize(retries=st.integers(0, 2), seconds=st.sampled_from([0.0, 5.0, 10.0]))
+    def setup(self, retries: int, seconds: float) -> None:
+        self.d = Dispatcher(
+            epoch=1,
+            watchdog=WatchdogConfig(seconds, heartbeat_lease=7.0 if seconds else None),
+            retry=RetryPolicy(retries),
+            ranks=RANKS,
+        )
+        self.d.submit(WorkItem(w) for w in WORK)
+        self.now = 0.0
+        # The model.
+        self.parked: dict[int, Token] = {}
+        self.committed: set[str] = set()
+        self.deferred: set[str] = set()
+        self.live: dict[str, Token] = {}  # work_id -> the one current token
+        self.token_work: dict[Token, str] = {}
+        self.token_rank: dict[Token, int] = {}
+        self.preparing: list[Token] = []
+        self.sent: list[Token] = []  # every token that reached a worker (messages may echo it)
+        self.rollbacks = 0
+        self.requeues = 0
+        self.defers = 0
+
+    # ----------------------------------------------------------------- the model
+    def apply(self, decisions: list[Decision]) -> None:
+        for x in decisions:
+            if isinstance(x, Commit):
+                assert x.work_id not in self.committed, "committed twice"
+                assert self.live.get(x.work_id) == x.token, "commit of a non-current dispatch"
+                self.d.commit_done(x.token)
+                self.committed.add(x.work_id)
+                del self.live[x.work_id]
+            elif isinstance(x, Park):
+                assert x.rank not in self.parked
+                self.parked[x.rank] = x.token
+            elif isinstance(x, Release):
+                assert self.parked.pop(x.rank) == x.token
+            elif isinstance(x, (Requeue, Defer)):
+                wid = x.work_id if isinstance(x, Requeue) else x.work.work_id
+                assert self.live.get(wid) == x.token, "rollback of a non-current dispatch"
+                del self.live[wid]
+                self.rollbacks += 1
+                if isinstance(x, Defer):
+                    self.defers += 1
+                    self.deferred.add(wid)
+                    self.d.defer_recorded(wid, persisted=True)
+                else:
+                    self.requeues += 1
+            elif isinstance(x, PersistSnapshot):
+                pass
+
+    # --------------------------------------------------------------------- rules
+    @rule(ok=st.booleans())
+    def dispatch(self, ok: bool) -> None:
+        r = self.d.reserve(self.now)
+        if isinstance(r, PersistSnapshot):
+            self.d.snapshot_persisted()
+            return
+        if r is None:
+            return
+        assert isinstance(r, Send)
+        assert r.rank not in self.parked, "a parked rank received work"
+        wid = r.work.work_id
+        assert wid not in self.committed and wid not in self.deferred
+        assert wid not in self.live, "two current dispatches of one work ID"
+        self.live[wid] = r.token
+        self.token_work[r.token] = wid
+        self.token_rank[r.token] = r.rank
+        if ok:
+            self.apply(self.d.mark_dispatched(r.token, self.now))
+            self.sent.append(r.token)
+        else:
+            self.apply(self.d.send_failed(r.token, self.now))
+
+    @precondition(lambda self: self.sent)
+    @rule(i=st.integers(0, 10**6), valid=st.booleans(), from_rank=st.sampled_from((None, *RANKS)))
+    def result(self, i: int, valid: bool, from_rank: int | None) -> None:
+        token = self.sent[i % len(self.sent)]
+        rank = self.token_rank[token] if from_rank is None else from_rank
+        self.apply(self.d.on_result(rank, str(token), {"r": 1}, self.now, valid=valid))
+
+    @precondition(lambda self: self.sent)
+    @rule(i=st.integers(0, 10**6), how=st.sampled_from(["exact", "missing", "malformed", "other"]))
+    def ready(self, i: int, how: str) -> None:
+        token = self.sent[i % len(self.sent)]
+        rank = self.token_rank[token]
+        value: Any = {
+            "exact": str(token),
+            "missing": None,
+            "malformed": "e?-1",
+            "other": str(Token(1, token.n + 1000)),
+        }[how]
+        self.apply(self.d.on_ready(rank, value, self.now))
+
+    @precondition(lambda self: self.sent)
+    @rule(i=st.integers(0, 10**6))
+    def heartbeat(self, i: int) -> None:
+        token = self.sent[i % len(self.sent)]
+        self.apply(self.d.on_heartbeat(self.token_rank[token], str(token), self.now))
+
+    @rule(dt=st.sampled_from([0.5, 3.0, 6.0, 11.0, 100.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+
+    @rule()
+    def end_of_turn(self) -> None:
+        self.apply(self.d.join_invalid(self.now))
+        expired = self.d.expired(self.now)
+        assert expired == sorted(expired)
+        self.apply(self.d.sweep(self.now))
+
+    @rule(garbage=st.one_of(st.none(), st.integers(), st.text(max_size=8), st.just("e1-1")))
+    def garbage(self, garbage: Any) -> None:
+        self.apply(self.d.on_result(2, garbage, None, self.now))
+        self.apply(self.d.on_ready(99, garbage, self.now))
+
+    # ---------------------------------------------------------------- invariants
+    @invariant()
+    def every_work_id_is_in_exactly_one_place(self) -> None:
+        for w in WORK:
+            s = self.d.status(w)
+            if w in self.committed:
+                assert s is WorkStatus.COMMITTED
+            elif w in self.deferred:
+                assert s is WorkStatus.DEFERRED
+            elif w in self.live:
+                assert s is WorkStatus.IN_FLIGHT
+            else:
+                assert s is WorkStatus.PENDING, (w, s)
+        assert self.d.parked_ranks() == self.parked
+
+    @invariant()
+    def counts_add_up(self) -> None:
+        stt = self.d.statistics()
+        assert stt.commits == len(self.committed)
+        assert stt.dispatches == len(self.token_work)
+        assert stt.dispatches == stt.commits + self.rollbacks + len(self.live)
+        assert stt.protocol_requeued_dispatches == self.requeues
+        assert stt.protocol_deferred_dispatches == self.defers
+        assert stt.parked_ranks_now == len(self.parked)
+        assert stt.in_flight_now == len(self.live)
+        assert stt.duplicate_commits_ignored == 0
+
+
+DispatchMachine.TestCase.settings = DispatchMachine.TestCase.settings  # profile from conftest
+TestDispatchMachine = DispatchMachine.TestCase
