@@ -54,3 +54,52 @@ def sample_payloads(n: int, seed: int = 0) -> list[dict[str, Any]]:
 def file_mode(path: Path | str) -> int:
     """Permission bits of a file."""
     return os.stat(path).st_mode & 0o777
+
+
+def fake_campaign(
+    state: Any,
+    *,
+    now: float = 0.0,
+    max_turns: int = 100_000,
+    on_commit: Any = None,
+    behave: Any = None,
+) -> float:
+    """Run a campaign to the end over a fake transport: each WORK is answered in the same turn.
+
+    ``behave(send) -> "ok" | "silent" | "malformed"`` picks each worker's behaviour (default ok);
+    a silent worker never answers (the watchdog recovers the task), a malformed one sends a broken
+    RESULT and its READY (the invalid-result join recovers it). Returns the final virtual time.
+    """
+    from durable_dispatch.core import Send
+
+    core = state.core
+    late: list[tuple[float, int, str]] = []  # (when, rank, token) of silent workers' late READY
+    for _ in range(max_turns):
+        if core.done:
+            return now
+        results = []
+        readies = [(rank, token) for when, rank, token in late if when <= now]
+        late = [x for x in late if x[0] > now]
+        while True:
+            s = state.next_send(now)
+            if s is None:
+                break
+            assert isinstance(s, Send)
+            state.apply(core.mark_dispatched(s.token, now))
+            how = behave(s) if behave else "ok"
+            if how == "ok":
+                results.append((s.rank, str(s.token), {"done": s.work.work_id}, True))
+                readies.append((s.rank, str(s.token)))
+            elif how == "malformed":
+                results.append((s.rank, str(s.token), None, False))
+                readies.append((s.rank, str(s.token)))
+            else:  # silent until after its deadline; then it sends its exact READY
+                late.append((now + core.watchdog.seconds + 1, s.rank, str(s.token)))
+        for rank, token, payload, valid in results:
+            state.apply(core.on_result(rank, token, payload, now, valid=valid), on_commit)
+        for rank, token in readies:
+            state.apply(core.on_ready(rank, token, now), on_commit)
+        state.apply(core.join_invalid(now), on_commit)
+        now += 1.0
+        state.apply(core.sweep(now), on_commit)
+    raise AssertionError("campaign did not finish")

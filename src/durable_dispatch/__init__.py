@@ -5,6 +5,7 @@ Only re-exports live here; see the README for the tour and ``docs/`` for the det
 
 from .core import Dispatcher, RetryPolicy, WatchdogConfig, WorkItem
 from .errors import DurableDispatchError
+from .state import CampaignState
 from .storage import (
     DeferJournal,
     Health,
@@ -20,6 +21,7 @@ from .storage import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CampaignState",
     "Dispatcher",
     "RetryPolicy",
     "WatchdogConfig",

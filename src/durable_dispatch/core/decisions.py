@@ -134,6 +134,7 @@ class Requeue(Decision):
     source: str
     kind: str
     attempts: int
+    error: str = ""
 
 
 @dataclass(frozen=True)

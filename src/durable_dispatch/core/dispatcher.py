@@ -479,6 +479,7 @@ class Dispatcher:
             raise UsageError(f"{work_id!r} is not deferred")
         self._attempts.pop(work_id, None)
         self._kinds.pop(work_id, None)
+        self._last_error.pop(work_id, None)
         self._frontier.append(item)
         self._pending.add(work_id)
 
@@ -563,7 +564,7 @@ class Dispatcher:
             self._frontier.appendleft(item)
             self._pending.add(wid)
             self._c["protocol_requeued_dispatches"] += 1
-            return Requeue(wid, token, source, kind, n)
+            return Requeue(wid, token, source, kind, n, error)
         self._deferred[wid] = item
         return Defer(item, token, source, n, tuple(self._kinds[wid]), error)
 

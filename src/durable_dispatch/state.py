@@ -1,0 +1,500 @@
+"""Durable campaign state: snapshot + journal replay, crash-safe rollback, master restart.
+
+Theory of operation. A state directory holds a :class:`~durable_dispatch.storage.SnapshotStore`
+(``campaign.<generation>.snap``), the state journal ``events.jsonl``, the defer journal
+``.dispatch_protocol_deferred.jsonl`` and the master lock ``master.lock``. The campaign's
+durable state is a *projection*: frontier order, in-flight dispatches, committed work IDs,
+deferred items and retry counts, exactly the dict :meth:`Dispatcher.snapshot` returns. Every
+decision of the core that changes it is journaled as a small event (``submitted``,
+``dispatched``, ``committed``, ``requeued``, ``deferred``, ``epoch``) *before* the shell acts on
+it; a snapshot folds the projection up to a journal sequence number. Loading = newest valid
+snapshot + replay of the journal records after it.
+
+Durability contract.
+
+* A commit is journaled and waited for (``wait_durable``: an fsync under ``always``/``batch``)
+  before :meth:`CampaignState.apply` reports it to the caller's callback and before the core closes
+  the work ID: a work ID is committed once *in the durable record*. Execution stays at-least-once:
+  a worker may run an item again after a crash or a timeout; only one commit is ever recorded.
+* Every rollback is followed by an atomic snapshot before the next dispatch (S8).
+* At every start a new epoch is journaled and fsynced before any dispatch, so no token repeats.
+* If the disk fails, records are held in memory (the journal's honest degradation); the campaign
+  goes on, ``statistics()`` says how many commits are memory-only, and they become durable when
+  the journal is restored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import filelock
+
+from .core import (
+    Commit,
+    Decision,
+    Defer,
+    Dispatcher,
+    PersistSnapshot,
+    Requeue,
+    RetryPolicy,
+    Send,
+    WatchdogConfig,
+    WorkItem,
+)
+from .core.tokens import Token
+from .errors import LockHeldError, NotDurableError, StorageDegradedError
+from .logs import log_decisions
+from .storage import DeferJournal, Journal, SnapshotStore
+from .storage import fs as _fs
+
+__all__ = ["CampaignState", "Projection", "replay", "STATE_JOURNAL", "SNAPSHOT_NAME", "LOCK_NAME"]
+
+log = logging.getLogger("durable_dispatch.state")
+
+STATE_JOURNAL = "events.jsonl"
+SNAPSHOT_NAME = "campaign"
+LOCK_NAME = "master.lock"
+_SUBMIT_CHUNK = 512
+
+
+class Projection:
+    """The durable campaign state rebuilt from a snapshot and journal events (pure, no I/O).
+
+    Its :meth:`to_snapshot` is the same dict :meth:`Dispatcher.snapshot` returns, so replay can be
+    checked against the live core.
+    """
+
+    def __init__(self, snap: Mapping[str, Any] | None = None) -> None:
+        snap = snap or {}
+        self.epoch: int = int(snap.get("epoch", 0))
+        self.counter: int = int(snap.get("counter", 0))
+        self.items: dict[str, dict[str, Any]] = {}
+        self.front: deque[str] = deque()
+        self.back: dict[str, None] = {}
+        self.in_flight: dict[str, dict[str, Any]] = {}
+        self.committed: set[str] = set(snap.get("committed", ()))
+        self.deferred: dict[str, dict[str, Any]] = {}
+        self.attempts: dict[str, int] = {k: int(v) for k, v in snap.get("attempts", {}).items()}
+        self.kinds: dict[str, list[str]] = {k: list(v) for k, v in snap.get("kinds", {}).items()}
+        self.last_error: dict[str, str] = dict(snap.get("last_error", {}))
+        self.duplicate_commits = 0
+        for it in snap.get("frontier", ()):
+            self.items[it["work_id"]] = it
+            self.back[it["work_id"]] = None
+        for tx in snap.get("in_flight", ()):
+            w = tx["work"]
+            self.items[w["work_id"]] = w
+            self.in_flight[w["work_id"]] = {"token": tx["token"], "rank": tx["rank"]}
+        for it in snap.get("deferred", ()):
+            self.items[it["work_id"]] = it
+            self.deferred[it["work_id"]] = it
+
+    def _unqueue(self, wid: str) -> None:
+        if self.back.pop(wid, 0) is None:
+            return
+        try:
+            self.front.remove(wid)
+        except ValueError:
+            pass
+
+    def known(self, wid: str) -> bool:
+        """True when ``wid`` is pending, in flight, committed or deferred."""
+        return wid in self.items or wid in self.committed
+
+    def apply(self, ev: Mapping[str, Any]) -> None:
+        """Apply one journal event (unknown events are ignored, for forward compatibility)."""
+        kind = ev.get("event")
+        if kind == "epoch":
+            self.epoch = int(ev["epoch"])
+            self.counter = 0
+        elif kind == "submitted":
+            for it in ev["items"]:
+                wid = it["work_id"]
+                if not self.known(wid):
+                    self.items[wid] = it
+                    self.back[wid] = None
+        elif kind == "dispatched":
+            wid = ev["work_id"]
+            self._unqueue(wid)
+            self.in_flight[wid] = {"token": ev["token"], "rank": ev["rank"]}
+            t = Token.parse(ev["token"])
+            if t is not None and t.epoch == self.epoch:
+                self.counter = max(self.counter, t.n)
+        elif kind == "committed":
+            wid = ev["work_id"]
+            if wid in self.committed:
+                self.duplicate_commits += 1
+                return
+            self.in_flight.pop(wid, None)
+            self._unqueue(wid)
+            self.committed.add(wid)
+            self.items.pop(wid, None)
+        elif kind == "requeued":
+            wid = ev["work_id"]
+            self.in_flight.pop(wid, None)
+            self._unqueue(wid)
+            self.front.appendleft(wid)
+            if ev.get("source") != "master-restart":
+                self.attempts[wid] = int(ev["attempts"])
+                self.kinds.setdefault(wid, []).append(ev["kind"])
+                self.last_error[wid] = ev.get("error") or ""
+        elif kind == "deferred":
+            wid = ev["work_id"]
+            self.in_flight.pop(wid, None)
+            self._unqueue(wid)
+            self.deferred[wid] = self.items[wid]
+            self.attempts[wid] = int(ev["attempts"])
+            self.kinds[wid] = list(ev["kinds"])
+            self.last_error[wid] = ev.get("last_error") or ""
+        elif kind == "requeued_deferred":
+            wid = ev["work_id"]
+            if self.deferred.pop(wid, None) is not None:
+                self.attempts.pop(wid, None)
+                self.kinds.pop(wid, None)
+                self.last_error.pop(wid, None)
+                self.back[wid] = None
+
+    def to_snapshot(self) -> dict[str, Any]:
+        """The projection in :meth:`Dispatcher.snapshot` form."""
+        order = [*self.front, *self.back]
+        return {
+            "epoch": self.epoch,
+            "counter": self.counter,
+            "frontier": [self.items[w] for w in order],
+            "in_flight": [
+                {"token": v["token"], "rank": v["rank"], "work": self.items[w]}
+                for w, v in self.in_flight.items()
+            ],
+            "committed": sorted(self.committed),
+            "deferred": list(self.deferred.values()),
+            "attempts": dict(self.attempts),
+            "kinds": {k: list(v) for k, v in self.kinds.items()},
+            "last_error": dict(self.last_error),
+        }
+
+
+def replay(snapshot: Mapping[str, Any] | None, events: Iterable[Mapping[str, Any]]) -> Projection:
+    """Fold ``events`` into ``snapshot``; replay is idempotent for already-applied commits."""
+    p = Projection(snapshot)
+    for ev in events:
+        p.apply(ev)
+    return p
+
+
+@dataclass(frozen=True)
+class CampaignStats:
+    """An immutable snapshot of the campaign's counters: the core's, plus storage's.
+
+    Attributes:
+        core: the dispatch core's statistics, as a dict.
+        epoch: this master run's epoch.
+        commits_in_memory: commits accepted while the journal was degraded (not yet durable).
+        snapshot_failures: snapshots the disk refused.
+        replayed_records: journal records replayed at start.
+        duplicate_commits_in_journal: second commits of a work ID found (and ignored) at replay.
+        journal_health, snapshot_health, defer_health: storage health as dicts.
+    """
+
+    core: Mapping[str, Any]
+    epoch: int
+    commits_in_memory: int
+    snapshot_failures: int
+    replayed_records: int
+    duplicate_commits_in_journal: int
+    journal_health: Mapping[str, Any]
+    snapshot_health: Mapping[str, Any]
+    defer_health: Mapping[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(self).items()}
+
+
+class CampaignState:
+    """A campaign's durable state in one directory, driving a :class:`Dispatcher`.
+
+    Open with :meth:`open`; use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, directory: str, **kw: Any) -> None:
+        self.directory = directory
+        self._lock = kw["lock"]
+        self.journal: Journal = kw["journal"]
+        self.snapshots: SnapshotStore = kw["snapshots"]
+        self.defer: DeferJournal = kw["defer"]
+        self.core: Dispatcher = kw["core"]
+        self._replayed: int = kw["replayed"]
+        self._dups: int = kw["dups"]
+        self._commits_in_memory: list[int] = []
+        self._snapshot_failures = 0
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        sync: str = "batch",
+        watchdog: WatchdogConfig | None = None,
+        retry: RetryPolicy | None = None,
+        ranks: Iterable[int] = (),
+        keep_snapshots: int = 3,
+        journal_options: Mapping[str, Any] | None = None,
+    ) -> CampaignState:
+        """Open (creating if needed) a state directory and start a new master epoch.
+
+        In-flight dispatches from a previous run are rolled back to the front of the frontier
+        without charging a retry, and a snapshot is written before anything is dispatched.
+
+        Raises:
+            LockHeldError: another master holds the directory.
+            JournalCorruptError, SnapshotCorruptError, StorageError: see the storage layer.
+        """
+        d = os.fspath(directory)
+        if not os.path.isdir(d):
+            _fs.makedirs(d)
+        lock = filelock.FileLock(
+            os.path.join(d, LOCK_NAME), timeout=0, mode=0o600, thread_local=False
+        )
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise LockHeldError(
+                "another master holds this state directory", path=os.path.join(d, LOCK_NAME)
+            ) from None
+        try:
+            journal = Journal.open(
+                os.path.join(d, STATE_JOURNAL), sync=sync, **dict(journal_options or {})
+            )
+            snapshots = SnapshotStore(d, name=SNAPSHOT_NAME, keep=keep_snapshots)
+            defer = DeferJournal.open(d)
+            snap = snapshots.load()
+            base = snap.value if snap is not None else {}
+            after = int(base.get("journal_seq", -1))
+            events = (r.payload for r in journal.records(from_seq=after + 1))
+            proj = Projection(base.get("state"))
+            n = 0
+            for ev in events:
+                proj.apply(ev)
+                n += 1
+            epoch = proj.epoch + 1
+            core, restarts = Dispatcher.restore(
+                proj.to_snapshot(), epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks
+            )
+        except BaseException:
+            lock.release()
+            raise
+        st = cls(
+            d,
+            lock=lock,
+            journal=journal,
+            snapshots=snapshots,
+            defer=defer,
+            core=core,
+            replayed=n,
+            dups=proj.duplicate_commits,
+        )
+        r = journal.append({"event": "epoch", "epoch": epoch})
+        st._durable(r.seq)
+        st.apply(restarts)
+        st.save_snapshot(f"start of epoch {epoch}")
+        return st
+
+    # ------------------------------------------------------------------ input
+    def submit(self, items: Iterable[WorkItem]) -> int:
+        """Add work items not already known (pending, in flight, committed or deferred).
+
+        Safe to call with the whole work source on every start: known IDs are skipped.
+        Returns how many were new.
+        """
+        new: list[WorkItem] = []
+        seen: set[str] = set()
+        for i in items:
+            if self.core.status(i.work_id) is None and i.work_id not in seen:
+                new.append(i)
+                seen.add(i.work_id)
+        for k in range(0, len(new), _SUBMIT_CHUNK):
+            chunk = new[k : k + _SUBMIT_CHUNK]
+            self.journal.append({"event": "submitted", "items": [i.to_json() for i in chunk]})
+        return self.core.submit(new)
+
+    def next_send(self, now: float) -> Send | None:
+        """The next dispatch, journaled (persist before you send), or None.
+
+        Writes any snapshot the core requires first (S8).
+        """
+        while True:
+            d = self.core.reserve(now)
+            if isinstance(d, PersistSnapshot):
+                self.save_snapshot(d.reason)
+                continue
+            if d is not None:
+                self.record_send(d)
+            return d
+
+    # ---------------------------------------------------------------- actions
+    def record_send(self, send: Send) -> None:
+        """Journal a dispatch before its WORK is sent (persist before you send)."""
+        self.journal.append(
+            {
+                "event": "dispatched",
+                "token": str(send.token),
+                "rank": send.rank,
+                "work_id": send.work.work_id,
+            }
+        )
+
+    def apply(
+        self,
+        decisions: Iterable[Decision],
+        on_commit: Callable[[Commit], None] | None = None,
+    ) -> list[Decision]:
+        """Persist each decision that changes durable state, in order; returns them all.
+
+        * :class:`Commit`: journal it, wait until durable, call ``on_commit``, then close it in the
+          core (the core's follow-up decisions are applied too).
+        * :class:`Requeue` / :class:`Defer`: journal it; a Defer is appended to the defer journal
+          and its outcome (on disk or in memory) reported to the core.
+        * :class:`PersistSnapshot`: write the snapshot now.
+        """
+        out: list[Decision] = []
+        todo = deque(decisions)
+        while todo:
+            d = todo.popleft()
+            out.append(d)
+            if isinstance(d, Commit):
+                r = self.journal.append(
+                    {
+                        "event": "committed",
+                        "token": str(d.token),
+                        "work_id": d.work_id,
+                        "result": d.result,
+                    }
+                )
+                if not self._durable(r.seq):
+                    self._commits_in_memory.append(r.seq)
+                if on_commit is not None:
+                    on_commit(d)
+                todo.extendleft(reversed(self.core.commit_done(d.token)))
+            elif isinstance(d, Requeue):
+                self.journal.append(
+                    {
+                        "event": "requeued",
+                        "token": str(d.token),
+                        "work_id": d.work_id,
+                        "source": d.source,
+                        "kind": d.kind,
+                        "attempts": d.attempts,
+                        "error": d.error,
+                    }
+                )
+            elif isinstance(d, Defer):
+                w = d.work
+                self.journal.append(
+                    {
+                        "event": "deferred",
+                        "token": str(d.token),
+                        "work_id": w.work_id,
+                        "source": d.source,
+                        "attempts": d.attempts,
+                        "kinds": list(d.kinds),
+                        "last_error": d.last_error,
+                    }
+                )
+                try:
+                    rec = self.defer.defer(
+                        w.work_id,
+                        w.to_json(),
+                        attempts=d.attempts,
+                        kinds=d.kinds,
+                        last_error=d.last_error,
+                        inputs=w.inputs,
+                        self_contained=w.self_contained,
+                    )
+                    persisted = rec.persisted
+                except StorageDegradedError:
+                    persisted = False
+                self.core.defer_recorded(w.work_id, persisted)
+            elif isinstance(d, PersistSnapshot):
+                self.save_snapshot(d.reason)
+        log_decisions(out)
+        return out
+
+    def _durable(self, seq: int) -> bool:
+        try:
+            self.journal.wait_durable(seq)
+            return True
+        except NotDurableError:
+            return False
+
+    def save_snapshot(self, reason: str = "") -> bool:
+        """Write the projection atomically; tells the core it is persisted. False if the disk
+        refused (the state stays in memory and in the journal; the campaign goes on)."""
+        seq = self.journal.next_seq - 1
+        body = {"journal_seq": seq, "state": self.core.snapshot()}
+        ok = True
+        try:
+            if seq >= 0:
+                self._durable(seq)
+            self.snapshots.save(body)
+        except StorageDegradedError as e:
+            self._snapshot_failures += 1
+            log.error("snapshot (%s) not saved: %s", reason, e)
+            ok = False
+        self.core.snapshot_persisted()
+        return ok
+
+    def try_restore(self) -> bool:
+        """Try to make memory-only records durable again (journal, defer journal)."""
+        ok = self.journal.try_restore()
+        if ok:
+            self.journal.sync_now()
+            durable = self.journal.durable_seq
+            self._commits_in_memory = [s for s in self._commits_in_memory if s > durable]
+        before = self.defer.statistics().in_memory
+        ok2 = self.defer.try_restore()
+        moved = before - self.defer.statistics().in_memory
+        if moved > 0:
+            self.core.defer_persisted_later(moved)
+        return ok and ok2
+
+    # ------------------------------------------------------------------ stats
+    def statistics(self) -> CampaignStats:
+        """The campaign's counters (the core's plus storage's)."""
+        return CampaignStats(
+            core=self.core.statistics().as_dict(),
+            epoch=self.core.epoch,
+            commits_in_memory=len(self._commits_in_memory),
+            snapshot_failures=self._snapshot_failures,
+            replayed_records=self._replayed,
+            duplicate_commits_in_journal=self._dups,
+            journal_health=self.journal.health.as_dict(),
+            snapshot_health=self.snapshots.health.as_dict(),
+            defer_health=self.defer.health.as_dict(),
+        )
+
+    # ---------------------------------------------------------------- closing
+    def close(self) -> None:
+        """Save a final snapshot, close the journals and release the master lock."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.save_snapshot("close")
+            self.journal.close()
+        finally:
+            try:
+                self.defer.close()
+            finally:
+                self._lock.release()
+
+    def __enter__(self) -> CampaignState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,227 @@
+"""Tests of durable_dispatch.state: durable campaign state, replay, restart, faults."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from durable_dispatch import CampaignState
+from durable_dispatch.core import Commit, RetryPolicy, Send, WatchdogConfig, WorkItem
+from durable_dispatch.errors import LockHeldError
+from durable_dispatch.state import STATE_JOURNAL, Projection, replay
+from durable_dispatch.storage import Journal
+from durable_dispatch.testing import inject_faults
+
+from .helpers import fake_campaign
+
+ITEMS = [WorkItem(f"w{i}", {"i": i}) for i in range(20)]
+
+
+def _open(d: Path, **kw: Any) -> CampaignState:
+    kw.setdefault("ranks", (1, 2, 3))
+    kw.setdefault("watchdog", WatchdogConfig(10))
+    return CampaignState.open(d, **kw)
+
+
+def _replayed(state: CampaignState) -> dict[str, Any]:
+    snap = state.snapshots.load()
+    base = snap.value if snap else {}
+    after = base.get("journal_seq", -1)
+    events = (r.payload for r in state.journal.records(from_seq=after + 1))
+    return replay(base.get("state"), events).to_snapshot()
+
+
+def _committed_events(d: Path) -> list[str]:
+    with Journal.open(d / STATE_JOURNAL) as j:
+        return [r.payload["work_id"] for r in j.records() if r.payload.get("event") == "committed"]
+
+
+def test_campaign_commits_everything_once_and_resumes(tmp_path: Path) -> None:
+    acked: list[str] = []
+    with _open(tmp_path) as s:
+        assert s.submit(ITEMS) == 20
+        fake_campaign(s, on_commit=lambda c: acked.append(c.work_id))
+        assert s.core.committed() == {i.work_id for i in ITEMS}
+        assert s.statistics().commits_in_memory == 0
+    assert sorted(acked) == sorted(i.work_id for i in ITEMS)
+    with _open(tmp_path) as s:
+        assert s.core.epoch == 2
+        assert s.submit(ITEMS) == 0  # resume: nothing new, nothing to do
+        assert s.core.done
+    assert sorted(_committed_events(tmp_path)) == sorted(i.work_id for i in ITEMS)
+
+
+def test_replay_equals_live_state_with_faults(tmp_path: Path) -> None:
+    with _open(tmp_path, retry=RetryPolicy(1)) as s:
+        s.submit(ITEMS)
+        n = {"k": 0}
+
+        def behave(send: Send) -> str:
+            n["k"] += 1
+            return ["ok", "silent", "malformed", "ok"][n["k"] % 4]
+
+        fake_campaign(s, behave=behave)
+        assert _replayed(s) == s.core.snapshot()
+        st_ = s.core.statistics()
+        assert st_.dispatch_watchdog_timeouts > 0 and st_.invalid_result_rollbacks > 0
+        assert st_.protocol_deferred_dispatches > 0
+        assert len(s.defer) == st_.deferred_now
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(
+        st.sampled_from(["send", "ok", "malformed", "ready", "sweep", "snapshot", "tick"]),
+        max_size=60,
+    )
+)
+def test_replay_equals_live_state_random(tmp_path_factory: Any, ops: list[str]) -> None:
+    d = tmp_path_factory.mktemp("r")
+    with _open(d, ranks=(1, 2), retry=RetryPolicy(1)) as s:
+        s.submit(ITEMS[:6])
+        now = 0.0
+        sent: list[Send] = []
+        for op in ops:
+            core = s.core
+            if op == "send":
+                x = s.next_send(now)
+                if x is not None:
+                    s.apply(core.mark_dispatched(x.token, now))
+                    sent.append(x)
+            elif op in ("ok", "malformed") and sent:
+                x = sent[-1]
+                s.apply(core.on_result(x.rank, str(x.token), 1, now, valid=op == "ok"))
+            elif op == "ready" and sent:
+                x = sent.pop()
+                s.apply(core.on_ready(x.rank, str(x.token), now))
+                s.apply(core.join_invalid(now))
+            elif op == "sweep":
+                s.apply(core.sweep(now))
+            elif op == "snapshot":
+                s.save_snapshot("test")
+            else:
+                now += 7.0
+            assert _replayed(s) == s.core.snapshot()
+
+
+def test_restart_rolls_back_in_flight_without_charging_and_rejects_old_epoch(
+    tmp_path: Path,
+) -> None:
+    s = _open(tmp_path)
+    s.submit(ITEMS[:5])
+    a = s.next_send(0.0)
+    b = s.next_send(0.0)
+    assert a is not None and b is not None
+    s.apply(s.core.mark_dispatched(a.token, 0.0))
+    s.apply(s.core.mark_dispatched(b.token, 0.0))
+    s.journal.sync_now()
+    # Simulate the master dying: no final snapshot, just let go of the files.
+    s.journal.close()
+    s.defer.close()
+    s._lock.release()
+    s2 = _open(tmp_path)
+    try:
+        assert s2.core.epoch == 2
+        assert s2.core.pending()[:2] == [a.work.work_id, b.work.work_id]
+        assert s2.core.attempts(a.work.work_id) == 0
+        assert s2.core.statistics().master_restart_rollbacks == 2
+        out = s2.core.on_result(a.rank, str(a.token), "late", 0.0)
+        assert out[0].classification.value == "STALE"  # type: ignore[union-attr]
+        c = s2.next_send(0.0)
+        assert c is not None and c.token.epoch == 2 and c.work.work_id == a.work.work_id
+    finally:
+        s2.close()
+
+
+def test_second_master_gets_lock_error(tmp_path: Path) -> None:
+    with _open(tmp_path):
+        with pytest.raises(LockHeldError):
+            _open(tmp_path)
+
+
+def test_storage_faults_degrade_then_heal_with_nothing_lost(tmp_path: Path) -> None:
+    acked: list[str] = []
+    with inject_faults() as faults:
+        s = _open(tmp_path, sync="batch")
+        s.submit(ITEMS)
+        calls = {"n": 0}
+
+        def on_commit(c: Commit) -> None:
+            acked.append(c.work_id)
+            calls["n"] += 1
+            if calls["n"] == 5:
+                faults.fail("fsync", errno.EIO)  # the disk starts failing mid-campaign
+
+        fake_campaign(s, on_commit=on_commit)
+        stats = s.statistics()
+        assert stats.journal_health["state"] == "DEGRADED"
+        assert stats.commits_in_memory > 0
+        assert s.core.committed() == {i.work_id for i in ITEMS}  # the campaign went on
+        faults.heal()
+        assert s.try_restore()
+        assert s.statistics().commits_in_memory == 0
+        s.close()
+    assert sorted(_committed_events(tmp_path)) == sorted(i.work_id for i in ITEMS)
+    with _open(tmp_path) as s2:
+        assert s2.core.committed() == {i.work_id for i in ITEMS}
+
+
+def test_projection_ignores_duplicate_commits_and_unknown_events() -> None:
+    p = Projection()
+    p.apply({"event": "submitted", "items": [WorkItem("a").to_json()]})
+    p.apply({"event": "committed", "work_id": "a", "token": "e1-1"})
+    p.apply({"event": "committed", "work_id": "a", "token": "e1-2"})
+    p.apply({"event": "from-the-future"})
+    assert p.duplicate_commits == 1 and p.committed == {"a"}
+
+
+CHILD = Path(__file__).parent / "children" / "campaign_child.py"
+
+
+def test_sigkill_master_at_random_points_loses_nothing_and_commits_once(tmp_path: Path) -> None:
+    """SIGKILL the master at random points at least 50 times across campaigns; check each one."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    n = 200
+    rnd = random.Random(20261129)
+    kills = 0
+    campaigns: dict[Path, set[str]] = {}
+    d = tmp_path / "c0"
+    campaigns[d] = set()
+    while kills < 50:
+        p = subprocess.Popen(
+            [sys.executable, str(CHILD), str(d), str(n)], stdout=subprocess.PIPE, text=True
+        )
+        time.sleep(rnd.uniform(0.2, 0.6))
+        p.send_signal(signal.SIGKILL)
+        out, _ = p.communicate()
+        kills += p.returncode == -signal.SIGKILL
+        campaigns[d].update(x.split()[1] for x in out.splitlines() if x.startswith("ack "))
+        if "done" in out:  # finished before the kill landed: start another campaign
+            d = tmp_path / f"c{len(campaigns)}"
+            campaigns[d] = set()
+    everything = {f"w{i:04d}" for i in range(n)}
+    for d, acked in campaigns.items():
+        final = subprocess.run(
+            [sys.executable, str(CHILD), str(d), str(n), "0"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert final.returncode == 0, final.stderr[-2000:]
+        acked.update(x.split()[1] for x in final.stdout.splitlines() if x.startswith("ack "))
+        events = _committed_events(d)
+        assert set(events) == everything, "work lost"
+        assert len(events) == len(everything), "a work ID was committed twice in the record"
+        assert acked <= set(events), "an acknowledged commit did not survive"
+    print(f"checked {kills} SIGKILLs over {len(campaigns)} campaigns of {n} work items")
+    assert kills >= 50
