@@ -310,8 +310,8 @@ class Dispatcher:
             self._c["parked_ready_other_token"] += 1
             return self._quarantine(rank, "READY", Classification.STALE, "parked: other token")
         if t is None:
-            if token is None and rank in self._idle:
-                return []  # an idle worker announcing itself
+            if token is None:
+                return []  # a worker announcing itself at start (no token yet)
             return self._quarantine(rank, "READY", Classification.MALFORMED, "bad token")
         tx = self._current.get(rank)
         if tx is not None and tx.token == t:

@@ -1,0 +1,193 @@
+"""The bundled example campaign, run under ``mpiexec`` (``durable-dispatch demo`` launches it).
+
+Rank 0 runs :func:`run_master`, every other rank :func:`run_worker`. Each work item hashes a seed a
+number of times (a stand-in for a fuzzing or parameter-sweep task). Unless ``--no-faults`` is given,
+a seeded plan makes some workers lie on their first attempt at chosen work IDs: hang forever, answer
+too late, send a malformed RESULT, send READY without RESULT, send a RESULT for an old token, and
+(under ULFM only) die by SIGKILL. At the end rank 0 checks the durable record against the full set
+of work IDs and writes a summary: committed, deferred, ``lost`` (must be 0) and
+``duplicate_commits`` (must be 0).
+
+Usage (under mpiexec): ``python -m durable_dispatch.mpi.demo STATE_DIR [options]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..core import RetryPolicy, WatchdogConfig, WorkItem
+from ..state import STATE_JOURNAL
+from ..storage import Journal
+from ..storage import fs as _fs
+
+__all__ = ["work_items", "fault_plan", "demo_task", "summarize", "main", "FAULT_KINDS"]
+
+FAULT_KINDS = ("hang", "slow", "malformed", "missing", "old-token", "crash")
+
+
+def work_items(n: int, ms: float = 5.0) -> list[WorkItem]:
+    """The bundled campaign: ``n`` items ``demo-0000`` ... with small hashing tasks."""
+    return [
+        WorkItem(f"demo-{i:04d}", {"seed": f"seed-{i}", "rounds": 2000 + 37 * i, "ms": ms})
+        for i in range(n)
+    ]
+
+
+def fault_plan(n: int, seed: int, kinds: tuple[str, ...], per_kind: int = 1) -> dict[str, str]:
+    """A deterministic map work ID -> fault (first attempt only), ``per_kind`` IDs per kind."""
+    rnd = random.Random(seed)
+    ids = rnd.sample(range(n), min(n, per_kind * len(kinds)))
+    plan = {}
+    for k, i in enumerate(ids):
+        plan[f"demo-{i:04d}"] = kinds[k // per_kind]
+    return plan
+
+
+def demo_task(payload: Any) -> dict[str, Any]:
+    """Hash the seed ``rounds`` times and sleep ``ms`` milliseconds."""
+    h = str(payload["seed"]).encode()
+    for _ in range(int(payload["rounds"])):
+        h = hashlib.sha256(h).digest()
+    time.sleep(float(payload.get("ms", 0)) / 1000)
+    return {"digest": h.hex()[:16]}
+
+
+def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str, Any]:
+    """Check the durable record against the campaign's work IDs."""
+    commits: Counter[str] = Counter()
+    with Journal.open(os.path.join(state_dir, STATE_JOURNAL)) as j:
+        for r in j.records():
+            if isinstance(r.payload, dict) and r.payload.get("event") == "committed":
+                commits[r.payload["work_id"]] += 1
+    from ..storage import DeferJournal
+
+    with DeferJournal.open(state_dir) as d:
+        deferred = {i.work_id for i in d.items()}
+    committed = set(commits) & all_ids
+    lost = sorted(all_ids - committed - deferred)
+    out: dict[str, Any] = {
+        "work_items": len(all_ids),
+        "committed": len(committed),
+        "deferred": len(deferred & all_ids),
+        "lost": len(lost),
+        "lost_ids": lost[:20],
+        "duplicate_commits": sum(c - 1 for c in commits.values() if c > 1),
+    }
+    if report is not None:
+        core = report.stats["core"]
+        out.update(
+            mode=report.mode,
+            finished=report.finished,
+            seconds=round(report.seconds, 3),
+            epoch=report.stats["epoch"],
+            dispatch_watchdog_timeouts=core["dispatch_watchdog_timeouts"],
+            watchdog_worker_recoveries=core["watchdog_worker_recoveries"],
+            protocol_requeued_dispatches=core["protocol_requeued_dispatches"],
+            protocol_deferred_dispatches=core["protocol_deferred_dispatches"],
+            deferred_in_memory=core["deferred_in_memory"],
+            invalid_result_rollbacks=core["invalid_result_rollbacks"],
+            ranks_lost=core["ranks_lost"],
+            parked_ranks_now=core["parked_ranks_now"],
+            stale=core["stale"],
+            unowned=core["unowned"],
+            malformed=core["malformed"],
+            master_restart_rollbacks=core["master_restart_rollbacks"],
+            lost_rank_times=report.lost_ranks,
+        )
+    return out
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp"
+    Path(tmp).write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    _fs.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point under mpiexec."""
+    ap = argparse.ArgumentParser(prog="durable_dispatch.mpi.demo")
+    ap.add_argument("state_dir")
+    ap.add_argument("--items", type=int, default=80)
+    ap.add_argument("--ms", type=float, default=40.0, help="sleep per task, milliseconds")
+    ap.add_argument(
+        "--faults",
+        default="hang,slow,malformed,missing,old-token",
+        help="comma-separated fault kinds, or 'none'",
+    )
+    ap.add_argument("--per-kind", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--watchdog", type=float, default=2.0)
+    ap.add_argument("--slow", type=float, default=None, help="seconds a slow worker sleeps")
+    ap.add_argument("--retries", type=int, default=1)
+    ap.add_argument("--sync", default="batch")
+    ap.add_argument("--summary", default=None, help="summary JSON path (default in STATE_DIR)")
+    ap.add_argument("--progress-file", default=None)
+    ap.add_argument("--max-seconds", type=float, default=None)
+    ap.add_argument(
+        "--crash-after",
+        type=float,
+        default=None,
+        help="test hook: the master SIGKILLs itself after this many seconds",
+    )
+    a = ap.parse_args(argv)
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    kinds = () if a.faults in ("none", "") else tuple(a.faults.split(","))
+    for k in kinds:
+        if k not in FAULT_KINDS:
+            ap.error(f"unknown fault kind {k!r}; use {FAULT_KINDS}")
+    plan = fault_plan(a.items, a.seed, kinds, a.per_kind)
+    slow = a.slow if a.slow is not None else a.watchdog + 0.5
+    if comm.Get_rank() != 0:
+        from .worker import run_worker
+
+        def faults(work_id: str, attempt: int) -> str | None:
+            return plan.get(work_id) if attempt == 0 else None
+
+        run_worker(demo_task, faults=faults, slow_seconds=slow)
+        return 0
+    from .master import run_master
+
+    items = work_items(a.items, a.ms)
+    progress_file = a.progress_file
+
+    def progress(stats: dict[str, Any]) -> None:
+        if progress_file:
+            _write_json(progress_file, stats)
+
+    if a.crash_after is not None:
+        import signal
+        import threading
+
+        threading.Timer(a.crash_after, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    report = run_master(
+        items,
+        a.state_dir,
+        comm=comm,
+        watchdog=WatchdogConfig.build(a.watchdog),
+        retry=RetryPolicy(a.retries),
+        sync=a.sync,
+        progress=progress,
+        progress_interval=0.25,
+        max_seconds=a.max_seconds,
+    )
+    summary = summarize(a.state_dir, {i.work_id for i in items}, report)
+    summary["fault_plan"] = plan
+    _write_json(a.summary or os.path.join(a.state_dir, "summary.json"), summary)
+    print(orjson.dumps(summary, option=orjson.OPT_NON_STR_KEYS).decode(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The master loop: a thin mpi4py shell around the dispatch core and the durable campaign state.
+
+Each turn follows W3: (1) drain messages and hand every READY and HEARTBEAT to the core,
+(2) dispatch (journal the dispatch, send WORK, report the send's outcome), (3) hand every RESULT
+to the core and journal each commit durably before the user's callback sees it, (4) join invalid
+results, (5) sweep the watchdog. Messages are received with ``ANY_SOURCE``/``ANY_TAG`` and never
+with a blocking call on one rank, so a hung or dead worker never blocks the loop.
+
+Failure handling. With ULFM (Open MPI started with ``--with-ft ulfm``) a dead rank is seen
+through MPI's failure notification (``Comm.Get_failed``): its dispatch is rolled back at once,
+the failure is acknowledged and the rank is excluded (point-to-point only, so no shrink is
+needed). Without ULFM the runtime gives no such signal (Open MPI then aborts the whole job when a
+rank dies; the durable state makes the restart resume), and a hung rank stays parked while the
+watchdog moves its work (W10). The mode in force is reported in the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import Commit, RetryPolicy, WatchdogConfig, WorkItem
+from ..state import CampaignState
+from . import protocol as P
+
+__all__ = ["run_master", "MasterReport", "ulfm_mode"]
+
+log = logging.getLogger("durable_dispatch.mpi")
+_BAD = object()  # stands for a message body that did not decode
+
+
+def ulfm_mode(comm: Any) -> bool:
+    """True when the runtime provides ULFM failure notification for this job."""
+    enabled = os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
+    return enabled and hasattr(comm, "Get_failed") and hasattr(comm, "Ack_failed")
+
+
+@dataclass
+class MasterReport:
+    """What :func:`run_master` returns.
+
+    Attributes:
+        stats: the campaign's statistics (``CampaignStats.as_dict()``).
+        mode: ``"ulfm"`` or ``"no-ulfm"``.
+        finished: True when every work item was committed or deferred.
+        lost_ranks: rank -> wall-clock time the master rolled back its dispatch (ULFM only).
+        seconds: the campaign's duration.
+    """
+
+    stats: dict[str, Any]
+    mode: str
+    finished: bool
+    lost_ranks: dict[int, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def run_master(
+    work: Iterable[WorkItem],
+    state_dir: str | os.PathLike[str],
+    on_commit: Callable[[str, Any], None] | None = None,
+    *,
+    comm: Any = None,
+    watchdog: WatchdogConfig | None = None,
+    retry: RetryPolicy | None = None,
+    sync: str = "batch",
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    progress_interval: float = 0.5,
+    max_seconds: float | None = None,
+    stop_timeout: float = 10.0,
+) -> MasterReport:
+    """Run a campaign from rank 0 until every work item is committed or deferred.
+
+    Args:
+        work: the work items (stable semantic IDs); on a resumed state directory known IDs are
+            skipped, so pass the whole work source every time.
+        state_dir: the campaign's state directory (see ``docs/state-format.md``).
+        on_commit: ``on_commit(work_id, result)``, called once a result is journaled durably.
+        comm: the communicator (``MPI.COMM_WORLD``); rank 0 is the master, all others workers.
+        watchdog: deadlines (default: ``WatchdogConfig.from_env(os.environ)``).
+        retry: retry budgets (default: ``RetryPolicy.from_env(os.environ)``).
+        sync: the state journal's sync policy.
+        progress: called with the stats dict every ``progress_interval`` seconds.
+        max_seconds: give up after this long (the state directory resumes later).
+        stop_timeout: how long to wait for STOP messages to be delivered at the end.
+
+    Returns:
+        A :class:`MasterReport`.
+    """
+    from mpi4py import MPI
+
+    comm = comm or MPI.COMM_WORLD
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    ft = ulfm_mode(comm)
+    if watchdog is None:
+        watchdog = WatchdogConfig.from_env(os.environ)
+        for c in watchdog.corrections:
+            log.warning("configuration: %s", c)
+    if retry is None:
+        retry, corr = RetryPolicy.from_env(os.environ)
+        for c in corr:
+            log.warning("configuration: %s", c)
+    size = comm.Get_size()
+    state = CampaignState.open(
+        state_dir, sync=sync, watchdog=watchdog, retry=retry, ranks=range(1, size)
+    )
+    log.info(
+        "master: %d workers, mode %s, watchdog %gs",
+        size - 1,
+        "ulfm" if ft else "no-ulfm",
+        watchdog.seconds,
+    )
+    core = state.core
+    cb = (lambda c: on_commit(c.work_id, c.result)) if on_commit else None
+
+    def committed(c: Commit) -> None:
+        if cb is not None:
+            cb(c)
+
+    lost: dict[int, float] = {}
+    start = time.monotonic()
+    next_progress = start
+    restore_at, backoff = 0.0, 0.5
+    status = MPI.Status()
+    idle_sleep = 0.0
+    try:
+        state.submit(work)
+        while not core.done:
+            now = time.monotonic()
+            if max_seconds is not None and now - start > max_seconds:
+                log.warning("master: giving up after %.0fs (resumable)", now - start)
+                break
+            if not core.idle_ranks() and not core.in_flight() and not core.parked_ranks():
+                log.error("master: no worker left; %d item(s) pending", len(core.pending()))
+                break
+            # -- drain everything that arrived (never blocking on one rank)
+            msgs: list[tuple[int, int, bytearray]] = []
+            try:
+                while len(msgs) < 4096 and comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+                    src, tag = status.Get_source(), status.Get_tag()
+                    buf = bytearray(status.Get_count(MPI.BYTE))
+                    comm.Recv([buf, MPI.BYTE], source=src, tag=tag)
+                    msgs.append((src, tag, buf))
+            except MPI.Exception as e:
+                if not ft:
+                    raise
+                log.warning("master: receive reported %s", e)
+            if ft:
+                _check_failures(comm, MPI, state, lost, now)
+            # 1. READY and HEARTBEAT
+            results = []
+            for src, tag, buf in msgs:
+                body, _err = P.decode(buf)
+                token = body.get("token") if body is not None else _BAD
+                if tag == P.READY:
+                    state.apply(core.on_ready(src, token, now), committed)
+                elif tag == P.HEARTBEAT:
+                    state.apply(core.on_heartbeat(src, token, now), committed)
+                elif tag == P.RESULT:
+                    results.append((src, body, _err))
+            # 2. dispatch: persist (journal) before send; the deadline starts when it returned
+            while (s := state.next_send(now)) is not None:
+                data = P.encode(
+                    {
+                        "token": str(s.token),
+                        "work_id": s.work.work_id,
+                        "payload": s.work.payload,
+                        "attempt": core.attempts(s.work.work_id),
+                    }
+                )
+                try:
+                    comm.Send([data, MPI.BYTE], dest=s.rank, tag=P.WORK)
+                except MPI.Exception as e:
+                    state.apply(core.send_failed(s.token, time.monotonic(), str(e)), committed)
+                    if ft:
+                        _check_failures(comm, MPI, state, lost, now)
+                    continue
+                state.apply(core.mark_dispatched(s.token, time.monotonic()), committed)
+            # 3. RESULT
+            for src, body, err in results:
+                if body is None:
+                    state.apply(
+                        core.on_result(src, _BAD, None, now, valid=False, error=err), committed
+                    )
+                    continue
+                token = body.get("token")
+                if "error" in body or "result" not in body:
+                    reason = str(body.get("error", "RESULT without a result"))
+                    state.apply(
+                        core.on_result(src, token, None, now, valid=False, error=reason), committed
+                    )
+                else:
+                    state.apply(core.on_result(src, token, body["result"], now), committed)
+            # 4. join invalid results, 5. sweep the watchdog
+            state.apply(core.join_invalid(now), committed)
+            state.apply(core.sweep(time.monotonic()), committed)
+            # storage: try to get back to disk with back-off
+            if not state.journal.health.ok and now >= restore_at:
+                if state.try_restore():
+                    backoff = 0.5
+                else:
+                    restore_at, backoff = now + backoff, min(backoff * 2, 30.0)
+            if progress is not None and now >= next_progress:
+                progress(state.statistics().as_dict())
+                next_progress = now + progress_interval
+            if msgs:
+                idle_sleep = 0.0
+            else:
+                idle_sleep = min(0.002, idle_sleep + 0.0001)
+                time.sleep(idle_sleep)
+        _stop_all(comm, MPI, range(1, size), lost, stop_timeout)
+        report = MasterReport(
+            stats=state.statistics().as_dict(),
+            mode="ulfm" if ft else "no-ulfm",
+            finished=core.done,
+            lost_ranks=lost,
+            seconds=time.monotonic() - start,
+        )
+        if progress is not None:
+            progress(report.stats)
+    finally:
+        state.close()
+    return report
+
+
+def _check_failures(
+    comm: Any, MPI: Any, state: CampaignState, lost: dict[int, float], now: float
+) -> None:
+    """ULFM: roll back the dispatch of every newly failed rank, acknowledge, exclude it."""
+    try:
+        group = comm.Get_failed()
+    except MPI.Exception as e:
+        log.warning("master: failure query failed: %s", e)
+        return
+    n = group.Get_size()
+    if n == 0:
+        group.Free()
+        return
+    ranks = MPI.Group.Translate_ranks(group, list(range(n)), comm.Get_group())
+    group.Free()
+    comm.Ack_failed()
+    for r in ranks:
+        if r is None or r < 0 or r in lost or r == 0:
+            continue
+        lost[r] = time.time()
+        log.warning("master: rank %d failed (ULFM); rolling back its dispatch", r)
+        state.apply(state.core.rank_lost(r, now, "process failed"))
+
+
+def _stop_all(
+    comm: Any, MPI: Any, ranks: Iterable[int], lost: dict[int, float], timeout: float
+) -> None:
+    """Send STOP to every live worker without waiting on any one of them for long."""
+    data = P.encode({})
+    reqs = []
+    for r in ranks:
+        if r in lost:
+            continue
+        try:
+            reqs.append(comm.Isend([data, MPI.BYTE], dest=r, tag=P.STOP))
+        except MPI.Exception as e:
+            log.warning("master: STOP to rank %d failed: %s", r, e)
+    end = time.monotonic() + timeout
+    while reqs and time.monotonic() < end:
+        try:
+            reqs = [q for q in reqs if not q.Test()]
+        except MPI.Exception:
+            break
+        time.sleep(0.001)
+    for q in reqs:
+        try:
+            q.Cancel()
+        except MPI.Exception:
+            pass
