@@ -103,3 +103,30 @@ def fake_campaign(
         now += 1.0
         state.apply(core.sweep(now), on_commit)
     raise AssertionError("campaign did not finish")
+
+
+def run_demo(
+    state_dir: Path, *args: str, n: int = 4, ulfm: bool = False, timeout: float = 180.0
+) -> tuple[Any, dict[str, Any] | None]:
+    """Run the bundled demo campaign under a real mpiexec; returns (MpiexecResult, summary).
+
+    mpiexec runs in its own session with a timeout; on timeout the whole session is killed, so a
+    hung rank can never hang the suite.
+    """
+    import sys
+
+    import orjson
+
+    from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+
+    summary = Path(state_dir) / "summary.json"
+    if summary.exists():
+        summary.unlink()
+    cmd = mpiexec_command(
+        n,
+        [sys.executable, "-m", "durable_dispatch.mpi.demo", str(state_dir), *args],
+        ulfm=ulfm,
+    )
+    res = run_mpiexec(cmd, timeout=timeout)
+    data = orjson.loads(summary.read_bytes()) if summary.exists() else None
+    return res, data

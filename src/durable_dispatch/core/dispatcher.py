@@ -591,6 +591,10 @@ class Dispatcher:
         """True while a rollback waits for its snapshot (no dispatch until then)."""
         return self._snapshot_required is not None
 
+    def live_ranks(self) -> list[int]:
+        """Every worker rank not lost (idle, busy or parked), sorted."""
+        return sorted(self._ranks)
+
     def idle_ranks(self) -> list[int]:
         """Idle ranks, sorted."""
         return sorted(self._idle)

@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary", default=None, help="summary JSON path (default in STATE_DIR)")
     ap.add_argument("--progress-file", default=None)
     ap.add_argument("--max-seconds", type=float, default=None)
+    ap.add_argument("--linger", type=float, default=0.0,
+                    help="after the work is done, wait this long for parked ranks' READY")
     ap.add_argument(
         "--crash-after",
         type=float,
@@ -181,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         progress=progress,
         progress_interval=0.25,
         max_seconds=a.max_seconds,
+        linger=a.linger,
     )
     summary = summarize(a.state_dir, {i.work_id for i in items}, report)
     summary["fault_plan"] = plan

@@ -71,6 +71,7 @@ def run_master(
     progress_interval: float = 0.5,
     max_seconds: float | None = None,
     stop_timeout: float = 10.0,
+    linger: float = 0.0,
 ) -> MasterReport:
     """Run a campaign from rank 0 until every work item is committed or deferred.
 
@@ -86,6 +87,9 @@ def run_master(
         progress: called with the stats dict every ``progress_interval`` seconds.
         max_seconds: give up after this long (the state directory resumes later).
         stop_timeout: how long to wait for STOP messages to be delivered at the end.
+        linger: once all work is done, keep serving for up to this many seconds while ranks are
+            parked, so slow workers can send their exact READY (their late RESULTs are classified
+            stale). 0 stops at once; hung ranks never delay the end by more than this.
 
     Returns:
         A :class:`MasterReport`.
@@ -128,12 +132,18 @@ def run_master(
     idle_sleep = 0.0
     try:
         state.submit(work)
-        while not core.done:
+        linger_until: float | None = None
+        while True:
             now = time.monotonic()
+            if core.done:
+                if linger_until is None:
+                    linger_until = now + linger
+                if not core.parked_ranks() or now >= linger_until:
+                    break
             if max_seconds is not None and now - start > max_seconds:
                 log.warning("master: giving up after %.0fs (resumable)", now - start)
                 break
-            if not core.idle_ranks() and not core.in_flight() and not core.parked_ranks():
+            if not core.live_ranks():
                 log.error("master: no worker left; %d item(s) pending", len(core.pending()))
                 break
             # -- drain everything that arrived (never blocking on one rank)

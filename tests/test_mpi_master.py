@@ -1,0 +1,108 @@
+"""Fault campaigns under a real mpiexec (4 ranks: 1 master, 3 workers).
+
+Each scenario makes one kind of worker lie on its first attempt at one work ID and checks: every
+work item committed exactly once or deferred with a record, zero lost, zero duplicate commits, the
+recovery counts the scenario implies, and that the campaign finished (each mpiexec runs in its own
+session under a timeout that kills the whole session).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_dispatch.mpi.launcher import find_mpiexec
+
+from .helpers import run_demo
+
+pytestmark = pytest.mark.mpi
+
+if find_mpiexec() is None:  # the mpi extra is part of the test install; fail loudly without it
+    raise RuntimeError("mpiexec not found: install the project with '.[test,mpi]'")
+
+BASE = ["--items", "24", "--ms", "120", "--watchdog", "1.0", "--per-kind", "1", "--seed", "3"]
+
+
+def campaign(tmp_path: Path, faults: str, *extra: str, ulfm: bool = False) -> dict[str, Any]:
+    res, summary = run_demo(tmp_path / "state", *BASE, "--faults", faults, *extra, ulfm=ulfm)
+    assert not res.timed_out, "campaign did not finish within the bound"
+    assert summary is not None, res.stdout[-3000:] + res.stderr[-3000:]
+    assert summary["finished"] is True
+    assert summary["lost"] == 0, summary
+    assert summary["duplicate_commits"] == 0, summary
+    assert summary["committed"] + summary["deferred"] == summary["work_items"] == 24
+    return summary
+
+
+def test_no_faults_all_counters_zero(tmp_path: Path) -> None:
+    s = campaign(tmp_path, "none")
+    assert s["committed"] == 24
+    for k in (
+        "dispatch_watchdog_timeouts",
+        "watchdog_worker_recoveries",
+        "protocol_requeued_dispatches",
+        "protocol_deferred_dispatches",
+        "invalid_result_rollbacks",
+        "parked_ranks_now",
+    ):
+        assert s[k] == 0, k
+    assert s["stale"] == {} and s["unowned"] == {} and s["malformed"] == {}
+    assert s["mode"] == "no-ulfm"
+
+
+def test_hang_forever_w10_rank_stays_parked_task_moves(tmp_path: Path) -> None:
+    s = campaign(tmp_path, "hang")
+    assert s["committed"] == 24
+    assert s["dispatch_watchdog_timeouts"] == 1
+    assert s["protocol_requeued_dispatches"] == 1
+    assert s["watchdog_worker_recoveries"] == 0
+    assert s["parked_ranks_now"] == 1  # no READY ever came: parked until the end (W10)
+
+
+def test_slow_worker_false_suspicion_stale_result_exact_ready(tmp_path: Path) -> None:
+    s = campaign(tmp_path, "slow", "--slow", "1.6", "--linger", "20")
+    assert s["committed"] == 24
+    assert s["dispatch_watchdog_timeouts"] == 1
+    assert s["protocol_requeued_dispatches"] == 1
+    assert s["stale"].get("RESULT") == 1  # the slow RESULT was rejected, not committed
+    assert s["watchdog_worker_recoveries"] == 1  # its exact READY released the rank
+    assert s["parked_ranks_now"] == 0
+
+
+@pytest.mark.parametrize("fault", ["malformed", "missing", "old-token"])
+def test_lying_worker_invalid_result_join(tmp_path: Path, fault: str) -> None:
+    s = campaign(tmp_path, fault)
+    assert s["committed"] == 24
+    assert s["invalid_result_rollbacks"] == 1
+    assert s["protocol_requeued_dispatches"] == 1
+    assert s["dispatch_watchdog_timeouts"] == 0
+    if fault == "malformed":
+        assert s["malformed"] == {"RESULT": 1}
+    if fault == "old-token":
+        assert sum(s["stale"].values()) + sum(s["unowned"].values()) == 1
+
+
+def test_out_of_retries_is_deferred_with_a_record(tmp_path: Path) -> None:
+    s = campaign(tmp_path, "malformed", "--retries", "0")
+    assert (s["committed"], s["deferred"]) == (23, 1)
+    assert s["protocol_deferred_dispatches"] == 1 and s["deferred_in_memory"] == 0
+
+
+def test_worker_sigkill_under_ulfm_rolls_back_at_once(tmp_path: Path) -> None:
+    s = campaign(tmp_path, "crash", ulfm=True)
+    assert s["mode"] == "ulfm"
+    assert s["ranks_lost"] == 1 and len(s["lost_rank_times"]) == 1
+    assert s["protocol_requeued_dispatches"] == 1
+    assert s["dispatch_watchdog_timeouts"] == 0  # detected through MPI, not the clock
+    assert s["committed"] == 24
+
+
+def test_master_sigkill_then_resume(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    res, summary = run_demo(state, *BASE, "--faults", "none", "--crash-after", "0.8")
+    assert not res.timed_out and summary is None  # the master died mid-campaign
+    s = campaign(tmp_path, "none")
+    assert s["epoch"] == 2  # a new master epoch resumed the same state directory
+    assert s["committed"] == 24
