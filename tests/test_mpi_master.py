@@ -97,6 +97,9 @@ def test_worker_sigkill_under_ulfm_rolls_back_at_once(tmp_path: Path) -> None:
     assert s["protocol_requeued_dispatches"] == 1
     assert s["dispatch_watchdog_timeouts"] == 0  # detected through MPI, not the clock
     assert s["committed"] == 24
+    (latency,) = s["kill_to_rollback_seconds"].values()
+    assert latency >= 0
+    print(f"ULFM kill-to-rollback latency: {latency * 1000:.1f} ms")
 
 
 def test_master_sigkill_then_resume(tmp_path: Path) -> None:

@@ -133,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary", default=None, help="summary JSON path (default in STATE_DIR)")
     ap.add_argument("--progress-file", default=None)
     ap.add_argument("--max-seconds", type=float, default=None)
-    ap.add_argument("--linger", type=float, default=0.0,
-                    help="after the work is done, wait this long for parked ranks' READY")
+    ap.add_argument(
+        "--linger",
+        type=float,
+        default=0.0,
+        help="after the work is done, wait this long for parked ranks' READY",
+    )
     ap.add_argument(
         "--crash-after",
         type=float,
@@ -155,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         from .worker import run_worker
 
         def faults(work_id: str, attempt: int) -> str | None:
-            return plan.get(work_id) if attempt == 0 else None
+            fault = plan.get(work_id) if attempt == 0 else None
+            if fault == "crash":  # leave the moment of death for the latency measurement
+                Path(a.state_dir, f"crash-{comm.Get_rank()}.time").write_text(repr(time.time()))
+            return fault
 
         run_worker(demo_task, faults=faults, slow_seconds=slow)
         return 0
@@ -186,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         linger=a.linger,
     )
     summary = summarize(a.state_dir, {i.work_id for i in items}, report)
+    latency = {}
+    for rank, seen in report.lost_ranks.items():
+        f = Path(a.state_dir, f"crash-{rank}.time")
+        if f.exists():
+            latency[str(rank)] = round(seen - float(f.read_text()), 6)
+    summary["kill_to_rollback_seconds"] = latency
     summary["fault_plan"] = plan
     _write_json(a.summary or os.path.join(a.state_dir, "summary.json"), summary)
     print(orjson.dumps(summary, option=orjson.OPT_NON_STR_KEYS).decode(), flush=True)
