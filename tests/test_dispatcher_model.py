@@ -55,6 +55,7 @@ class DispatchMachine(RuleBasedStateMachine):
         self.token_rank: dict[Token, int] = {}
         self.preparing: list[Token] = []
         self.sent: list[Token] = []  # every token that reached a worker (messages may echo it)
+        self.committing: list[Commit] = []
         self.rollbacks = 0
         self.requeues = 0
         self.defers = 0
@@ -64,10 +65,9 @@ class DispatchMachine(RuleBasedStateMachine):
         for x in decisions:
             if isinstance(x, Commit):
                 assert x.work_id not in self.committed, "committed twice"
+                assert x.work_id not in {c.work_id for c in self.committing}, "two commits"
                 assert self.live.get(x.work_id) == x.token, "commit of a non-current dispatch"
-                self.d.commit_done(x.token)
-                self.committed.add(x.work_id)
-                del self.live[x.work_id]
+                self.committing.append(x)  # made durable later (group commit)
             elif isinstance(x, Park):
                 assert x.rank not in self.parked
                 self.parked[x.rank] = x.token
@@ -135,6 +135,15 @@ class DispatchMachine(RuleBasedStateMachine):
     def heartbeat(self, i: int) -> None:
         token = self.sent[i % len(self.sent)]
         self.apply(self.d.on_heartbeat(self.token_rank[token], str(token), self.now))
+
+    @precondition(lambda self: self.committing)
+    @rule(k=st.integers(1, 3))
+    def group_commit_durable(self, k: int) -> None:
+        done, self.committing = self.committing[:k], self.committing[k:]
+        for c in done:
+            self.apply(self.d.commit_done(c.token))
+            self.committed.add(c.work_id)
+            del self.live[c.work_id]
 
     @rule(dt=st.sampled_from([0.5, 3.0, 6.0, 11.0, 100.0]))
     def tick(self, dt: float) -> None:

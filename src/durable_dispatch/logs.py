@@ -94,9 +94,12 @@ def decision_fields(d: Decision) -> tuple[str, int, dict[str, Any]]:
     return type(d).__name__.lower(), logging.DEBUG, {}
 
 
+_LOG = logging.getLogger(LOGGER_NAME)
+
+
 def log_decisions(decisions: Iterable[Decision], logger: logging.Logger | None = None) -> None:
     """Emit one structured record per decision."""
-    lg = logger or logging.getLogger(LOGGER_NAME)
+    lg = logger or _LOG
     for d in decisions:
         event, level, fields = decision_fields(d)
         if not lg.isEnabledFor(level):

@@ -231,6 +231,7 @@ class CampaignState:
         self._replayed: int = kw["replayed"]
         self._dups: int = kw["dups"]
         self._commits_in_memory: list[int] = []
+        self._pending_commits: list[tuple[int, Commit, Callable[[Commit], None] | None]] = []
         self._snapshot_failures = 0
         self._closed = False
 
@@ -353,19 +354,20 @@ class CampaignState:
         self,
         decisions: Iterable[Decision],
         on_commit: Callable[[Commit], None] | None = None,
+        *,
+        wait: bool = True,
     ) -> list[Decision]:
         """Persist each decision that changes durable state, in order; returns them all.
 
-        * :class:`Commit`: journal it, wait until durable, call ``on_commit``, then close it in the
-          core (the core's follow-up decisions are applied too).
+        * :class:`Commit`: journal it. Once an fsync covers it (``wait=True``: now; ``wait=False``:
+          whenever :meth:`complete_commits` finds it durable, so the master keeps dispatching while
+          the group commit runs) ``on_commit`` is called and the core closes it.
         * :class:`Requeue` / :class:`Defer`: journal it; a Defer is appended to the defer journal
           and its outcome (on disk or in memory) reported to the core.
         * :class:`PersistSnapshot`: write the snapshot now.
         """
         out: list[Decision] = []
-        todo = deque(decisions)
-        while todo:
-            d = todo.popleft()
+        for d in decisions:
             out.append(d)
             if isinstance(d, Commit):
                 r = self.journal.append(
@@ -376,11 +378,7 @@ class CampaignState:
                         "result": d.result,
                     }
                 )
-                if not self._durable(r.seq):
-                    self._commits_in_memory.append(r.seq)
-                if on_commit is not None:
-                    on_commit(d)
-                todo.extendleft(reversed(self.core.commit_done(d.token)))
+                self._pending_commits.append((r.seq, d, on_commit))
             elif isinstance(d, Requeue):
                 self.journal.append(
                     {
@@ -423,7 +421,38 @@ class CampaignState:
             elif isinstance(d, PersistSnapshot):
                 self.save_snapshot(d.reason)
         log_decisions(out)
+        if self._pending_commits:
+            # Wait only for commits this call journaled; earlier ones complete when durable.
+            self.complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
         return out
+
+    def complete_commits(self, *, wait: bool = False) -> int:
+        """Deliver every journaled commit an fsync now covers: callback, then close in the core.
+
+        With ``wait=True`` it first waits for the newest pending commit to be durable. While the
+        journal is degraded, pending commits are delivered as memory-only commits (counted in
+        ``statistics().commits_in_memory``) so the campaign goes on. Returns how many were done.
+        """
+        pending = self._pending_commits
+        if not pending:
+            return 0
+        if wait:
+            self._durable(pending[-1][0])
+        degraded = not self.journal.health.ok
+        durable = self.journal.durable_seq
+        n = 0
+        while n < len(pending) and (degraded or pending[n][0] <= durable):
+            seq, d, cb = pending[n]
+            if seq > durable:
+                self._commits_in_memory.append(seq)
+            if cb is not None:
+                cb(d)
+            follow = self.core.commit_done(d.token)
+            if follow:
+                self.apply(follow)
+            n += 1
+        del pending[:n]
+        return n
 
     def _durable(self, seq: int) -> bool:
         try:
@@ -485,6 +514,7 @@ class CampaignState:
             return
         self._closed = True
         try:
+            self.complete_commits(wait=True)
             self.save_snapshot("close")
             self.journal.close()
         finally:

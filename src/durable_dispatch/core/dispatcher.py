@@ -365,7 +365,8 @@ class Dispatcher:
             return self._finish_if_done(tx) + self._quarantine(
                 rank, "RESULT", Classification.DUPLICATE, "work ID already committed"
             )
-        return [Commit(rank, tx.token, wid, result)]
+        commit: list[Decision] = [Commit(rank, tx.token, wid, result)]
+        return commit + self._finish_if_done(tx)  # READY already seen: the rank is free now
 
     def commit_done(self, token: Token) -> list[Decision]:
         """The shell journaled the :class:`Commit` for ``token``: the work ID is committed."""
@@ -515,18 +516,35 @@ class Dispatcher:
                 del self._leases[(k, v)]
 
     def _finish_if_done(self, tx: Transaction) -> list[Decision]:
-        """A closed generation whose READY was seen frees its rank."""
-        if tx.state is TxState.CLOSED and tx.ready_seen:
-            self._forget(tx)
-            self._idle.add(tx.rank)
+        """A generation whose READY was seen frees its rank as soon as its result was accepted.
+
+        The endpoint is free even while the commit is still being made durable (``COMMITTING``):
+        the work ID stays leased to the transaction until ``commit_done``, but the rank may take
+        new work, so a group commit never stalls the workers.
+        """
+        if not tx.ready_seen or tx.state not in (TxState.COMMITTING, TxState.CLOSED):
+            return []
+        if self._current.get(tx.rank) is tx:
+            self._detach(tx)
+            if tx.rank in self._ranks and tx.rank not in self._parked:
+                self._idle.add(tx.rank)
+        if tx.state is TxState.CLOSED:
+            self._drop(tx)
         return []
 
-    def _forget(self, tx: Transaction) -> None:
-        self._by_token.pop(tx.token, None)
-        self._open.pop(str(tx.token), None)
+    def _detach(self, tx: Transaction) -> None:
+        """The rank no longer runs ``tx``: later messages with its token are stale."""
         if self._current.get(tx.rank) is tx:
             del self._current[tx.rank]
-        self._retired.setdefault(tx.rank, deque(maxlen=_RETIRED_KEEP)).append(tx.token)
+            self._retired.setdefault(tx.rank, deque(maxlen=_RETIRED_KEEP)).append(tx.token)
+
+    def _drop(self, tx: Transaction) -> None:
+        self._by_token.pop(tx.token, None)
+        self._open.pop(str(tx.token), None)
+
+    def _forget(self, tx: Transaction) -> None:
+        self._detach(tx)
+        self._drop(tx)
 
     def _rollback(
         self, tx: Transaction, source: str, kind: str, error: str, *, park: bool

@@ -203,7 +203,10 @@ def run_master(
                         core.on_result(src, token, None, now, valid=False, error=reason), committed
                     )
                 else:
-                    state.apply(core.on_result(src, token, body["result"], now), committed)
+                    state.apply(
+                        core.on_result(src, token, body["result"], now), committed, wait=False
+                    )
+            state.complete_commits()
             # 4. join invalid results, 5. sweep the watchdog
             state.apply(core.join_invalid(now), committed)
             state.apply(core.sweep(time.monotonic()), committed)
@@ -218,9 +221,10 @@ def run_master(
                 next_progress = now + progress_interval
             if msgs:
                 idle_sleep = 0.0
-            else:
-                idle_sleep = min(0.002, idle_sleep + 0.0001)
+            else:  # back off gently: never more than 1 ms of added latency
+                idle_sleep = min(0.001, idle_sleep * 2 or 0.00002)
                 time.sleep(idle_sleep)
+        state.complete_commits(wait=True)
         _stop_all(comm, MPI, range(1, size), lost, stop_timeout)
         report = MasterReport(
             stats=state.statistics().as_dict(),

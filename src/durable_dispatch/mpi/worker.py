@@ -82,6 +82,18 @@ def run_worker(
     status = MPI.Status()
     done = 0
     last_token: str | None = None
+    # One long-lived daemon thread runs the user's function, so the main thread stays free to
+    # hear STOP (even when the function hangs) and to send the heartbeats it asks for.
+    jobs: queue.SimpleQueue[tuple[tuple[Any, ...], threading.Event]] = queue.SimpleQueue()
+    beats: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def runner() -> None:
+        while True:
+            args, finished = jobs.get()
+            _work(*args)
+            finished.set()
+
+    threading.Thread(target=runner, name="durable-dispatch-work", daemon=True).start()
     while True:
         comm.Probe(source=0, tag=MPI.ANY_TAG, status=status)
         n = status.Get_count(MPI.BYTE)
@@ -97,16 +109,16 @@ def run_worker(
         fault = faults(wid, int(body.get("attempt", 0))) if faults else None
         if fault == "crash":
             os.kill(os.getpid(), 9)
-        beats: queue.SimpleQueue[int] = queue.SimpleQueue()
         box: dict[str, Any] = {}
-        args = (fn, body.get("payload"), fault, slow_seconds, heartbeat, beats, box)
-        t = threading.Thread(target=_work, args=args, name=f"work-{wid}", daemon=True)
-        t.start()
-        while t.is_alive():
-            t.join(poll)
+        finished = threading.Event()
+        jobs.put(((fn, body.get("payload"), fault, slow_seconds, heartbeat, beats, box), finished))
+        while True:
+            over = finished.wait(poll)
             while not beats.empty():
                 beats.get()
                 _send(comm, MPI, {"token": token}, P.HEARTBEAT)
+            if over:
+                break
             if comm.Iprobe(source=0, tag=P.STOP, status=status):
                 comm.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE], 0, P.STOP)
                 return done  # the function may still be running; its thread is a daemon

@@ -1,0 +1,187 @@
+"""Master throughput under real mpiexec, against a bare mpi4py loop and MPIPoolExecutor.
+
+Usage: ``python benchmarks/bench_mpi.py [--tasks N] [--workers 3]``
+
+Runs, one after another in this one invocation, on 1 master + 3 workers with trivial tasks:
+  bare     a plain mpi4py send/recv master/worker loop (the ceiling)
+  ours     run_master/run_worker with a state directory and sync="batch"
+  futures  mpi4py.futures.MPIPoolExecutor.map(fn, ..., chunksize=1)
+and prints tasks/s, the ratios (targets: ours >= 5x futures, ours >= 0.3x bare), our per-task
+time in microseconds, and the ULFM kill-to-rollback latency measured by the demo campaign.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+def trivial(x: object) -> object:
+    return x
+
+
+# ------------------------------------------------------------------ roles (run under mpiexec)
+def role_bare(n: int) -> None:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if rank == 0:
+        t = time.perf_counter()
+        sent = done = 0
+        for w in range(1, size):
+            comm.send({"i": sent}, dest=w, tag=1)
+            sent += 1
+        st = MPI.Status()
+        while done < n:
+            comm.recv(source=MPI.ANY_SOURCE, tag=2, status=st)
+            done += 1
+            if sent < n:
+                comm.send({"i": sent}, dest=st.Get_source(), tag=1)
+                sent += 1
+        el = time.perf_counter() - t
+        for w in range(1, size):
+            comm.send(None, dest=w, tag=1)
+        print(json.dumps({"role": "bare", "tasks_per_s": n / el}), flush=True)
+    else:
+        while True:
+            x = comm.recv(source=0, tag=1)
+            if x is None:
+                break
+            comm.send(trivial(x), dest=0, tag=2)
+
+
+def role_ours(n: int, state_dir: str) -> None:
+    from mpi4py import MPI
+
+    from durable_dispatch.core import RetryPolicy, WatchdogConfig, WorkItem
+    from durable_dispatch.mpi import run_master, run_worker
+
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        items = [WorkItem(f"t{i}", {"i": i}) for i in range(n)]
+        t = time.perf_counter()
+        rep = run_master(
+            items, state_dir, watchdog=WatchdogConfig(600), retry=RetryPolicy(1), sync="batch"
+        )
+        el = time.perf_counter() - t
+        assert rep.finished and rep.stats["core"]["commits"] == n
+        print(json.dumps({"role": "ours", "tasks_per_s": n / el}), flush=True)
+    else:
+        run_worker(trivial, poll=0.0001)
+
+
+def role_futures(n: int) -> None:
+    from mpi4py.futures import MPIPoolExecutor
+
+    with MPIPoolExecutor() as ex:
+        list(ex.map(trivial, range(min(n, 200)), chunksize=1))  # warm up
+        t = time.perf_counter()
+        out = list(ex.map(trivial, range(n), chunksize=1))
+        el = time.perf_counter() - t
+    assert len(out) == n
+    print(json.dumps({"role": "futures", "tasks_per_s": n / el}), flush=True)
+
+
+# --------------------------------------------------------------------------------- driver
+def run(cmd: list[str], timeout: float = 900) -> dict[str, object]:
+    sys.path.insert(0, str(HERE.parent.parent / "src"))
+    from durable_dispatch.mpi.launcher import run_mpiexec
+
+    res = run_mpiexec(cmd, timeout=timeout)
+    for line in res.stdout.splitlines():
+        if line.startswith("{"):
+            return json.loads(line)  # type: ignore[no-any-return]
+    raise SystemExit(f"no result from {cmd}:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--tasks", type=int, default=20000)
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--role", choices=["bare", "ours", "futures"])
+    ap.add_argument("--state-dir")
+    a = ap.parse_args()
+    if a.role == "bare":
+        role_bare(a.tasks)
+        return 0
+    if a.role == "ours":
+        role_ours(a.tasks, a.state_dir)
+        return 0
+    if a.role == "futures":
+        role_futures(a.tasks)
+        return 0
+    from durable_dispatch.mpi.launcher import mpiexec_command
+
+    n = a.workers + 1
+    py = sys.executable
+    me = str(HERE)
+    with tempfile.TemporaryDirectory() as tmp:
+        bare = run(mpiexec_command(n, [py, me, "--role", "bare", "--tasks", str(a.tasks)]))
+        ours = run(
+            mpiexec_command(
+                n,
+                [
+                    py,
+                    me,
+                    "--role",
+                    "ours",
+                    "--tasks",
+                    str(a.tasks),
+                    "--state-dir",
+                    os.path.join(tmp, "state"),
+                ],
+            )
+        )
+        fut_n = max(200, a.tasks // 10)
+        fut = run(
+            mpiexec_command(
+                n, [py, "-m", "mpi4py.futures", me, "--role", "futures", "--tasks", str(fut_n)]
+            )
+        )
+        demo_state = os.path.join(tmp, "demo")
+        demo = run(
+            mpiexec_command(
+                4,
+                [
+                    py,
+                    "-m",
+                    "durable_dispatch.mpi.demo",
+                    demo_state,
+                    "--items",
+                    "24",
+                    "--ms",
+                    "100",
+                    "--watchdog",
+                    "5",
+                    "--faults",
+                    "crash",
+                ],
+                ulfm=True,
+            )
+        )
+    b, o, f = (float(x["tasks_per_s"]) for x in (bare, ours, fut))  # type: ignore[arg-type]
+    print(f"{a.workers} workers, trivial tasks")
+    print(f"bare mpi4py send/recv loop              {b:>10,.0f} tasks/s  ({a.tasks} tasks)")
+    print(f"ours: run_master, sync=batch             {o:>10,.0f} tasks/s  ({a.tasks} tasks)")
+    print(f"MPIPoolExecutor.map(chunksize=1)         {f:>10,.0f} tasks/s  ({fut_n} tasks)")
+    print(f"ours / futures = {o / f:6.2f}  (target >= 5)")
+    print(f"ours / bare    = {o / b:6.2f}  (target >= 0.3)")
+    print(
+        f"ours per task  = {1e6 / o:6.1f} us (bare {1e6 / b:.1f} us; master overhead "
+        f"{1e6 / o - 1e6 / b:.1f} us)"
+    )
+    lat = demo.get("kill_to_rollback_seconds", {})
+    for rank, sec in lat.items():  # type: ignore[union-attr]
+        print(f"ULFM kill-to-rollback latency (rank {rank}): {float(sec) * 1000:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
