@@ -69,3 +69,163 @@ def test_usage_error_exit_code_and_help_examples() -> None:
     for cmd in ("verify", "inspect"):
         out = run(cmd, "--help")
         assert out.returncode == 0 and "Example:" in out.stdout
+
+
+# ------------------------------------------------------------------------ state directories
+def _state_dir(tmp_path: Path, n: int = 12, defer: tuple[str, ...] = ("w3",)) -> Path:
+    from durable_dispatch import CampaignState
+    from durable_dispatch.core import RetryPolicy, WatchdogConfig, WorkItem
+
+    from .helpers import fake_campaign
+
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=(1, 2), watchdog=WatchdogConfig(5),
+                            retry=RetryPolicy(0)) as s:
+        s.submit(WorkItem(f"w{i}", {"i": i}) for i in range(n))
+        fake_campaign(s, behave=lambda send: "malformed" if send.work.work_id in defer else "ok")
+    return d
+
+
+def test_commands_on_a_state_directory(tmp_path: Path) -> None:
+    d = _state_dir(tmp_path)
+    out = run("verify", str(d), "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["intact"]
+    ins = json.loads(run("inspect", str(d), "--json").stdout)
+    assert ins["kind"] == "state-directory" and ins["state"]["committed"] == 11
+    st = json.loads(run("stats", str(d), "--json").stdout)
+    assert st["state"]["deferred"] == 1 and st["master_stats"]["core"]["commits"] == 11
+    lst = json.loads(run("deferred", "list", str(d), "--json").stdout)
+    assert [r["work_id"] for r in lst] == ["w3"] and lst[0]["kinds"] == ["malformed-result"]
+    show = json.loads(run("deferred", "show", str(d), "w3", "--json").stdout)
+    assert show["item"]["payload"] == {"i": 3}
+    assert run("deferred", "show", str(d), "nope").returncode == 1
+    req = run("deferred", "requeue", str(d), "w3", "--json")
+    assert req.returncode == 0, req.stderr
+    assert json.loads(run("deferred", "list", str(d), "--json").stdout) == []
+    st = json.loads(run("stats", str(d), "--json").stdout)
+    assert st["state"]["pending"] == 1 and st["state"]["deferred"] == 0
+
+
+def test_drop_deferred(tmp_path: Path) -> None:
+    d = _state_dir(tmp_path)
+    assert run("deferred", "drop", str(d), "w3").returncode == 0
+    assert json.loads(run("deferred", "list", str(d), "--json").stdout) == []
+
+
+def test_compact_state_directory_and_dry_run(tmp_path: Path) -> None:
+    d = _state_dir(tmp_path)
+    before = json.loads(run("stats", str(d), "--json").stdout)["state"]
+    dry = json.loads(run("compact", str(d), "--dry-run", "--json").stdout)
+    assert dry["dry_run"] and dry["records_before"] > 0
+    size = (d / "events.jsonl").stat().st_size
+    assert size == dry["bytes_before"]  # a dry run changes nothing
+    rep = json.loads(run("compact", str(d), "--json").stdout)
+    assert rep["records_after"] == 0 and rep["bytes_after"] < rep["bytes_before"]
+    after = json.loads(run("stats", str(d), "--json").stdout)["state"]
+    for k in ("committed", "deferred", "pending", "epoch"):
+        assert after[k] == before[k], k
+    assert run("verify", str(d)).returncode == 0
+    # The journal's numbering continues after the compaction.
+    from durable_dispatch import CampaignState
+
+    with CampaignState.open(d, ranks=(1,)) as s:
+        assert s.core.committed() == frozenset(f"w{i}" for i in range(12) if i != 3)
+
+
+def test_compact_defer_journal(tmp_path: Path) -> None:
+    d = _state_dir(tmp_path, defer=("w1", "w2", "w3"))
+    assert run("deferred", "requeue", str(d), "w1").returncode == 0
+    rep = json.loads(run("compact", str(d / ".dispatch_protocol_deferred.jsonl"), "--json").stdout)
+    assert (rep["records_before"], rep["records_after"]) == (4, 2)
+    lst = json.loads(run("deferred", "list", str(d), "--json").stdout)
+    assert sorted(r["work_id"] for r in lst) == ["w2", "w3"]
+
+
+def test_commands_refuse_while_a_master_runs(tmp_path: Path) -> None:
+    from durable_dispatch import CampaignState
+
+    d = _state_dir(tmp_path)
+    with CampaignState.open(d, ranks=(1,)):
+        out = run("compact", str(d))
+        assert out.returncode == 1 and out.stderr.startswith("Error:") and "master" in out.stderr
+        assert run("deferred", "requeue", str(d), "w3").returncode == 1
+        st = json.loads(run("stats", str(d), "--json").stdout)  # reading is fine
+        assert st["state"]["master_running"] is True
+
+
+def test_not_a_state_directory(tmp_path: Path) -> None:
+    (tmp_path / "x").mkdir()
+    for args in (["stats", str(tmp_path / "x")], ["deferred", "list", str(tmp_path / "x")],
+                 ["verify", str(tmp_path / "x")], ["compact", str(tmp_path / "x")],
+                 ["inspect", str(tmp_path / "missing")]):
+        out = run(*args)
+        assert out.returncode == 2 and out.stderr.startswith("Error:"), args
+
+
+def test_every_command_has_help_and_docs() -> None:
+    from durable_dispatch.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    names = sorted(sub.choices)  # type: ignore[union-attr]
+    assert names == ["compact", "deferred", "demo", "inspect", "stats", "verify"]
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    for name in names:
+        out = run(name, "--help")
+        assert out.returncode == 0 and "Example:" in out.stdout, name
+        assert f"## `{name}" in docs, name
+    assert run("--help").returncode == 0
+
+
+_COMPACT_CHILD = r"""
+import sys
+from durable_dispatch.state import compact_state
+compact_state(sys.argv[1])
+"""
+
+
+def test_compaction_killed_at_random_points_loses_nothing(tmp_path: Path) -> None:
+    """SIGKILL `compact` at random moments (30+ times): open and verify after each."""
+    import random
+    import signal
+    import time
+
+    from durable_dispatch import CampaignState
+    from durable_dispatch.state import view_state
+    from durable_dispatch.storage import Journal
+
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=(1,)):
+        pass
+    expected: set[str] = set()
+
+    def grow(n: int) -> None:  # committed work IDs, most records obsolete after compaction
+        with Journal.open(d / "events.jsonl", sync="batch") as j:
+            for _ in range(n):
+                w = f"w{len(expected)}"
+                j.append({"event": "submitted", "items": [{"work_id": w}]})
+                j.append({"event": "committed", "work_id": w, "token": "e1-1", "result": 1})
+                expected.add(w)
+
+    grow(25_000)
+    rnd = random.Random(99)
+    kills = finished = 0
+    while kills < 30:
+        p = subprocess.Popen([sys.executable, "-c", _COMPACT_CHILD, str(d)])
+        time.sleep(rnd.uniform(0.05, 0.75))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        kills += p.returncode == -signal.SIGKILL
+        v = view_state(d)
+        assert v.projection.committed == expected, "a compaction crash lost or invented work"
+        assert v.projection.duplicate_commits == 0
+        if p.returncode == 0:  # finished before the kill: give the next one work again
+            finished += 1
+            grow(10_000)
+        if kills % 10 == 0:
+            with CampaignState.open(d, ranks=(1,)) as s:  # the next open handles the crash
+                assert s.core.committed() == expected
+    assert subprocess.run([sys.executable, "-c", _COMPACT_CHILD, str(d)]).returncode == 0
+    assert view_state(d).projection.committed == expected
+    assert run("verify", str(d)).returncode == 0
+    print(f"compaction: {kills} SIGKILLs, {finished} runs finished first, {len(expected)} IDs kept")

@@ -1,8 +1,10 @@
 """The ``durable-dispatch`` command (also ``python -m durable_dispatch``).
 
-Command bodies stay thin: they call the library and print its results. Library errors become
-``Error: ...`` with exit code 1 here and only here. Exit codes: 0 ok, 1 a finding (damage, lost
-records) or a library error, 2 usage or I/O error.
+Command bodies stay thin: they call the library and print its results, a table for people or
+``--json`` for machines (valid JSON even when empty). Library errors become ``Error: ...`` here and
+only here. Exit codes: 0 ok, 1 a finding (damage, lost records) or a library error, 2 usage or I/O
+error. Reading commands never modify anything; a progress line goes to standard error while a large
+file is read, only when standard error is a terminal.
 """
 
 from __future__ import annotations
@@ -10,38 +12,77 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
-from .errors import DurableDispatchError
+from .errors import DurableDispatchError, LockHeldError, UsageError
 from .storage.format import scan
 from .storage.snapshot import decode_snapshot
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
+_PROGRESS_MIN = 8 << 20
 
 
 class _IOFailure(Exception):
     pass
 
 
+class _Progress:
+    """A file wrapper that reports how far reading got (on a terminal only)."""
+
+    def __init__(self, f: BinaryIO, size: int, label: str) -> None:
+        self._f = f
+        self._size = max(size, 1)
+        self._label = label
+        self._show = sys.stderr.isatty() and size >= _PROGRESS_MIN
+        self._next = 0.0
+
+    def _tick(self) -> None:
+        if self._show and time.monotonic() >= self._next:
+            pct = 100.0 * self._f.tell() / self._size
+            sys.stderr.write(f"\r{self._label}: {pct:5.1f}%")
+            sys.stderr.flush()
+            self._next = time.monotonic() + 0.2
+
+    def readline(self, limit: int = -1) -> bytes:
+        self._tick()
+        return self._f.readline(limit)
+
+    def read(self, n: int = -1) -> bytes:
+        self._tick()
+        return self._f.read(n)
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self._f.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def done(self) -> None:
+        if self._show:
+            sys.stderr.write("\r" + " " * (len(self._label) + 9) + "\r")
+
+
 def _kind(path: str) -> str:
+    from .state import is_state_dir
+
     if os.path.isdir(path):
-        return "directory"
+        return "state-directory" if is_state_dir(path) else "directory"
     if path.endswith(".snap"):
         return "snapshot"
     return "journal"
 
 
-def _examine(path: str, count_kinds: bool) -> dict[str, Any]:
+def _examine_file(path: str, count_kinds: bool) -> dict[str, Any]:
     """Read-only examination of one journal or snapshot file."""
     try:
         size = os.path.getsize(path)
-        with open(path, "rb") as f:
+        with open(path, "rb") as raw:
             if _kind(path) == "snapshot":
-                data = f.read()
-                r = decode_snapshot(data)
+                r = decode_snapshot(raw.read())
                 if isinstance(r, str):
                     return {
                         "path": path,
@@ -59,8 +100,9 @@ def _examine(path: str, count_kinds: bool) -> dict[str, Any]:
                     "generation": r[0],
                     "damage": [],
                 }
+            f = _Progress(raw, size, f"reading {os.path.basename(path)}")
             try:
-                res = scan(f, size, 1 << 30, count_kinds=count_kinds)
+                res = scan(f, size, 1 << 30, count_kinds=count_kinds)  # type: ignore[arg-type]
             except ValueError as e:
                 return {
                     "path": path,
@@ -75,6 +117,8 @@ def _examine(path: str, count_kinds: bool) -> dict[str, Any]:
                         }
                     ],
                 }
+            finally:
+                f.done()
     except OSError as e:
         raise _IOFailure(f"{path}: {e.strerror or e}") from e
     torn = bool(res.damage) and res.tail_only
@@ -100,21 +144,70 @@ def _examine(path: str, count_kinds: bool) -> dict[str, Any]:
     return out
 
 
-def _print(obj: dict[str, Any], as_json: bool) -> None:
+def _state_files(d: str) -> list[str]:
+    return sorted(
+        os.path.join(d, n)
+        for n in os.listdir(d)
+        if n.endswith((".jsonl", ".snap")) and not n.startswith(".") or n.endswith("deferred.jsonl")
+    )
+
+
+def _examine(path: str, count_kinds: bool) -> dict[str, Any]:
+    if not os.path.exists(path):
+        raise _IOFailure(f"{path}: no such file or directory")
+    kind = _kind(path)
+    if kind == "directory":
+        raise _IOFailure(f"{path} is a directory but not a durable-dispatch state directory")
+    if kind != "state-directory":
+        return _examine_file(path, count_kinds)
+    files = [_examine_file(p, count_kinds) for p in _state_files(path)]
+    out: dict[str, Any] = {
+        "path": path,
+        "kind": "state-directory",
+        "intact": all(f["intact"] for f in files),
+        "files": files,
+    }
+    damage = [dict(d, path=f["path"]) for f in files for d in f["damage"]]
+    out["damage"] = damage
+    return out
+
+
+def _print(obj: Any, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
+        opt = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+        sys.stdout.write(orjson.dumps(obj, option=opt).decode() + "\n")
+        return
+    if isinstance(obj, list):
+        for row in obj:
+            _print(row, False)
+            print()
+        if not obj:
+            print("(none)")
         return
     for k, v in obj.items():
         if k == "damage":
             for d in v:
-                print(f"{'damage':<30} offset {d['offset']}, {d['length']} bytes: {d['reason']}")
-        elif k == "kinds":
+                where = f"{d['path']} " if "path" in d else ""
+                print(
+                    f"{'damage':<30} {where}offset {d['offset']}, {d['length']} bytes: "
+                    f"{d['reason']}"
+                )
+        elif k == "kinds" and isinstance(v, dict):
             for kind, n in sorted(v.items()):
                 print(f"{'kind ' + kind:<30} {n}")
+        elif k == "files":
+            for f in v:
+                print(
+                    f"{'file':<30} {f['path']} ({f['kind']}, "
+                    f"{'intact' if f['intact'] else 'DAMAGED'})"
+                )
+        elif isinstance(v, dict) and v and k not in ("stale", "unowned", "malformed"):
+            _print({f"{k}.{kk}": vv for kk, vv in v.items()}, False)
         else:
             print(f"{k:<30} {v}")
 
 
+# ---------------------------------------------------------------------------------- commands
 def cmd_verify(args: argparse.Namespace) -> int:
     """Full checksum and structure check; never modifies anything."""
     res = _examine(args.path, count_kinds=False)
@@ -125,6 +218,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "intact": res["intact"],
         "records": res.get("records"),
         "first_bad_offset": first["offset"] if first else None,
+        "first_bad_file": first.get("path", res["path"]) if first else None,
         "problem": first["reason"] if first else None,
     }
     _print(summary, args.json)
@@ -132,8 +226,107 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    """Describe a journal or snapshot file."""
-    _print(_examine(args.path, count_kinds=True), args.json)
+    """Describe a journal, a snapshot or a state directory."""
+    res = _examine(args.path, count_kinds=True)
+    if res["kind"] == "state-directory":
+        from .state import view_state
+
+        res["state"] = view_state(args.path).summary()
+    _print(res, args.json)
+    return EXIT_OK
+
+
+def _need_state_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        raise _IOFailure(f"{path}: not a directory")
+    if _kind(path) != "state-directory":
+        raise _IOFailure(f"{path} is not a durable-dispatch state directory")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """The campaign's statistics: durable counts now, master counters as of the last snapshot."""
+    from .state import view_state
+
+    _need_state_dir(args.state_dir)
+    v = view_state(args.state_dir)
+    _print({"state": v.summary(), "master_stats": v.stats}, args.json)
+    return EXIT_OK
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """Fold a state directory's journal into a snapshot, or drop resolved deferred entries."""
+    from .state import compact_state
+    from .storage import DeferJournal
+
+    path = args.path
+    if not os.path.exists(path):
+        raise _IOFailure(f"{path}: no such file or directory")
+    if os.path.isdir(path):
+        _need_state_dir(path)
+        rep = compact_state(path, dry_run=args.dry_run).as_dict()
+    else:
+        size = os.path.getsize(path)
+        try:
+            with DeferJournal.open(path) as dj:
+                before, after = dj.compact(dry_run=args.dry_run)
+        except LockHeldError:
+            raise
+        rep = {
+            "path": path,
+            "records_before": before,
+            "records_after": after,
+            "bytes_before": size,
+            "bytes_after": os.path.getsize(path) if not args.dry_run else None,
+            "dry_run": args.dry_run,
+        }
+    _print(rep, args.json)
+    return EXIT_OK
+
+
+def cmd_deferred(args: argparse.Namespace) -> int:
+    """List, show, requeue or drop deferred work items of a state directory."""
+    from .state import drop_deferred, requeue_deferred
+    from .storage.defer import DEFAULT_DEFER_NAME
+    from .storage.journal import read_journal
+
+    _need_state_dir(args.state_dir)
+    if args.action in ("requeue", "drop"):
+        if not args.ids:
+            raise UsageError(f"deferred {args.action} needs at least one work ID")
+        fn = requeue_deferred if args.action == "requeue" else drop_deferred
+        done = fn(args.state_dir, args.ids)
+        _print({"action": args.action, "work_ids": done}, args.json)
+        return EXIT_OK
+    live: dict[str, dict[str, Any]] = {}
+    path = os.path.join(args.state_dir, DEFAULT_DEFER_NAME)
+    if os.path.exists(path):
+        for rec in read_journal(path):
+            p = rec.payload
+            if not isinstance(p, dict) or not isinstance(p.get("work_id"), str):
+                continue
+            if p.get("event") == "deferred":
+                live[p["work_id"]] = {
+                    "work_id": p["work_id"],
+                    "attempts": p.get("attempts"),
+                    "kinds": p.get("kinds"),
+                    "last_error": p.get("last_error"),
+                    "self_contained": p.get("self_contained"),
+                    "inputs": p.get("inputs"),
+                    "item": p.get("item"),
+                    "seq": rec.seq,
+                }
+            elif p.get("event") == "resolved":
+                live.pop(p["work_id"], None)
+    if args.action == "list":
+        rows = [{k: v for k, v in r.items() if k != "item"} for r in live.values()]
+        _print(rows, args.json)
+        return EXIT_OK
+    if len(args.ids) != 1:
+        raise UsageError("deferred show takes exactly one work ID")
+    item = live.get(args.ids[0])
+    if item is None:
+        raise UsageError(f"{args.ids[0]!r} is not deferred")
+    _print(item, args.json)
     return EXIT_OK
 
 
@@ -229,28 +422,51 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``durable-dispatch`` command."""
     p = argparse.ArgumentParser(
         prog="durable-dispatch",
-        description="Inspect and verify durable-dispatch files; run the demo campaign.",
+        description="Inspect, verify and compact durable-dispatch state; run the demo campaign.",
         epilog="Exit codes: 0 ok, 1 damage found or library error, 2 usage or I/O error.",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for name, fn, helptext, example in (
-        (
-            "verify",
-            cmd_verify,
-            "check every checksum and the structure; exit 1 on damage",
-            "durable-dispatch verify state/events.jsonl --json",
-        ),
-        (
-            "inspect",
-            cmd_inspect,
-            "describe a journal or snapshot file",
-            "durable-dispatch inspect state/events.jsonl",
-        ),
-    ):
+
+    def add(name: str, fn: Any, helptext: str, example: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=helptext, description=helptext, epilog=f"Example: {example}")
-        sp.add_argument("path", help="a journal (.jsonl) or snapshot (.snap) file")
         sp.add_argument("--json", action="store_true", help="machine-readable output")
         sp.set_defaults(func=fn)
+        return sp
+
+    sp = add(
+        "verify",
+        cmd_verify,
+        "check every checksum and the structure; exit 1 on damage",
+        "durable-dispatch verify state/events.jsonl --json",
+    )
+    sp.add_argument("path", help="a journal (.jsonl), a snapshot (.snap) or a state directory")
+    sp = add(
+        "inspect",
+        cmd_inspect,
+        "describe a journal, a snapshot or a state directory",
+        "durable-dispatch inspect state/",
+    )
+    sp.add_argument("path", help="a journal (.jsonl), a snapshot (.snap) or a state directory")
+    sp = add(
+        "compact",
+        cmd_compact,
+        "fold a state directory's journal into a snapshot, or drop resolved entries of a "
+        "defer journal; crash-safe; refuses while a master runs",
+        "durable-dispatch compact state/ --dry-run",
+    )
+    sp.add_argument("path", help="a state directory or a defer journal file")
+    sp.add_argument("--dry-run", action="store_true", help="report what would change")
+    sp = add("stats", cmd_stats, "the campaign's statistics", "durable-dispatch stats state/")
+    sp.add_argument("state_dir", help="a state directory")
+    sp = add(
+        "deferred",
+        cmd_deferred,
+        "list, show, requeue or drop deferred work items",
+        "durable-dispatch deferred requeue state/ w-17 w-18",
+    )
+    sp.add_argument("action", choices=["list", "show", "requeue", "drop"])
+    sp.add_argument("state_dir", help="a state directory")
+    sp.add_argument("ids", nargs="*", help="work IDs (show, requeue, drop)")
     dp = sub.add_parser(
         "demo",
         help="run the bundled campaign under mpiexec, with injected faults",
@@ -287,3 +503,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DurableDispatchError as e:
         print(f"Error: {e}", file=sys.stderr)
         return EXIT_FINDING
+    except OSError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return EXIT_USAGE

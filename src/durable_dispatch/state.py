@@ -51,8 +51,24 @@ from .errors import LockHeldError, NotDurableError, StorageDegradedError
 from .logs import log_decisions
 from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
+from .storage.format import Header, new_salt
 
-__all__ = ["CampaignState", "Projection", "replay", "STATE_JOURNAL", "SNAPSHOT_NAME", "LOCK_NAME"]
+__all__ = [
+    "CampaignState",
+    "CampaignStats",
+    "Projection",
+    "StateView",
+    "CompactReport",
+    "replay",
+    "view_state",
+    "is_state_dir",
+    "compact_state",
+    "requeue_deferred",
+    "drop_deferred",
+    "STATE_JOURNAL",
+    "SNAPSHOT_NAME",
+    "LOCK_NAME",
+]
 
 log = logging.getLogger("durable_dispatch.state")
 
@@ -465,7 +481,11 @@ class CampaignState:
         """Write the projection atomically; tells the core it is persisted. False if the disk
         refused (the state stays in memory and in the journal; the campaign goes on)."""
         seq = self.journal.next_seq - 1
-        body = {"journal_seq": seq, "state": self.core.snapshot()}
+        body = {
+            "journal_seq": seq,
+            "state": self.core.snapshot(),
+            "stats": self.statistics().as_dict(),
+        }
         ok = True
         try:
             if seq >= 0:
@@ -528,3 +548,248 @@ class CampaignState:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# --------------------------------------------------------------------- offline operations
+@dataclass(frozen=True)
+class StateView:
+    """A read-only view of a state directory, for operators (no lock taken, nothing changed).
+
+    Attributes:
+        directory: the state directory.
+        projection: the replayed durable state.
+        snapshot_generation: the snapshot replay started from (None: none yet).
+        journal_seq: the last journal sequence number folded in or replayed.
+        replayed_records: journal records replayed after the snapshot.
+        stats: the master's statistics as of the newest snapshot ({} if none).
+        master_running: True when a master holds the directory's lock.
+    """
+
+    directory: str
+    projection: Projection
+    snapshot_generation: int | None
+    journal_seq: int
+    replayed_records: int
+    stats: Mapping[str, Any]
+    master_running: bool
+
+    def summary(self) -> dict[str, Any]:
+        """Counts of the durable state, JSON-ready."""
+        p = self.projection
+        return {
+            "directory": self.directory,
+            "epoch": p.epoch,
+            "pending": len(p.front) + len(p.back),
+            "in_flight": len(p.in_flight),
+            "committed": len(p.committed),
+            "deferred": len(p.deferred),
+            "snapshot_generation": self.snapshot_generation,
+            "journal_seq": self.journal_seq,
+            "replayed_records": self.replayed_records,
+            "duplicate_commits_in_journal": p.duplicate_commits,
+            "master_running": self.master_running,
+        }
+
+
+def is_state_dir(directory: str | os.PathLike[str]) -> bool:
+    """True when ``directory`` looks like a campaign state directory."""
+    d = os.fspath(directory)
+    return os.path.isdir(d) and (
+        os.path.exists(os.path.join(d, STATE_JOURNAL))
+        or any(n.startswith(SNAPSHOT_NAME + ".") and n.endswith(".snap") for n in os.listdir(d))
+    )
+
+
+def _master_running(d: str) -> bool:
+    lock = filelock.FileLock(os.path.join(d, LOCK_NAME), timeout=0, thread_local=False)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        return True
+    except OSError:
+        return False
+    lock.release()
+    return False
+
+
+def view_state(directory: str | os.PathLike[str]) -> StateView:
+    """Replay a state directory read-only (it may have a running master).
+
+    Raises:
+        UsageError: not a state directory.
+        JournalCorruptError, SnapshotCorruptError: damage found.
+    """
+    from .errors import UsageError
+    from .storage.journal import read_journal
+
+    d = os.fspath(directory)
+    if not is_state_dir(d):
+        raise UsageError(f"{d} is not a durable-dispatch state directory")
+    snap = SnapshotStore(d, name=SNAPSHOT_NAME).load()
+    base = snap.value if snap is not None else {}
+    after = int(base.get("journal_seq", -1))
+    proj = Projection(base.get("state"))
+    n, last = 0, after
+    jpath = os.path.join(d, STATE_JOURNAL)
+    if os.path.exists(jpath):
+        for rec in read_journal(jpath, from_seq=after + 1):
+            proj.apply(rec.payload)
+            n += 1
+            last = rec.seq
+    return StateView(
+        d,
+        proj,
+        snap.generation if snap else None,
+        last,
+        n,
+        dict(base.get("stats", {})),
+        _master_running(d),
+    )
+
+
+@dataclass(frozen=True)
+class CompactReport:
+    """What a compaction did (or, with ``dry_run``, would do).
+
+    Attributes:
+        path: the journal compacted.
+        records_before: records in it before.
+        records_after: records in it after.
+        bytes_before: its size before.
+        bytes_after: its size after (estimated for a dry run: the header only, or the live set).
+        snapshot_generation: the snapshot that now holds the folded state (state directories).
+        dry_run: nothing was changed.
+    """
+
+    path: str
+    records_before: int
+    records_after: int
+    bytes_before: int
+    bytes_after: int
+    snapshot_generation: int | None
+    dry_run: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return dict(vars(self))
+
+
+def _take_master_lock(d: str) -> filelock.BaseFileLock:
+    lock = filelock.FileLock(os.path.join(d, LOCK_NAME), timeout=0, mode=0o600, thread_local=False)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise LockHeldError(
+            "a master holds this state directory; stop it first", path=os.path.join(d, LOCK_NAME)
+        ) from None
+    return lock
+
+
+def compact_state(directory: str | os.PathLike[str], *, dry_run: bool = False) -> CompactReport:
+    """Fold the state journal into a new snapshot and start a fresh journal (S6).
+
+    Order: (1) replay snapshot + journal, streaming; (2) save the folded state as a new snapshot
+    generation (atomic); (3) replace the journal by an empty one whose numbering continues
+    (temp file, fsync, rename, directory fsync). A crash before (2) leaves the old snapshot and the
+    old journal; between (2) and (3) the new snapshot and the old journal, whose records it already
+    holds (replay skips them); after (3) the new pair. Memory is bounded by the live set (the
+    projection), not the journal's size. Committed results leave the journal with it: only the
+    committed work IDs stay.
+
+    Raises:
+        LockHeldError: a master is running on the directory.
+        UsageError: not a state directory.
+    """
+    from .errors import UsageError
+
+    d = os.fspath(directory)
+    if not is_state_dir(d):
+        raise UsageError(f"{d} is not a durable-dispatch state directory")
+    lock = _take_master_lock(d)
+    try:
+        jpath = os.path.join(d, STATE_JOURNAL)
+        size = os.path.getsize(jpath) if os.path.exists(jpath) else 0
+        with Journal.open(jpath, sync="always") as j:
+            snaps = SnapshotStore(d, name=SNAPSHOT_NAME)
+            snap = snaps.load()
+            base = snap.value if snap is not None else {}
+            after = int(base.get("journal_seq", -1))
+            proj = Projection(base.get("state"))
+            before = 0
+            for rec in j.records():
+                before += 1
+                if rec.seq > after:
+                    proj.apply(rec.payload)
+            last = j.next_seq - 1
+            if dry_run:
+                est = len(Header(new_salt(), last + 1).frame())
+                return CompactReport(jpath, before, 0, size, est, None, True)
+            body = {
+                "journal_seq": last,
+                "state": proj.to_snapshot(),
+                "stats": base.get("stats", {}),
+            }
+            gen = snaps.save(body)
+            j.replace_contents([], first_seq=last + 1)
+        after_size = os.path.getsize(jpath)
+        return CompactReport(jpath, before, 0, size, after_size, gen, False)
+    finally:
+        lock.release()
+
+
+def requeue_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) -> list[str]:
+    """Put deferred items back into the frontier durably (the next master run picks them up).
+
+    Journals ``requeued_deferred`` in the state journal and resolves each item as ``requeued``
+    in the defer journal. Returns the IDs requeued.
+
+    Raises:
+        LockHeldError: a master is running. UsageError: an ID that is not deferred.
+    """
+    from .errors import UsageError
+
+    d = os.fspath(directory)
+    lock = _take_master_lock(d)
+    try:
+        view = view_state(d)
+        ids = list(work_ids)
+        for w in ids:
+            if w not in view.projection.deferred:
+                raise UsageError(f"{w!r} is not deferred")
+        with (
+            Journal.open(os.path.join(d, STATE_JOURNAL), sync="always") as j,
+            DeferJournal.open(d) as dj,
+        ):
+            for w in ids:
+                j.append({"event": "requeued_deferred", "work_id": w})
+                if w in dj:
+                    dj.resolve(w, "requeued")
+        return ids
+    finally:
+        lock.release()
+
+
+def drop_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) -> list[str]:
+    """Mark deferred items as dropped in the defer journal (they are no longer listed).
+
+    The campaign state still counts them as deferred: dropping is an operator's decision not to
+    replay them, not a commit.
+
+    Raises:
+        LockHeldError: a master is running. UsageError: an ID that is not deferred.
+    """
+    from .errors import UsageError
+
+    d = os.fspath(directory)
+    lock = _take_master_lock(d)
+    try:
+        ids = list(work_ids)
+        with DeferJournal.open(d) as dj:
+            for w in ids:
+                if w not in dj:
+                    raise UsageError(f"{w!r} is not a listed deferred item")
+            for w in ids:
+                dj.resolve(w, "dropped")
+        return ids
+    finally:
+        lock.release()

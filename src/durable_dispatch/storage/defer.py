@@ -99,8 +99,10 @@ class DeferJournal:
         self.journal = journal
         self._counts = _Counts()
         self._live: dict[str, DeferredItem] = {}
+        self._records = 0
         for rec in journal.records():
             self._apply(rec.seq, rec.payload)
+            self._records += 1
 
     @classmethod
     def open(
@@ -181,6 +183,7 @@ class DeferJournal:
         else:
             self._counts.memory_seqs.append(r.seq)
         self._apply(r.seq, payload)
+        self._records += 1
         return DeferReceipt(r.seq, persisted)
 
     def resolve(self, work_id: str, how: str) -> bool:
@@ -199,6 +202,7 @@ class DeferJournal:
         r = self.journal.append({"event": "resolved", "work_id": work_id, "how": how})
         self._live.pop(work_id, None)
         self._counts.resolved += 1
+        self._records += 1
         return r.durable
 
     def try_restore(self) -> bool:
@@ -211,6 +215,46 @@ class DeferJournal:
             self._counts.persisted += len(done)
             self._counts.memory_seqs = [s for s in self._counts.memory_seqs if s > durable]
         return ok
+
+    def compact(self, *, dry_run: bool = False) -> tuple[int, int]:
+        """Drop resolved entries: rewrite the journal with one record per live item (S6).
+
+        The rewrite is atomic (temp file, fsync, rename, directory fsync); live items keep their
+        contents and get new, larger sequence numbers. Returns ``(records_before, records_after)``.
+        """
+        before = self._records
+        live = list(self.items())
+        if dry_run:
+            return before, len(live)
+        first = self.journal.next_seq
+        self.journal.replace_contents(
+            {
+                "event": "deferred",
+                "work_id": i.work_id,
+                "item": i.item,
+                "attempts": i.attempts,
+                "kinds": list(i.kinds),
+                "last_error": i.last_error,
+                "inputs": list(i.inputs),
+                "self_contained": i.self_contained,
+            }
+            for i in live
+        )
+        self._live = {
+            i.work_id: DeferredItem(
+                i.work_id,
+                i.item,
+                i.attempts,
+                i.kinds,
+                i.last_error,
+                i.inputs,
+                i.self_contained,
+                first + k,
+            )
+            for k, i in enumerate(live)
+        }
+        self._records = len(live)
+        return before, len(live)
 
     def items(self) -> Iterator[DeferredItem]:
         """The live deferred items, oldest deferral first."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from enum import Enum
 from itertools import chain, repeat
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import filelock
 import orjson
@@ -48,6 +48,7 @@ from ..errors import (
     NotDurableError,
     RecordEncodeError,
     RecordTooLargeError,
+    StorageDegradedError,
     StorageError,
     UsageError,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "RecoveryReport",
     "SYNC_POLICIES",
     "RECOVERY_MODES",
+    "read_journal",
 ]
 
 log = logging.getLogger("durable_dispatch.journal")
@@ -842,6 +844,68 @@ class Journal:
         log.warning("journal %s restored: %d memory record(s) now durable", self.path, len(mem))
         return True
 
+    # ------------------------------------------------------------------ rewriting
+    def replace_contents(self, payloads: Iterable[Any], first_seq: int | None = None) -> int:
+        """Atomically replace every record with ``payloads`` (compaction, S6).
+
+        Writes a fresh file (temp file, fsync, rename over the journal, directory fsync): at every
+        instant either the old or the new file is the journal. The new records are numbered from
+        ``first_seq`` (default: the next sequence number, so numbers never repeat). The caller
+        must not append concurrently.
+
+        Returns:
+            How many records the new file holds.
+
+        Raises:
+            StorageDegradedError: the journal is degraded, or the disk refused the rewrite (the
+                old file is then still the journal).
+            UsageError: the journal is closed, appends are in progress, or ``first_seq`` < 0.
+        """
+        self.sync_now()
+        with self._io_lock:
+            with self._lock:
+                if self._closed:
+                    raise UsageError("journal is closed")
+                if self._degraded:
+                    raise StorageDegradedError(
+                        "cannot rewrite a degraded journal",
+                        path=self.path,
+                        op="rewrite",
+                        errno=self._health.errno,
+                    )
+                if self._queue:
+                    raise UsageError("replace_contents() while appends are in progress")
+                first = self._next_seq if first_seq is None else first_seq
+            if first < 0:
+                raise UsageError(f"first_seq must be >= 0, got {first}")
+            count = [0]
+
+            def numbered() -> Iterator[tuple[int, int, bytes]]:
+                for p in payloads:
+                    data = orjson.dumps(p)
+                    if len(data) > self.max_record_bytes:
+                        raise RecordTooLargeError(
+                            f"record of {len(data)} bytes exceeds max_record_bytes",
+                            size=len(data),
+                            limit=self.max_record_bytes,
+                        )
+                    yield first + count[0], first - 1, data
+                    count[0] += 1
+
+            try:
+                self._rewrite(Header(new_salt(), first), numbered(), [])
+            except OSError as e:
+                raise StorageDegradedError(
+                    f"rewrite failed: {e.strerror or e}",
+                    path=self.path,
+                    op="rewrite",
+                    errno=e.errno,
+                ) from e
+            with self._lock:
+                self._next_seq = first + count[0]
+                self._durable_seq = self._next_seq - 1
+        return count[0]
+
     # ------------------------------------------------------------------ reading
     def records(self, from_seq: int = 0) -> Iterator[Record]:
         """Iterate every record with ``seq >= from_seq``, verifying each checksum.
@@ -980,6 +1044,72 @@ class Journal:
             f"<Journal {self.path!r} sync={self.sync} next_seq={self._next_seq} "
             f"durable_seq={self._durable_seq} health={self._health!r}>"
         )
+
+
+def read_journal(
+    path: str | os.PathLike[str], from_seq: int = 0, *, max_record_bytes: int = 1 << 20
+) -> Iterator[Record]:
+    """Stream the intact records of a journal file without locking or changing it.
+
+    For readers beside a running writer (``stats``, ``deferred list``) or of files one must not
+    repair: a torn last line (a write in progress, or a crash) is not returned; damage before it
+    raises.
+
+    Raises:
+        JournalCorruptError: the header or a record before the tail is damaged.
+        JournalVersionError: another format version.
+        OSError: the file cannot be read.
+    """
+    p = os.fspath(path)
+    f = open(p, "rb")  # noqa: SIM115 - closed by the generator
+    return _read_journal(f, p, from_seq, max_record_bytes)
+
+
+def _read_journal(f: Any, p: str, from_seq: int, max_record_bytes: int) -> Iterator[Record]:
+    from .format import parse_header
+
+    with f:
+        first = f.readline(max_record_bytes)
+        if not first:
+            return
+        try:
+            hdr = parse_header(first)
+        except ValueError as e:
+            raise JournalVersionError(
+                f"journal format version {e.args[1]!r} is not supported",
+                path=p,
+                reason="unsupported version",
+            ) from None
+        if isinstance(hdr, str):
+            raise JournalCorruptError(
+                f"journal header is damaged: {hdr}", path=p, offset=0, reason=hdr
+            )
+        size = os.fstat(f.fileno()).st_size
+        end = _last_newline_end(f, size, len(first))
+        try:
+            for rows in read_chunks(f, hdr.seed, len(first), end, from_seq, hdr.holes):
+                for seq, payload in rows:
+                    yield Record(seq, payload)
+        except ReadDamage as d:
+            raise JournalCorruptError(
+                f"journal damaged at offset {d.offset}: {d.reason}",
+                path=p,
+                offset=d.offset,
+                reason=d.reason,
+            ) from None
+
+
+def _last_newline_end(f: BinaryIO, size: int, floor: int) -> int:
+    pos = size
+    while pos > floor:
+        start = max(floor, pos - (1 << 16))
+        f.seek(start)
+        block = f.read(pos - start)
+        i = block.rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        pos = start
+    return floor
 
 
 _OPEN_TOKEN = object()

@@ -1,0 +1,144 @@
+"""`verify` and `compact` on a large journal whose records are 90% obsolete, in one run.
+
+Usage: ``python benchmarks/bench_cli.py [--records 1000000] [--dir DIR]``
+
+Builds a defer journal of N records: N/2 deferrals and, for 90% of the records, the resolution that
+makes a deferral obsolete, so after compaction 10% of the records remain (the live set). Then runs,
+as subprocesses measured for wall time and peak memory (``ru_maxrss``):
+  verify     ``durable-dispatch verify FILE``
+  compact    ``durable-dispatch compact FILE``
+  baseline   a plain ``for line in f: orjson.loads(line)`` loop over the same file
+and prints the ratios the targets are stated in: verify >= 0.5x the speed of the orjson loop;
+compact peak memory < 2x the size of the live set (the compacted file); compact time <= 3x verify.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LOADS = r"""
+import sys, orjson
+n = 0
+with open(sys.argv[1], "rb") as f:
+    for line in f:
+        orjson.loads(line)
+        n += 1
+"""
+# Each child reports its own peak RSS, so measurements do not mix.
+RUN = r"""
+import sys
+mode, args = sys.argv[1], sys.argv[2:]
+if mode == "loads":
+    sys.argv = ["loads", *args]
+    exec(compile(LOADS_SRC, "loads", "exec"))
+    rc = 0
+elif mode == "none":
+    import durable_dispatch.cli
+    rc = 0
+else:
+    from durable_dispatch.cli import main
+    rc = main([mode, *args])
+# VmHWM, not ru_maxrss: the latter keeps the forking parent's size across exec.
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
+print(int(hwm) * 1024, file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def build(path: Path, n: int) -> int:
+    from durable_dispatch.storage import Journal
+
+    live = n // 10
+    deferred = n // 2 - 0
+    with Journal.open(path, sync="never") as j:
+        # live deferrals
+        for i in range(live):
+            j.append(
+                {
+                    "event": "deferred",
+                    "work_id": f"live-{i}",
+                    "item": {"seed": f"s{i}"},
+                    "attempts": 2,
+                    "kinds": ["timeout", "timeout"],
+                    "last_error": "deadline",
+                }
+            )
+        # obsolete pairs: deferred, then resolved
+        k = 0
+        while live + 2 * k < n:
+            j.append(
+                {
+                    "event": "deferred",
+                    "work_id": f"gone-{k}",
+                    "item": {"seed": f"g{k}"},
+                    "attempts": 2,
+                    "kinds": ["timeout", "timeout"],
+                    "last_error": "deadline",
+                }
+            )
+            j.append({"event": "resolved", "work_id": f"gone-{k}", "how": "requeued"})
+            k += 1
+        j.sync_now()
+    del deferred
+    return live
+
+
+def measure(mode: str, path: Path) -> tuple[float, int, int]:
+    """(seconds, peak RSS in bytes, exit code) of one child process."""
+    code = f"LOADS_SRC = {LOADS!r}\n" + RUN
+    t = time.perf_counter()
+    p = subprocess.run(
+        [sys.executable, "-c", code, mode, str(path)], capture_output=True, text=True
+    )
+    el = time.perf_counter() - t
+    return el, int(p.stderr.strip().splitlines()[-1]), p.returncode
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--dir")
+    a = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="dd-bench-cli-", dir=a.dir))
+    try:
+        path = base / ".dispatch_protocol_deferred.jsonl"
+        t = time.perf_counter()
+        live = build(path, a.records)
+        size = path.stat().st_size
+        print(
+            f"built {a.records:,} records ({size / 1e6:.1f} MB, {live:,} live) in "
+            f"{time.perf_counter() - t:.1f}s"
+        )
+        t_base, m_base, _ = measure("loads", path)
+        t_ver, m_ver, rc = measure("verify", path)
+        assert rc == 0, "verify found damage"
+        t_cmp, m_cmp, rc = measure("compact", path)
+        assert rc == 0, "compact failed"
+        live_size = path.stat().st_size
+        print(f"plain orjson.loads loop   {t_base:6.2f}s  ({a.records / t_base:,.0f} records/s)")
+        print(f"verify                    {t_ver:6.2f}s  ({a.records / t_ver:,.0f} records/s)")
+        print(f"compact                   {t_cmp:6.2f}s  -> {live_size / 1e6:.1f} MB live")
+        print(
+            f"peak RSS: loads {m_base / 1e6:.0f} MB, verify {m_ver / 1e6:.0f} MB, "
+            f"compact {m_cmp / 1e6:.0f} MB (an idle interpreter with the library: "
+            f"{measure('none', path)[1] / 1e6:.0f} MB)"
+        )
+        print(f"verify speed / orjson loop      = {t_base / t_ver:5.2f}  (target >= 0.5)")
+        print(
+            f"compact peak RSS / live set     = {m_cmp / live_size:5.2f}  (target < 2; includes "
+            f"the Python interpreter)"
+        )
+        print(f"compact time / verify time      = {t_cmp / t_ver:5.2f}  (target <= 3)")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
