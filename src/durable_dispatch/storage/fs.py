@@ -30,6 +30,7 @@ __all__ = [
     "OPERATIONS",
     "FaultHook",
     "set_fault_hook",
+    "set_recorder",
     "get_fault_hook",
     "open_append",
     "open_read",
@@ -78,6 +79,9 @@ def is_degradable(err: BaseException) -> bool:
 
 
 _hook: FaultHook | None = None
+#: A recorder receives ``(op, path, detail)`` after each operation succeeded (crash harness).
+Recorder = Callable[[str, str, object], None]
+_recorder: Recorder | None = None
 _paths: dict[int, str] = {}
 _paths_lock = threading.Lock()
 
@@ -90,6 +94,24 @@ def set_fault_hook(hook: FaultHook | None) -> FaultHook | None:
     global _hook
     previous, _hook = _hook, hook
     return previous
+
+
+def set_recorder(recorder: Recorder | None) -> Recorder | None:
+    """Install a recorder of successful operations (or remove it); returns the previous one.
+
+    The crash-consistency harness uses it to learn every byte written and every fsync, rename
+    and directory fsync, in order. ``detail`` is the data for ``write``, the new path for
+    ``replace``, the length for ``truncate``, whether the file was created for ``open``.
+    """
+    global _recorder
+    previous, _recorder = _recorder, recorder
+    return previous
+
+
+def _record(op: str, path: str, detail: object = None) -> None:
+    rec = _recorder
+    if rec is not None:
+        rec(op, path, detail)
 
 
 def get_fault_hook() -> FaultHook | None:
@@ -117,7 +139,9 @@ def path_of(fd: int) -> str:
 def open_append(path: str, mode: int = 0o600) -> int:
     """Open (creating if missing) ``path`` for appending; returns the descriptor."""
     _check("open", path)
+    existed = _recorder is not None and os.path.lexists(path)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, mode)
+    _record("open", path, not existed)
     return _remember(fd, path)
 
 
@@ -126,6 +150,7 @@ def create_exclusive(path: str, mode: int = 0o600) -> int:
     _check("open", path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
     fd = os.open(path, flags, mode)
+    _record("open", path, True)
     return _remember(fd, path)
 
 
@@ -149,6 +174,8 @@ def write_all(fd: int, data: bytes) -> None:
         while view:
             n = os.write(fd, view)
             view = view[n:]
+    if _recorder is not None:
+        _record("write", path_of(fd), bytes(data))
 
 
 def fsync(fd: int) -> None:
@@ -156,6 +183,8 @@ def fsync(fd: int) -> None:
     if _hook is not None:
         _hook("fsync", path_of(fd))
     os.fsync(fd)
+    if _recorder is not None:
+        _record("fsync", path_of(fd))
 
 
 def fsync_dir(directory: str) -> None:
@@ -166,12 +195,14 @@ def fsync_dir(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    _record("dir-fsync", directory)
 
 
 def replace(src: str, dst: str) -> None:
     """Atomically rename ``src`` over ``dst`` (durable only after ``fsync_dir``)."""
     _check("replace", dst)
     os.replace(src, dst)
+    _record("replace", src, dst)
 
 
 def close(fd: int) -> None:
@@ -193,12 +224,14 @@ def truncate(path: str, length: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    _record("truncate", path, length)
 
 
 def unlink(path: str) -> None:
     """Remove a file."""
     _check("unlink", path)
     os.unlink(path)
+    _record("unlink", path)
 
 
 def makedirs(directory: str, mode: int = 0o700) -> None:
@@ -217,4 +250,5 @@ def makedirs(directory: str, mode: int = 0o700) -> None:
             os.mkdir(d, mode)
         except FileExistsError:
             continue
+        _record("mkdir", d)
         fsync_dir(os.path.dirname(d))
