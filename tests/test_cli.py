@@ -79,8 +79,7 @@ def _state_dir(tmp_path: Path, n: int = 12, defer: tuple[str, ...] = ("w3",)) ->
     from .helpers import fake_campaign
 
     d = tmp_path / "state"
-    with CampaignState.open(d, ranks=(1, 2), watchdog=WatchdogConfig(5),
-                            retry=RetryPolicy(0)) as s:
+    with CampaignState.open(d, ranks=(1, 2), watchdog=WatchdogConfig(5), retry=RetryPolicy(0)) as s:
         s.submit(WorkItem(f"w{i}", {"i": i}) for i in range(n))
         fake_campaign(s, behave=lambda send: "malformed" if send.work.work_id in defer else "ok")
     return d
@@ -155,9 +154,13 @@ def test_commands_refuse_while_a_master_runs(tmp_path: Path) -> None:
 
 def test_not_a_state_directory(tmp_path: Path) -> None:
     (tmp_path / "x").mkdir()
-    for args in (["stats", str(tmp_path / "x")], ["deferred", "list", str(tmp_path / "x")],
-                 ["verify", str(tmp_path / "x")], ["compact", str(tmp_path / "x")],
-                 ["inspect", str(tmp_path / "missing")]):
+    for args in (
+        ["stats", str(tmp_path / "x")],
+        ["deferred", "list", str(tmp_path / "x")],
+        ["verify", str(tmp_path / "x")],
+        ["compact", str(tmp_path / "x")],
+        ["inspect", str(tmp_path / "missing")],
+    ):
         out = run(*args)
         assert out.returncode == 2 and out.stderr.startswith("Error:"), args
 

@@ -154,6 +154,19 @@ def verify_record(line: bytes, seed: int) -> tuple[int, int, bytes] | str:
     return _verify_slow(line, seed)
 
 
+def _durable_mark(line: bytes) -> int | None:
+    """The ``d`` mark of a well-framed record line, without verifying it (None if not framed)."""
+    if line[:14] != _PREFIX or line[22:30] != _SEQ_MARK:
+        return None
+    region = line[24:]
+    c1 = region.find(b',"d":')
+    c2 = region.find(b",", c1 + 5)
+    try:
+        return int(region[c1 + 5 : c2]) if c1 > 0 and c2 > 0 else None
+    except ValueError:
+        return None
+
+
 def parse_record(line: bytes, seed: int) -> tuple[int, int, Any] | str:
     """Like :func:`verify_record` but returns the decoded payload."""
     r = verify_record(line, seed)
@@ -287,8 +300,11 @@ def scan(
     if isinstance(parsed, str):
         res = ScanResult(header=None, size=size)
         res.damage.append(Damage(0, first[2], parsed))
-        # Any further line means this is more than a torn header.
-        res.tail_only = next(lines, None) is None
+        # The header is fsynced before any record is appended (or together with them, before a
+        # rewrite is renamed into place). So a damaged header is a torn, never-synced file unless
+        # a later, well-framed line says some record had been made durable (its "d" mark).
+        marks = (_durable_mark(line) for _off, line, _n in lines if line)
+        res.tail_only = all(m is None or m < 0 for m in marks)
         return res
     hdr = parsed
     seed = hdr.seed
