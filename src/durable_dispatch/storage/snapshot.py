@@ -4,9 +4,9 @@ Theory of operation. ``save(obj)`` encodes ``obj`` with orjson and writes one fi
 ``<name>.<generation>.snap``, through a temp file: exclusive create (never following a symlink,
 owner-only permissions) -> one write -> fsync -> rename over the target -> fsync of the directory.
 A reader therefore sees either the old complete generation or the new complete one. Each file is a
-header line ``{"v":1,"gen":N,"len":L,"crc":"xxxxxxxx"}`` followed by ``L`` bytes of JSON body whose
-CRC-32 is ``crc``. ``load()`` returns the newest generation that verifies and says when it had to
-fall back past a damaged newer one. The newest ``keep`` generations are kept; older ones are
+header line ``{"v":1,"gen":N,"len":L,"crc":"xxxxxxxx"}`` followed by ``L`` bytes of JSON
+body; ``crc`` is CRC-32 over ``"<N>:<L>:"`` and the body. ``load()`` returns the newest
+generation that verifies and says when it had to fall back past a damaged newer one. The newest ``keep`` generations are kept; older ones are
 removed after a successful save.
 
 Durability contract: a generation returned by ``save`` has had its file and its directory entry
@@ -62,9 +62,14 @@ class Snapshot:
     skipped: tuple[tuple[str, str], ...] = ()
 
 
+def _crc(gen: int, body: bytes) -> int:
+    """CRC-32 over the generation, the length and the body: no header field is unprotected."""
+    return zlib.crc32(body, zlib.crc32(b"%d:%d:" % (gen, len(body))))
+
+
 def encode_snapshot(gen: int, body: bytes) -> bytes:
     """The bytes of one snapshot file."""
-    head = b'{"v":1,"gen":%d,"len":%d,"crc":"%08x"}\n' % (gen, len(body), zlib.crc32(body))
+    head = b'{"v":1,"gen":%d,"len":%d,"crc":"%08x"}\n' % (gen, len(body), _crc(gen, body))
     return head + body
 
 
@@ -84,7 +89,7 @@ def decode_snapshot(data: bytes, expect_gen: int | None = None) -> tuple[int, An
     body = data[nl + 1 :]
     if type(head["len"]) is not int or len(body) != head["len"]:
         return f"body is {len(body)} bytes, header says {head['len']!r}"
-    if head["crc"] != f"{zlib.crc32(body):08x}":
+    if type(head["gen"]) is not int or head["crc"] != f"{_crc(head['gen'], body):08x}":
         return "checksum mismatch"
     if expect_gen is not None and head["gen"] != expect_gen:
         return f"generation {head['gen']!r} in a file named for {expect_gen}"

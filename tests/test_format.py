@@ -1,0 +1,201 @@
+"""Fuzzing the readers: mutated journals, snapshots and wire messages (hypothesis).
+
+Readers must return only typed errors or valid records, never another exception, and never a
+record whose checksum fails. Each test counts the cases it tried and prints the total.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from durable_dispatch import Journal
+from durable_dispatch.core import Dispatcher, Send, WatchdogConfig, WorkItem
+from durable_dispatch.errors import DurableDispatchError
+from durable_dispatch.mpi import protocol
+from durable_dispatch.storage.format import (
+    Header,
+    frame_record,
+    parse_record,
+    read_payloads,
+    scan,
+    verify_record,
+)
+from durable_dispatch.storage.journal import read_journal
+from durable_dispatch.storage.snapshot import decode_snapshot, encode_snapshot
+
+COUNTS: dict[str, int] = {}
+HDR = Header("00112233aabbccdd", 0)
+PAYLOADS = [{"event": "committed", "work_id": f"w{i}", "n": i, "s": "é☃\n"} for i in range(8)]
+LINES = [frame_record(HDR.seed, i, i - 1, orjson.dumps(p)) for i, p in enumerate(PAYLOADS)]
+JOURNAL = HDR.frame() + b"".join(LINES)
+SNAP = encode_snapshot(3, orjson.dumps({"frontier": ["a", "b"], "n": 1.5}))
+
+
+def count(name: str) -> None:
+    COUNTS[name] = COUNTS.get(name, 0) + 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report() -> Any:
+    yield
+    print(f"\nfuzz cases tried: {sum(COUNTS.values())} {dict(sorted(COUNTS.items()))}")
+
+
+def mutations() -> st.SearchStrategy[bytes]:
+    lines = JOURNAL.splitlines(keepends=True)
+    pos = st.integers(0, len(JOURNAL))
+    return st.one_of(
+        pos.map(lambda i: JOURNAL[:i]),  # truncation at any offset
+        st.tuples(pos, st.integers(0, 7)).map(
+            lambda t: JOURNAL[: t[0]] + bytes([JOURNAL[t[0] % len(JOURNAL)] ^ (1 << t[1])])
+            + JOURNAL[t[0] + 1 :]
+        ),  # a bit flip
+        st.tuples(pos, st.binary(max_size=40)).map(
+            lambda t: JOURNAL[: t[0]] + t[1] + JOURNAL[t[0] :]
+        ),  # inserted garbage
+        st.tuples(st.integers(1, len(lines)), st.sampled_from([b"\n", b"   \n", b"\x00" * 9]))
+        .map(lambda t: b"".join(lines[: t[0]] + [t[1]] + lines[t[0] :])),  # blank lines
+        st.tuples(st.integers(1, len(lines) - 1), st.integers(1, len(lines) - 1)).map(
+            lambda t: b"".join(lines[: t[0]] + [lines[t[1]]] + lines[t[0] :])
+        ),  # duplicated line
+        st.permutations(lines[1:]).map(lambda p: lines[0] + b"".join(p)),  # reordered
+        st.integers(1, len(lines)).map(
+            lambda i: b"".join(lines[:i] + [b'{"v":1,"x":"' + b"y" * 5000 + b'"}\n'] + lines[i:])
+        ),  # a huge line
+        st.integers(1, len(lines)).map(
+            lambda i: b"".join(lines[:i] + [b"\xff\xfe\xfa invalid utf-8\n"] + lines[i:])
+        ),
+        st.sampled_from([b"[1,2]\n", b"42\n", b'"s"\n', b"null\n", b'{"v":1,"n":NaN}\n',
+                         b'{"v":1,"n":Infinity}\n']).map(lambda x: LINES and HDR.frame() + x),
+        st.just(JOURNAL.replace(b'{"v":1,', b'{"v":7,')),  # wrong version
+        st.integers(1, len(lines) - 1).map(lambda i: b"".join(lines[:i] + lines[i + 1 :])),  # gap
+    )
+
+
+def check_records(recs: list[tuple[int, Any]]) -> None:
+    for seq, p in recs:
+        assert PAYLOADS[seq] == p, "a record was returned that was never written"
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=mutations())
+def test_journal_readers_never_crash_or_invent(tmp_path_factory: Any, data: bytes) -> None:
+    count("journal")
+    # 1. the scanner (documented to raise ValueError("version", v) for another version)
+    try:
+        res = scan(io.BytesIO(data), len(data), 1 << 12)
+        assert res.records <= len(PAYLOADS)
+    except ValueError as e:
+        assert e.args[0] == "version"
+    # 2. per-line verification
+    for line in data.splitlines(keepends=True):
+        try:
+            r = verify_record(line, HDR.seed)
+            r2 = parse_record(line, HDR.seed)
+        except ValueError as e:
+            assert e.args[0] == "version"
+            continue
+        if not isinstance(r, str):
+            assert line in LINES and not isinstance(r2, str)
+            assert PAYLOADS[r[0]] == r2[2]
+    # 3. the bulk reader
+    try:
+        got = list(read_payloads(io.BytesIO(data), HDR.seed, len(HDR.frame()), len(data)))
+        check_records(got)
+    except Exception as e:  # noqa: BLE001 - only the reader's own damage type is acceptable
+        assert type(e).__name__ == "ReadDamage" or isinstance(e, ValueError), repr(e)
+    # 4. the read-only reader and every recovery mode of Journal.open
+    d = tmp_path_factory.mktemp("j")
+    p = d / "j.jsonl"
+    p.write_bytes(data)
+    try:
+        check_records([(r.seq, r.payload) for r in read_journal(p)])
+    except DurableDispatchError:
+        pass
+    for mode in ("tolerate-torn-tail", "absolute", "point-in-time", "skip-corrupted"):
+        p.write_bytes(data)
+        try:
+            with Journal.open(p, recovery=mode) as j:
+                check_records([(r.seq, r.payload) for r in j.records()])
+        except DurableDispatchError:
+            pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.one_of(
+        st.integers(0, len(SNAP)).map(lambda i: SNAP[:i]),
+        st.tuples(st.integers(0, len(SNAP) - 1), st.integers(0, 7)).map(
+            lambda t: SNAP[: t[0]] + bytes([SNAP[t[0]] ^ (1 << t[1])]) + SNAP[t[0] + 1 :]
+        ),
+        st.binary(max_size=300),
+        st.just(SNAP.replace(b'"v":1', b'"v":2')),
+    )
+)
+def test_snapshot_decoder_never_crashes_or_mixes(data: bytes) -> None:
+    count("snapshot")
+    r = decode_snapshot(data)
+    if not isinstance(r, str):
+        assert data == SNAP and r == (3, {"frontier": ["a", "b"], "n": 1.5})
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    msgs=st.lists(
+        st.tuples(
+            st.sampled_from(["RESULT", "READY", "HEARTBEAT"]),
+            st.integers(-3, 6),
+            st.one_of(json_values, st.sampled_from(["e1-1", "e1-2", "e0-1", "e1-99"])),
+            st.booleans(),
+        ),
+        max_size=25,
+    ),
+    wire=st.binary(max_size=60),
+)
+def test_message_classifier_never_raises(msgs: list[Any], wire: bytes) -> None:
+    count("wire")
+    body, err = protocol.decode(wire)
+    assert (body is None) != (err is None)
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(5), ranks=(1, 2))
+    d.submit([WorkItem("a"), WorkItem("b")])
+    for _ in range(2):
+        s = d.reserve(0.0)
+        assert isinstance(s, Send)
+        d.mark_dispatched(s.token, 0.0)
+    commits = 0
+    for kind, rank, token, valid in msgs:
+        if kind == "RESULT":
+            out = d.on_result(rank, token, {"x": 1}, 1.0, valid=valid)
+            for c in out:
+                if type(c).__name__ == "Commit":
+                    commits += 1
+                    d.commit_done(c.token)  # type: ignore[attr-defined]
+        elif kind == "READY":
+            d.on_ready(rank, token, 1.0)
+        else:
+            d.on_heartbeat(rank, token, 1.0)
+        d.join_invalid(1.0)
+        d.sweep(2.0 if valid else 10.0)
+    st_ = d.statistics()
+    assert st_.commits == commits <= 2
+    assert st_.duplicate_commits_ignored == 0
+    assert not math.isnan(st_.watchdog_seconds)
+
+
+def test_the_fuzzers_ran() -> None:
+    assert COUNTS.get("journal", 0) >= 100 and COUNTS.get("wire", 0) >= 100
