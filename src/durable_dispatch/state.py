@@ -28,7 +28,8 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,15 +276,7 @@ class CampaignState:
         d = os.fspath(directory)
         if not os.path.isdir(d):
             _fs.makedirs(d)
-        lock = filelock.FileLock(
-            os.path.join(d, LOCK_NAME), timeout=0, mode=0o600, thread_local=False
-        )
-        try:
-            lock.acquire()
-        except filelock.Timeout:
-            raise LockHeldError(
-                "another master holds this state directory", path=os.path.join(d, LOCK_NAME)
-            ) from None
+        lock = _take_master_lock(d)
         try:
             journal = Journal.open(
                 os.path.join(d, STATE_JOURNAL), sync=sync, **dict(journal_options or {})
@@ -675,14 +668,26 @@ class CompactReport:
 
 
 def _take_master_lock(d: str) -> filelock.BaseFileLock:
+    """Take the single-master lock of state directory ``d`` (S5 for the whole directory)."""
     lock = filelock.FileLock(os.path.join(d, LOCK_NAME), timeout=0, mode=0o600, thread_local=False)
     try:
         lock.acquire()
     except filelock.Timeout:
         raise LockHeldError(
-            "a master holds this state directory; stop it first", path=os.path.join(d, LOCK_NAME)
+            "a master holds this state directory", path=os.path.join(d, LOCK_NAME)
         ) from None
     return lock
+
+
+@contextmanager
+def _master_locked(directory: str | os.PathLike[str]) -> Iterator[str]:
+    """Hold the master lock of ``directory`` for an offline operation; yields the path."""
+    d = os.fspath(directory)
+    lock = _take_master_lock(d)
+    try:
+        yield d
+    finally:
+        lock.release()
 
 
 def compact_state(directory: str | os.PathLike[str], *, dry_run: bool = False) -> CompactReport:
@@ -705,8 +710,7 @@ def compact_state(directory: str | os.PathLike[str], *, dry_run: bool = False) -
     d = os.fspath(directory)
     if not is_state_dir(d):
         raise UsageError(f"{d} is not a durable-dispatch state directory")
-    lock = _take_master_lock(d)
-    try:
+    with _master_locked(d):
         jpath = os.path.join(d, STATE_JOURNAL)
         size = os.path.getsize(jpath) if os.path.exists(jpath) else 0
         with Journal.open(jpath, sync="always") as j:
@@ -733,8 +737,6 @@ def compact_state(directory: str | os.PathLike[str], *, dry_run: bool = False) -
             j.replace_contents([], first_seq=last + 1)
         after_size = os.path.getsize(jpath)
         return CompactReport(jpath, before, 0, size, after_size, gen, False)
-    finally:
-        lock.release()
 
 
 def requeue_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) -> list[str]:
@@ -748,9 +750,7 @@ def requeue_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str])
     """
     from .errors import UsageError
 
-    d = os.fspath(directory)
-    lock = _take_master_lock(d)
-    try:
+    with _master_locked(directory) as d:
         view = view_state(d)
         ids = list(work_ids)
         for w in ids:
@@ -765,8 +765,6 @@ def requeue_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str])
                 if w in dj:
                     dj.resolve(w, "requeued")
         return ids
-    finally:
-        lock.release()
 
 
 def drop_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) -> list[str]:
@@ -780,9 +778,7 @@ def drop_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) ->
     """
     from .errors import UsageError
 
-    d = os.fspath(directory)
-    lock = _take_master_lock(d)
-    try:
+    with _master_locked(directory) as d:
         ids = list(work_ids)
         with DeferJournal.open(d) as dj:
             for w in ids:
@@ -791,5 +787,3 @@ def drop_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) ->
             for w in ids:
                 dj.resolve(w, "dropped")
         return ids
-    finally:
-        lock.release()

@@ -6,8 +6,8 @@ owner-only permissions) -> one write -> fsync -> rename over the target -> fsync
 A reader therefore sees either the old complete generation or the new complete one. Each file is a
 header line ``{"v":1,"gen":N,"len":L,"crc":"xxxxxxxx"}`` followed by ``L`` bytes of JSON
 body; ``crc`` is CRC-32 over ``"<N>:<L>:"`` and the body. ``load()`` returns the newest
-generation that verifies and says when it had to fall back past a damaged newer one. The newest ``keep`` generations are kept; older ones are
-removed after a successful save.
+generation that verifies and says when it had to fall back past a damaged newer one. The
+newest ``keep`` generations are kept; older ones are removed after a successful save.
 
 Durability contract: a generation returned by ``save`` has had its file and its directory entry
 fsynced. A failed save (the disk said EIO, ENOSPC, EDQUOT or EROFS) leaves every earlier
