@@ -54,14 +54,18 @@ def mutations() -> st.SearchStrategy[bytes]:
     return st.one_of(
         pos.map(lambda i: JOURNAL[:i]),  # truncation at any offset
         st.tuples(pos, st.integers(0, 7)).map(
-            lambda t: JOURNAL[: t[0]] + bytes([JOURNAL[t[0] % len(JOURNAL)] ^ (1 << t[1])])
-            + JOURNAL[t[0] + 1 :]
+            lambda t: (
+                JOURNAL[: t[0]]
+                + bytes([JOURNAL[t[0] % len(JOURNAL)] ^ (1 << t[1])])
+                + JOURNAL[t[0] + 1 :]
+            )
         ),  # a bit flip
         st.tuples(pos, st.binary(max_size=40)).map(
             lambda t: JOURNAL[: t[0]] + t[1] + JOURNAL[t[0] :]
         ),  # inserted garbage
-        st.tuples(st.integers(1, len(lines)), st.sampled_from([b"\n", b"   \n", b"\x00" * 9]))
-        .map(lambda t: b"".join(lines[: t[0]] + [t[1]] + lines[t[0] :])),  # blank lines
+        st.tuples(st.integers(1, len(lines)), st.sampled_from([b"\n", b"   \n", b"\x00" * 9])).map(
+            lambda t: b"".join(lines[: t[0]] + [t[1]] + lines[t[0] :])
+        ),  # blank lines
         st.tuples(st.integers(1, len(lines) - 1), st.integers(1, len(lines) - 1)).map(
             lambda t: b"".join(lines[: t[0]] + [lines[t[1]]] + lines[t[0] :])
         ),  # duplicated line
@@ -72,8 +76,16 @@ def mutations() -> st.SearchStrategy[bytes]:
         st.integers(1, len(lines)).map(
             lambda i: b"".join(lines[:i] + [b"\xff\xfe\xfa invalid utf-8\n"] + lines[i:])
         ),
-        st.sampled_from([b"[1,2]\n", b"42\n", b'"s"\n', b"null\n", b'{"v":1,"n":NaN}\n',
-                         b'{"v":1,"n":Infinity}\n']).map(lambda x: LINES and HDR.frame() + x),
+        st.sampled_from(
+            [
+                b"[1,2]\n",
+                b"42\n",
+                b'"s"\n',
+                b"null\n",
+                b'{"v":1,"n":NaN}\n',
+                b'{"v":1,"n":Infinity}\n',
+            ]
+        ).map(lambda x: LINES and HDR.frame() + x),
         st.just(JOURNAL.replace(b'{"v":1,', b'{"v":7,')),  # wrong version
         st.integers(1, len(lines) - 1).map(lambda i: b"".join(lines[:i] + lines[i + 1 :])),  # gap
     )
@@ -148,8 +160,9 @@ def test_snapshot_decoder_never_crashes_or_mixes(data: bytes) -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
-                                                                max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
