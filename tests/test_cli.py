@@ -44,11 +44,26 @@ def test_verify_empty_missing_and_unreadable(tmp_path: Path) -> None:
     assert run("verify", str(empty)).returncode == 1
     out = run("verify", str(tmp_path / "missing.jsonl"))
     assert out.returncode == 2 and out.stderr.startswith("Error:")
-    if os.geteuid() != 0:  # root reads anything
-        noperm = tmp_path / "n.jsonl"
-        noperm.write_bytes((FIXTURES / "valid.jsonl").read_bytes())
-        noperm.chmod(0)
-        assert run("verify", str(noperm)).returncode == 2
+    noperm = tmp_path / "n.jsonl"
+    noperm.write_bytes((FIXTURES / "valid.jsonl").read_bytes())
+    noperm.chmod(0)
+    for cmd in ("verify", "inspect"):
+        if os.geteuid() != 0:
+            out = run(cmd, str(noperm))
+            assert out.returncode == 2 and "Permission denied" in out.stderr
+        else:  # root reads anything: make the read fail with EACCES through the fs seam
+            import contextlib
+            import errno
+            import io
+
+            from durable_dispatch.cli import main
+            from durable_dispatch.testing import inject_faults
+
+            err = io.StringIO()
+            with inject_faults() as f, contextlib.redirect_stderr(err):
+                f.fail("read", errno.EACCES, path=str(noperm))
+                assert main([cmd, str(noperm)]) == 2
+            assert err.getvalue().startswith("Error:") and "Permission denied" in err.getvalue()
 
 
 def test_inspect_counts_kinds() -> None:

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from .errors import DurableDispatchError, LockHeldError, UsageError
+from .storage import fs as _fs
 from .storage.format import scan
 from .storage.snapshot import decode_snapshot
 
@@ -80,7 +81,7 @@ def _examine_file(path: str, count_kinds: bool) -> dict[str, Any]:
     """Read-only examination of one journal or snapshot file."""
     try:
         size = os.path.getsize(path)
-        with open(path, "rb") as raw:
+        with _fs.open_read(path) as raw:
             if _kind(path) == "snapshot":
                 r = decode_snapshot(raw.read())
                 if isinstance(r, str):
