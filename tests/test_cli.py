@@ -106,6 +106,8 @@ def test_commands_on_a_state_directory(tmp_path: Path) -> None:
     assert out.returncode == 0 and json.loads(out.stdout)["intact"]
     ins = json.loads(run("inspect", str(d), "--json").stdout)
     assert ins["kind"] == "state-directory" and ins["state"]["committed"] == 11
+    j = json.loads(run("inspect", str(d / "events.jsonl"), "--json").stdout)
+    assert j["first_ts"] is not None and j["kinds"]["epoch"] == 1 and j["kinds"]["committed"] == 11
     st = json.loads(run("stats", str(d), "--json").stdout)
     assert st["state"]["deferred"] == 1 and st["master_stats"]["core"]["commits"] == 11
     lst = json.loads(run("deferred", "list", str(d), "--json").stdout)

@@ -142,6 +142,7 @@ def _examine_file(path: str, count_kinds: bool) -> dict[str, Any]:
         out["damage"] = [{"offset": 0, "length": 0, "reason": "empty file (no header)"}]
     if count_kinds:
         out["kinds"] = res.kinds
+        out["first_ts"], out["last_ts"] = res.first_ts, res.last_ts
     return out
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -309,7 +310,7 @@ class CampaignState:
             replayed=n,
             dups=proj.duplicate_commits,
         )
-        r = journal.append({"event": "epoch", "epoch": epoch})
+        r = journal.append({"event": "epoch", "epoch": epoch, "ts": time.time()})
         st._durable(r.seq)
         st.apply(restarts)
         st.save_snapshot(f"start of epoch {epoch}")

@@ -278,6 +278,9 @@ class ScanResult:
     prefix_records: int = 0
     prefix_next_seq: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
+    #: The ``ts`` member (seconds since the epoch) of the first and last record that has one.
+    first_ts: float | None = None
+    last_ts: float | None = None
 
 
 def scan(
@@ -355,6 +358,11 @@ def scan(
             kind = payload.get("event", payload.get("kind"))
             if isinstance(kind, str):
                 res.kinds[kind] = res.kinds.get(kind, 0) + 1
+            ts = payload.get("ts")
+            if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+                if res.first_ts is None:
+                    res.first_ts = ts
+                res.last_ts = ts
     res.next_seq = expected
     return res
 
