@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from .errors import DurableDispatchError, LockHeldError, UsageError
+from .errors import DurableDispatchError, UsageError
 from .storage import fs as _fs
 from .storage.format import scan
 from .storage.snapshot import decode_snapshot
@@ -258,7 +258,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_compact(args: argparse.Namespace) -> int:
     """Fold a state directory's journal into a snapshot, or drop resolved deferred entries."""
     from .state import compact_state
-    from .storage import DeferJournal
+    from .storage import Journal
+    from .storage.defer import compact_journal
 
     path = args.path
     if not os.path.exists(path):
@@ -268,11 +269,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
         rep = compact_state(path, dry_run=args.dry_run).as_dict()
     else:
         size = os.path.getsize(path)
-        try:
-            with DeferJournal.open(path) as dj:
-                before, after = dj.compact(dry_run=args.dry_run)
-        except LockHeldError:
-            raise
+        with Journal.open(path, sync="always") as j:
+            before, after = compact_journal(j, dry_run=args.dry_run)
         rep = {
             "path": path,
             "records_before": before,

@@ -22,7 +22,14 @@ from typing import Any
 from ..errors import NotDurableError, UsageError
 from .journal import Health, Journal
 
-__all__ = ["DeferJournal", "DeferredItem", "DeferReceipt", "DeferStats", "DEFAULT_DEFER_NAME"]
+__all__ = [
+    "DeferJournal",
+    "DeferredItem",
+    "DeferReceipt",
+    "DeferStats",
+    "DEFAULT_DEFER_NAME",
+    "compact_journal",
+]
 
 DEFAULT_DEFER_NAME = ".dispatch_protocol_deferred.jsonl"
 RESOLUTIONS = ("requeued", "dropped", "replayed")
@@ -87,6 +94,34 @@ class _Counts:
     persisted: int = 0
     memory_seqs: list[int] = field(default_factory=list)
     resolved: int = 0
+
+
+def compact_journal(journal: Journal, *, dry_run: bool = False) -> tuple[int, int]:
+    """Rewrite a defer journal with only the newest deferral of each live work ID (S6).
+
+    Streaming, in two passes over the file: the first keeps only ``work ID -> sequence number`` of
+    the live deferrals, the second copies those records into the new file. Memory is bounded by
+    the live set's IDs, not the file. The rewrite is atomic (temp file, fsync, rename, directory
+    fsync); the records get new, larger sequence numbers. Returns ``(records_before,
+    records_after)``.
+    """
+    live: dict[str, int] = {}
+    before = 0
+    for rec in journal.records():
+        before += 1
+        p = rec.payload
+        if not isinstance(p, dict) or not isinstance(p.get("work_id"), str):
+            continue
+        if p.get("event") == "deferred":
+            live[p["work_id"]] = rec.seq
+        elif p.get("event") == "resolved":
+            live.pop(p["work_id"], None)
+    if dry_run:
+        return before, len(live)
+    keep = set(live.values())
+    del live
+    journal.replace_contents(r.payload for r in journal.records() if r.seq in keep)
+    return before, len(keep)
 
 
 class DeferJournal:
@@ -217,44 +252,15 @@ class DeferJournal:
         return ok
 
     def compact(self, *, dry_run: bool = False) -> tuple[int, int]:
-        """Drop resolved entries: rewrite the journal with one record per live item (S6).
-
-        The rewrite is atomic (temp file, fsync, rename, directory fsync); live items keep their
-        contents and get new, larger sequence numbers. Returns ``(records_before, records_after)``.
-        """
-        before = self._records
-        live = list(self.items())
-        if dry_run:
-            return before, len(live)
-        first = self.journal.next_seq
-        self.journal.replace_contents(
-            {
-                "event": "deferred",
-                "work_id": i.work_id,
-                "item": i.item,
-                "attempts": i.attempts,
-                "kinds": list(i.kinds),
-                "last_error": i.last_error,
-                "inputs": list(i.inputs),
-                "self_contained": i.self_contained,
-            }
-            for i in live
-        )
-        self._live = {
-            i.work_id: DeferredItem(
-                i.work_id,
-                i.item,
-                i.attempts,
-                i.kinds,
-                i.last_error,
-                i.inputs,
-                i.self_contained,
-                first + k,
-            )
-            for k, i in enumerate(live)
-        }
-        self._records = len(live)
-        return before, len(live)
+        """Drop resolved entries (see :func:`compact_journal`); returns ``(before, after)``."""
+        out = compact_journal(self.journal, dry_run=dry_run)
+        if not dry_run:
+            self._live.clear()
+            self._records = 0
+            for rec in self.journal.records():
+                self._apply(rec.seq, rec.payload)
+                self._records += 1
+        return out
 
     def items(self) -> Iterator[DeferredItem]:
         """The live deferred items, oldest deferral first."""
