@@ -376,9 +376,10 @@ class CampaignState:
           and its outcome (on disk or in memory) reported to the core.
         * :class:`PersistSnapshot`: write the snapshot now.
         """
-        out: list[Decision] = []
-        for d in decisions:
-            out.append(d)
+        out = list(decisions)
+        if not out:
+            return out
+        for d in out:
             if isinstance(d, Commit):
                 r = self.journal.append(
                     {
