@@ -120,7 +120,8 @@ def compact_journal(journal: Journal, *, dry_run: bool = False) -> tuple[int, in
         return before, len(live)
     keep = set(live.values())
     del live
-    journal.replace_contents(r.payload for r in journal.records() if r.seq in keep)
+    journal.sync_now()
+    journal.replace_contents((p for seq, p in journal.raw_records() if seq in keep), raw=True)
     return before, len(keep)
 
 

@@ -845,13 +845,53 @@ class Journal:
         return True
 
     # ------------------------------------------------------------------ rewriting
-    def replace_contents(self, payloads: Iterable[Any], first_seq: int | None = None) -> int:
+    def raw_records(self) -> Iterator[tuple[int, bytes]]:
+        """Every record in the file as ``(seq, payload JSON bytes)``, verified, not decoded.
+
+        For copying records without decoding them (compaction). Records not yet written to the
+        file are not included: call :meth:`sync_now` first.
+
+        Raises:
+            JournalCorruptError: a record fails its checks.
+        """
+        with self._io_lock, self._lock:
+            end, seed = self._written, self._seed
+            f = fs.open_read(self.path) if self._file_exists and end > self._header_len else None
+        # The lock is taken now, not when iteration starts: replace_contents() holds it while it
+        # consumes this iterator.
+        return self._raw_iter(f, end, seed)
+
+    def _raw_iter(self, f: Any, end: int, seed: int) -> Iterator[tuple[int, bytes]]:
+        if f is None:
+            return
+        from .format import iter_lines
+
+        with f:
+            lines = iter_lines(f, self.max_record_bytes + 256)
+            next(lines, None)
+            for off, line, _n in lines:
+                if off >= end:
+                    return
+                r = verify_record(line, seed) if line else "oversized record"
+                if isinstance(r, str):
+                    raise JournalCorruptError(
+                        f"journal damaged at offset {off}: {r}",
+                        path=self.path,
+                        offset=off,
+                        reason=r,
+                    )
+                yield r[0], r[2]
+
+    def replace_contents(
+        self, payloads: Iterable[Any], first_seq: int | None = None, *, raw: bool = False
+    ) -> int:
         """Atomically replace every record with ``payloads`` (compaction, S6).
 
         Writes a fresh file (temp file, fsync, rename over the journal, directory fsync): at every
         instant either the old or the new file is the journal. The new records are numbered from
-        ``first_seq`` (default: the next sequence number, so numbers never repeat). The caller
-        must not append concurrently.
+        ``first_seq`` (default: the next sequence number, so numbers never repeat). With
+        ``raw=True`` the payloads are JSON bytes already (for example from :meth:`raw_records`)
+        and are copied as they are. The caller must not append concurrently.
 
         Returns:
             How many records the new file holds.
@@ -882,7 +922,7 @@ class Journal:
 
             def numbered() -> Iterator[tuple[int, int, bytes]]:
                 for p in payloads:
-                    data = orjson.dumps(p)
+                    data = p if raw else orjson.dumps(p)
                     if len(data) > self.max_record_bytes:
                         raise RecordTooLargeError(
                             f"record of {len(data)} bytes exceeds max_record_bytes",
