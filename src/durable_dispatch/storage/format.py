@@ -136,11 +136,8 @@ def verify_record(line: bytes, seed: int) -> tuple[int, int, bytes] | str:
     """
     if line[:14] == _PREFIX and line[22:30] == _SEQ_MARK and line[-2:] == b"}\n":
         region = line[24:-2]
-        try:
-            ok = int(line[14:22], 16) == zlib.crc32(region, seed)
-        except ValueError:
-            ok = False
-        if ok:
+        # Compare the canonical lowercase hex bytes: "ED5E0331" or " d5e0331" are not ours.
+        if line[14:22] == b"%08x" % zlib.crc32(region, seed):
             c1 = region.find(b",", 6)
             c2 = region.find(b",", c1 + 5)
             seq_b, d_b = region[6:c1], region[c1 + 5 : c2]
@@ -165,14 +162,28 @@ def _bulk_verified(lines: list[bytes], seed: int) -> list[int] | None:
     ):
         return None
     try:
-        stored = list(map(int, map(itemgetter(slice(14, 22)), lines), repeat(16, n)))
-        if stored != list(map(zlib.crc32, map(itemgetter(slice(24, -2)), lines), repeat(seed, n))):
+        crcs = map(zlib.crc32, map(itemgetter(slice(24, -2)), lines), repeat(seed, n))
+        if list(map(b"%08x".__mod__, crcs)) != list(map(itemgetter(slice(14, 22)), lines)):
             return None
         commas = map(bytes.find, lines, repeat(b",", n), repeat(30, n))
         cut_at: Any = getitem
         return list(map(int, map(cut_at, lines, map(slice, repeat(30, n), commas))))
     except ValueError:
         return None
+
+
+def bulk_raw(lines: list[bytes], seed: int) -> list[tuple[int, bytes]] | None:
+    """``(seq, payload bytes)`` of ``lines`` (each ending in a newline) if all are intact records
+    in canonical framing (checked in bulk, as :func:`_bulk_verified`); None otherwise."""
+    seqs = _bulk_verified(lines, seed)
+    if seqs is None:
+        return None
+    n = len(lines)
+    cut_at: Any = getitem
+    commas = map(bytes.find, lines, repeat(b",", n), repeat(30, n))
+    starts = map(bytes.find, lines, repeat(b',"p":', n), commas)
+    payloads = map(cut_at, lines, map(slice, map(add, starts, repeat(5, n)), repeat(-2, n)))
+    return list(zip(seqs, payloads, strict=True))
 
 
 def _durable_mark(line: bytes) -> int | None:
@@ -499,11 +510,8 @@ def read_chunks(
             and all(map(bytes.endswith, lines, repeat(b"}", n)))
             and list(map(mark_of, lines)) == [_SEQ_MARK] * n
         ):
-            try:
-                stored = list(map(int, map(hex_of, lines), repeat(16, n)))
-            except ValueError:
-                stored = []
-            if stored == list(map(crc32, map(region_of, lines), repeat(seed, n))):
+            crcs = map(crc32, map(region_of, lines), repeat(seed, n))
+            if list(map(b"%08x".__mod__, crcs)) == list(map(hex_of, lines)):
                 # Every line is ours, byte for byte: slice sequence numbers and payloads in C.
                 commas = list(map(bytes.find, lines, repeat(b",", n), repeat(30, n)))
                 cut_at: Any = getitem  # bytes[slice] -> bytes; typeshed's map() cannot say so
