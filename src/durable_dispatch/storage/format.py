@@ -120,6 +120,7 @@ def parse_header(line: bytes) -> Header | str:
 
 _PREFIX = b'{"v":1,"crc":"'  # 14 bytes, then 8 hex digits
 _SEQ_MARK = b'","seq":'  # at [22:30]
+_HEX = b"0123456789abcdef"
 
 
 def verify_record(line: bytes, seed: int) -> tuple[int, int, bytes] | str:
@@ -162,8 +163,11 @@ def _bulk_verified(lines: list[bytes], seed: int) -> list[int] | None:
     ):
         return None
     try:
-        crcs = map(zlib.crc32, map(itemgetter(slice(24, -2)), lines), repeat(seed, n))
-        if list(map(b"%08x".__mod__, crcs)) != list(map(itemgetter(slice(14, 22)), lines)):
+        hexes = list(map(itemgetter(slice(14, 22)), lines))
+        if b"".join(hexes).translate(None, _HEX):  # only canonical lowercase hex digits
+            return None
+        stored = list(map(int, hexes, repeat(16, n)))
+        if stored != list(map(zlib.crc32, map(itemgetter(slice(24, -2)), lines), repeat(seed, n))):
             return None
         commas = map(bytes.find, lines, repeat(b",", n), repeat(30, n))
         cut_at: Any = getitem
@@ -510,8 +514,10 @@ def read_chunks(
             and all(map(bytes.endswith, lines, repeat(b"}", n)))
             and list(map(mark_of, lines)) == [_SEQ_MARK] * n
         ):
-            crcs = map(crc32, map(region_of, lines), repeat(seed, n))
-            if list(map(b"%08x".__mod__, crcs)) == list(map(hex_of, lines)):
+            hexes = list(map(hex_of, lines))
+            canonical = not b"".join(hexes).translate(None, _HEX)
+            stored = list(map(int, hexes, repeat(16, n))) if canonical else []
+            if stored == list(map(crc32, map(region_of, lines), repeat(seed, n))):
                 # Every line is ours, byte for byte: slice sequence numbers and payloads in C.
                 commas = list(map(bytes.find, lines, repeat(b",", n), repeat(30, n)))
                 cut_at: Any = getitem  # bytes[slice] -> bytes; typeshed's map() cannot say so
