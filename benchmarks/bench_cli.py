@@ -55,37 +55,26 @@ def build(path: Path, n: int) -> int:
     from durable_dispatch.storage import Journal
 
     live = n // 10
-    deferred = n // 2 - 0
+
+    def deferral(work_id: str) -> dict[str, object]:
+        return {
+            "event": "deferred",
+            "work_id": work_id,
+            "item": {"seed": work_id},
+            "attempts": 2,
+            "kinds": ["timeout", "timeout"],
+            "last_error": "deadline",
+        }
+
     with Journal.open(path, sync="never") as j:
-        # live deferrals
-        for i in range(live):
-            j.append(
-                {
-                    "event": "deferred",
-                    "work_id": f"live-{i}",
-                    "item": {"seed": f"s{i}"},
-                    "attempts": 2,
-                    "kinds": ["timeout", "timeout"],
-                    "last_error": "deadline",
-                }
-            )
-        # obsolete pairs: deferred, then resolved
+        for i in range(live):  # live deferrals
+            j.append(deferral(f"live-{i}"))
         k = 0
-        while live + 2 * k < n:
-            j.append(
-                {
-                    "event": "deferred",
-                    "work_id": f"gone-{k}",
-                    "item": {"seed": f"g{k}"},
-                    "attempts": 2,
-                    "kinds": ["timeout", "timeout"],
-                    "last_error": "deadline",
-                }
-            )
+        while live + 2 * k < n:  # obsolete pairs: deferred, then resolved
+            j.append(deferral(f"gone-{k}"))
             j.append({"event": "resolved", "work_id": f"gone-{k}", "how": "requeued"})
             k += 1
         j.sync_now()
-    del deferred
     return live
 
 
