@@ -5,7 +5,7 @@ library works without an MPI runtime.
 """
 
 from .launcher import mpiexec_command, run_mpiexec
-from .master import MasterReport, run_master, ulfm_mode
+from .master import MasterReport, finish, run_master, ulfm_mode
 from .worker import run_worker
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "run_worker",
     "MasterReport",
     "ulfm_mode",
+    "finish",
     "mpiexec_command",
     "run_mpiexec",
 ]

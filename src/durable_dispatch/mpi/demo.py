@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = fault_plan(a.items, a.seed, kinds, a.per_kind)
     slow = a.slow if a.slow is not None else a.watchdog + 0.5
     if comm.Get_rank() != 0:
+        from .master import finish
         from .worker import run_worker
 
         def faults(work_id: str, attempt: int) -> str | None:
@@ -165,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             return fault
 
         run_worker(demo_task, faults=faults, slow_seconds=slow)
+        finish(comm)
         return 0
-    from .master import run_master
+    from .master import finish, run_master
 
     items = work_items(a.items, a.ms)
     progress_file = a.progress_file
@@ -202,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["fault_plan"] = plan
     _write_json(a.summary or os.path.join(a.state_dir, "summary.json"), summary)
     print(orjson.dumps(summary, option=orjson.OPT_NON_STR_KEYS).decode(), flush=True)
+    finish(comm)
     return 0
 
 

@@ -27,7 +27,7 @@ from ..core import Commit, RetryPolicy, WatchdogConfig, WorkItem
 from ..state import CampaignState
 from . import protocol as P
 
-__all__ = ["run_master", "MasterReport", "ulfm_mode"]
+__all__ = ["run_master", "MasterReport", "ulfm_mode", "finish"]
 
 log = logging.getLogger("durable_dispatch.mpi")
 _BAD = object()  # stands for a message body that did not decode
@@ -37,6 +37,31 @@ def ulfm_mode(comm: Any) -> bool:
     """True when the runtime provides ULFM failure notification for this job."""
     enabled = os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
     return enabled and hasattr(comm, "Get_failed") and hasattr(comm, "Ack_failed")
+
+
+def finish(comm: Any = None, code: int = 0) -> None:
+    """End an MPI process cleanly: call at the very end of the master and of every worker.
+
+    Without ULFM it returns and mpi4py finalizes MPI at exit as usual. Under ULFM, after a rank
+    has died, Open MPI's ``MPI_Finalize`` can wait forever for the dead process (a known runtime
+    issue, open-mpi/ompi#11404), so the process flushes its output and leaves with ``os._exit``
+    instead; with failure recovery enabled the runtime treats that as a normal end. Everything
+    durable has been fsynced before: ``run_master`` closes its state before returning.
+    """
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    if not ulfm_mode(comm):
+        return
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 @dataclass
