@@ -80,3 +80,26 @@ def test_bad_input(tmp_path: Path) -> None:
         d.defer("w", {}, attempts=1)
         with pytest.raises(UsageError):
             d.resolve("w", "forgotten")
+
+
+def test_compaction_keeps_exactly_the_live_items_with_awkward_ids(tmp_path: Path) -> None:
+    ids = ["plain", 'quo"te', "back\\slash", "ünï☃", "new\nline", "w-5"]
+    with DeferJournal.open(tmp_path) as d:
+        for i, w in enumerate(ids):
+            d.defer(w, {"i": i}, attempts=1)
+        d.resolve("w-5", "dropped")
+        d.resolve('quo"te', "requeued")
+        d.defer('quo"te', {"i": 99}, attempts=2)  # deferred again: the newest one is kept
+        d.journal.append({"event": "note", "free": "form"})  # foreign records are dropped
+        before, after = d.compact()
+        assert (before, after) == (10, 5)
+        items = {i.work_id: i.item for i in d.items()}
+    assert items == {
+        "plain": {"i": 0},
+        'quo"te': {"i": 99},
+        "back\\slash": {"i": 2},
+        "ünï☃": {"i": 3},
+        "new\nline": {"i": 4},
+    }
+    with DeferJournal.open(tmp_path) as d:
+        assert {i.work_id: i.item for i in d.items()} == items

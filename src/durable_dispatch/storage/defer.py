@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from ..errors import NotDurableError, UsageError
 from .journal import Health, Journal
 
@@ -96,6 +98,28 @@ class _Counts:
     resolved: int = 0
 
 
+_PREFIXES = (
+    (b'{"event":"deferred","work_id":"', "deferred"),
+    (b'{"event":"resolved","work_id":"', "resolved"),
+)
+
+
+def _event_and_id(raw: bytes) -> tuple[str | None, str | None]:
+    """``(event, work_id)`` of a payload's JSON bytes, reading the prefix this module writes and
+    decoding the payload only when it is in another form."""
+    for prefix, event in _PREFIXES:
+        if raw.startswith(prefix):
+            end = raw.find(b'"', len(prefix))
+            wid = raw[len(prefix) : end]
+            if end > 0 and b"\\" not in wid:
+                return event, wid.decode("utf-8")
+    p = orjson.loads(raw)
+    if not isinstance(p, dict) or not isinstance(p.get("work_id"), str):
+        return None, None
+    ev = p.get("event")
+    return (ev if isinstance(ev, str) else None), p["work_id"]
+
+
 def compact_journal(journal: Journal, *, dry_run: bool = False) -> tuple[int, int]:
     """Rewrite a defer journal with only the newest deferral of each live work ID (S6).
 
@@ -107,20 +131,20 @@ def compact_journal(journal: Journal, *, dry_run: bool = False) -> tuple[int, in
     """
     live: dict[str, int] = {}
     before = 0
-    for rec in journal.records():
+    journal.sync_now()
+    for seq, raw in journal.raw_records():
         before += 1
-        p = rec.payload
-        if not isinstance(p, dict) or not isinstance(p.get("work_id"), str):
+        event, wid = _event_and_id(raw)
+        if wid is None:
             continue
-        if p.get("event") == "deferred":
-            live[p["work_id"]] = rec.seq
-        elif p.get("event") == "resolved":
-            live.pop(p["work_id"], None)
+        if event == "deferred":
+            live[wid] = seq
+        elif event == "resolved":
+            live.pop(wid, None)
     if dry_run:
         return before, len(live)
     keep = set(live.values())
     del live
-    journal.sync_now()
     journal.replace_contents((p for seq, p in journal.raw_records() if seq in keep), raw=True)
     return before, len(keep)
 
