@@ -23,7 +23,7 @@ from durable_dispatch.storage.format import (
     Header,
     frame_record,
     parse_record,
-    read_payloads,
+    read_chunks,
     scan,
     verify_record,
 )
@@ -119,7 +119,8 @@ def test_journal_readers_never_crash_or_invent(tmp_path_factory: Any, data: byte
             assert PAYLOADS[r[0]] == r2[2]
     # 3. the bulk reader
     try:
-        got = list(read_payloads(io.BytesIO(data), HDR.seed, len(HDR.frame()), len(data)))
+        chunks = read_chunks(io.BytesIO(data), HDR.seed, len(HDR.frame()), len(data))
+        got = [row for rows in chunks for row in rows]
         check_records(got)
     except Exception as e:  # noqa: BLE001 - only the reader's own damage type is acceptable
         assert type(e).__name__ == "ReadDamage" or isinstance(e, ValueError), repr(e)

@@ -152,41 +152,36 @@ def verify_record(line: bytes, seed: int) -> tuple[int, int, bytes] | str:
     return _verify_slow(line, seed)
 
 
-def _bulk_verified(lines: list[bytes], seed: int) -> list[int] | None:
-    """Sequence numbers of ``lines`` (each ending in a newline) if every one is an intact record
-    in canonical framing, checked with C-level bulk operations; None if any is not."""
+def bulk_raw(lines: list[bytes], seed: int, tail: int = 2) -> list[tuple[int, bytes]] | None:
+    """``(seq, payload bytes)`` of ``lines`` if every one is an intact record in canonical
+    framing, checked with C-level bulk operations (``map`` over slices, ``zlib.crc32``, ``int``);
+    None if any line is not, so the caller can check line by line and name the damage.
+
+    ``tail`` is 2 for lines that keep their newline, 1 for lines split without it.
+    """
     n = len(lines)
+    end = b"}\n" if tail == 2 else b"}"
     if not (
         all(map(bytes.startswith, lines, repeat(_PREFIX, n)))
-        and all(map(bytes.endswith, lines, repeat(b"}\n", n)))
+        and all(map(bytes.endswith, lines, repeat(end, n)))
         and list(map(itemgetter(slice(22, 30)), lines)) == [_SEQ_MARK] * n
     ):
         return None
+    cut_at: Any = getitem  # bytes[slice] -> bytes; typeshed's map() cannot say so
     try:
         hexes = list(map(itemgetter(slice(14, 22)), lines))
         if b"".join(hexes).translate(None, _HEX):  # only canonical lowercase hex digits
             return None
         stored = list(map(int, hexes, repeat(16, n)))
-        if stored != list(map(zlib.crc32, map(itemgetter(slice(24, -2)), lines), repeat(seed, n))):
+        regions = map(itemgetter(slice(24, -tail)), lines)
+        if stored != list(map(zlib.crc32, regions, repeat(seed, n))):
             return None
-        commas = map(bytes.find, lines, repeat(b",", n), repeat(30, n))
-        cut_at: Any = getitem
-        return list(map(int, map(cut_at, lines, map(slice, repeat(30, n), commas))))
+        commas = list(map(bytes.find, lines, repeat(b",", n), repeat(30, n)))
+        seqs = list(map(int, map(cut_at, lines, map(slice, repeat(30, n), commas))))
     except ValueError:
         return None
-
-
-def bulk_raw(lines: list[bytes], seed: int) -> list[tuple[int, bytes]] | None:
-    """``(seq, payload bytes)`` of ``lines`` (each ending in a newline) if all are intact records
-    in canonical framing (checked in bulk, as :func:`_bulk_verified`); None otherwise."""
-    seqs = _bulk_verified(lines, seed)
-    if seqs is None:
-        return None
-    n = len(lines)
-    cut_at: Any = getitem
-    commas = map(bytes.find, lines, repeat(b",", n), repeat(30, n))
     starts = map(bytes.find, lines, repeat(b',"p":', n), commas)
-    payloads = map(cut_at, lines, map(slice, map(add, starts, repeat(5, n)), repeat(-2, n)))
+    payloads = map(cut_at, lines, map(slice, map(add, starts, repeat(5, n)), repeat(-tail, n)))
     return list(zip(seqs, payloads, strict=True))
 
 
@@ -406,7 +401,8 @@ def scan(
         """A batch of lines: verified in bulk while no damage was seen, else line by line."""
         nonlocal expected
         if damaged_from is None and not count_kinds and batch:
-            seqs = _bulk_verified([line for _o, line, _n in batch], seed)
+            ok = bulk_raw([line for _o, line, _n in batch], seed)
+            seqs = [seq for seq, _p in ok] if ok is not None else None
             if seqs is not None and seqs == list(range(expected, expected + len(seqs))):
                 off, _line, n = batch[-1]
                 if res.first_seq is None:
@@ -432,32 +428,12 @@ def scan(
 
 
 class ReadDamage(Exception):
-    """Internal: a record read back by :func:`read_payloads` failed its checks."""
+    """Internal: a record read back by :func:`read_chunks` failed its checks."""
 
     def __init__(self, offset: int, reason: str) -> None:
         super().__init__(offset, reason)
         self.offset = offset
         self.reason = reason
-
-
-def read_payloads(
-    f: BinaryIO,
-    seed: int,
-    start: int,
-    end: int,
-    from_seq: int = 0,
-    holes: tuple[tuple[int, int], ...] = (),
-    chunk_size: int = 1 << 16,
-) -> Iterator[tuple[int, Any]]:
-    """Yield ``(seq, payload)`` for the verified records in bytes ``[start, end)`` of ``f``.
-
-    See :func:`read_chunks`, which this flattens.
-
-    Raises:
-        ReadDamage: a line fails its checks, or the region does not end on a line boundary.
-    """
-    for rows in read_chunks(f, seed, start, end, from_seq, holes, chunk_size):
-        yield from rows
 
 
 def read_chunks(
@@ -486,11 +462,7 @@ def read_chunks(
     carry = b""
     expected: int | None = None
     hole_after = {a - 1: b + 1 for a, b in holes}
-    crc32 = zlib.crc32
     loads = orjson.loads
-    region_of = itemgetter(slice(24, -1))
-    hex_of = itemgetter(slice(14, 22))
-    mark_of = itemgetter(slice(22, 30))
     while left > 0 or carry:
         block = f.read(min(chunk_size, left)) if left > 0 else b""
         left -= len(block)
@@ -509,37 +481,19 @@ def read_chunks(
         lines = data[: cut - 1].split(b"\n")
         n = len(lines)
         rows: Any = None
-        if (
-            all(map(bytes.startswith, lines, repeat(_PREFIX, n)))
-            and all(map(bytes.endswith, lines, repeat(b"}", n)))
-            and list(map(mark_of, lines)) == [_SEQ_MARK] * n
-        ):
-            hexes = list(map(hex_of, lines))
-            canonical = not b"".join(hexes).translate(None, _HEX)
-            stored = list(map(int, hexes, repeat(16, n))) if canonical else []
-            if stored == list(map(crc32, map(region_of, lines), repeat(seed, n))):
-                # Every line is ours, byte for byte: slice sequence numbers and payloads in C.
-                commas = list(map(bytes.find, lines, repeat(b",", n), repeat(30, n)))
-                cut_at: Any = getitem  # bytes[slice] -> bytes; typeshed's map() cannot say so
+        ok = bulk_raw(lines, seed, tail=1)
+        if ok:
+            first = ok[0][0] if expected is None else expected
+            if [seq for seq, _p in ok] == list(range(first, first + n)):
                 try:
-                    seqs = list(map(int, map(cut_at, lines, map(slice, repeat(30, n), commas))))
-                except ValueError:
-                    seqs = []
-                first = seqs[0] if expected is None and seqs else expected
-                if first is not None and seqs == list(range(first, first + n)):
-                    starts = map(bytes.find, lines, repeat(b',"p":', n), commas)
-                    payloads = map(
-                        cut_at, lines, map(slice, map(add, starts, repeat(5, n)), repeat(-1, n))
-                    )
-                    try:
-                        values = loads(b"[" + b",".join(payloads) + b"]")
-                    except orjson.JSONDecodeError:
-                        values = None
-                    if values is not None and len(values) == n:
-                        rows = zip(seqs, values, strict=True)
-                        expected = first + n
-                        if first < from_seq:
-                            rows = (r for r in rows if r[0] >= from_seq)
+                    values = loads(b"[" + b",".join([p for _s, p in ok]) + b"]")
+                except orjson.JSONDecodeError:
+                    values = None
+                if values is not None and len(values) == n:
+                    rows = zip(range(first, first + n), values, strict=True)
+                    expected = first + n
+                    if first < from_seq:
+                        rows = (r for r in rows if r[0] >= from_seq)
         if rows is None:
             rows = []
             off = pos
