@@ -121,6 +121,7 @@ def parse_header(line: bytes) -> Header | str:
 _PREFIX = b'{"v":1,"crc":"'  # 14 bytes, then 8 hex digits
 _SEQ_MARK = b'","seq":'  # at [22:30]
 _HEX = b"0123456789abcdef"
+_cut_at: Any = getitem  # bytes[slice] -> bytes; typeshed's map() cannot say so
 
 
 def verify_record(line: bytes, seed: int) -> tuple[int, int, bytes] | str:
@@ -152,8 +153,8 @@ def verify_record(line: bytes, seed: int) -> tuple[int, int, bytes] | str:
     return _verify_slow(line, seed)
 
 
-def bulk_raw(lines: list[bytes], seed: int, tail: int = 2) -> list[tuple[int, bytes]] | None:
-    """``(seq, payload bytes)`` of ``lines`` if every one is an intact record in canonical
+def _bulk_check(lines: list[bytes], seed: int, tail: int) -> tuple[list[int], list[int]] | None:
+    """``(seqs, comma positions)`` of ``lines`` if every one is an intact record in canonical
     framing, checked with C-level bulk operations (``map`` over slices, ``zlib.crc32``, ``int``);
     None if any line is not, so the caller can check line by line and name the damage.
 
@@ -167,7 +168,6 @@ def bulk_raw(lines: list[bytes], seed: int, tail: int = 2) -> list[tuple[int, by
         and list(map(itemgetter(slice(22, 30)), lines)) == [_SEQ_MARK] * n
     ):
         return None
-    cut_at: Any = getitem  # bytes[slice] -> bytes; typeshed's map() cannot say so
     try:
         hexes = list(map(itemgetter(slice(14, 22)), lines))
         if b"".join(hexes).translate(None, _HEX):  # only canonical lowercase hex digits
@@ -177,12 +177,26 @@ def bulk_raw(lines: list[bytes], seed: int, tail: int = 2) -> list[tuple[int, by
         if stored != list(map(zlib.crc32, regions, repeat(seed, n))):
             return None
         commas = list(map(bytes.find, lines, repeat(b",", n), repeat(30, n)))
-        seqs = list(map(int, map(cut_at, lines, map(slice, repeat(30, n), commas))))
+        return list(map(int, map(_cut_at, lines, map(slice, repeat(30, n), commas)))), commas
     except ValueError:
         return None
+
+
+def _payload_slices(lines: list[bytes], commas: list[int], tail: int) -> Iterator[bytes]:
+    """The raw payload bytes of checked lines (see :func:`_bulk_check`), sliced in C."""
+    n = len(lines)
     starts = map(bytes.find, lines, repeat(b',"p":', n), commas)
-    payloads = map(cut_at, lines, map(slice, map(add, starts, repeat(5, n)), repeat(-tail, n)))
-    return list(zip(seqs, payloads, strict=True))
+    return map(_cut_at, lines, map(slice, map(add, starts, repeat(5, n)), repeat(-tail, n)))
+
+
+def bulk_raw(lines: list[bytes], seed: int) -> list[tuple[int, bytes]] | None:
+    """``(seq, payload bytes)`` of ``lines`` (each ending in a newline) if all are intact
+    records, checked in bulk; None otherwise."""
+    checked = _bulk_check(lines, seed, 2)
+    if checked is None:
+        return None
+    seqs, commas = checked
+    return list(zip(seqs, _payload_slices(lines, commas, 2), strict=True))
 
 
 def _durable_mark(line: bytes) -> int | None:
@@ -401,8 +415,8 @@ def scan(
         """A batch of lines: verified in bulk while no damage was seen, else line by line."""
         nonlocal expected
         if damaged_from is None and not count_kinds and batch:
-            ok = bulk_raw([line for _o, line, _n in batch], seed)
-            seqs = [seq for seq, _p in ok] if ok is not None else None
+            checked = _bulk_check([line for _o, line, _n in batch], seed, 2)
+            seqs = checked[0] if checked is not None else None
             if seqs is not None and seqs == list(range(expected, expected + len(seqs))):
                 off, _line, n = batch[-1]
                 if res.first_seq is None:
@@ -481,12 +495,13 @@ def read_chunks(
         lines = data[: cut - 1].split(b"\n")
         n = len(lines)
         rows: Any = None
-        ok = bulk_raw(lines, seed, tail=1)
-        if ok:
-            first = ok[0][0] if expected is None else expected
-            if [seq for seq, _p in ok] == list(range(first, first + n)):
+        checked = _bulk_check(lines, seed, 1)
+        if checked is not None:
+            seqs, commas = checked
+            first = seqs[0] if expected is None else expected
+            if seqs == list(range(first, first + n)):
                 try:
-                    values = loads(b"[" + b",".join([p for _s, p in ok]) + b"]")
+                    values = loads(b"[" + b",".join(_payload_slices(lines, commas, 1)) + b"]")
                 except orjson.JSONDecodeError:
                     values = None
                 if values is not None and len(values) == n:
