@@ -457,3 +457,16 @@ def test_sigkill_crash_keeps_every_acknowledged_record(tmp_path: Path) -> None:
         for s, p in got.items():
             assert p["seq_hint"] == s and p["pad"] == "z" * (s % 97)
     assert len(acked) > 50
+
+
+def test_a_record_of_another_version_mid_file_is_damage_for_readers(tmp_path: Path) -> None:
+    """Found by fuzzing: the read-only reader raised a bare ValueError for such a line."""
+    from durable_dispatch.storage.journal import read_journal
+
+    path = _journal_with(tmp_path, 5)
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[3] = lines[3].replace(b'{"v":1,', b'{"v":0,')
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(JournalCorruptError) as ei:
+        list(read_journal(path))
+    assert "version" in (ei.value.reason or "")

@@ -58,12 +58,12 @@ from .format import (
     Header,
     ReadDamage,
     bulk_raw,
+    checked_record,
     frame_record,
     new_salt,
     payload_of,
     read_chunks,
     scan,
-    verify_record,
 )
 
 __all__ = [
@@ -510,7 +510,7 @@ class Journal:
             for off, line, _n in lines:
                 if end is not None and off >= end:
                     return
-                r = verify_record(line, seed) if line else "oversized"
+                r = checked_record(line, seed) if line else "oversized"
                 if isinstance(r, str):
                     if strict:
                         raise JournalCorruptError(
@@ -887,7 +887,7 @@ class Journal:
             return fast
         out = []
         for off, line, _n in batch:
-            r = verify_record(line, seed) if line else "oversized record"
+            r = checked_record(line, seed) if line else "oversized record"
             if isinstance(r, str):
                 raise JournalCorruptError(
                     f"journal damaged at offset {off}: {r}", path=self.path, offset=off, reason=r
