@@ -1,6 +1,6 @@
 """`verify` and `compact` on a large journal whose records are 90% obsolete, in one run.
 
-Usage: ``python benchmarks/bench_cli.py [--records 1000000] [--dir DIR]``
+Usage: ``python benchmarks/bench_cli.py [--records 1000000] [--repeat 3] [--dir DIR]``
 
 Builds a defer journal of N records: N/2 deferrals and, for 90% of the records, the resolution that
 makes a deferral obsolete, so after compaction 10% of the records remain (the live set). Then runs,
@@ -10,6 +10,10 @@ as subprocesses measured for wall time and peak memory (``ru_maxrss``):
   baseline   a plain ``for line in f: orjson.loads(line)`` loop over the same file
 and prints the ratios the targets are stated in: verify >= 0.5x the speed of the orjson loop;
 compact peak memory < 2x the size of the live set (the compacted file); compact time <= 3x verify.
+
+The three are run in turn ``--repeat`` times (each compaction on a fresh copy of the journal) and
+each one's fastest run is kept, as ``timeit`` does: on a shared machine the slowest runs measure the
+neighbours, not the code.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ def measure(mode: str, path: Path) -> tuple[float, int, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each; the fastest is kept")
     ap.add_argument("--dir")
     a = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="dd-bench-cli-", dir=a.dir))
@@ -104,22 +109,29 @@ def main() -> int:
             f"built {a.records:,} records ({size / 1e6:.1f} MB, {live:,} live) in "
             f"{time.perf_counter() - t:.1f}s"
         )
-        t_base, m_base, _ = measure("loads", path)
-        t_ver, m_ver, rc = measure("verify", path)
-        assert rc == 0, "verify found damage"
-        t_cmp, m_cmp, rc = measure("compact", path)
-        assert rc == 0, "compact failed"
-        live_size = path.stat().st_size
+        copy = base / "compacted.jsonl"  # each compaction runs on a fresh copy
+        runs: dict[str, list[tuple[float, int]]] = {"loads": [], "verify": [], "compact": []}
+        for _ in range(a.repeat):
+            for mode in runs:
+                if mode == "compact":
+                    shutil.copyfile(path, copy)
+                el, mem, rc = measure(mode, copy if mode == "compact" else path)
+                assert rc == 0, f"{mode} failed"
+                runs[mode].append((el, mem))
+        # Fastest time, but the largest peak memory seen in any run.
+        t_base, t_ver, t_cmp = (min(el for el, _m in r) for r in runs.values())
+        m_base, m_ver, m_cmp = (max(m for _el, m in r) for r in runs.values())
+        idle = measure("none", path)[1]
+        live_size = copy.stat().st_size
         print(f"plain orjson.loads loop   {t_base:6.2f}s  ({a.records / t_base:,.0f} records/s)")
         print(f"verify                    {t_ver:6.2f}s  ({a.records / t_ver:,.0f} records/s)")
         print(f"compact                   {t_cmp:6.2f}s  -> {live_size / 1e6:.1f} MB live")
         print(
             f"peak RSS: loads {m_base / 1e6:.0f} MB, verify {m_ver / 1e6:.0f} MB, "
             f"compact {m_cmp / 1e6:.0f} MB (an idle interpreter with the library: "
-            f"{measure('none', path)[1] / 1e6:.0f} MB)"
+            f"{idle / 1e6:.0f} MB)"
         )
         print(f"verify speed / orjson loop      = {t_base / t_ver:5.2f}  (target >= 0.5)")
-        idle = measure("none", path)[1]
         print(
             f"compact peak RSS / live set     = {m_cmp / live_size:5.2f}  (target < 2; includes "
             f"the Python interpreter)"

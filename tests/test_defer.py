@@ -103,3 +103,50 @@ def test_compaction_keeps_exactly_the_live_items_with_awkward_ids(tmp_path: Path
     }
     with DeferJournal.open(tmp_path) as d:
         assert {i.work_id: i.item for i in d.items()} == items
+
+
+def test_compaction_across_many_batches_matches_a_plain_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deferrals resolved many blocks later, deferred again, and records in a foreign form (keys
+    reordered, escaped IDs) that the compactor must decode: the kept set equals what a plain
+    decoding replay of the journal says is live."""
+    import random
+
+    from durable_dispatch import Journal
+    from durable_dispatch.storage import defer
+    from durable_dispatch.storage.defer import compact_journal
+
+    decoded: list[bytes] = []  # payloads the compactor had to decode (the slow path)
+    slow = defer._event_and_id
+    monkeypatch.setattr(defer, "_event_and_id", lambda raw: decoded.append(raw) or slow(raw))
+    rng = random.Random(7)
+    path = tmp_path / DEFAULT_DEFER_NAME
+    ids = [f"w-{i}" for i in range(400)] + ['q"-1', "é-2", "b\\-3"]
+    with Journal.open(path, sync="never") as j:
+        for n in range(6000):
+            early = n < 1500  # blocks with escaped IDs and foreign forms, then plain ones
+            wid = rng.choice(ids if early else ids[:400])
+            if rng.random() < 0.55:
+                p = {"event": "deferred", "work_id": wid, "item": {"n": n}, "attempts": 1}
+                if early and n % 11 == 0:  # another writer's key order
+                    p = {"work_id": wid, "attempts": 1, "item": {"n": n}, "event": "deferred"}
+            else:
+                p = {"event": "resolved", "work_id": wid, "how": "dropped"}
+            j.append(p)
+        j.sync_now()
+        expect: dict[str, object] = {}
+        for rec in j.records():
+            if rec.payload["event"] == "deferred":
+                expect[rec.payload["work_id"]] = rec.payload
+            else:
+                expect.pop(rec.payload["work_id"], None)
+        assert compact_journal(j, dry_run=True) == (6000, len(expect))
+        assert 0 < len(decoded) < 3000  # both paths ran
+        assert compact_journal(j) == (6000, len(expect))
+        got = [rec.payload for rec in j.records()]
+    assert {p["work_id"]: p for p in got} == expect
+    assert len(got) == len(expect)
+    # The kept records keep their journal order.
+    order = [p["item"]["n"] for p in got]
+    assert order == sorted(order)

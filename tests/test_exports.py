@@ -40,3 +40,25 @@ def test_every_public_name_has_a_docstring() -> None:
                         ):
                             continue
                         assert getattr(member, "__doc__", None), f"{modname}.{name}.{attr}"
+
+
+def test_top_level_names_load_on_first_use() -> None:
+    """A worker rank or the command line on a journal file does not load the master's parts."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, durable_dispatch.mpi.worker, durable_dispatch.storage.defer\n"
+        "print(sorted(m for m in ('durable_dispatch.state', 'durable_dispatch.core.dispatcher')"
+        " if m in sys.modules))\n"
+        "import durable_dispatch as dd\n"
+        "print(all(getattr(dd, n) is not None for n in dd.__all__))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "True"]
+    try:
+        durable_dispatch.no_such_name  # noqa: B018
+    except AttributeError as e:
+        assert "no_such_name" in str(e)
+    else:
+        raise AssertionError("unknown names must raise AttributeError")

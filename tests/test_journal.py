@@ -470,3 +470,62 @@ def test_a_record_of_another_version_mid_file_is_damage_for_readers(tmp_path: Pa
     with pytest.raises(JournalCorruptError) as ei:
         list(read_journal(path))
     assert "version" in (ei.value.reason or "")
+
+
+def test_raw_batches_give_offsets_seqs_and_payload_bytes_as_stored(tmp_path: Path) -> None:
+    # Enough records for several blocks, with payloads of varied length.
+    payloads = [{"i": i, "pad": "x" * (i % 97)} for i in range(3000)]
+    path = tmp_path / "j.jsonl"
+    with Journal.open(path, sync="never") as j:
+        for p in payloads:
+            j.append(p)
+        j.sync_now()
+        batches = list(j.raw_batches())
+        assert len(batches) > 1
+        offsets = [o for b in batches for o in b.offsets]
+        assert offsets == line_offsets(path)[1:]  # the header's line is not a record
+        assert [s for b in batches for s in b.seqs] == list(range(3000))
+        assert [orjson.loads(p) for b in batches for p in b.payloads] == payloads
+        # raw_at re-reads any ascending subset of those offsets.
+        picked = offsets[::7] + [offsets[-1]]
+        again = list(j.raw_at(picked))
+        assert [o for b in again for o in b.offsets] == picked
+        assert [s for b in again for s in b.seqs] == list(range(0, 3000, 7)) + [2999]
+        assert [orjson.loads(p) for b in again for p in b.payloads] == [
+            payloads[s] for b in again for s in b.seqs
+        ]
+
+
+def test_raw_at_refuses_offsets_that_are_not_records(tmp_path: Path) -> None:
+    path = tmp_path / "j.jsonl"
+    with Journal.open(path, sync="always") as j:
+        for i in range(5):
+            j.append({"i": i})
+        offs = line_offsets(path)
+        with pytest.raises(UsageError):
+            list(j.raw_at([offs[2], offs[1]]))  # not ascending
+        with pytest.raises(UsageError):
+            list(j.raw_at([0]))  # the header
+        with pytest.raises(UsageError):
+            list(j.raw_at([path.stat().st_size]))  # past the end
+        with pytest.raises(JournalCorruptError) as ei:
+            list(j.raw_at([offs[2] + 3]))  # inside a record
+        assert ei.value.offset == offs[2] + 3
+
+
+def test_raw_reads_name_damage_that_appeared_after_open(tmp_path: Path) -> None:
+    path = tmp_path / "j.jsonl"
+    with Journal.open(path, sync="never") as j:
+        for i in range(2000):
+            j.append({"i": i})
+        j.sync_now()
+        offs = line_offsets(path)
+        data = bytearray(path.read_bytes())
+        data[offs[1500] + 40] ^= 0x01  # bit rot in a durable record
+        path.write_bytes(bytes(data))
+        with pytest.raises(JournalCorruptError) as ei:
+            list(j.raw_batches())
+        assert ei.value.offset == offs[1500]
+        with pytest.raises(JournalCorruptError) as ei:
+            list(j.raw_at([offs[10], offs[1500]]))
+        assert ei.value.offset == offs[1500]

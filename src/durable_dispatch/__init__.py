@@ -1,22 +1,31 @@
 """durable-dispatch: crash-safe MPI master/worker task farms.
 
-Only re-exports live here; see the README for the tour and ``docs/`` for the details.
+Only re-exports live here; see the README for the tour and ``docs/`` for the details. The names are
+loaded on first use (PEP 562), so a process that needs one part (a worker rank, the command line
+on a journal file) does not pay for the others.
 """
 
-from .core import Dispatcher, RetryPolicy, WatchdogConfig, WorkItem
-from .errors import DurableDispatchError
-from .state import CampaignState
-from .storage import (
-    DeferJournal,
-    Health,
-    HealthState,
-    Journal,
-    Receipt,
-    Record,
-    RecoveryReport,
-    Snapshot,
-    SnapshotStore,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .core import Dispatcher, RetryPolicy, WatchdogConfig, WorkItem
+    from .errors import DurableDispatchError
+    from .state import CampaignState
+    from .storage import (
+        DeferJournal,
+        Health,
+        HealthState,
+        Journal,
+        Receipt,
+        Record,
+        RecoveryReport,
+        Snapshot,
+        SnapshotStore,
+    )
 
 __version__ = "0.1.0"
 
@@ -37,3 +46,25 @@ __all__ = [
     "Snapshot",
     "SnapshotStore",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CampaignState": ".state",
+        "Dispatcher": ".core",
+        "RetryPolicy": ".core",
+        "WatchdogConfig": ".core",
+        "WorkItem": ".core",
+        "DeferJournal": ".storage",
+        "DurableDispatchError": ".errors",
+        "Health": ".storage",
+        "HealthState": ".storage",
+        "Journal": ".storage",
+        "Receipt": ".storage",
+        "Record": ".storage",
+        "RecoveryReport": ".storage",
+        "Snapshot": ".storage",
+        "SnapshotStore": ".storage",
+    },
+    __all__,
+)

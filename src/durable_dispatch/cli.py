@@ -257,7 +257,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_compact(args: argparse.Namespace) -> int:
     """Fold a state directory's journal into a snapshot, or drop resolved deferred entries."""
-    from .state import compact_state
     from .storage import Journal
     from .storage.defer import compact_journal
 
@@ -265,6 +264,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     if not os.path.exists(path):
         raise _IOFailure(f"{path}: no such file or directory")
     if os.path.isdir(path):
+        from .state import compact_state
+
         _need_state_dir(path)
         rep = compact_state(path, dry_run=args.dry_run).as_dict()
     else:

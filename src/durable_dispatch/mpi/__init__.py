@@ -1,12 +1,20 @@
 """The MPI shell: master and worker loops on mpi4py, and an ``mpiexec`` launcher.
 
 This is the only package that imports mpi4py (lazily, inside the functions), so the rest of the
-library works without an MPI runtime.
+library works without an MPI runtime. Names load on first use: a worker rank that imports
+``run_worker`` does not load the master, the campaign state or the dispatch core.
 """
 
-from .launcher import mpiexec_command, run_mpiexec
-from .master import MasterReport, finish, run_master, ulfm_mode
-from .worker import run_worker
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .launcher import mpiexec_command, run_mpiexec
+    from .master import MasterReport, finish, run_master, ulfm_mode
+    from .worker import run_worker
 
 __all__ = [
     "run_master",
@@ -17,3 +25,17 @@ __all__ = [
     "mpiexec_command",
     "run_mpiexec",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "run_master": ".master",
+        "run_worker": ".worker",
+        "MasterReport": ".master",
+        "ulfm_mode": ".master",
+        "finish": ".master",
+        "mpiexec_command": ".launcher",
+        "run_mpiexec": ".launcher",
+    },
+    __all__,
+)

@@ -189,16 +189,6 @@ def _payload_slices(lines: list[bytes], commas: list[int], tail: int) -> Iterato
     return map(_cut_at, lines, map(slice, map(add, starts, repeat(5, n)), repeat(-tail, n)))
 
 
-def bulk_raw(lines: list[bytes], seed: int) -> list[tuple[int, bytes]] | None:
-    """``(seq, payload bytes)`` of ``lines`` (each ending in a newline) if all are intact
-    records, checked in bulk; None otherwise."""
-    checked = _bulk_check(lines, seed, 2)
-    if checked is None:
-        return None
-    seqs, commas = checked
-    return list(zip(seqs, _payload_slices(lines, commas, 2), strict=True))
-
-
 def _durable_mark(line: bytes) -> int | None:
     """The ``d`` mark of a well-framed record line, without verifying it (None if not framed)."""
     if line[:14] != _PREFIX or line[22:30] != _SEQ_MARK:
@@ -459,6 +449,41 @@ class ReadDamage(Exception):
         self.reason = reason
 
 
+def line_blocks(
+    f: BinaryIO, start: int, end: int, chunk_size: int = 1 << 16
+) -> Iterator[tuple[int, list[bytes]]]:
+    """Yield ``(offset, lines)`` for bytes ``[start, end)`` of ``f``: blocks of consecutive whole
+    lines, without their newlines, the first starting at ``offset``.
+
+    For a region already known to hold whole records (a verified prefix): it is read in large
+    chunks and split in C, with no per-line Python work.
+
+    Raises:
+        ReadDamage: the region does not end on a line boundary, or the file is shorter.
+    """
+    f.seek(start)
+    pos = start
+    left = end - start
+    carry = b""
+    while left > 0 or carry:
+        block = f.read(min(chunk_size, left)) if left > 0 else b""
+        left -= len(block)
+        if not block and left > 0:
+            raise ReadDamage(pos, "file shorter than expected")
+        data = carry + block
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            if left <= 0:
+                raise ReadDamage(pos, "torn record (no newline)")
+            carry = data
+            continue
+        carry = data[cut:]
+        if left <= 0 and carry:
+            raise ReadDamage(pos + cut, "torn record (no newline)")
+        yield pos, data[: cut - 1].split(b"\n")
+        pos += cut
+
+
 def read_chunks(
     f: BinaryIO,
     seed: int,
@@ -479,29 +504,10 @@ def read_chunks(
     Raises:
         ReadDamage: a line fails its checks, or the region does not end on a line boundary.
     """
-    f.seek(start)
-    pos = start
-    left = end - start
-    carry = b""
     expected: int | None = None
     hole_after = {a - 1: b + 1 for a, b in holes}
     loads = orjson.loads
-    while left > 0 or carry:
-        block = f.read(min(chunk_size, left)) if left > 0 else b""
-        left -= len(block)
-        if not block and left > 0:
-            raise ReadDamage(pos, "file shorter than expected")
-        data = carry + block
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            if left <= 0:
-                raise ReadDamage(pos, "torn record (no newline)")
-            carry = data
-            continue
-        carry = data[cut:]
-        if left <= 0 and carry:
-            raise ReadDamage(pos + cut, "torn record (no newline)")
-        lines = data[: cut - 1].split(b"\n")
+    for pos, lines in line_blocks(f, start, end, chunk_size):
         n = len(lines)
         rows: Any = None
         checked = _bulk_check(lines, seed, 1)
@@ -535,5 +541,4 @@ def read_chunks(
                     raise ReadDamage(off, "payload is not JSON") from None
                 off += len(line) + 1
             rows = [r for r in rows if r[0] >= from_seq]
-        pos += cut
         yield rows

@@ -33,7 +33,8 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
+from operator import add
 from types import TracebackType
 from typing import Any, BinaryIO, NamedTuple
 
@@ -57,9 +58,12 @@ from .format import (
     Damage,
     Header,
     ReadDamage,
-    bulk_raw,
+    _bulk_check,
+    _payload_slices,
     checked_record,
     frame_record,
+    iter_lines,
+    line_blocks,
     new_salt,
     payload_of,
     read_chunks,
@@ -70,6 +74,7 @@ __all__ = [
     "Journal",
     "Receipt",
     "Record",
+    "RawBatch",
     "Health",
     "HealthState",
     "RecoveryReport",
@@ -99,6 +104,17 @@ class Record(NamedTuple):
 
     seq: int
     payload: Any
+
+
+class RawBatch(NamedTuple):
+    """Verified records of consecutive journal lines (see :meth:`Journal.raw_batches`)."""
+
+    #: File offset of each record's line.
+    offsets: list[int]
+    #: Sequence number of each record.
+    seqs: list[int]
+    #: Payload JSON bytes of each record, exactly as stored.
+    payloads: list[bytes]
 
 
 class HealthState(str, Enum):
@@ -502,8 +518,6 @@ class Journal:
         With ``strict`` a damaged record raises :class:`JournalCorruptError` (it was durable and
         must not be dropped silently); without it damaged records are skipped (salvage).
         """
-        from .format import iter_lines
-
         with fs.open_read(path) as f:
             lines = iter_lines(f, self.max_record_bytes + 256)
             next(lines, None)  # header
@@ -549,7 +563,7 @@ class Journal:
                 chunk.append(frame_record(seed, seq, mark, payload))
                 pending += len(chunk[-1])
                 last = seq
-                if pending >= 1 << 20:
+                if pending >= 1 << 18:
                     data = b"".join(chunk)
                     fs.write_all(fd, data)
                     size += len(data)
@@ -846,54 +860,103 @@ class Journal:
         return True
 
     # ------------------------------------------------------------------ rewriting
-    def raw_records(self) -> Iterator[tuple[int, bytes]]:
-        """Every record in the file as ``(seq, payload JSON bytes)``, verified, not decoded.
+    def raw_batches(self) -> Iterator[RawBatch]:
+        """Every record in the file, verified but not decoded, in batches of consecutive lines.
 
-        For copying records without decoding them (compaction). Records not yet written to the
-        file are not included: call :meth:`sync_now` first.
+        For copying records without decoding them (compaction): each :class:`RawBatch` holds the
+        records' file offsets, sequence numbers and payload JSON bytes, checked in bulk. Records
+        not yet written to the file are not included: call :meth:`sync_now` first.
 
         Raises:
             JournalCorruptError: a record fails its checks.
         """
+        f, end, seed = self._open_for_raw()
+        # The file is opened now, not when iteration starts: replace_contents() holds the I/O
+        # lock while it consumes an iterator over it.
+        return self._raw_iter(f, end, seed)
+
+    def raw_at(self, offsets: Iterable[int]) -> Iterator[RawBatch]:
+        """Re-read and verify, in batches, the records that start at ``offsets`` (ascending, as
+        found in :attr:`RawBatch.offsets`).
+
+        Raises:
+            JournalCorruptError: no intact record starts at one of the offsets.
+            UsageError: the offsets are not ascending or lie outside the records.
+        """
+        f, end, seed = self._open_for_raw()
+        return self._raw_at(f, end, seed, offsets)
+
+    def _open_for_raw(self) -> tuple[BinaryIO | None, int, int]:
         with self._io_lock, self._lock:
             end, seed = self._written, self._seed
             f = fs.open_read(self.path) if self._file_exists and end > self._header_len else None
-        # The lock is taken now, not when iteration starts: replace_contents() holds it while it
-        # consumes this iterator.
-        return self._raw_iter(f, end, seed)
+        return f, end, seed
 
-    def _raw_iter(self, f: Any, end: int, seed: int) -> Iterator[tuple[int, bytes]]:
+    def _raw_iter(self, f: BinaryIO | None, end: int, seed: int) -> Iterator[RawBatch]:
         if f is None:
             return
-        from .format import iter_lines
-
         with f:
-            lines = iter_lines(f, self.max_record_bytes + 256)
-            next(lines, None)
-            batch: list[tuple[int, bytes, int]] = []
-            for item in lines:
-                if item[0] >= end:
-                    break
-                batch.append(item)
-                if len(batch) >= 1024:
-                    yield from self._raw_batch(batch, seed)
-                    batch = []
-            yield from self._raw_batch(batch, seed)
+            try:
+                for pos, lines in line_blocks(f, self._header_len, end, 1 << 16):
+                    yield self._raw_batch(pos, lines, seed)
+            except ReadDamage as d:
+                raise self._damage(d.offset, d.reason) from None
 
-    def _raw_batch(self, batch: list[tuple[int, bytes, int]], seed: int) -> list[tuple[int, bytes]]:
-        """Verify a batch in bulk; line by line (naming the damage) only if that fails."""
-        fast = bulk_raw([line for _o, line, _n in batch], seed) if batch else []
-        if fast is not None:
-            return fast
-        out = []
-        for off, line, _n in batch:
-            r = checked_record(line, seed) if line else "oversized record"
-            if isinstance(r, str):
-                raise JournalCorruptError(
-                    f"journal damaged at offset {off}: {r}", path=self.path, offset=off, reason=r
-                )
-            out.append((r[0], r[2]))
-        return out
+    def _raw_batch(self, pos: int, lines: list[bytes], seed: int) -> RawBatch:
+        """A block of lines (without newlines) that starts at ``pos``, verified."""
+        # Each line's offset: pos plus the lengths (newline included) of the lines before it.
+        offsets = list(accumulate(map(add, map(len, lines[:-1]), repeat(1)), initial=pos))
+        return self._verified(offsets, lines, seed, 1)
+
+    def _verified(self, offsets: list[int], lines: list[bytes], seed: int, tail: int) -> RawBatch:
+        """Verify lines in bulk; line by line (naming the damage) only if that fails. ``tail`` is
+        2 for lines that keep their newline, 1 for lines split without it."""
+        checked = _bulk_check(lines, seed, tail)
+        if checked is not None:
+            seqs, commas = checked
+            return RawBatch(offsets, seqs, list(_payload_slices(lines, commas, tail)))
+        nl = b"\n" if tail == 1 else b""
+        rows = [self._checked(o, line + nl, seed) for o, line in zip(offsets, lines, strict=True)]
+        return RawBatch(offsets, [r[0] for r in rows], [r[1] for r in rows])
+
+    def _checked(self, off: int, line: bytes, seed: int) -> tuple[int, bytes]:
+        r = checked_record(line, seed) if line else "oversized record"
+        if isinstance(r, str):
+            raise self._damage(off, r)
+        return r[0], r[2]
+
+    def _damage(self, offset: int, reason: str) -> JournalCorruptError:
+        return JournalCorruptError(
+            f"journal damaged at offset {offset}: {reason}",
+            path=self.path,
+            offset=offset,
+            reason=reason,
+        )
+
+    def _raw_at(
+        self, f: BinaryIO | None, end: int, seed: int, offsets: Iterable[int]
+    ) -> Iterator[RawBatch]:
+        limit = self.max_record_bytes + 257
+        last = -1
+        offs: list[int] = []
+        lines: list[bytes] = []
+        try:
+            for off in offsets:
+                if f is None or off <= last or off < self._header_len or off >= end:
+                    raise UsageError(f"{off} is not a record offset in ascending order")
+                last = off
+                # Seeking inside the read buffer costs no I/O: dense offsets read the file once.
+                f.seek(off)
+                lines.append(f.readline(limit))
+                offs.append(off)
+                if len(offs) >= 1024:
+                    yield self._verified(offs, lines, seed, 2)
+                    offs, lines = [], []
+            if offs:
+                yield self._verified(offs, lines, seed, 2)
+        finally:
+            if f is not None:
+                f.close()
 
     def replace_contents(
         self, payloads: Iterable[Any], first_seq: int | None = None, *, raw: bool = False
@@ -903,7 +966,7 @@ class Journal:
         Writes a fresh file (temp file, fsync, rename over the journal, directory fsync): at every
         instant either the old or the new file is the journal. The new records are numbered from
         ``first_seq`` (default: the next sequence number, so numbers never repeat). With
-        ``raw=True`` the payloads are JSON bytes already (for example from :meth:`raw_records`)
+        ``raw=True`` the payloads are JSON bytes already (for example from :meth:`raw_at`)
         and are copied as they are. The caller must not append concurrently.
 
         Returns:
@@ -1003,12 +1066,7 @@ class Journal:
             try:
                 yield from read_chunks(f, seed, self._header_len, end, from_seq, self._header.holes)
             except ReadDamage as d:
-                raise JournalCorruptError(
-                    f"journal damaged at offset {d.offset}: {d.reason}",
-                    path=self.path,
-                    offset=d.offset,
-                    reason=d.reason,
-                ) from None
+                raise self._damage(d.offset, d.reason) from None
 
     # --------------------------------------------------------------- properties
     @property
