@@ -150,3 +150,37 @@ def test_compaction_across_many_batches_matches_a_plain_replay(
     # The kept records keep their journal order.
     order = [p["item"]["n"] for p in got]
     assert order == sorted(order)
+
+
+def test_compact_file_collects_the_live_set_during_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clean file is read once by the open's scan (no second verifying pass); a file whose open
+    repaired damage is read again after the repair. Both keep exactly the live items."""
+    from durable_dispatch import Journal
+    from durable_dispatch.storage.defer import compact_file
+
+    def build() -> tuple[Path, dict[str, object]]:
+        with DeferJournal.open(tmp_path, sync="never") as d:
+            for i in range(3000):
+                d.defer(f"w-{i % 700}", {"i": i}, attempts=1)
+                if i % 3 == 0:
+                    d.resolve(f"w-{i % 700}", "dropped")
+            live = {x.work_id: x.item for x in d.items()}
+        return tmp_path / DEFAULT_DEFER_NAME, live
+
+    path, live = build()
+    passes: list[int] = []
+    real = Journal.raw_batches
+    monkeypatch.setattr(Journal, "raw_batches", lambda j: passes.append(1) or real(j))
+    assert compact_file(path, dry_run=True) == (4000, len(live))
+    assert compact_file(path) == (4000, len(live))
+    assert passes == []
+    with DeferJournal.open(tmp_path) as d:
+        assert {x.work_id: x.item for x in d.items()} == live
+    with path.open("ab") as f:
+        f.write(b'{"v":1,"crc":"12')  # a torn tail: cut by the open, then a second pass
+    assert compact_file(path) == (len(live), len(live))
+    assert passes == [1]
+    with DeferJournal.open(tmp_path) as d:
+        assert {x.work_id: x.item for x in d.items()} == live

@@ -257,8 +257,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_compact(args: argparse.Namespace) -> int:
     """Fold a state directory's journal into a snapshot, or drop resolved deferred entries."""
-    from .storage import Journal
-    from .storage.defer import compact_journal
+    from .storage.defer import compact_file
 
     path = args.path
     if not os.path.exists(path):
@@ -270,8 +269,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
         rep = compact_state(path, dry_run=args.dry_run).as_dict()
     else:
         size = os.path.getsize(path)
-        with Journal.open(path, sync="always") as j:
-            before, after = compact_journal(j, dry_run=args.dry_run)
+        before, after = compact_file(path, dry_run=args.dry_run)
         rep = {
             "path": path,
             "records_before": before,

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from ..errors import NotDurableError, UsageError
-from .journal import Health, Journal, RawBatch
+from .journal import Health, Journal
 
 __all__ = [
     "DeferJournal",
@@ -34,6 +34,7 @@ __all__ = [
     "DeferStats",
     "DEFAULT_DEFER_NAME",
     "compact_journal",
+    "compact_file",
 ]
 
 DEFAULT_DEFER_NAME = ".dispatch_protocol_deferred.jsonl"
@@ -122,31 +123,60 @@ def _event_and_id(raw: bytes) -> tuple[int, bytes]:
     return kind, orjson.dumps(p["work_id"])[1:-1]
 
 
-def _last_events(batch: RawBatch) -> dict[bytes, int]:
-    """Each work ID's last event in a batch: the offset of its deferral, or 0 when it was
-    resolved (no record starts at offset 0: the header does). Records of other kinds are left out.
+def _last_events(offsets: list[int], payloads: list[bytes]) -> dict[bytes, int]:
+    """Each work ID's last event in a run of records: the offset of its deferral, or 0 when it
+    was resolved (no record starts at offset 0: the header does). Records of other kinds are left
+    out.
 
     Read with C-level ``map`` over the payload bytes when every payload starts with a prefix this
     module writes and no work ID holds an escape; decoded one by one otherwise.
     """
-    p = batch.payloads
+    p = payloads
     n = len(p)
     if all(map(bytes.startswith, p, repeat(_PREFIXES, n))):
         ends = list(map(bytes.find, p, repeat(b'"', n), repeat(_ID_AT, n)))
         keys = list(map(_cut, p, map(slice, repeat(_ID_AT, n), ends)))
         if min(ends) >= _ID_AT and b"\\" not in b"".join(keys):
             deferred = map(eq, map(itemgetter(_KIND_AT), p), repeat(_DEFERRED, n))
-            return dict(zip(keys, map(mul, batch.offsets, deferred), strict=True))
+            return dict(zip(keys, map(mul, offsets, deferred), strict=True))
     last: dict[bytes, int] = {}
-    for off, raw in zip(batch.offsets, p, strict=True):
+    for off, raw in zip(offsets, p, strict=True):
         kind, key = _event_and_id(raw)
         if kind:
             last[key] = off if kind == _DEFERRED else 0
     return last
 
 
+class _LiveSet:
+    """The live deferred set as ``work-ID key -> offset of its newest deferral``, fed run by run
+    of records in journal order (the memory compaction needs: the live IDs, not the file)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[bytes, int] = {}
+        self.records = 0
+
+    def add(self, offsets: list[int], payloads: list[bytes]) -> None:
+        self.records += len(offsets)
+        last = _last_events(offsets, payloads)
+        # C-level loops: work IDs whose last event here is a deferral enter the live set, those
+        # whose last event is a resolution leave it (never inserted only to be removed).
+        self.ids.update(compress(last.items(), last.values()))
+        resolved = compress(last, map(not_, last.values()))
+        deque(map(self.ids.pop, resolved, repeat(None)), maxlen=0)
+
+    def keep_only(self, journal: Journal, dry_run: bool) -> tuple[int, int]:
+        """Rewrite ``journal`` with the live records: re-read at their offsets, verified again,
+        copied as they are. Returns ``(records_before, records_after)``."""
+        if dry_run:
+            return self.records, len(self.ids)
+        keep = sorted(self.ids.values())
+        self.ids = {}  # free the map before the rewrite
+        kept = chain.from_iterable(b.payloads for b in journal.raw_at(keep))
+        return self.records, journal.replace_contents(kept, raw=True)
+
+
 def compact_journal(journal: Journal, *, dry_run: bool = False) -> tuple[int, int]:
-    """Rewrite a defer journal with only the newest deferral of each live work ID (S6).
+    """Rewrite an open defer journal with only the newest deferral of each live work ID (S6).
 
     Streaming: one verifying pass over the file keeps only ``work ID -> file offset`` of the live
     deferrals; the kept records are then re-read at those offsets, verified again and copied, as
@@ -154,24 +184,30 @@ def compact_journal(journal: Journal, *, dry_run: bool = False) -> tuple[int, in
     rewrite is atomic (temp file, fsync, rename, directory fsync); the records get new, larger
     sequence numbers. Returns ``(records_before, records_after)``.
     """
-    live: dict[bytes, int] = {}
-    before = 0
+    live = _LiveSet()
     journal.sync_now()
     for batch in journal.raw_batches():
-        before += len(batch.offsets)
-        last = _last_events(batch)
-        # C-level loops: work IDs whose last event here is a deferral enter the live set, those
-        # whose last event is a resolution leave it (never inserted only to be removed).
-        live.update(compress(last.items(), last.values()))
-        resolved = compress(last, map(not_, last.values()))
-        deque(map(live.pop, resolved, repeat(None)), maxlen=0)
-    if dry_run:
-        return before, len(live)
-    keep = sorted(live.values())
-    del live
-    kept = chain.from_iterable(b.payloads for b in journal.raw_at(keep))
-    after = journal.replace_contents(kept, raw=True)
-    return before, after
+        live.add(batch.offsets, batch.payloads)
+    return live.keep_only(journal, dry_run)
+
+
+def compact_file(
+    path: str | os.PathLike[str], *, dry_run: bool = False, **journal_kw: Any
+) -> tuple[int, int]:
+    """Open the defer journal at ``path`` and compact it (see :func:`compact_journal`).
+
+    Reads the file once fewer: the live set is collected by the verifying scan that opening does
+    anyway (``Journal.open(visit=...)``). If that scan found damage (a torn tail it cut, say), the
+    records are read again after the repair. Extra keyword arguments go to :meth:`Journal.open`.
+
+    Raises:
+        LockHeldError: a writer has the journal open.
+    """
+    live = _LiveSet()
+    with Journal.open(path, sync="always", visit=live.add, **journal_kw) as journal:
+        if journal.recovery.damage:
+            return compact_journal(journal, dry_run=dry_run)
+        return live.keep_only(journal, dry_run)
 
 
 class DeferJournal:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import secrets
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import add, getitem, itemgetter
@@ -333,12 +333,18 @@ def scan(
     max_line: int,
     *,
     count_kinds: bool = False,
+    visit: Callable[[list[int], list[bytes]], None] | None = None,
 ) -> ScanResult:
     """Verify a whole journal file and classify its damage (never raises for damage).
+
+    ``visit(offsets, payloads)``, if given, is called with each run of intact records of the
+    valid prefix (before the first damage), in order: their line offsets and payload JSON bytes.
 
     Raises:
         ValueError: ``("version", v)`` when a line is of another format version.
     """
+    if visit is not None and count_kinds:
+        raise ValueError("visit and count_kinds do not go together")
     lines = iter_lines(f, max_line + 256)
     first = next(lines, None)
     if first is None:
@@ -395,6 +401,8 @@ def scan(
             res.end = off + n
             res.prefix_records += 1
             res.prefix_next_seq = seq + 1
+            if visit is not None:
+                visit([off], [payload])
         if res.first_seq is None:
             res.first_seq = seq
         res.last_seq = seq
@@ -414,9 +422,12 @@ def scan(
         """A batch of lines: verified in bulk while no damage was seen, else line by line."""
         nonlocal expected
         if damaged_from is None and not count_kinds and batch:
-            checked = _bulk_check([line for _o, line, _n in batch], seed, 2)
-            seqs = checked[0] if checked is not None else None
-            if seqs is not None and seqs == list(range(expected, expected + len(seqs))):
+            lines = [line for _o, line, _n in batch]
+            checked = _bulk_check(lines, seed, 2)
+            if checked is not None and checked[0] == list(range(expected, expected + len(lines))):
+                seqs, commas = checked
+                if visit is not None:
+                    visit([o for o, _l, _n in batch], list(_payload_slices(lines, commas, 2)))
                 off, _line, n = batch[-1]
                 if res.first_seq is None:
                     res.first_seq = seqs[0]

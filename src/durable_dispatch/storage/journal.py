@@ -30,7 +30,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from itertools import accumulate, chain, repeat
@@ -269,6 +269,7 @@ class Journal:
         max_memory_bytes: int = 64 << 20,
         mode: int = 0o600,
         lock_timeout: float = 0.0,
+        visit: Callable[[list[int], list[bytes]], None] | None = None,
     ) -> Journal:
         """Open (creating if needed) and recover a journal, taking its writer lock.
 
@@ -286,6 +287,11 @@ class Journal:
             max_memory_bytes: bound on record bytes held in memory while degraded.
             mode: permission bits of files the journal creates.
             lock_timeout: seconds to wait for another writer's lock (0: fail at once).
+            visit: called during the recovery scan, which verifies every record anyway, with
+                each run of intact records of the valid prefix as ``visit(offsets, payloads)``
+                (line offsets and payload JSON bytes, in order), so a caller that needs every
+                record reads the file once. Records after the first damage are not visited:
+                they are all seen only when ``journal.recovery.damage`` is empty.
 
         Returns:
             The open journal; ``journal.recovery`` reports what opening found and did, and
@@ -322,16 +328,21 @@ class Journal:
             max_memory_bytes=max_memory_bytes,
             mode=mode,
         )
-        j._start(recovery, lock_timeout)
+        j._start(recovery, lock_timeout, visit)
         return j
 
-    def _start(self, recovery: str, lock_timeout: float) -> None:
+    def _start(
+        self,
+        recovery: str,
+        lock_timeout: float,
+        visit: Callable[[list[int], list[bytes]], None] | None = None,
+    ) -> None:
         try:
             try:
                 if not os.path.isdir(self._dir):
                     fs.makedirs(self._dir)
                 self._take_lock(lock_timeout)
-                self._recover_and_open(recovery)
+                self._recover_and_open(recovery, visit)
             except StorageError:
                 raise
             except OSError as e:
@@ -367,7 +378,9 @@ class Journal:
             ) from None
         self._flock = lock
 
-    def _recover_and_open(self, mode: str) -> None:
+    def _recover_and_open(
+        self, mode: str, visit: Callable[[list[int], list[bytes]], None] | None = None
+    ) -> None:
         size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
         self._file_exists = os.path.exists(self.path)
         created = False
@@ -380,7 +393,7 @@ class Journal:
         else:
             try:
                 with fs.open_read(self.path) as f:
-                    res = scan(f, size, self.max_record_bytes)
+                    res = scan(f, size, self.max_record_bytes, visit=visit)
             except ValueError as e:
                 raise JournalVersionError(
                     f"journal format version {e.args[1]!r} is not supported (this library reads "
