@@ -443,7 +443,7 @@ def scan(
     batch: list[tuple[int, bytes, int]] = []
     for item in lines:
         batch.append(item)
-        if len(batch) >= 1024:
+        if len(batch) >= 256:
             many(batch)
             batch = []
     many(batch)
