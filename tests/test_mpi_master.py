@@ -109,3 +109,19 @@ def test_master_sigkill_then_resume(tmp_path: Path) -> None:
     s = campaign(tmp_path, "none")
     assert s["epoch"] == 2  # a new master epoch resumed the same state directory
     assert s["committed"] == 24
+
+
+@pytest.mark.parametrize("fault", ["raise", "unencodable"])
+def test_failing_work_function_is_an_invalid_result_and_the_worker_lives(
+    tmp_path: Path, fault: str
+) -> None:
+    """A function that raises, or returns a value JSON cannot hold, costs one retry: the worker
+    sends an error RESULT and its READY, and goes on serving (the job ends with exit code 0)."""
+    res, s = run_demo(tmp_path / "state", *BASE, "--faults", fault)
+    assert not res.timed_out and s is not None, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert s["finished"] and s["lost"] == 0 and s["duplicate_commits"] == 0
+    assert s["committed"] == 24
+    assert s["invalid_result_rollbacks"] == 1
+    assert s["protocol_requeued_dispatches"] == 1
+    assert s["dispatch_watchdog_timeouts"] == 0 and s["parked_ranks_now"] == 0

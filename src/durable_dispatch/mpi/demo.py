@@ -32,7 +32,7 @@ from ..storage import fs as _fs
 
 __all__ = ["work_items", "fault_plan", "demo_task", "summarize", "main", "FAULT_KINDS"]
 
-FAULT_KINDS = ("hang", "slow", "malformed", "missing", "old-token", "crash")
+FAULT_KINDS = ("hang", "slow", "malformed", "missing", "old-token", "crash", "raise", "unencodable")
 
 
 def work_items(n: int, ms: float = 5.0) -> list[WorkItem]:

@@ -22,12 +22,23 @@ __all__ = ["run_worker", "WorkerFault"]
 
 #: Test-only lies a worker can tell, keyed by name (see ``faults`` in :func:`run_worker`).
 WorkerFault = str
-_FAULTS = ("hang", "slow", "malformed", "missing", "old-token", "crash")
+_FAULTS = ("hang", "slow", "malformed", "missing", "old-token", "crash", "raise", "unencodable")
 
 
 def _send(comm: Any, mpi: Any, body: Any, tag: int, raw: bytes | None = None) -> None:
     data = raw if raw is not None else P.encode(body)
     comm.Send([data, mpi.BYTE], dest=0, tag=tag)
+
+
+def _result_message(token: Any, box: dict[str, Any]) -> bytes:
+    """The RESULT for a finished function: its result, or its error. A result JSON cannot hold is
+    an error RESULT (the master counts an invalid result and retries), never a dead worker."""
+    if "error" not in box:
+        try:
+            return P.encode({"token": token, "result": box.get("result")})
+        except TypeError as e:  # orjson.JSONEncodeError
+            box["error"] = f"result is not JSON-serializable: {e}"
+    return P.encode({"token": token, "error": box["error"]})
 
 
 def _work(
@@ -46,6 +57,11 @@ def _work(
                 time.sleep(3600)
         if fault == "slow":
             time.sleep(slow_seconds)
+        if fault == "raise":
+            raise RuntimeError("injected failure in the work function")
+        if fault == "unencodable":
+            box["result"] = {"not JSON": {1, 2}}  # a set: the function's result cannot be sent
+            return
         box["result"] = fn(payload, lambda: beats.put(1)) if heartbeat else fn(payload)
     except BaseException as e:  # the master learns of it as an error result
         box["error"] = f"{type(e).__name__}: {e}"
@@ -71,7 +87,9 @@ def run_worker(
         faults: test hook ``faults(work_id, attempt) -> name or None`` making this worker lie:
             ``hang`` (never answer), ``slow`` (sleep ``slow_seconds`` then answer), ``malformed``
             (a RESULT that is not JSON), ``missing`` (READY without RESULT), ``old-token`` (RESULT
-            with another token), ``crash`` (SIGKILL itself).
+            with another token), ``crash`` (SIGKILL itself); and two failures of the function
+            itself: ``raise`` (it raises) and ``unencodable`` (it returns a value JSON cannot
+            hold). Either becomes a RESULT with an ``error``: the worker lives on.
         slow_seconds: how long a ``slow`` fault sleeps.
         poll: seconds between probes while idle or while the function runs.
     """
@@ -128,9 +146,6 @@ def run_worker(
         elif fault == "old-token":
             _send(comm, MPI, {"token": last_token or "e0-0", "result": box.get("result")}, P.RESULT)
         elif fault != "missing":
-            if "error" in box:
-                _send(comm, MPI, {"token": token, "error": box["error"]}, P.RESULT)
-            else:
-                _send(comm, MPI, {"token": token, "result": box.get("result")}, P.RESULT)
+            _send(comm, MPI, None, P.RESULT, raw=_result_message(token, box))
         _send(comm, MPI, {"token": token}, P.READY)
         last_token = token
