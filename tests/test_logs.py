@@ -28,3 +28,42 @@ def test_recoveries_are_logged_with_their_source(caplog: pytest.LogCaptureFixtur
     assert "source=invalid-result" in requeues[0].getMessage()
     parks = [r for r in caplog.records if getattr(r, "event", None) == "park"]
     assert len(parks) == 1 and parks[0].rank == s1.rank  # type: ignore[attr-defined]
+
+
+def test_each_decision_is_logged_exactly_when_its_level_is_on() -> None:
+    """log_decisions skips a decision by its type's level before building its fields: at every
+    logger level it must emit exactly the decisions whose own level is enabled."""
+    from durable_dispatch.core import decisions as D
+    from durable_dispatch.core.tokens import Token
+    from durable_dispatch.logs import decision_fields
+
+    t = Token(1, 2)
+    w = D.WorkItem("w", {})
+    samples = [
+        D.Requeue("w", t, "watchdog", "timeout", 1, "late"),
+        D.Defer(w, t, "watchdog", 2, ("timeout",), "late"),
+        D.Park(1, t, "watchdog"),
+        D.Release(1, t),
+        D.Quarantine(1, "RESULT", D.Classification.STALE, "old"),
+        D.Commit(1, t, "w", {}),
+        D.Send(1, t, w),
+        D.PersistSnapshot("rollback"),
+    ]
+
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.DEBUG)
+            self.events: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.events.append(record.event)  # type: ignore[attr-defined]
+
+    lg = logging.getLogger("durable_dispatch.test-levels")
+    lg.propagate = False
+    for threshold in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR):
+        keep = Keep()
+        lg.handlers = [keep]
+        lg.setLevel(threshold)
+        log_decisions(samples, lg)
+        fields = [decision_fields(d) for d in samples]
+        assert keep.events == [ev for ev, level, _f in fields if level >= threshold], threshold
