@@ -7,7 +7,13 @@ Runs, one after another in this one invocation, on 1 master + 3 workers with tri
   ours     run_master/run_worker with a state directory and sync="batch"
   futures  mpi4py.futures.MPIPoolExecutor.map(fn, ..., chunksize=1)
 and prints tasks/s, the ratios (targets: ours >= 5x futures, ours >= 0.3x bare), our per-task
-time in microseconds, and the ULFM kill-to-rollback latency measured by the demo campaign.
+time in microseconds, and the ULFM kill-to-rollback latency measured by the demo campaign. Each of
+the three runs ``--repeat`` times (default 3) and its fastest run is kept.
+
+It also measures, in this process and without MPI, the master's own ceiling: the same campaign
+state and dispatch core driven by instant in-process "workers" (every decision journaled with
+``sync="batch"`` exactly as ``run_master`` does). No message path can make the master faster than
+that.
 """
 
 from __future__ import annotations
@@ -89,6 +95,47 @@ def role_futures(n: int) -> None:
     print(json.dumps({"role": "futures", "tasks_per_s": n / el}), flush=True)
 
 
+def ceiling_without_mpi(n: int, workers: int) -> float:
+    """Tasks/s of the master's bookkeeping alone: CampaignState + Dispatcher, no messages."""
+    import shutil
+
+    from durable_dispatch import CampaignState, RetryPolicy, WatchdogConfig, WorkItem
+
+    tmp = tempfile.mkdtemp(prefix="dd-bench-mpi-")
+    try:
+        st = CampaignState.open(
+            tmp,
+            sync="batch",
+            watchdog=WatchdogConfig(600),
+            retry=RetryPolicy(1),
+            ranks=range(1, workers + 1),
+        )
+        core = st.core
+        st.submit([WorkItem(f"t{i}", {"i": i}) for i in range(n)])
+        t = time.perf_counter()
+        for r in range(1, workers + 1):
+            st.apply(core.on_ready(r, None, time.monotonic()))
+        while not core.done:
+            now = time.monotonic()
+            sends = []
+            while (s := st.next_send(now)) is not None:
+                st.apply(core.mark_dispatched(s.token, time.monotonic()))
+                sends.append(s)
+            for s in sends:  # each worker answers at once: RESULT, then READY
+                st.apply(core.on_result(s.rank, str(s.token), s.work.payload, now), wait=False)
+            st.complete_commits()
+            for s in sends:
+                st.apply(core.on_ready(s.rank, str(s.token), now))
+            st.apply(core.join_invalid(now))
+            st.apply(core.sweep(time.monotonic()))
+        st.complete_commits(wait=True)
+        el = time.perf_counter() - t
+        st.close()
+        return n / el
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------------- driver
 def run(cmd: list[str], timeout: float = 900) -> dict[str, object]:
     sys.path.insert(0, str(HERE.parent.parent / "src"))
@@ -105,6 +152,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--tasks", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each; the fastest is kept")
     ap.add_argument("--role", choices=["bare", "ours", "futures"])
     ap.add_argument("--state-dir")
     a = ap.parse_args()
@@ -123,28 +171,24 @@ def main() -> int:
     py = sys.executable
     me = str(HERE)
     with tempfile.TemporaryDirectory() as tmp:
-        bare = run(mpiexec_command(n, [py, me, "--role", "bare", "--tasks", str(a.tasks)]))
-        ours = run(
-            mpiexec_command(
-                n,
-                [
-                    py,
-                    me,
-                    "--role",
-                    "ours",
-                    "--tasks",
-                    str(a.tasks),
-                    "--state-dir",
-                    os.path.join(tmp, "state"),
-                ],
-            )
-        )
         fut_n = max(200, a.tasks // 10)
-        fut = run(
-            mpiexec_command(
-                n, [py, "-m", "mpi4py.futures", me, "--role", "futures", "--tasks", str(fut_n)]
+        best: dict[str, float] = {}
+        for k in range(a.repeat):  # in turn, so a noisy moment hits all three alike
+            bare = run(mpiexec_command(n, [py, me, "--role", "bare", "--tasks", str(a.tasks)]))
+            state = os.path.join(tmp, f"state-{k}")
+            ours = run(
+                mpiexec_command(
+                    n, [py, me, "--role", "ours", "--tasks", str(a.tasks), "--state-dir", state]
+                )
             )
-        )
+            fut = run(
+                mpiexec_command(
+                    n, [py, "-m", "mpi4py.futures", me, "--role", "futures", "--tasks", str(fut_n)]
+                )
+            )
+            for name, r in (("bare", bare), ("ours", ours), ("futures", fut)):
+                best[name] = max(best.get(name, 0.0), float(r["tasks_per_s"]))  # type: ignore[arg-type]
+        ceiling = max(ceiling_without_mpi(a.tasks, a.workers) for _ in range(a.repeat))
         demo_state = os.path.join(tmp, "demo")
         demo = run(
             mpiexec_command(
@@ -166,16 +210,21 @@ def main() -> int:
                 ulfm=True,
             )
         )
-    b, o, f = (float(x["tasks_per_s"]) for x in (bare, ours, fut))  # type: ignore[arg-type]
+    b, o, f = best["bare"], best["ours"], best["futures"]
     print(f"{a.workers} workers, trivial tasks")
     print(f"bare mpi4py send/recv loop              {b:>10,.0f} tasks/s  ({a.tasks} tasks)")
     print(f"ours: run_master, sync=batch             {o:>10,.0f} tasks/s  ({a.tasks} tasks)")
     print(f"MPIPoolExecutor.map(chunksize=1)         {f:>10,.0f} tasks/s  ({fut_n} tasks)")
+    print(f"master without MPI (state + core only) {ceiling:>10,.0f} tasks/s  (the ceiling)")
     print(f"ours / futures = {o / f:6.2f}  (target >= 5)")
     print(f"ours / bare    = {o / b:6.2f}  (target >= 0.3)")
     print(
         f"ours per task  = {1e6 / o:6.1f} us (bare {1e6 / b:.1f} us; master overhead "
         f"{1e6 / o - 1e6 / b:.1f} us)"
+    )
+    print(
+        f"ceiling / futures = {ceiling / f:6.2f}: the most any message path could reach "
+        f"(state + core {1e6 / ceiling:.1f} us per task)"
     )
     lat = demo.get("kill_to_rollback_seconds", {})
     for rank, sec in lat.items():  # type: ignore[union-attr]
