@@ -515,10 +515,8 @@ def test_raw_at_refuses_offsets_that_are_not_records(tmp_path: Path) -> None:
 
 def test_raw_reads_name_damage_that_appeared_after_open(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
-    with Journal.open(path, sync="never") as j:
-        for i in range(2000):
-            j.append({"i": i})
-        j.sync_now()
+    write_journal(path, [{"i": i} for i in range(2000)], sync="never")
+    with Journal.open(path) as j:
         offs = line_offsets(path)
         data = bytearray(path.read_bytes())
         data[offs[1500] + 40] ^= 0x01  # bit rot in a durable record
@@ -533,10 +531,8 @@ def test_raw_reads_name_damage_that_appeared_after_open(tmp_path: Path) -> None:
 
 def test_open_visits_every_record_of_the_valid_prefix_once(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
-    with Journal.open(path, sync="never") as j:
-        for i in range(2500):
-            j.append({"i": i})
-        j.sync_now()
+    write_journal(path, [{"i": i} for i in range(2500)], sync="never")
+    with Journal.open(path) as j:
         expect = [
             (o, p) for b in j.raw_batches() for o, p in zip(b.offsets, b.payloads, strict=True)
         ]
