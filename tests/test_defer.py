@@ -184,3 +184,24 @@ def test_compact_file_collects_the_live_set_during_open(
     assert passes == [1]
     with DeferJournal.open(tmp_path) as d:
         assert {x.work_id: x.item for x in d.items()} == live
+
+
+def test_compaction_reads_duplicate_keys_as_a_decoder_does(tmp_path: Path) -> None:
+    """Payload bytes that start like one event but name another later (duplicate keys: decoders
+    keep the last) are read by the compactor as DeferJournal reads them."""
+    from durable_dispatch import Journal
+    from durable_dispatch.storage.defer import compact_journal
+
+    with Journal.open(tmp_path / DEFAULT_DEFER_NAME, sync="always") as j:
+        j.replace_contents(
+            [
+                b'{"event":"deferred","work_id":"a","item":1,"attempts":1}',
+                b'{"event":"resolved","work_id":"a","event":"deferred","item":2,"attempts":1}',
+                b'{"event":"deferred","work_id":"b","item":3,"attempts":1}',
+                b'{"event":"deferred","work_id":"b","event":"resolved","how":"dropped"}',
+            ],
+            raw=True,
+        )
+        assert compact_journal(j) == (4, 1)
+    with DeferJournal.open(tmp_path) as d:
+        assert {x.work_id: x.item for x in d.items()} == {"a": 2}

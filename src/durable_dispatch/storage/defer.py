@@ -133,7 +133,14 @@ def _last_events(offsets: list[int], payloads: list[bytes]) -> dict[bytes, int]:
     """
     p = payloads
     n = len(p)
-    if all(map(bytes.startswith, p, repeat(_PREFIXES, n))):
+    # Each payload must name "event" and "work_id" once: a decoder takes the last of duplicate
+    # keys, so a second one (even inside a nested value) sends the run down the decoding path.
+    joined = b"".join(p)
+    if (
+        n
+        and all(map(bytes.startswith, p, repeat(_PREFIXES, n)))
+        and joined.count(b'"event":') == joined.count(b'"work_id":') == n
+    ):
         ends = list(map(bytes.find, p, repeat(b'"', n), repeat(_ID_AT, n)))
         keys = list(map(_cut, p, map(slice, repeat(_ID_AT, n), ends)))
         if min(ends) >= _ID_AT and b"\\" not in b"".join(keys):
