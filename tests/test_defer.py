@@ -205,3 +205,28 @@ def test_compaction_reads_duplicate_keys_as_a_decoder_does(tmp_path: Path) -> No
         assert compact_journal(j) == (4, 1)
     with DeferJournal.open(tmp_path) as d:
         assert {x.work_id: x.item for x in d.items()} == {"a": 2}
+
+
+@pytest.mark.parametrize("via", ["open", "journal"])
+def test_compaction_refuses_an_intact_record_that_is_not_json(tmp_path: Path, via: str) -> None:
+    """Checksummed bytes that do not decode (no writer of this library makes them) are damage to
+    report, not a record to drop silently; the file is left as it was."""
+    from durable_dispatch import Journal
+    from durable_dispatch.errors import JournalCorruptError
+    from durable_dispatch.storage.defer import compact_file, compact_journal
+
+    path = tmp_path / DEFAULT_DEFER_NAME
+    with Journal.open(path, sync="always") as j:
+        j.replace_contents(
+            [b'{"event":"deferred","work_id":"a","item":1}', b'{"event":"deferred",oops}'], raw=True
+        )
+    before = path.read_bytes()
+    bad = len(before) - len(before.splitlines(keepends=True)[-1])
+    with pytest.raises(JournalCorruptError) as ei:
+        if via == "open":
+            compact_file(path)
+        else:
+            with Journal.open(path) as j:
+                compact_journal(j)
+    assert ei.value.offset == bad and ei.value.reason == "payload is not JSON"
+    assert path.read_bytes() == before

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import NotDurableError, UsageError
+from ..errors import JournalCorruptError, NotDurableError, UsageError
 from .journal import Health, Journal
 
 __all__ = [
@@ -148,7 +148,16 @@ def _last_events(offsets: list[int], payloads: list[bytes]) -> dict[bytes, int]:
             return dict(zip(keys, map(mul, offsets, deferred), strict=True))
     last: dict[bytes, int] = {}
     for off, raw in zip(offsets, p, strict=True):
-        kind, key = _event_and_id(raw)
+        try:
+            kind, key = _event_and_id(raw)
+        except orjson.JSONDecodeError:
+            # Intact bytes (the checksum holds) that are not JSON: this library never writes
+            # them, and DeferJournal cannot read past them; refuse rather than drop the record.
+            raise JournalCorruptError(
+                f"record at offset {off}: payload is not JSON",
+                offset=off,
+                reason="payload is not JSON",
+            ) from None
         if kind:
             last[key] = off if kind == _DEFERRED else 0
     return last

@@ -395,6 +395,8 @@ class Journal:
                 with fs.open_read(self.path) as f:
                     res = scan(f, size, self.max_record_bytes, visit=visit)
             except ValueError as e:
+                if e.args[:1] != ("version",):
+                    raise
                 raise JournalVersionError(
                     f"journal format version {e.args[1]!r} is not supported (this library reads "
                     f"version 1)",
