@@ -6,6 +6,8 @@ import errno
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from durable_dispatch import DeferJournal
 from durable_dispatch.errors import UsageError
@@ -230,3 +232,75 @@ def test_compaction_refuses_an_intact_record_that_is_not_json(tmp_path: Path, vi
                 compact_journal(j)
     assert ei.value.offset == bad and ei.value.reason == "payload is not JSON"
     assert path.read_bytes() == before
+
+
+def _reference_last_events(offsets: list[int], payloads: list[bytes]) -> dict[bytes, int]:
+    """What a decoding reader concludes: each work ID's last event (offset, or 0 if resolved)."""
+    import orjson
+
+    last: dict[bytes, int] = {}
+    for off, raw in zip(offsets, payloads, strict=True):
+        p = orjson.loads(raw)
+        if isinstance(p, dict) and isinstance(p.get("work_id"), str):
+            key = orjson.dumps(p["work_id"])[1:-1]
+            if p.get("event") == "deferred":
+                last[key] = off
+            elif p.get("event") == "resolved":
+                last[key] = 0
+    return last
+
+
+_IDS = ["w-1", "w-2", 'q"uote', "back\\slash", "ünï", "tab\t", "w-3"]
+
+
+@st.composite
+def _payload_runs(draw: st.DrawFn) -> list[bytes]:
+    """Runs of payload bytes as this library writes them, mixed with other writers' forms:
+    reordered keys, nested "event"/"work_id" keys, duplicate keys, foreign records."""
+    import orjson
+
+    out = []
+    # Half the runs hold only payloads that start like ours (where the fast path is tried).
+    forms = ["ours", "ours", "dup", "nested"]
+    if draw(st.booleans()):
+        forms += ["reordered", "bare"]
+    for _ in range(draw(st.integers(1, 12))):
+        wid = draw(st.sampled_from(_IDS))
+        ev = draw(st.sampled_from(["deferred", "resolved", "note"]))
+        form = draw(st.sampled_from(forms))
+        if form == "ours":
+            body = {"event": ev, "work_id": wid, "item": {"n": draw(st.integers(0, 9))}}
+            out.append(orjson.dumps(body))
+        elif form == "reordered":
+            out.append(orjson.dumps({"work_id": wid, "event": ev}))
+        elif form == "nested":
+            out.append(orjson.dumps({"event": ev, "work_id": wid, "item": {"event": "x"}}))
+        elif form == "dup":
+            other = draw(st.sampled_from(["deferred", "resolved"]))
+            head = orjson.dumps({"event": ev, "work_id": wid})[:-1]
+            out.append(head + b',"event":' + orjson.dumps(other) + b"}")
+        else:
+            out.append(orjson.dumps(draw(st.sampled_from([[1], "s", {"work_id": 3}]))))
+    return out
+
+
+@given(runs=st.lists(_payload_runs(), min_size=1, max_size=6))
+def test_fast_event_reading_agrees_with_decoding(runs: list[list[bytes]]) -> None:
+    """The compactor's C-level reading of event and work ID gives, run by run and over a whole
+    journal, exactly what decoding every payload gives: the property its safety rests on."""
+    from durable_dispatch.storage.defer import _last_events, _LiveSet
+
+    live, expect = _LiveSet(), {}
+    off = 100
+    for payloads in runs:
+        offsets = list(range(off, off + len(payloads)))
+        off += len(payloads)
+        ref = _reference_last_events(offsets, payloads)
+        assert _last_events(offsets, payloads) == ref
+        live.add(offsets, payloads)
+        for k, v in ref.items():
+            if v:
+                expect[k] = v
+            else:
+                expect.pop(k, None)
+    assert live.ids == expect
