@@ -561,3 +561,22 @@ def test_open_visits_every_record_of_the_valid_prefix_once(tmp_path: Path) -> No
     with Journal.open(path, recovery="skip-corrupted", visit=visit) as j:
         assert j.recovery.damage
         assert [o for o, _p in seen] == offs[1:1000]
+
+
+@pytest.mark.parametrize("where", [1, 1499, 2998])
+def test_damage_deep_in_a_large_file_is_found_at_its_exact_offset(
+    tmp_path: Path, where: int
+) -> None:
+    """The scan reads large files in blocks; damage in any block, and a torn tail after many
+    blocks, are still named at the exact line."""
+    path = tmp_path / "j.jsonl"
+    write_journal(path, [{"i": i, "pad": "x" * (i % 50)} for i in range(3000)], sync="never")
+    offs = line_offsets(path)
+    data = bytearray(path.read_bytes())
+    data[offs[1 + where] + 35] ^= 0x01
+    path.write_bytes(bytes(data) + b'{"v":1,"crc":"ab')
+    with Journal.open(path, recovery="point-in-time") as j:
+        assert j.recovery.cut_offset == offs[1 + where]
+        assert j.recovery.damage[0].offset == offs[1 + where]
+        assert j.recovery.damage[-1].offset == len(data)  # the torn tail
+        assert [r.seq for r in j.records()] == list(range(where))

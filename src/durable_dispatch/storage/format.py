@@ -28,7 +28,7 @@ import secrets
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import accumulate, repeat
 from operator import add, getitem, itemgetter
 from typing import Any, BinaryIO
 
@@ -418,9 +418,19 @@ def scan(
                     res.first_ts = ts
                 res.last_ts = ts
 
+    def accept(seqs: list[int], end: int) -> None:
+        """A run of intact, contiguous records of the valid prefix, ending at offset ``end``."""
+        nonlocal expected
+        if res.first_seq is None:
+            res.first_seq = seqs[0]
+        res.last_seq = seqs[-1]
+        res.records += len(seqs)
+        res.prefix_records += len(seqs)
+        res.prefix_next_seq = expected = seqs[-1] + 1
+        res.end = end
+
     def many(batch: list[tuple[int, bytes, int]]) -> None:
         """A batch of lines: verified in bulk while no damage was seen, else line by line."""
-        nonlocal expected
         if damaged_from is None and not count_kinds and batch:
             lines = [line for _o, line, _n in batch]
             checked = _bulk_check(lines, seed, 2)
@@ -429,19 +439,50 @@ def scan(
                 if visit is not None:
                     visit([o for o, _l, _n in batch], list(_payload_slices(lines, commas, 2)))
                 off, _line, n = batch[-1]
-                if res.first_seq is None:
-                    res.first_seq = seqs[0]
-                res.last_seq = seqs[-1]
-                res.records += len(seqs)
-                res.prefix_records += len(seqs)
-                res.prefix_next_seq = expected = seqs[-1] + 1
-                res.end = off + n
+                accept(seqs, off + n)
                 return
         for item in batch:
             one(*item)
 
+    def blocks(pos: int) -> int:
+        """Verify whole blocks of lines in bulk (read in large chunks, split in C) while all is
+        well; return the offset from which the line-by-line path goes on: the end of the file,
+        a torn or oversized line, or a block that fails a bulk check (that path names the
+        damage, allows recorded holes, and bounds what it holds in memory)."""
+        f.seek(pos)
+        carry = b""
+        limit = max_line + 256  # iter_lines' bound on a line, newline included
+        while chunk := f.read(1 << 16):
+            data = carry + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                if len(data) >= limit:
+                    return pos
+                carry = data
+                continue
+            lines = data[: cut - 1].split(b"\n")
+            checked = _bulk_check(lines, seed, 1)
+            if (
+                checked is None
+                or checked[0] != list(range(expected, expected + len(lines)))
+                or max(map(len, lines)) >= limit
+            ):
+                return pos
+            seqs, commas = checked
+            if visit is not None:
+                offsets = list(accumulate(map(add, map(len, lines[:-1]), repeat(1)), initial=pos))
+                visit(offsets, list(_payload_slices(lines, commas, 1)))
+            pos += cut
+            accept(seqs, pos)
+            carry = data[cut:]
+        return pos
+
+    pos = first[2]
+    if not count_kinds:
+        pos = blocks(pos)
+    f.seek(pos)
     batch: list[tuple[int, bytes, int]] = []
-    for item in lines:
+    for item in iter_lines(f, max_line + 256, pos):
         batch.append(item)
         if len(batch) >= 256:
             many(batch)
