@@ -289,6 +289,7 @@ def test_fast_event_reading_agrees_with_decoding(runs: list[list[bytes]]) -> Non
     """The compactor's C-level reading of event and work ID gives, run by run and over a whole
     journal, exactly what decoding every payload gives: the property its safety rests on."""
     from durable_dispatch.storage.defer import _last_events, _LiveSet
+    from durable_dispatch.storage.format import RawBatch
 
     live, expect = _LiveSet(), {}
     off = 100
@@ -297,7 +298,7 @@ def test_fast_event_reading_agrees_with_decoding(runs: list[list[bytes]]) -> Non
         off += len(payloads)
         ref = _reference_last_events(offsets, payloads)
         assert _last_events(offsets, payloads) == ref
-        live.add(offsets, payloads)
+        live.add(RawBatch(offsets, list(range(len(offsets))), payloads))
         for k, v in ref.items():
             if v:
                 expect[k] = v

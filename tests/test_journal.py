@@ -22,7 +22,7 @@ from durable_dispatch.errors import (
     RecordTooLargeError,
     UsageError,
 )
-from durable_dispatch.storage.format import Header, frame_record
+from durable_dispatch.storage.format import Header, RawBatch, frame_record
 from durable_dispatch.testing import inject_faults
 
 from .helpers import file_mode, line_offsets, read_all, sample_payloads, write_journal
@@ -538,8 +538,8 @@ def test_open_visits_every_record_of_the_valid_prefix_once(tmp_path: Path) -> No
         ]
     seen: list[tuple[int, bytes]] = []
 
-    def visit(offs: list[int], pays: list[bytes]) -> None:
-        seen.extend(zip(offs, pays, strict=True))
+    def visit(b: RawBatch) -> None:
+        seen.extend(zip(b.offsets, b.payloads, strict=True))
 
     with Journal.open(path, visit=visit) as j:
         assert not j.recovery.damage

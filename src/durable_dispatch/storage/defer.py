@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from ..errors import JournalCorruptError, NotDurableError, UsageError
+from .format import RawBatch
 from .journal import Health, Journal
 
 __all__ = [
@@ -171,9 +172,9 @@ class _LiveSet:
         self.ids: dict[bytes, int] = {}
         self.records = 0
 
-    def add(self, offsets: list[int], payloads: list[bytes]) -> None:
-        self.records += len(offsets)
-        last = _last_events(offsets, payloads)
+    def add(self, batch: RawBatch) -> None:
+        self.records += len(batch.offsets)
+        last = _last_events(batch.offsets, batch.payloads)
         # C-level loops: work IDs whose last event here is a deferral enter the live set, those
         # whose last event is a resolution leave it (never inserted only to be removed).
         self.ids.update(compress(last.items(), last.values()))
@@ -203,7 +204,7 @@ def compact_journal(journal: Journal, *, dry_run: bool = False) -> tuple[int, in
     live = _LiveSet()
     journal.sync_now()
     for batch in journal.raw_batches():
-        live.add(batch.offsets, batch.payloads)
+        live.add(batch)
     return live.keep_only(journal, dry_run)
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 from operator import add, getitem, itemgetter
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import orjson
 
@@ -285,6 +285,17 @@ def iter_lines(f: BinaryIO, max_line: int, start: int = 0) -> Iterator[tuple[int
         offset += n
 
 
+class RawBatch(NamedTuple):
+    """Verified records of consecutive journal lines (see :meth:`Journal.raw_batches`)."""
+
+    #: File offset of each record's line.
+    offsets: list[int]
+    #: Sequence number of each record.
+    seqs: list[int]
+    #: Payload JSON bytes of each record, exactly as stored.
+    payloads: list[bytes]
+
+
 @dataclass(frozen=True)
 class Damage:
     """One damaged span of a journal file."""
@@ -333,12 +344,12 @@ def scan(
     max_line: int,
     *,
     count_kinds: bool = False,
-    visit: Callable[[list[int], list[bytes]], None] | None = None,
+    visit: Callable[[RawBatch], None] | None = None,
 ) -> ScanResult:
     """Verify a whole journal file and classify its damage (never raises for damage).
 
-    ``visit(offsets, payloads)``, if given, is called with each run of intact records of the
-    valid prefix (before the first damage), in order: their line offsets and payload JSON bytes.
+    ``visit``, if given, is called with each run of intact records of the valid prefix (before the
+    first damage), in order, as a :class:`RawBatch`.
 
     Raises:
         ValueError: ``("version", v)`` when a line is of another format version.
@@ -402,7 +413,7 @@ def scan(
             res.prefix_records += 1
             res.prefix_next_seq = seq + 1
             if visit is not None:
-                visit([off], [payload])
+                visit(RawBatch([off], [seq], [payload]))
         if res.first_seq is None:
             res.first_seq = seq
         res.last_seq = seq
@@ -437,7 +448,8 @@ def scan(
             if checked is not None and checked[0] == list(range(expected, expected + len(lines))):
                 seqs, commas = checked
                 if visit is not None:
-                    visit([o for o, _l, _n in batch], list(_payload_slices(lines, commas, 2)))
+                    offs = [o for o, _l, _n in batch]
+                    visit(RawBatch(offs, seqs, list(_payload_slices(lines, commas, 2))))
                 off, _line, n = batch[-1]
                 accept(seqs, off + n)
                 return
@@ -471,7 +483,7 @@ def scan(
             seqs, commas = checked
             if visit is not None:
                 offsets = list(accumulate(map(add, map(len, lines[:-1]), repeat(1)), initial=pos))
-                visit(offsets, list(_payload_slices(lines, commas, 1)))
+                visit(RawBatch(offsets, seqs, list(_payload_slices(lines, commas, 1))))
             pos += cut
             accept(seqs, pos)
             carry = data[cut:]

@@ -57,6 +57,7 @@ from . import fs
 from .format import (
     Damage,
     Header,
+    RawBatch,
     ReadDamage,
     _bulk_check,
     _payload_slices,
@@ -104,17 +105,6 @@ class Record(NamedTuple):
 
     seq: int
     payload: Any
-
-
-class RawBatch(NamedTuple):
-    """Verified records of consecutive journal lines (see :meth:`Journal.raw_batches`)."""
-
-    #: File offset of each record's line.
-    offsets: list[int]
-    #: Sequence number of each record.
-    seqs: list[int]
-    #: Payload JSON bytes of each record, exactly as stored.
-    payloads: list[bytes]
 
 
 class HealthState(str, Enum):
@@ -269,7 +259,7 @@ class Journal:
         max_memory_bytes: int = 64 << 20,
         mode: int = 0o600,
         lock_timeout: float = 0.0,
-        visit: Callable[[list[int], list[bytes]], None] | None = None,
+        visit: Callable[[RawBatch], None] | None = None,
     ) -> Journal:
         """Open (creating if needed) and recover a journal, taking its writer lock.
 
@@ -288,10 +278,10 @@ class Journal:
             mode: permission bits of files the journal creates.
             lock_timeout: seconds to wait for another writer's lock (0: fail at once).
             visit: called during the recovery scan, which verifies every record anyway, with
-                each run of intact records of the valid prefix as ``visit(offsets, payloads)``
-                (line offsets and payload JSON bytes, in order), so a caller that needs every
-                record reads the file once. Records after the first damage are not visited:
-                they are all seen only when ``journal.recovery.damage`` is empty.
+                each run of intact records of the valid prefix as a :class:`RawBatch` (line
+                offsets, sequence numbers and payload JSON bytes, in order), so a caller that
+                needs every record reads the file once. Records after the first damage are not
+                visited: they are all seen only when ``journal.recovery.damage`` is empty.
 
         Returns:
             The open journal; ``journal.recovery`` reports what opening found and did, and
@@ -335,7 +325,7 @@ class Journal:
         self,
         recovery: str,
         lock_timeout: float,
-        visit: Callable[[list[int], list[bytes]], None] | None = None,
+        visit: Callable[[RawBatch], None] | None = None,
     ) -> None:
         try:
             try:
@@ -378,9 +368,7 @@ class Journal:
             ) from None
         self._flock = lock
 
-    def _recover_and_open(
-        self, mode: str, visit: Callable[[list[int], list[bytes]], None] | None = None
-    ) -> None:
+    def _recover_and_open(self, mode: str, visit: Callable[[RawBatch], None] | None = None) -> None:
         size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
         self._file_exists = os.path.exists(self.path)
         created = False
