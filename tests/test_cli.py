@@ -249,3 +249,50 @@ def test_compaction_killed_at_random_points_loses_nothing(tmp_path: Path) -> Non
     assert view_state(d).projection.committed == expected
     assert run("verify", str(d)).returncode == 0
     print(f"compaction: {kills} SIGKILLs, {finished} runs finished first, {len(expected)} IDs kept")
+
+
+def _stderr_on_a_terminal(*args: str) -> str:
+    """Run the command with standard error on a pseudo-terminal; returns what it wrote there."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "durable_dispatch", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+    )
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert p.wait(timeout=120) == 0
+    os.close(master)
+    return out.decode(errors="replace")
+
+
+def test_compact_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    from durable_dispatch import Journal
+
+    path = tmp_path / ".dispatch_protocol_deferred.jsonl"
+    with Journal.open(path, sync="never") as j:  # about 10 MB: over the 8 MB threshold
+        for i in range(50_000):
+            j.append({"event": "deferred", "work_id": f"w{i}", "item": {"pad": "x" * 120}})
+            if i % 2:
+                j.append({"event": "resolved", "work_id": f"w{i}", "how": "dropped"})
+        j.sync_now()
+    assert path.stat().st_size > 8 << 20
+    shown = _stderr_on_a_terminal("compact", str(path), "--dry-run")
+    assert "compacting:" in shown and "%" in shown
+    plain = run("compact", str(path))
+    assert plain.returncode == 0 and "compacting" not in plain.stderr
+    assert (
+        json.loads(run("compact", str(path), "--dry-run", "--json").stdout)["records_after"]
+        == 25_000
+    )

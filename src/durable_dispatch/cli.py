@@ -4,7 +4,7 @@ Command bodies stay thin: they call the library and print its results, a table f
 ``--json`` for machines (valid JSON even when empty). Library errors become ``Error: ...`` here and
 only here. Exit codes: 0 ok, 1 a finding (damage, lost records) or a library error, 2 usage or I/O
 error. Reading commands never modify anything; a progress line goes to standard error while a large
-file is read, only when standard error is a terminal.
+file is read or compacted, only when standard error is a terminal.
 """
 
 from __future__ import annotations
@@ -31,29 +31,40 @@ class _IOFailure(Exception):
     pass
 
 
-class _Progress:
-    """A file wrapper that reports how far reading got (on a terminal only)."""
+class _Meter:
+    """A progress line on standard error: only on a terminal and for large files."""
 
-    def __init__(self, f: BinaryIO, size: int, label: str) -> None:
-        self._f = f
+    def __init__(self, size: int, label: str) -> None:
         self._size = max(size, 1)
         self._label = label
         self._show = sys.stderr.isatty() and size >= _PROGRESS_MIN
         self._next = 0.0
 
-    def _tick(self) -> None:
+    def __call__(self, done: int, _total: int = 0) -> None:
         if self._show and time.monotonic() >= self._next:
-            pct = 100.0 * self._f.tell() / self._size
-            sys.stderr.write(f"\r{self._label}: {pct:5.1f}%")
+            sys.stderr.write(f"\r{self._label}: {100.0 * done / self._size:5.1f}%")
             sys.stderr.flush()
             self._next = time.monotonic() + 0.2
 
+    def done(self) -> None:
+        if self._show:
+            sys.stderr.write("\r" + " " * (len(self._label) + 9) + "\r")
+            sys.stderr.flush()
+
+
+class _Progress:
+    """A file wrapper that reports how far reading got (see :class:`_Meter`)."""
+
+    def __init__(self, f: BinaryIO, size: int, label: str) -> None:
+        self._f = f
+        self._meter = _Meter(size, label)
+
     def readline(self, limit: int = -1) -> bytes:
-        self._tick()
+        self._meter(self._f.tell())
         return self._f.readline(limit)
 
     def read(self, n: int = -1) -> bytes:
-        self._tick()
+        self._meter(self._f.tell())
         return self._f.read(n)
 
     def seek(self, pos: int, whence: int = 0) -> int:
@@ -63,8 +74,7 @@ class _Progress:
         return self._f.tell()
 
     def done(self) -> None:
-        if self._show:
-            sys.stderr.write("\r" + " " * (len(self._label) + 9) + "\r")
+        self._meter.done()
 
 
 def _kind(path: str) -> str:
@@ -263,13 +273,22 @@ def cmd_compact(args: argparse.Namespace) -> int:
     if not os.path.exists(path):
         raise _IOFailure(f"{path}: no such file or directory")
     if os.path.isdir(path):
-        from .state import compact_state
+        from .state import STATE_JOURNAL, compact_state
 
         _need_state_dir(path)
-        rep = compact_state(path, dry_run=args.dry_run).as_dict()
+        jpath = os.path.join(path, STATE_JOURNAL)
+        meter = _Meter(os.path.getsize(jpath) if os.path.exists(jpath) else 0, "compacting")
+        try:
+            rep = compact_state(path, dry_run=args.dry_run, progress=meter).as_dict()
+        finally:
+            meter.done()
     else:
         size = os.path.getsize(path)
-        before, after = compact_file(path, dry_run=args.dry_run)
+        meter = _Meter(size, "compacting")
+        try:
+            before, after = compact_file(path, dry_run=args.dry_run, progress=meter)
+        finally:
+            meter.done()
         rep = {
             "path": path,
             "records_before": before,

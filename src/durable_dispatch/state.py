@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import filelock
+import orjson
 
 from .core import (
     Commit,
@@ -49,11 +50,11 @@ from .core import (
     WorkItem,
 )
 from .core.tokens import Token
-from .errors import LockHeldError, NotDurableError, StorageDegradedError
+from .errors import JournalCorruptError, LockHeldError, NotDurableError, StorageDegradedError
 from .logs import log_decisions
 from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
-from .storage.format import Header, new_salt
+from .storage.format import Header, RawBatch, new_salt
 
 __all__ = [
     "CampaignState",
@@ -692,7 +693,12 @@ def _master_locked(directory: str | os.PathLike[str]) -> Iterator[str]:
         lock.release()
 
 
-def compact_state(directory: str | os.PathLike[str], *, dry_run: bool = False) -> CompactReport:
+def compact_state(
+    directory: str | os.PathLike[str],
+    *,
+    dry_run: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> CompactReport:
     """Fold the state journal into a new snapshot and start a fresh journal (S6).
 
     Order: (1) replay snapshot + journal, streaming; (2) save the folded state as a new snapshot
@@ -703,9 +709,15 @@ def compact_state(directory: str | os.PathLike[str], *, dry_run: bool = False) -
     projection), not the journal's size. Committed results leave the journal with it: only the
     committed work IDs stay.
 
+    The journal is read once: the open's verifying scan hands each run of records to the fold
+    (``Journal.open(visit=...)``); only if the open had to repair damage first are the records
+    read again. ``progress(bytes_done, bytes_total)`` is called as the journal is read.
+
     Raises:
         LockHeldError: a master is running on the directory.
         UsageError: not a state directory.
+        JournalCorruptError: the journal holds damage the open does not repair, or an intact
+            record whose payload is not JSON.
     """
     from .errors import UsageError
 
@@ -715,17 +727,29 @@ def compact_state(directory: str | os.PathLike[str], *, dry_run: bool = False) -
     with _master_locked(d):
         jpath = os.path.join(d, STATE_JOURNAL)
         size = os.path.getsize(jpath) if os.path.exists(jpath) else 0
-        with Journal.open(jpath, sync="always") as j:
-            snaps = SnapshotStore(d, name=SNAPSHOT_NAME)
-            snap = snaps.load()
-            base = snap.value if snap is not None else {}
-            after = int(base.get("journal_seq", -1))
-            proj = Projection(base.get("state"))
-            before = 0
-            for rec in j.records():
-                before += 1
-                if rec.seq > after:
-                    proj.apply(rec.payload)
+        snaps = SnapshotStore(d, name=SNAPSHOT_NAME)
+        snap = snaps.load()
+        base = snap.value if snap is not None else {}
+        after = int(base.get("journal_seq", -1))
+        proj = Projection(base.get("state"))
+        before = 0
+
+        def fold(batch: RawBatch) -> None:
+            nonlocal before
+            before += len(batch.seqs)
+            for seq, payload in zip(batch.seqs, _decoded(batch, jpath), strict=True):
+                if seq > after:
+                    proj.apply(payload)
+            if progress is not None:
+                progress(batch.offsets[-1], size)
+
+        with Journal.open(jpath, sync="always", visit=fold) as j:
+            if j.recovery.damage:  # the fold saw the records before the repair: fold again
+                proj, before = Projection(base.get("state")), 0
+                for rec in j.records():
+                    before += 1
+                    if rec.seq > after:
+                        proj.apply(rec.payload)
             last = j.next_seq - 1
             if dry_run:
                 est = len(Header(new_salt(), last + 1).frame())
@@ -739,6 +763,25 @@ def compact_state(directory: str | os.PathLike[str], *, dry_run: bool = False) -
             j.replace_contents([], first_seq=last + 1)
         after_size = os.path.getsize(jpath)
         return CompactReport(jpath, before, 0, size, after_size, gen, False)
+
+
+def _decoded(batch: RawBatch, path: str) -> list[Any]:
+    """The payloads of a batch, decoded in one orjson call (one by one only to name damage)."""
+    try:
+        values: list[Any] = orjson.loads(b"[" + b",".join(batch.payloads) + b"]")
+        return values
+    except orjson.JSONDecodeError:
+        for off, raw in zip(batch.offsets, batch.payloads, strict=True):
+            try:
+                orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                raise JournalCorruptError(
+                    f"journal damaged at offset {off}: payload is not JSON",
+                    path=path,
+                    offset=off,
+                    reason="payload is not JSON",
+                ) from None
+        raise
 
 
 def requeue_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) -> list[str]:

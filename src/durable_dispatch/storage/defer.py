@@ -209,19 +209,33 @@ def compact_journal(journal: Journal, *, dry_run: bool = False) -> tuple[int, in
 
 
 def compact_file(
-    path: str | os.PathLike[str], *, dry_run: bool = False, **journal_kw: Any
+    path: str | os.PathLike[str],
+    *,
+    dry_run: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    **journal_kw: Any,
 ) -> tuple[int, int]:
     """Open the defer journal at ``path`` and compact it (see :func:`compact_journal`).
 
     Reads the file once fewer: the live set is collected by the verifying scan that opening does
     anyway (``Journal.open(visit=...)``). If that scan found damage (a torn tail it cut, say), the
-    records are read again after the repair. Extra keyword arguments go to :meth:`Journal.open`.
+    records are read again after the repair. ``progress(bytes_done, bytes_total)`` is called as
+    the file is read. Extra keyword arguments go to :meth:`Journal.open`.
 
     Raises:
         LockHeldError: a writer has the journal open.
+        JournalCorruptError: damage the open does not repair, or an intact record whose payload
+            is not JSON.
     """
     live = _LiveSet()
-    with Journal.open(path, sync="always", visit=live.add, **journal_kw) as journal:
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+
+    def visit(batch: RawBatch) -> None:
+        live.add(batch)
+        if progress is not None:
+            progress(batch.offsets[-1], size)
+
+    with Journal.open(path, sync="always", visit=visit, **journal_kw) as journal:
         if journal.recovery.damage:
             return compact_journal(journal, dry_run=dry_run)
         return live.keep_only(journal, dry_run)
