@@ -289,3 +289,61 @@ def test_compaction_names_an_intact_record_that_is_not_json(tmp_path: Path) -> N
     assert ei.value.reason == "payload is not JSON"
     assert ei.value.offset == len(data) - len(data.splitlines(keepends=True)[-1])
     assert jpath.read_bytes() == data
+
+
+def test_open_replays_the_journal_in_the_open_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A master restart reads a clean state journal once; the replayed state is the same."""
+    from durable_dispatch.state import view_state
+
+    root = tmp_path / "s"
+    s = CampaignState.open(root, ranks=(1, 2))
+    s.submit(WorkItem(f"w{i}") for i in range(200))
+    fake_campaign(s)
+    # The master "dies" here: everything is durable, but no final snapshot is written.
+    s.complete_commits(wait=True)
+    s.journal.close()
+    s.defer.close()
+    s._lock.release()
+    s._closed = True
+    expect = view_state(root).projection.to_snapshot()
+    real = Journal.records
+
+    def only_other_journals(j: Journal, *a: Any, **k: Any) -> Any:
+        if j.path.endswith(STATE_JOURNAL):
+            pytest.fail("the state journal's records were read again")
+        return real(j, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(Journal, "records", only_other_journals)
+        with CampaignState.open(root, ranks=(1, 2)) as s:
+            got = s.core.snapshot()
+            replayed = s.statistics().replayed_records
+    assert replayed > 200
+    for k in ("committed", "deferred", "frontier", "attempts"):
+        assert got[k] == expect[k], k
+
+
+def test_a_failed_open_releases_the_state_journal(tmp_path: Path) -> None:
+    """When opening fails after the state journal was opened (here: the defer journal is
+    damaged), the journal's writer lock is released with the master lock."""
+    from durable_dispatch.errors import JournalCorruptError
+    from durable_dispatch.storage.defer import DEFAULT_DEFER_NAME
+
+    root = tmp_path / "s"
+    with CampaignState.open(root, ranks=(1,)) as s:
+        s.submit(WorkItem(f"w{i}") for i in range(3))
+        for i in range(3):
+            s.defer.defer(f"d{i}", {}, attempts=1)
+    dpath = root / DEFAULT_DEFER_NAME
+    good = dpath.read_bytes()
+    lines = good.splitlines(keepends=True)
+    assert b'"d0"' in lines[1]
+    lines[1] = lines[1].replace(b'"d0"', b'"dX"')  # a durable record: later ones prove it
+    dpath.write_bytes(b"".join(lines))
+    with pytest.raises(JournalCorruptError):
+        CampaignState.open(root, ranks=(1,))
+    dpath.write_bytes(good)
+    with CampaignState.open(root, ranks=(1,)) as s:  # no LockHeldError from the first attempt
+        assert sorted(s.core.pending()) == ["w0", "w1", "w2"]

@@ -279,26 +279,22 @@ class CampaignState:
         if not os.path.isdir(d):
             _fs.makedirs(d)
         lock = _take_master_lock(d)
+        journal: Journal | None = None
         try:
-            journal = Journal.open(
-                os.path.join(d, STATE_JOURNAL), sync=sync, **dict(journal_options or {})
-            )
             snapshots = SnapshotStore(d, name=SNAPSHOT_NAME, keep=keep_snapshots)
-            defer = DeferJournal.open(d)
             snap = snapshots.load()
             base = snap.value if snap is not None else {}
-            after = int(base.get("journal_seq", -1))
-            events = (r.payload for r in journal.records(from_seq=after + 1))
-            proj = Projection(base.get("state"))
-            n = 0
-            for ev in events:
-                proj.apply(ev)
-                n += 1
+            journal, proj, n = _open_and_fold(
+                os.path.join(d, STATE_JOURNAL), base, sync=sync, **dict(journal_options or {})
+            )
+            defer = DeferJournal.open(d)
             epoch = proj.epoch + 1
             core, restarts = Dispatcher.restore(
                 proj.to_snapshot(), epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks
             )
         except BaseException:
+            if journal is not None:
+                journal.close()  # its writer lock too: a later open must not find it held
             lock.release()
             raise
         st = cls(
@@ -730,26 +726,9 @@ def compact_state(
         snaps = SnapshotStore(d, name=SNAPSHOT_NAME)
         snap = snaps.load()
         base = snap.value if snap is not None else {}
-        after = int(base.get("journal_seq", -1))
-        proj = Projection(base.get("state"))
-        before = 0
-
-        def fold(batch: RawBatch) -> None:
-            nonlocal before
-            before += len(batch.seqs)
-            for seq, payload in zip(batch.seqs, _decoded(batch, jpath), strict=True):
-                if seq > after:
-                    proj.apply(payload)
-            if progress is not None:
-                progress(batch.offsets[-1], size)
-
-        with Journal.open(jpath, sync="always", visit=fold) as j:
-            if j.recovery.damage:  # the fold saw the records before the repair: fold again
-                proj, before = Projection(base.get("state")), 0
-                for rec in j.records():
-                    before += 1
-                    if rec.seq > after:
-                        proj.apply(rec.payload)
+        j, proj, _n = _open_and_fold(jpath, base, progress=progress, sync="always")
+        with j:
+            before = j.recovery.records
             last = j.next_seq - 1
             if dry_run:
                 est = len(Header(new_salt(), last + 1).frame())
@@ -763,6 +742,46 @@ def compact_state(
             j.replace_contents([], first_seq=last + 1)
         after_size = os.path.getsize(jpath)
         return CompactReport(jpath, before, 0, size, after_size, gen, False)
+
+
+def _open_and_fold(
+    path: str,
+    base: Mapping[str, Any],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    **journal_kw: Any,
+) -> tuple[Journal, Projection, int]:
+    """Open the state journal and fold its records newer than the snapshot ``base`` into a
+    projection; returns ``(journal, projection, records folded)``.
+
+    The journal is read once: the open's verifying scan hands each run of records to the fold
+    (``Journal.open(visit=...)``). Only when the open repaired damage are the records read again.
+    """
+    after = int(base.get("journal_seq", -1))
+    proj = Projection(base.get("state"))
+    count = 0
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+
+    def fold(batch: RawBatch) -> None:
+        nonlocal count
+        for seq, payload in zip(batch.seqs, _decoded(batch, path), strict=True):
+            if seq > after:
+                proj.apply(payload)
+                count += 1
+        if progress is not None:
+            progress(batch.offsets[-1], size)
+
+    journal = Journal.open(path, visit=fold, **journal_kw)
+    if journal.recovery.damage:  # the fold saw records before the repair: fold what was kept
+        try:
+            proj, count = Projection(base.get("state")), 0
+            for rec in journal.records(from_seq=after + 1):
+                proj.apply(rec.payload)
+                count += 1
+        except BaseException:
+            journal.close()
+            raise
+    return journal, proj, count
 
 
 def _decoded(batch: RawBatch, path: str) -> list[Any]:
