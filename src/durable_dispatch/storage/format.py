@@ -189,6 +189,12 @@ def _payload_slices(lines: list[bytes], commas: list[int], tail: int) -> Iterato
     return map(_cut_at, lines, map(slice, map(add, starts, repeat(5, n)), repeat(-tail, n)))
 
 
+def line_offsets(start: int, lines: list[bytes]) -> list[int]:
+    """The offset of each of ``lines`` (split without their newlines) when the first is at
+    ``start``: C-level running sums."""
+    return list(accumulate(map(add, map(len, lines[:-1]), repeat(1)), initial=start))
+
+
 def _durable_mark(line: bytes) -> int | None:
     """The ``d`` mark of a well-framed record line, without verifying it (None if not framed)."""
     if line[:14] != _PREFIX or line[22:30] != _SEQ_MARK:
@@ -457,36 +463,22 @@ def scan(
             one(*item)
 
     def blocks(pos: int) -> int:
-        """Verify whole blocks of lines in bulk (read in large chunks, split in C) while all is
-        well; return the offset from which the line-by-line path goes on: the end of the file,
-        a torn or oversized line, or a block that fails a bulk check (that path names the
-        damage, allows recorded holes, and bounds what it holds in memory)."""
-        f.seek(pos)
-        carry = b""
-        limit = max_line + 256  # iter_lines' bound on a line, newline included
-        while chunk := f.read(1 << 16):
-            data = carry + chunk
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:
-                if len(data) >= limit:
-                    return pos
-                carry = data
-                continue
-            lines = data[: cut - 1].split(b"\n")
-            checked = _bulk_check(lines, seed, 1)
-            if (
-                checked is None
-                or checked[0] != list(range(expected, expected + len(lines)))
-                or max(map(len, lines)) >= limit
-            ):
-                return pos
-            seqs, commas = checked
-            if visit is not None:
-                offsets = list(accumulate(map(add, map(len, lines[:-1]), repeat(1)), initial=pos))
-                visit(RawBatch(offsets, seqs, list(_payload_slices(lines, commas, 1))))
-            pos += cut
-            accept(seqs, pos)
-            carry = data[cut:]
+        """Verify whole blocks of lines in bulk while all is well; return the offset from which
+        the line-by-line path goes on: the end of the file, a torn or oversized line, or a block
+        that fails a bulk check (that path names the damage and allows recorded holes)."""
+        try:
+            for start, lines in line_blocks(f, pos, size, 1 << 16, max_line + 256):
+                checked = _bulk_check(lines, seed, 1)
+                if checked is None or checked[0] != list(range(expected, expected + len(lines))):
+                    return start
+                seqs, commas = checked
+                if visit is not None:
+                    payloads = list(_payload_slices(lines, commas, 1))
+                    visit(RawBatch(line_offsets(start, lines), seqs, payloads))
+                pos = start + sum(map(len, lines)) + len(lines)
+                accept(seqs, pos)
+        except ReadDamage as d:
+            return d.offset
         return pos
 
     pos = first[2]
@@ -514,16 +506,18 @@ class ReadDamage(Exception):
 
 
 def line_blocks(
-    f: BinaryIO, start: int, end: int, chunk_size: int = 1 << 16
+    f: BinaryIO, start: int, end: int, chunk_size: int = 1 << 16, max_line: int | None = None
 ) -> Iterator[tuple[int, list[bytes]]]:
     """Yield ``(offset, lines)`` for bytes ``[start, end)`` of ``f``: blocks of consecutive whole
     lines, without their newlines, the first starting at ``offset``.
 
-    For a region already known to hold whole records (a verified prefix): it is read in large
-    chunks and split in C, with no per-line Python work.
+    Read in large chunks and split in C, with no per-line Python work: for a region that should
+    hold whole records. Every whole line is yielded before a problem after it is raised, so
+    ``ReadDamage.offset`` is where the lines stopped being whole.
 
     Raises:
-        ReadDamage: the region does not end on a line boundary, or the file is shorter.
+        ReadDamage: the region does not end on a line boundary, the file is shorter, or a line
+            (newline included) is ``max_line`` bytes or longer.
     """
     f.seek(start)
     pos = start
@@ -539,13 +533,18 @@ def line_blocks(
         if cut == 0:
             if left <= 0:
                 raise ReadDamage(pos, "torn record (no newline)")
+            if max_line is not None and len(data) >= max_line:
+                raise ReadDamage(pos, "line longer than the size bound")
             carry = data
             continue
+        lines = data[: cut - 1].split(b"\n")
+        if max_line is not None and max(map(len, lines)) >= max_line:
+            raise ReadDamage(pos, "line longer than the size bound")
+        yield pos, lines
+        pos += cut
         carry = data[cut:]
         if left <= 0 and carry:
-            raise ReadDamage(pos + cut, "torn record (no newline)")
-        yield pos, data[: cut - 1].split(b"\n")
-        pos += cut
+            raise ReadDamage(pos, "torn record (no newline)")
 
 
 def read_chunks(

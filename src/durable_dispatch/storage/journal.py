@@ -33,8 +33,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from itertools import accumulate, chain, repeat
-from operator import add
+from itertools import chain, repeat
 from types import TracebackType
 from typing import Any, BinaryIO, NamedTuple
 
@@ -65,6 +64,7 @@ from .format import (
     frame_record,
     iter_lines,
     line_blocks,
+    line_offsets,
     new_salt,
     payload_of,
     read_chunks,
@@ -907,9 +907,7 @@ class Journal:
 
     def _raw_batch(self, pos: int, lines: list[bytes], seed: int) -> RawBatch:
         """A block of lines (without newlines) that starts at ``pos``, verified."""
-        # Each line's offset: pos plus the lengths (newline included) of the lines before it.
-        offsets = list(accumulate(map(add, map(len, lines[:-1]), repeat(1)), initial=pos))
-        return self._verified(offsets, lines, seed, 1)
+        return self._verified(line_offsets(pos, lines), lines, seed, 1)
 
     def _verified(self, offsets: list[int], lines: list[bytes], seed: int, tail: int) -> RawBatch:
         """Verify lines in bulk; line by line (naming the damage) only if that fails. ``tail`` is
