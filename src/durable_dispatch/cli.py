@@ -32,16 +32,26 @@ class _IOFailure(Exception):
 
 
 class _Meter:
-    """A progress line on standard error: only on a terminal and for large files."""
+    """A progress line on standard error: only on a terminal and for large files. The size is
+    given here, or by the first call (``meter(done, total)``, as the library's callbacks do)."""
 
-    def __init__(self, size: int, label: str) -> None:
-        self._size = max(size, 1)
+    def __init__(self, label: str, size: int | None = None) -> None:
         self._label = label
-        self._show = sys.stderr.isatty() and size >= _PROGRESS_MIN
+        self._size = size
+        self._show = False
         self._next = 0.0
+        if size is not None:
+            self._sized(size)
 
-    def __call__(self, done: int, _total: int = 0) -> None:
+    def _sized(self, size: int) -> None:
+        self._size = max(size, 1)
+        self._show = sys.stderr.isatty() and size >= _PROGRESS_MIN
+
+    def __call__(self, done: int, total: int | None = None) -> None:
+        if self._size is None:
+            self._sized(total or 0)
         if self._show and time.monotonic() >= self._next:
+            assert self._size is not None
             sys.stderr.write(f"\r{self._label}: {100.0 * done / self._size:5.1f}%")
             sys.stderr.flush()
             self._next = time.monotonic() + 0.2
@@ -57,7 +67,7 @@ class _Progress:
 
     def __init__(self, f: BinaryIO, size: int, label: str) -> None:
         self._f = f
-        self._meter = _Meter(size, label)
+        self._meter = _Meter(label, size)
 
     def readline(self, limit: int = -1) -> bytes:
         self._meter(self._f.tell())
@@ -272,31 +282,26 @@ def cmd_compact(args: argparse.Namespace) -> int:
     path = args.path
     if not os.path.exists(path):
         raise _IOFailure(f"{path}: no such file or directory")
-    if os.path.isdir(path):
-        from .state import STATE_JOURNAL, compact_state
+    meter = _Meter("compacting")
+    try:
+        if os.path.isdir(path):
+            from .state import compact_state
 
-        _need_state_dir(path)
-        jpath = os.path.join(path, STATE_JOURNAL)
-        meter = _Meter(os.path.getsize(jpath) if os.path.exists(jpath) else 0, "compacting")
-        try:
+            _need_state_dir(path)
             rep = compact_state(path, dry_run=args.dry_run, progress=meter).as_dict()
-        finally:
-            meter.done()
-    else:
-        size = os.path.getsize(path)
-        meter = _Meter(size, "compacting")
-        try:
+        else:
+            size = os.path.getsize(path)
             before, after = compact_file(path, dry_run=args.dry_run, progress=meter)
-        finally:
-            meter.done()
-        rep = {
-            "path": path,
-            "records_before": before,
-            "records_after": after,
-            "bytes_before": size,
-            "bytes_after": os.path.getsize(path) if not args.dry_run else None,
-            "dry_run": args.dry_run,
-        }
+            rep = {
+                "path": path,
+                "records_before": before,
+                "records_after": after,
+                "bytes_before": size,
+                "bytes_after": os.path.getsize(path) if not args.dry_run else None,
+                "dry_run": args.dry_run,
+            }
+    finally:
+        meter.done()
     _print(rep, args.json)
     return EXIT_OK
 
