@@ -63,12 +63,15 @@ def fake_campaign(
     max_turns: int = 100_000,
     on_commit: Any = None,
     behave: Any = None,
+    batch: int = 1,
 ) -> float:
     """Run a campaign to the end over a fake transport: each WORK is answered in the same turn.
 
-    ``behave(send) -> "ok" | "silent" | "malformed"`` picks each worker's behaviour (default ok);
-    a silent worker never answers (the watchdog recovers the task), a malformed one sends a broken
-    RESULT and its READY (the invalid-result join recovers it). Returns the final virtual time.
+    ``behave(send) -> "ok" | "silent" | "malformed" | "partial"`` picks each worker's behaviour
+    (default ok); a silent worker never answers (the watchdog recovers the task), a malformed one
+    sends a broken RESULT and its READY (the invalid-result join recovers it), a partial one
+    reports an error for the first item of its dispatch. Dispatches carry up to ``batch`` items.
+    Returns the final virtual time.
     """
     from durable_dispatch.core import Send
 
@@ -81,22 +84,24 @@ def fake_campaign(
         readies = [(rank, token) for when, rank, token in late if when <= now]
         late = [x for x in late if x[0] > now]
         while True:
-            s = state.next_send(now)
+            s = state.next_send(now, batch)
             if s is None:
                 break
             assert isinstance(s, Send)
             state.apply(core.mark_dispatched(s.token, now))
             how = behave(s) if behave else "ok"
-            if how == "ok":
-                results.append((s.rank, str(s.token), {"done": s.work.work_id}, True))
+            if how in ("ok", "partial"):
+                values = [{"done": w.work_id} for w in s.items]
+                errors = {0: "the function raised"} if how == "partial" else None
+                results.append((s.rank, str(s.token), values, errors))
                 readies.append((s.rank, str(s.token)))
             elif how == "malformed":
-                results.append((s.rank, str(s.token), None, False))
+                results.append((s.rank, str(s.token), None, None))
                 readies.append((s.rank, str(s.token)))
             else:  # silent until after its deadline; then it sends its exact READY
                 late.append((now + core.watchdog.seconds + 1, s.rank, str(s.token)))
-        for rank, token, payload, valid in results:
-            state.apply(core.on_result(rank, token, payload, now, valid=valid), on_commit)
+        for rank, token, values, errors in results:
+            state.apply(core.on_results(rank, token, values, now, errors=errors), on_commit)
         for rank, token in readies:
             state.apply(core.on_ready(rank, token, now), on_commit)
         state.apply(core.join_invalid(now), on_commit)

@@ -435,3 +435,131 @@ def test_misuse_raises_usage_errors() -> None:
         d.submit([WorkItem("w0")])
     with pytest.raises(UsageError):
         Dispatcher(epoch=-1)
+
+
+# ------------------------------------------------------------------ multi-item dispatches
+def test_a_multi_item_dispatch_has_one_token_and_a_deadline_for_all_its_items() -> None:
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(10.0), ranks=(1,))
+    d.submit([WorkItem("a", timeout=3.0), WorkItem("b"), WorkItem("c", timeout=4.0), WorkItem("e")])
+    s = d.reserve(0.0, max_items=3)
+    assert isinstance(s, Send) and [w.work_id for w in s.items] == ["a", "b", "c"]
+    assert s.work.work_id == "a"
+    d.mark_dispatched(s.token, 0.0)
+    tx = d.transaction(s.token)
+    assert tx is not None and tx.deadline == 3.0 + 4.0 + 10.0  # own timeouts + watchdog once
+    assert d.in_flight() == {"a": s.token, "b": s.token, "c": s.token}
+    out = d.on_results(1, str(s.token), [1, 2, 3], 1.0)
+    assert [(c.work_id, c.result) for c in out if isinstance(c, Commit)] == [
+        ("a", 1),
+        ("b", 2),
+        ("c", 3),
+    ]
+    d.commit_done(s.token)
+    d.on_ready(1, str(s.token), 1.0)
+    st = d.statistics()
+    assert (st.dispatches, st.dispatched_items, st.commits) == (1, 3, 3)
+    assert d.committed() == {"a", "b", "c"} and d.pending() == ["e"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", None, True])
+def test_reserve_refuses_a_bad_item_count(bad: object) -> None:
+    with pytest.raises(UsageError, match="max_items"):
+        make().reserve(0.0, max_items=bad)  # type: ignore[arg-type]
+
+
+def test_a_multi_item_dispatch_stops_at_an_item_whose_lease_is_taken() -> None:
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(10.0), ranks=(1, 2))
+    d.submit(
+        [
+            WorkItem("a", leases={"target": "png"}),
+            WorkItem("b"),
+            WorkItem("c", leases={"target": "png"}),
+            WorkItem("e"),
+        ]
+    )
+    s = d.reserve(0.0, max_items=4)
+    assert isinstance(s, Send) and [w.work_id for w in s.items] == ["a", "b"]
+    assert d.lease_holder("target", "png") == s.token
+
+
+def test_item_errors_charge_only_those_items_and_the_rest_commit() -> None:
+    d = make(3, ranks=(1,), retry=RetryPolicy(1))
+    s = d.reserve(0.0, max_items=3)
+    assert isinstance(s, Send)
+    d.mark_dispatched(s.token, 0.0)
+    out = d.on_results(1, str(s.token), [None, "ok", None], 1.0, errors={0: "boom", 2: "bad"})
+    assert kinds(out) == ["Commit", "Requeue", "Requeue", "PersistSnapshot"]
+    assert [x.work_id for x in out if isinstance(x, Requeue)] == ["w0", "w2"]
+    assert all(x.attempts == 1 and not x.split for x in out if isinstance(x, Requeue)) and (
+        d.attempts("w0"),
+        d.attempts("w1"),
+    ) == (1, 0)
+    assert d.status("w0") is WorkStatus.PENDING and d.status("w1") is WorkStatus.IN_FLIGHT
+    d.snapshot_persisted()
+    d.commit_done(s.token)
+    assert d.on_ready(1, str(s.token), 1.0) == []
+    assert d.idle_ranks() == [1] and d.committed() == {"w1"}
+    assert d.statistics().invalid_result_rollbacks == 2
+
+
+@pytest.mark.parametrize(
+    ("values", "errors"),
+    [
+        ([1, 2], None),
+        ([1, 2, 3, 4], None),
+        ([1, 2, 3], {0: "x", 1: "y", 2: "z"}),
+        ([1, 2, 3], {5: "x"}),
+    ],
+)
+def test_a_result_that_does_not_fit_the_dispatch_is_malformed_and_splits_it(
+    values: list[int], errors: dict[int, str] | None
+) -> None:
+    d = make(3, ranks=(1,), retry=RetryPolicy(0))
+    s = d.reserve(0.0, max_items=3)
+    assert isinstance(s, Send)
+    d.mark_dispatched(s.token, 0.0)
+    (q,) = d.on_results(1, str(s.token), values, 1.0, errors=errors)
+    assert isinstance(q, Quarantine) and q.classification is Classification.MALFORMED
+    d.on_ready(1, str(s.token), 1.0)
+    out = d.join_invalid(1.0)
+    # Which item was bad is unknown: each goes back uncharged, even with no retries at all.
+    assert kinds(out) == ["Requeue", "Requeue", "Requeue", "PersistSnapshot"]
+    assert all(x.split and x.attempts == 0 for x in out if isinstance(x, Requeue))
+    assert d.pending() == ["w0", "w1", "w2"] and d.idle_ranks() == [1]
+    assert d.statistics().batch_splits == 3
+
+
+def test_a_split_item_runs_alone_and_a_second_failure_is_charged_to_it() -> None:
+    d = make(3, ranks=(1, 2), retry=RetryPolicy(0))
+    s = d.reserve(0.0, max_items=3)
+    assert isinstance(s, Send)
+    d.mark_dispatched(s.token, 0.0)
+    out = d.sweep(100.0)  # the whole dispatch timed out: the rank is parked, the items split
+    assert kinds(out) == ["Park", "Requeue", "Requeue", "Requeue", "PersistSnapshot"]
+    assert d.reserve(100.0, max_items=3) == PersistSnapshot(out[-1].reason)
+    d.snapshot_persisted()
+    alone = d.reserve(100.0, max_items=3)
+    assert isinstance(alone, Send) and [w.work_id for w in alone.items] == ["w0"]
+    assert alone.rank == 2  # rank 1 stays parked (W6)
+    d.mark_dispatched(alone.token, 100.0)
+    (defer, snap) = d.sweep(200.0)[1:]
+    assert isinstance(defer, Defer) and defer.work.work_id == "w0" and defer.attempts == 1
+    assert isinstance(snap, PersistSnapshot)
+    assert d.snapshot()["solo"] == ["w1", "w2"]  # durable: a restart keeps them alone
+    restored, _ = Dispatcher.restore(d.snapshot(), epoch=2, ranks=(3,))
+    again = restored.reserve(0.0, max_items=3)
+    assert isinstance(again, Send) and len(again.items) == 1
+
+
+def test_a_multi_item_dispatch_lost_with_its_rank_splits_and_restores_per_item() -> None:
+    d = make(4, ranks=(1, 2))
+    s = d.reserve(0.0, max_items=3)
+    assert isinstance(s, Send)
+    d.mark_dispatched(s.token, 0.0)
+    snap = d.snapshot()
+    assert [t["work"]["work_id"] for t in snap["in_flight"]] == ["w0", "w1", "w2"]
+    restored, out = Dispatcher.restore(snap, epoch=2, ranks=(1, 2))
+    assert kinds(out) == ["Requeue"] * 3 and restored.pending() == ["w0", "w1", "w2", "w3"]
+    out = d.rank_lost(1, 1.0)
+    assert kinds(out) == ["Requeue"] * 3 + ["PersistSnapshot"]
+    assert d.live_ranks() == [2] and d.statistics().batch_splits == 3

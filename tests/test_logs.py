@@ -46,7 +46,7 @@ def test_each_decision_is_logged_exactly_when_its_level_is_on() -> None:
         D.Release(1, t),
         D.Quarantine(1, "RESULT", D.Classification.STALE, "old"),
         D.Commit(1, t, "w", {}),
-        D.Send(1, t, w),
+        D.Send(1, t, (w,)),
         D.PersistSnapshot("rollback"),
     ]
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from durable_dispatch import CampaignState
 from durable_dispatch.core import Commit, RetryPolicy, Send, WatchdogConfig, WorkItem
 from durable_dispatch.errors import LockHeldError
-from durable_dispatch.state import STATE_JOURNAL, Projection, replay
+from durable_dispatch.state import STATE_JOURNAL, Projection, event_work_ids, replay
 from durable_dispatch.storage import Journal
 from durable_dispatch.testing import inject_faults
 
@@ -38,7 +38,12 @@ def _replayed(state: CampaignState) -> dict[str, Any]:
 
 def _committed_events(d: Path) -> list[str]:
     with Journal.open(d / STATE_JOURNAL) as j:
-        return [r.payload["work_id"] for r in j.records() if r.payload.get("event") == "committed"]
+        return [
+            w
+            for r in j.records()
+            if r.payload.get("event") == "committed"
+            for w in event_work_ids(r.payload)
+        ]
 
 
 def test_campaign_commits_everything_once_and_resumes(tmp_path: Path) -> None:
@@ -56,27 +61,50 @@ def test_campaign_commits_everything_once_and_resumes(tmp_path: Path) -> None:
     assert sorted(_committed_events(tmp_path)) == sorted(i.work_id for i in ITEMS)
 
 
-def test_replay_equals_live_state_with_faults(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [1, 4])
+def test_replay_equals_live_state_with_faults(tmp_path: Path, batch: int) -> None:
     with _open(tmp_path, retry=RetryPolicy(1)) as s:
         s.submit(ITEMS)
         n = {"k": 0}
 
         def behave(send: Send) -> str:
             n["k"] += 1
-            return ["ok", "silent", "malformed", "ok"][n["k"] % 4]
+            return ["ok", "silent", "malformed", "ok", "partial"][n["k"] % 5]
 
-        fake_campaign(s, behave=behave)
+        fake_campaign(s, behave=behave, batch=batch)
         assert _replayed(s) == s.core.snapshot()
         st_ = s.core.statistics()
         assert st_.dispatch_watchdog_timeouts > 0 and st_.invalid_result_rollbacks > 0
         assert st_.protocol_deferred_dispatches > 0
         assert len(s.defer) == st_.deferred_now
+        assert st_.commits + st_.deferred_now == len(ITEMS)
+        if batch > 1:  # whole-dispatch failures split; every item still ends in one place
+            assert st_.batch_splits > 0 and st_.dispatches < st_.dispatched_items
+
+
+def test_a_multi_item_dispatch_is_one_record_each_way_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    acked: list[str] = []
+    with _open(tmp_path) as s:
+        s.submit(ITEMS)
+        before = s.journal.next_seq
+        fake_campaign(s, on_commit=lambda c: acked.append(c.work_id), batch=8)
+        records = s.journal.next_seq - before
+        assert s.core.statistics().dispatches == 3  # 20 items in dispatches of 8, 8 and 4
+    assert sorted(acked) == sorted(i.work_id for i in ITEMS)
+    assert records == 6  # one "dispatched" and one "committed" record per dispatch
+    assert sorted(_committed_events(tmp_path)) == sorted(i.work_id for i in ITEMS)
+    with _open(tmp_path) as s:
+        assert s.core.committed() == {i.work_id for i in ITEMS} and s.core.done
 
 
 @settings(max_examples=40, deadline=None)
 @given(
     ops=st.lists(
-        st.sampled_from(["send", "ok", "malformed", "ready", "sweep", "snapshot", "tick"]),
+        st.sampled_from(
+            ["send", "send3", "ok", "partial", "malformed", "ready", "sweep", "snapshot", "tick"]
+        ),
         max_size=60,
     )
 )
@@ -88,14 +116,16 @@ def test_replay_equals_live_state_random(tmp_path_factory: Any, ops: list[str]) 
         sent: list[Send] = []
         for op in ops:
             core = s.core
-            if op == "send":
-                x = s.next_send(now)
+            if op in ("send", "send3"):
+                x = s.next_send(now, 3 if op == "send3" else 1)
                 if x is not None:
                     s.apply(core.mark_dispatched(x.token, now))
                     sent.append(x)
-            elif op in ("ok", "malformed") and sent:
+            elif op in ("ok", "partial", "malformed") and sent:
                 x = sent[-1]
-                s.apply(core.on_result(x.rank, str(x.token), 1, now, valid=op == "ok"))
+                values = None if op == "malformed" else [1] * len(x.items)
+                errors = {0: "raised"} if op == "partial" else None
+                s.apply(core.on_results(x.rank, str(x.token), values, now, errors=errors))
             elif op == "ready" and sent:
                 x = sent.pop()
                 s.apply(core.on_ready(x.rank, str(x.token), now))

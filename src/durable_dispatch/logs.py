@@ -43,6 +43,7 @@ def decision_fields(d: Decision) -> tuple[str, int, dict[str, Any]]:
                 "source": d.source,
                 "kind": d.kind,
                 "attempts": d.attempts,
+                "split": d.split,
             },
         )
     if isinstance(d, Defer):
@@ -86,7 +87,7 @@ def decision_fields(d: Decision) -> tuple[str, int, dict[str, Any]]:
             {
                 "rank": d.rank,
                 "token": str(d.token),
-                "work_id": d.work.work_id,
+                "work_id": ",".join(w.work_id for w in d.items),
             },
         )
     if isinstance(d, PersistSnapshot):

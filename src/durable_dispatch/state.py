@@ -63,6 +63,7 @@ __all__ = [
     "StateView",
     "CompactReport",
     "replay",
+    "event_work_ids",
     "view_state",
     "is_state_dir",
     "compact_state",
@@ -79,6 +80,13 @@ STATE_JOURNAL = "events.jsonl"
 SNAPSHOT_NAME = "campaign"
 LOCK_NAME = "master.lock"
 _SUBMIT_CHUNK = 512
+
+
+def event_work_ids(ev: Mapping[str, Any]) -> list[str]:
+    """The work IDs a journal event names: ``work_ids`` for a multi-item dispatch's
+    ``dispatched``/``committed`` record, else ``[work_id]``."""
+    ids = ev.get("work_ids")
+    return list(ids) if ids is not None else [ev["work_id"]]
 
 
 class Projection:
@@ -101,6 +109,7 @@ class Projection:
         self.attempts: dict[str, int] = {k: int(v) for k, v in snap.get("attempts", {}).items()}
         self.kinds: dict[str, list[str]] = {k: list(v) for k, v in snap.get("kinds", {}).items()}
         self.last_error: dict[str, str] = dict(snap.get("last_error", {}))
+        self.solo: set[str] = set(snap.get("solo", ()))
         self.duplicate_commits = 0
         for it in snap.get("frontier", ()):
             self.items[it["work_id"]] = it
@@ -138,27 +147,31 @@ class Projection:
                     self.items[wid] = it
                     self.back[wid] = None
         elif kind == "dispatched":
-            wid = ev["work_id"]
-            self._unqueue(wid)
-            self.in_flight[wid] = {"token": ev["token"], "rank": ev["rank"]}
+            where = {"token": ev["token"], "rank": ev["rank"]}
+            for wid in event_work_ids(ev):
+                self._unqueue(wid)
+                self.in_flight[wid] = where
             t = Token.parse(ev["token"])
             if t is not None and t.epoch == self.epoch:
                 self.counter = max(self.counter, t.n)
         elif kind == "committed":
-            wid = ev["work_id"]
-            if wid in self.committed:
-                self.duplicate_commits += 1
-                return
-            self.in_flight.pop(wid, None)
-            self._unqueue(wid)
-            self.committed.add(wid)
-            self.items.pop(wid, None)
+            for wid in event_work_ids(ev):
+                if wid in self.committed:
+                    self.duplicate_commits += 1
+                    continue
+                self.in_flight.pop(wid, None)
+                self._unqueue(wid)
+                self.committed.add(wid)
+                self.items.pop(wid, None)
+                self.solo.discard(wid)
         elif kind == "requeued":
             wid = ev["work_id"]
             self.in_flight.pop(wid, None)
             self._unqueue(wid)
             self.front.appendleft(wid)
-            if ev.get("source") != "master-restart":
+            if ev.get("split"):
+                self.solo.add(wid)
+            elif ev.get("source") != "master-restart":
                 self.attempts[wid] = int(ev["attempts"])
                 self.kinds.setdefault(wid, []).append(ev["kind"])
                 self.last_error[wid] = ev.get("error") or ""
@@ -167,6 +180,7 @@ class Projection:
             self.in_flight.pop(wid, None)
             self._unqueue(wid)
             self.deferred[wid] = self.items[wid]
+            self.solo.discard(wid)
             self.attempts[wid] = int(ev["attempts"])
             self.kinds[wid] = list(ev["kinds"])
             self.last_error[wid] = ev.get("last_error") or ""
@@ -194,6 +208,7 @@ class Projection:
             "attempts": dict(self.attempts),
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "last_error": dict(self.last_error),
+            "solo": sorted(self.solo),
         }
 
 
@@ -250,7 +265,8 @@ class CampaignState:
         self._replayed: int = kw["replayed"]
         self._dups: int = kw["dups"]
         self._commits_in_memory: list[int] = []
-        self._pending_commits: list[tuple[int, Commit, Callable[[Commit], None] | None]] = []
+        # (journal seq, the Commits of one dispatch, callback): one record per dispatch
+        self._pending_commits: list[tuple[int, list[Commit], Callable[[Commit], None] | None]] = []
         self._snapshot_failures = 0
         self._closed = False
 
@@ -331,13 +347,14 @@ class CampaignState:
             self.journal.append({"event": "submitted", "items": [i.to_json() for i in chunk]})
         return self.core.submit(new)
 
-    def next_send(self, now: float) -> Send | None:
-        """The next dispatch, journaled (persist before you send), or None.
+    def next_send(self, now: float, max_items: int = 1) -> Send | None:
+        """The next dispatch of up to ``max_items`` items, journaled (persist before you send),
+        or None.
 
         Writes any snapshot the core requires first (S8).
         """
         while True:
-            d = self.core.reserve(now)
+            d = self.core.reserve(now, max_items)
             if isinstance(d, PersistSnapshot):
                 self.save_snapshot(d.reason)
                 continue
@@ -347,15 +364,14 @@ class CampaignState:
 
     # ---------------------------------------------------------------- actions
     def record_send(self, send: Send) -> None:
-        """Journal a dispatch before its WORK is sent (persist before you send)."""
-        self.journal.append(
-            {
-                "event": "dispatched",
-                "token": str(send.token),
-                "rank": send.rank,
-                "work_id": send.work.work_id,
-            }
-        )
+        """Journal a dispatch before its WORK is sent (persist before you send): one record for
+        all its items."""
+        ev: dict[str, Any] = {"event": "dispatched", "token": str(send.token), "rank": send.rank}
+        if len(send.items) == 1:
+            ev["work_id"] = send.items[0].work_id
+        else:
+            ev["work_ids"] = [w.work_id for w in send.items]
+        self.journal.append(ev)
 
     def apply(
         self,
@@ -366,7 +382,8 @@ class CampaignState:
     ) -> list[Decision]:
         """Persist each decision that changes durable state, in order; returns them all.
 
-        * :class:`Commit`: journal it. Once an fsync covers it (``wait=True``: now; ``wait=False``:
+        * :class:`Commit`: journal it (the Commits of one dispatch, which the core returns next to
+          each other, as one record). Once an fsync covers it (``wait=True``: now; ``wait=False``:
           whenever :meth:`complete_commits` finds it durable, so the master keeps dispatching while
           the group commit runs) ``on_commit`` is called and the core closes it.
         * :class:`Requeue` / :class:`Defer`: journal it; a Defer is appended to the defer journal
@@ -376,29 +393,27 @@ class CampaignState:
         out = list(decisions)
         if not out:
             return out
-        for d in out:
+        group: list[Commit] = []
+        for i, d in enumerate(out):
             if isinstance(d, Commit):
-                r = self.journal.append(
-                    {
-                        "event": "committed",
-                        "token": str(d.token),
-                        "work_id": d.work_id,
-                        "result": d.result,
-                    }
-                )
-                self._pending_commits.append((r.seq, d, on_commit))
+                group.append(d)
+                nxt = out[i + 1] if i + 1 < len(out) else None
+                if not isinstance(nxt, Commit) or nxt.token != d.token:
+                    self._journal_commits(group, on_commit)
+                    group = []
             elif isinstance(d, Requeue):
-                self.journal.append(
-                    {
-                        "event": "requeued",
-                        "token": str(d.token),
-                        "work_id": d.work_id,
-                        "source": d.source,
-                        "kind": d.kind,
-                        "attempts": d.attempts,
-                        "error": d.error,
-                    }
-                )
+                ev = {
+                    "event": "requeued",
+                    "token": str(d.token),
+                    "work_id": d.work_id,
+                    "source": d.source,
+                    "kind": d.kind,
+                    "attempts": d.attempts,
+                    "error": d.error,
+                }
+                if d.split:
+                    ev["split"] = True
+                self.journal.append(ev)
             elif isinstance(d, Defer):
                 w = d.work
                 self.journal.append(
@@ -434,12 +449,27 @@ class CampaignState:
             self.complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
         return out
 
+    def _journal_commits(
+        self, commits: list[Commit], on_commit: Callable[[Commit], None] | None
+    ) -> None:
+        """One ``committed`` record for the Commits of one dispatch."""
+        first = commits[0]
+        ev: dict[str, Any] = {"event": "committed", "token": str(first.token)}
+        if len(commits) == 1:
+            ev["work_id"], ev["result"] = first.work_id, first.result
+        else:
+            ev["work_ids"] = [c.work_id for c in commits]
+            ev["results"] = [c.result for c in commits]
+        r = self.journal.append(ev)
+        self._pending_commits.append((r.seq, commits, on_commit))
+
     def complete_commits(self, *, wait: bool = False) -> int:
         """Deliver every journaled commit an fsync now covers: callback, then close in the core.
 
         With ``wait=True`` it first waits for the newest pending commit to be durable. While the
         journal is degraded, pending commits are delivered as memory-only commits (counted in
-        ``statistics().commits_in_memory``) so the campaign goes on. Returns how many were done.
+        ``statistics().commits_in_memory``) so the campaign goes on. Returns how many work
+        items were committed.
         """
         pending = self._pending_commits
         if not pending:
@@ -448,19 +478,21 @@ class CampaignState:
             self._durable(pending[-1][0])
         degraded = not self.journal.health.ok
         durable = self.journal.durable_seq
-        n = 0
+        n = items = 0
         while n < len(pending) and (degraded or pending[n][0] <= durable):
-            seq, d, cb = pending[n]
+            seq, commits, cb = pending[n]
             if seq > durable:
-                self._commits_in_memory.append(seq)
+                self._commits_in_memory.extend([seq] * len(commits))
             if cb is not None:
-                cb(d)
-            follow = self.core.commit_done(d.token)
+                for c in commits:
+                    cb(c)
+            follow = self.core.commit_done(commits[0].token)
             if follow:
                 self.apply(follow)
             n += 1
+            items += len(commits)
         del pending[:n]
-        return n
+        return items
 
     def _durable(self, seq: int) -> bool:
         try:

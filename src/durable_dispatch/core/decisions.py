@@ -108,16 +108,29 @@ class Decision:
 
 @dataclass(frozen=True)
 class Send(Decision):
-    """Send WORK to ``rank`` with ``token``; then report ``mark_dispatched`` or ``send_failed``."""
+    """Send WORK to ``rank`` with ``token``; then report ``mark_dispatched`` or ``send_failed``.
+
+    ``items`` holds one work item, or several when the shell asked :meth:`Dispatcher.reserve`
+    for a multi-item dispatch: one token, one WORK message and one RESULT for all of them.
+    """
 
     rank: int
     token: Token
-    work: WorkItem
+    items: tuple[WorkItem, ...]
+
+    @property
+    def work(self) -> WorkItem:
+        """The first work item (the only one in a one-item dispatch)."""
+        return self.items[0]
 
 
 @dataclass(frozen=True)
 class Commit(Decision):
-    """Journal this result durably, then report ``commit_done(token)`` (exactly-once record)."""
+    """Journal this result durably, then report ``commit_done(token)`` (exactly-once record).
+
+    A multi-item dispatch yields one Commit per item that succeeded, all with the same token,
+    next to each other: journal them together and report ``commit_done(token)`` once.
+    """
 
     rank: int
     token: Token
@@ -127,7 +140,12 @@ class Commit(Decision):
 
 @dataclass(frozen=True)
 class Requeue(Decision):
-    """The work went back to the front of the frontier (informational: the core did it)."""
+    """The work went back to the front of the frontier (informational: the core did it).
+
+    ``split`` is True when the item was one of several in a dispatch that failed as a whole: it
+    is not charged a retry (``attempts`` is unchanged) and is dispatched alone from now on, so
+    one bad item cannot use up the retries of the items it shared a dispatch with.
+    """
 
     work_id: str
     token: Token
@@ -135,6 +153,7 @@ class Requeue(Decision):
     kind: str
     attempts: int
     error: str = ""
+    split: bool = False
 
 
 @dataclass(frozen=True)

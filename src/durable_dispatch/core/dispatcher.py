@@ -7,7 +7,7 @@ Theory of operation. The core never reads a clock, a file, the environment or MP
     for rank, token in readies:   decisions += core.on_ready(rank, token, now)        # 1. READY
     while (d := core.reserve(now)) is not None:                                       # 2. dispatch
         if isinstance(d, PersistSnapshot): persist(); core.snapshot_persisted(); continue
-        ok = send(d.rank, d.token, d.work)            # then, once the send returned:
+        ok = send(d.rank, d.token, d.items)           # then, once the send returned:
         decisions += core.mark_dispatched(d.token, now) if ok else core.send_failed(d.token, now)
     for rank, token, result in results: decisions += core.on_result(rank, token, result, now)  # 3.
     decisions += core.join_invalid(now)                                               # 4. join
@@ -22,6 +22,14 @@ messages are classified (current, stale, unowned, malformed, duplicate) and only
 can commit (W8). Every rollback sets "snapshot required", and :meth:`Dispatcher.reserve` returns
 :class:`PersistSnapshot` before any further :class:`Send` until the shell confirms it (S8).
 
+Multi-item dispatches (``reserve(now, max_items=k)``) carry up to k items under one token, one
+deadline (their timeouts added up) and one RESULT with an entry per item, so per-message and
+per-record costs are paid once per dispatch. The invariants above hold per dispatch. When a
+multi-item dispatch fails as a whole (timeout, missing or malformed RESULT, send failure, lost
+rank), no one knows which item was at fault: each item is requeued uncharged and dispatched alone
+from then on, where a failure is charged to it alone. An item the worker reports as failed inside
+an otherwise good RESULT is charged at once and the rest commit.
+
 Ordering assumption: messages from one rank arrive in the order it sent them (the MPI shell receives
 with ``ANY_TAG``, which MPI's non-overtaking rule orders per sender), so when the turn's join step
 sees a current READY without a RESULT, the RESULT is missing, not late.
@@ -31,7 +39,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -90,11 +98,15 @@ class WorkStatus(str, Enum):
 
 @dataclass(slots=True)
 class Transaction:
-    """One dispatch of one work item to one rank (mutable, owned by the core)."""
+    """One dispatch of one or more work items to one rank (mutable, owned by the core).
+
+    ``items`` are the items still owned by the dispatch: an item whose RESULT entry reported an
+    error leaves it at once (it is requeued or deferred), the others commit together.
+    """
 
     token: Token
     rank: int
-    work: WorkItem
+    items: tuple[WorkItem, ...]
     state: TxState = TxState.PREPARING
     deadline: float | None = None
     ready_seen: bool = False
@@ -107,10 +119,13 @@ class DispatchStats:
     except the work counters ``dispatches`` and ``commits`` and the gauges).
 
     Counters by message kind (``stale``, ``unowned``, ``malformed``) are dicts keyed
-    ``"RESULT"``, ``"READY"``, ``"HEARTBEAT"``.
+    ``"RESULT"``, ``"READY"``, ``"HEARTBEAT"``. ``dispatches`` counts WORK messages (tokens),
+    ``dispatched_items`` the work items they carried, ``commits`` committed work items, and
+    ``batch_splits`` items requeued uncharged because their multi-item dispatch failed as a whole.
     """
 
     dispatches: int = 0
+    dispatched_items: int = 0
     commits: int = 0
     dispatch_watchdog_timeouts: int = 0
     watchdog_worker_recoveries: int = 0
@@ -118,6 +133,7 @@ class DispatchStats:
     protocol_deferred_dispatches: int = 0
     deferred_in_memory: int = 0
     invalid_result_rollbacks: int = 0
+    batch_splits: int = 0
     send_failures: int = 0
     ranks_lost: int = 0
     master_restart_rollbacks: int = 0
@@ -171,6 +187,7 @@ class Dispatcher:
         self._committed: set[str] = set()
         self._deferred: dict[str, WorkItem] = {}
         self._attempts: dict[str, int] = {}
+        self._solo: set[str] = set()  # failed in a multi-item dispatch: dispatched alone now
         self._kinds: dict[str, list[str]] = {}
         self._last_error: dict[str, str] = {}
         self._ranks: set[int] = set()
@@ -220,31 +237,61 @@ class Dispatcher:
         return n
 
     # --------------------------------------------------------------- dispatch
-    def reserve(self, now: float) -> Send | PersistSnapshot | None:
+    def reserve(self, now: float, max_items: int = 1) -> Send | PersistSnapshot | None:
         """Reserve the next dispatch: the lowest idle rank and the first frontier item whose
         leases are free. Returns :class:`PersistSnapshot` first if a rollback is not yet persisted,
         or None when nothing can be dispatched now.
+
+        Args:
+            now: the master's monotonic clock.
+            max_items: up to this many items go in one dispatch (one token, one WORK message, one
+                RESULT): after the first, the items that follow it at the head of the frontier,
+                as long as their leases are free. An item that failed in a multi-item dispatch
+                (see :class:`Requeue` ``split``) always goes alone.
+
+        Raises:
+            UsageError: ``max_items`` is not an integer >= 1.
         """
+        if type(max_items) is not int or max_items < 1:
+            raise UsageError(f"max_items must be an integer >= 1, got {max_items!r}")
         if self._snapshot_required is not None:
             return PersistSnapshot(self._snapshot_required)
         if not self._idle or not self._frontier:
             return None
-        item = self._take_free_item()
-        if item is None:
+        first = self._take_free_item()
+        if first is None:
             return None
         rank = min(self._idle)
         self._idle.discard(rank)
         self._counter += 1
         token = Token(self.epoch, self._counter)
-        tx = Transaction(token, rank, item)
+        self._lease(first, token)
+        items = [first]
+        if max_items > 1 and first.work_id not in self._solo:
+            frontier = self._frontier
+            while len(items) < max_items and frontier:
+                head = frontier[0]
+                if head.work_id in self._solo or not self._leases_free(head):
+                    break
+                frontier.popleft()
+                self._pending.discard(head.work_id)
+                self._lease(head, token)
+                items.append(head)
+        tx = Transaction(token, rank, tuple(items))
         self._current[rank] = tx
         self._by_token[token] = tx
         self._open[str(token)] = tx
+        self._c["dispatches"] += 1
+        self._c["dispatched_items"] += len(items)
+        return Send(rank, token, tx.items)
+
+    def _leases_free(self, item: WorkItem) -> bool:
+        return all((k, v) not in self._leases for k, v in item.leases.items())
+
+    def _lease(self, item: WorkItem, token: Token) -> None:
         self._in_flight[item.work_id] = token
         for k, v in item.leases.items():
             self._leases[(k, v)] = token
-        self._c["dispatches"] += 1
-        return Send(rank, token, item)
 
     def _take_free_item(self) -> WorkItem | None:
         head = self._frontier[0]
@@ -253,7 +300,7 @@ class Dispatcher:
             self._pending.discard(head.work_id)
             return head
         for i, item in enumerate(self._frontier):
-            if all((k, v) not in self._leases for k, v in item.leases.items()):
+            if self._leases_free(item):
                 del self._frontier[i]
                 self._pending.discard(item.work_id)
                 return item
@@ -266,10 +313,15 @@ class Dispatcher:
             raise UsageError(f"{token} is {tx.state.value}, not PREPARING")
         tx.state = TxState.DISPATCHED
         if self.watchdog.enabled:
-            seconds = tx.work.timeout if tx.work.timeout is not None else self.watchdog.seconds
-            tx.deadline = now + seconds
+            tx.deadline = now + self._allowed_seconds(tx.items)
             heapq.heappush(self._heap, (tx.deadline, token))
         return []
+
+    def _allowed_seconds(self, items: tuple[WorkItem, ...]) -> float:
+        """A dispatch's time: its items' own timeouts added up, plus the watchdog's seconds once
+        if any item has none (one item: its timeout, or the watchdog's seconds)."""
+        own = [w.timeout for w in items if w.timeout is not None]
+        return sum(own) + (self.watchdog.seconds if len(own) < len(items) else 0.0)
 
     def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
         """The WORK send for ``token`` failed: the same compensation path as a timeout (W4)."""
@@ -337,9 +389,33 @@ class Dispatcher:
         valid: bool = True,
         error: str | None = None,
     ) -> list[Decision]:
-        """A RESULT arrived. ``valid=False`` (with ``error``) when its payload failed to decode.
+        """A RESULT for a one-item dispatch. ``valid=False`` (with ``error``) when its payload
+        failed to decode or the worker reported an error.
 
-        Only a current RESULT with a valid payload commits (it returns :class:`Commit`).
+        Only a current RESULT with a valid payload commits (it returns :class:`Commit`). The same
+        as :meth:`on_results` with ``[result]``.
+        """
+        return self.on_results(rank, token, [result] if valid else None, now, error=error)
+
+    def on_results(
+        self,
+        rank: int,
+        token: object,
+        results: Sequence[Any] | None,
+        now: float,
+        *,
+        errors: Mapping[int, str] | None = None,
+        error: str | None = None,
+    ) -> list[Decision]:
+        """A RESULT: ``results`` holds one entry per item of the dispatch, in its order; None (with
+        ``error``) when the message as a whole is invalid.
+
+        ``errors`` maps the index of each item the worker could not do to its reason. Those items
+        leave the dispatch at once through the retry path (``source=invalid-result``, kind
+        ``malformed-result``, charged one attempt); the others commit: one :class:`Commit` each,
+        next to each other. When every item failed, or the number of entries does not match the
+        dispatch, the RESULT counts as malformed and the READY that follows rolls back the whole
+        dispatch (:meth:`join_invalid`), as for a one-item dispatch.
         """
         tx = self._open.get(token) if type(token) is str else None
         if tx is None or tx.rank != rank:
@@ -353,20 +429,57 @@ class Dispatcher:
                 return self._classify_old(rank, t, "RESULT")
         if tx.state in (TxState.COMMITTING, TxState.CLOSED):
             return self._quarantine(rank, "RESULT", Classification.DUPLICATE, "second RESULT")
-        if not valid:
-            tx.result_malformed = error or "malformed result payload"
-            return self._quarantine(rank, "RESULT", Classification.MALFORMED, tx.result_malformed)
+        items = tx.items
+        if results is None:
+            reason = error or "malformed result payload"
+        elif len(results) != len(items):
+            reason = f"{len(results)} result(s) for a dispatch of {len(items)} item(s)"
+        elif errors and not all(type(i) is int and 0 <= i < len(items) for i in errors):
+            reason = f"an error entry names no item of the {len(items)}"
+        elif errors and len(errors) == len(items):
+            reason = errors[0]
+        else:
+            reason = None
+        if reason is not None:
+            tx.result_malformed = reason
+            return self._quarantine(rank, "RESULT", Classification.MALFORMED, reason)
+        assert results is not None
         tx.state = TxState.COMMITTING
-        wid = tx.work.work_id
-        if wid in self._committed:
+        out: list[Decision] = []
+        keep: list[WorkItem] = []
+        failed: list[tuple[WorkItem, str]] = []
+        dups = 0
+        for i, (item, value) in enumerate(zip(items, results, strict=True)):
+            bad = errors.get(i) if errors else None
+            if bad is not None:
+                failed.append((item, bad))
+            elif item.work_id in self._committed:
+                dups += 1
+            else:
+                keep.append(item)
+                out.append(Commit(rank, tx.token, item.work_id, value))
+        if failed or dups:
+            kept = {w.work_id for w in keep}
+            for item in items:
+                if item.work_id not in kept:
+                    self._release_item(item, tx.token)
+            tx.items = tuple(keep)
+        for item, bad in failed:
+            self._c["invalid_result_rollbacks"] += 1
+            out.append(
+                self._recover(item, tx.token, SOURCE_INVALID_RESULT, "malformed-result", bad)
+            )
+        if failed:
+            self._snapshot_required = f"items of {tx.token} failed ({SOURCE_INVALID_RESULT})"
+            out.append(PersistSnapshot(self._snapshot_required))
+        for _ in range(dups):
             self._c["duplicate_commits_ignored"] += 1
-            tx.state = TxState.CLOSED
-            self._release_leases(tx)
-            return self._finish_if_done(tx) + self._quarantine(
+            out += self._quarantine(
                 rank, "RESULT", Classification.DUPLICATE, "work ID already committed"
             )
-        commit: list[Decision] = [Commit(rank, tx.token, wid, result)]
-        return commit + self._finish_if_done(tx)  # READY already seen: the rank is free now
+        if not keep:
+            tx.state = TxState.CLOSED
+        return out + self._finish_if_done(tx)  # READY already seen: the rank is free now
 
     def commit_done(self, token: Token) -> list[Decision]:
         """The shell journaled the :class:`Commit` for ``token``: the work ID is committed."""
@@ -374,8 +487,10 @@ class Dispatcher:
         if tx.state is not TxState.COMMITTING:
             raise UsageError(f"{token} is {tx.state.value}, not COMMITTING")
         tx.state = TxState.CLOSED
-        self._committed.add(tx.work.work_id)
-        self._c["commits"] += 1
+        for item in tx.items:
+            self._committed.add(item.work_id)
+            self._solo.discard(item.work_id)
+        self._c["commits"] += len(tx.items)
         self._release_leases(tx)
         return self._finish_if_done(tx)
 
@@ -510,9 +625,13 @@ class Dispatcher:
         return self._quarantine(rank, message, Classification.UNOWNED, "no transaction owns it")
 
     def _release_leases(self, tx: Transaction) -> None:
-        self._in_flight.pop(tx.work.work_id, None)
-        for k, v in tx.work.leases.items():
-            if self._leases.get((k, v)) == tx.token:
+        for item in tx.items:
+            self._release_item(item, tx.token)
+
+    def _release_item(self, item: WorkItem, token: Token) -> None:
+        self._in_flight.pop(item.work_id, None)
+        for k, v in item.leases.items():
+            if self._leases.get((k, v)) == token:
                 del self._leases[(k, v)]
 
     def _finish_if_done(self, tx: Transaction) -> list[Decision]:
@@ -559,10 +678,24 @@ class Dispatcher:
             out.append(Park(tx.rank, tx.token, source))
         elif tx.rank in self._ranks and source != SOURCE_RANK_LOST:
             self._idle.add(tx.rank)
-        out.append(self._recover(tx.work, tx.token, source, kind, error))
+        if len(tx.items) == 1:
+            out.append(self._recover(tx.items[0], tx.token, source, kind, error))
+        else:  # which item failed is unknown: each goes back uncharged, to run alone (W5)
+            back = [self._split(w, tx.token, source, kind, error) for w in reversed(tx.items)]
+            out += reversed(back)  # the frontier keeps the dispatch's order
         self._snapshot_required = f"rollback of {tx.token} ({source})"
         out.append(PersistSnapshot(self._snapshot_required))
         return out
+
+    def _split(self, item: WorkItem, token: Token, source: str, kind: str, error: str) -> Decision:
+        """Requeue one item of a failed multi-item dispatch at the front, uncharged; from now on
+        it is dispatched alone, where a failure is charged to it."""
+        wid = item.work_id
+        self._frontier.appendleft(item)
+        self._pending.add(wid)
+        self._solo.add(wid)
+        self._c["batch_splits"] += 1
+        return Requeue(wid, token, source, kind, self._attempts.get(wid, 0), error, split=True)
 
     def _recover(
         self, item: WorkItem, token: Token, source: str, kind: str, error: str
@@ -584,6 +717,7 @@ class Dispatcher:
             self._c["protocol_requeued_dispatches"] += 1
             return Requeue(wid, token, source, kind, n, error)
         self._deferred[wid] = item
+        self._solo.discard(wid)
         return Defer(item, token, source, n, tuple(self._kinds[wid]), error)
 
     # ------------------------------------------------------------- queries
@@ -654,6 +788,7 @@ class Dispatcher:
         c = self._c
         return DispatchStats(
             dispatches=c["dispatches"],
+            dispatched_items=c["dispatched_items"],
             commits=c["commits"],
             dispatch_watchdog_timeouts=c["dispatch_watchdog_timeouts"],
             watchdog_worker_recoveries=c["watchdog_worker_recoveries"],
@@ -661,6 +796,7 @@ class Dispatcher:
             protocol_deferred_dispatches=c["protocol_deferred_dispatches"],
             deferred_in_memory=c["deferred_in_memory"],
             invalid_result_rollbacks=c["invalid_result_rollbacks"],
+            batch_splits=c["batch_splits"],
             send_failures=c["send_failures"],
             ranks_lost=c["ranks_lost"],
             master_restart_rollbacks=c["master_restart_rollbacks"],
@@ -693,15 +829,17 @@ class Dispatcher:
             "counter": self._counter,
             "frontier": [i.to_json() for i in self._frontier],
             "in_flight": [
-                {"token": str(tx.token), "rank": tx.rank, "work": tx.work.to_json()}
+                {"token": str(tx.token), "rank": tx.rank, "work": w.to_json()}
                 for tx in self._by_token.values()
                 if tx.state in (TxState.PREPARING, TxState.DISPATCHED, TxState.COMMITTING)
+                for w in tx.items
             ],
             "committed": sorted(self._committed),
             "deferred": [i.to_json() for i in self._deferred.values()],
             "attempts": dict(self._attempts),
             "kinds": {k: list(v) for k, v in self._kinds.items()},
             "last_error": dict(self._last_error),
+            "solo": sorted(self._solo),
         }
 
     @classmethod
@@ -733,6 +871,7 @@ class Dispatcher:
         d._attempts = {k: int(v) for k, v in state.get("attempts", {}).items()}
         d._kinds = {k: list(v) for k, v in state.get("kinds", {}).items()}
         d._last_error = dict(state.get("last_error", {}))
+        d._solo = set(state.get("solo", ()))
         for it in state.get("frontier", ()):
             w = WorkItem.from_json(it)
             d._frontier.append(w)

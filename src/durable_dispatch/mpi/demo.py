@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
-from ..state import STATE_JOURNAL
+from ..state import STATE_JOURNAL, event_work_ids
 from ..storage import Journal
 from ..storage import fs as _fs
 
@@ -68,7 +68,7 @@ def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str
     with Journal.open(os.path.join(state_dir, STATE_JOURNAL)) as j:
         for r in j.records():
             if isinstance(r.payload, dict) and r.payload.get("event") == "committed":
-                commits[r.payload["work_id"]] += 1
+                commits.update(event_work_ids(r.payload))
     from ..storage import DeferJournal
 
     with DeferJournal.open(state_dir) as d:

@@ -6,11 +6,16 @@ each worker's messages in the order it sent them (RESULT before its READY).
 
 | tag | direction | body |
 | --- | --- | --- |
-| WORK | master -> worker | ``{"token", "work_id", "payload", "attempt"}`` |
-| RESULT | worker -> master | ``{"token", "result"}`` |
+| WORK | master -> worker | ``{"token", "items": [{"work_id", "payload", "attempt"}, ...]}`` |
+| RESULT | worker -> master | ``{"token", "results": [...], "errors": {"<index>": "reason"}}`` |
 | READY | worker -> master | ``{"token"}`` (``null`` when the worker starts) |
 | HEARTBEAT | worker -> master | ``{"token"}`` |
 | STOP | master -> worker | ``{}`` |
+
+A WORK message carries one item, or several when the master runs with ``batch > 1``; its RESULT
+has one entry in ``results`` per item, in order. ``errors`` (optional) names the items the worker
+could not do (the function raised, or its value is not JSON): their ``results`` entries are null.
+A RESULT ``{"token", "error"}`` reports that the whole dispatch failed.
 """
 
 from __future__ import annotations
@@ -19,7 +24,17 @@ from typing import Any
 
 import orjson
 
-__all__ = ["WORK", "RESULT", "READY", "HEARTBEAT", "STOP", "TAG_NAMES", "encode", "decode"]
+__all__ = [
+    "WORK",
+    "RESULT",
+    "READY",
+    "HEARTBEAT",
+    "STOP",
+    "TAG_NAMES",
+    "encode",
+    "decode",
+    "read_result",
+]
 
 WORK, RESULT, READY, HEARTBEAT, STOP = 11, 12, 13, 14, 15
 TAG_NAMES = {WORK: "WORK", RESULT: "RESULT", READY: "READY", HEARTBEAT: "HEARTBEAT", STOP: "STOP"}
@@ -42,3 +57,33 @@ def decode(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any] | None,
     if not isinstance(obj, dict):
         return None, "not a JSON object"
     return obj, None
+
+
+def read_result(
+    body: dict[str, Any] | None, reason: str | None
+) -> tuple[list[Any] | None, dict[int, str] | None, str | None]:
+    """Split a decoded RESULT body into ``(results, errors, None)``, or ``(None, None, reason)``
+    when it cannot be read (the arguments of ``Dispatcher.on_results``; never raises).
+
+    Args:
+        body: the body :func:`decode` gave, or None.
+        reason: the reason :func:`decode` gave when ``body`` is None.
+    """
+    if body is None:
+        return None, None, reason or "malformed RESULT"
+    if "error" in body:
+        return None, None, str(body["error"])
+    results = body.get("results")
+    if not isinstance(results, list):
+        return None, None, "RESULT without a results list"
+    raw = body.get("errors")
+    if raw is None:
+        return results, None, None
+    if not isinstance(raw, dict):
+        return None, None, "RESULT errors is not an object"
+    errors: dict[int, str] = {}
+    for k, v in raw.items():
+        if not (k.isascii() and k.isdigit()):
+            return None, None, f"RESULT error index {k!r} is not a number"
+        errors[int(k)] = str(v)
+    return results, errors, None

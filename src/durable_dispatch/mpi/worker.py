@@ -31,41 +31,61 @@ def _send(comm: Any, mpi: Any, body: Any, tag: int, raw: bytes | None = None) ->
 
 
 def _result_message(token: Any, box: dict[str, Any]) -> bytes:
-    """The RESULT for a finished function: its result, or its error. A result JSON cannot hold is
-    an error RESULT (the master counts an invalid result and retries), never a dead worker."""
-    if "error" not in box:
-        try:
-            return P.encode({"token": token, "result": box.get("result")})
-        except TypeError as e:  # orjson.JSONEncodeError
-            box["error"] = f"result is not JSON-serializable: {e}"
-    return P.encode({"token": token, "error": box["error"]})
+    """The RESULT for a finished dispatch: one entry per item, and an ``errors`` entry for each
+    item whose function raised or returned a value JSON cannot hold (the master charges that item
+    a retry and commits the rest), never a dead worker."""
+    results: list[Any] = box["results"]
+    errors: dict[str, str] = box["errors"]
+    body: dict[str, Any] = {"token": token, "results": results}
+    if errors:
+        body["errors"] = errors
+    try:
+        return P.encode(body)
+    except TypeError:  # orjson.JSONEncodeError: find the items whose results cannot be sent
+        for i, value in enumerate(results):
+            try:
+                P.encode(value)
+            except TypeError as e:
+                results[i] = None
+                errors[str(i)] = f"result is not JSON-serializable: {e}"
+        body["errors"] = errors
+        return P.encode(body)
 
 
 def _work(
     fn: Callable[..., Any],
-    payload: Any,
-    fault: str | None,
+    items: list[tuple[Any, str | None]],
     slow_seconds: float,
     heartbeat: bool,
     beats: queue.SimpleQueue[int],
     box: dict[str, Any],
 ) -> None:
-    """Run the user's function in the work thread; the outcome goes into ``box``."""
-    try:
-        if fault == "hang":
-            while True:
-                time.sleep(3600)
-        if fault == "slow":
-            time.sleep(slow_seconds)
-        if fault == "raise":
-            raise RuntimeError("injected failure in the work function")
-        if fault == "unencodable":
-            box["result"] = {"not JSON": {1, 2}}  # a set: the function's result cannot be sent
-            return
-        box["result"] = fn(payload, lambda: beats.put(1)) if heartbeat else fn(payload)
-    except BaseException as e:  # the master learns of it as an error result
-        box["error"] = f"{type(e).__name__}: {e}"
-        box["trace"] = traceback.format_exc(limit=5)
+    """Run the user's function on each ``(payload, fault)`` in the work thread, in order; the
+    outcomes go into ``box["results"]`` and ``box["errors"]`` (index -> reason)."""
+    results: list[Any] = []
+    errors: dict[str, str] = {}
+    box["results"], box["errors"] = results, errors
+    beat = lambda: beats.put(1)  # noqa: E731
+    for i, (payload, fault) in enumerate(items):
+        try:
+            if fault == "hang":
+                while True:
+                    time.sleep(3600)
+            if fault == "slow":
+                time.sleep(slow_seconds)
+            if fault == "raise":
+                raise RuntimeError("injected failure in the work function")
+            if fault == "unencodable":
+                results.append({"not JSON": {1, 2}})  # a set: this result cannot be sent
+                continue
+            results.append(fn(payload, beat) if heartbeat else fn(payload))
+        except BaseException as e:  # the master learns of it as this item's error
+            results.append(None)
+            errors[str(i)] = f"{type(e).__name__}: {e}"
+            box.setdefault("trace", traceback.format_exc(limit=5))
+
+
+_MESSAGE_FAULTS = ("malformed", "missing", "old-token")
 
 
 def run_worker(
@@ -77,7 +97,10 @@ def run_worker(
     slow_seconds: float = 0.0,
     poll: float = 0.001,
 ) -> int:
-    """Serve WORK from rank 0 until STOP; returns how many items this worker ran.
+    """Serve WORK from rank 0 until STOP; returns how many work items this worker ran.
+
+    Each WORK message holds one or more items (see :mod:`.protocol`); the function runs on each
+    in order, and one RESULT with an entry per item, then READY, answer the message.
 
     Args:
         fn: ``fn(payload) -> result`` (JSON-compatible), or ``fn(payload, beat)`` with
@@ -89,7 +112,9 @@ def run_worker(
             (a RESULT that is not JSON), ``missing`` (READY without RESULT), ``old-token`` (RESULT
             with another token), ``crash`` (SIGKILL itself); and two failures of the function
             itself: ``raise`` (it raises) and ``unencodable`` (it returns a value JSON cannot
-            hold). Either becomes a RESULT with an ``error``: the worker lives on.
+            hold). Either becomes an ``errors`` entry for that item in the RESULT: the worker
+            lives on. In a multi-item dispatch, ``hang`` and ``slow`` act at their item, and
+            ``crash``, ``malformed``, ``missing`` and ``old-token`` act on the whole message.
         slow_seconds: how long a ``slow`` fault sleeps.
         poll: seconds between probes while idle or while the function runs.
     """
@@ -120,16 +145,22 @@ def run_worker(
         if status.Get_tag() == P.STOP:
             return done
         body, _err = P.decode(buf)
-        if body is None:
+        work = body.get("items") if body is not None else None
+        if not isinstance(work, list) or not all(isinstance(w, dict) for w in work):
             continue
-        token = body.get("token")
-        wid = str(body.get("work_id"))
-        fault = faults(wid, int(body.get("attempt", 0))) if faults else None
-        if fault == "crash":
+        token = body.get("token")  # type: ignore[union-attr]
+        plan = [
+            (w.get("payload"), faults(str(w.get("work_id")), int(w.get("attempt", 0))))
+            if faults
+            else (w.get("payload"), None)
+            for w in work
+        ]
+        if any(f == "crash" for _, f in plan):
             os.kill(os.getpid(), 9)
+        fault = next((f for _, f in plan if f in _MESSAGE_FAULTS), None)
         box: dict[str, Any] = {}
         finished = threading.Event()
-        jobs.put(((fn, body.get("payload"), fault, slow_seconds, heartbeat, beats, box), finished))
+        jobs.put(((fn, plan, slow_seconds, heartbeat, beats, box), finished))
         while True:
             over = finished.wait(poll)
             while not beats.empty():
@@ -140,11 +171,11 @@ def run_worker(
             if comm.Iprobe(source=0, tag=P.STOP, status=status):
                 comm.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE], 0, P.STOP)
                 return done  # the function may still be running; its thread is a daemon
-        done += 1
+        done += len(plan)
         if fault == "malformed":
             _send(comm, MPI, None, P.RESULT, raw=b"{not json")
         elif fault == "old-token":
-            _send(comm, MPI, {"token": last_token or "e0-0", "result": box.get("result")}, P.RESULT)
+            _send(comm, MPI, {"token": last_token or "e0-0", "results": box["results"]}, P.RESULT)
         elif fault != "missing":
             _send(comm, MPI, None, P.RESULT, raw=_result_message(token, box))
         _send(comm, MPI, {"token": token}, P.READY)
