@@ -1,14 +1,17 @@
 """Master throughput under real mpiexec, against a bare mpi4py loop and MPIPoolExecutor.
 
-Usage: ``python benchmarks/bench_mpi.py [--tasks N] [--workers 3]``
+Usage: ``python benchmarks/bench_mpi.py [--tasks N] [--workers 3] [--batch 64] [--repeat 3]``
 
 Runs, one after another in this one invocation, on 1 master + 3 workers with trivial tasks:
   bare     a plain mpi4py send/recv master/worker loop (the ceiling)
   ours     run_master/run_worker with a state directory and sync="batch"
-  futures  mpi4py.futures.MPIPoolExecutor.map(fn, ..., chunksize=1)
+  futures  mpi4py.futures.MPIPoolExecutor.map(fn, ..., chunksize=1), and for context with
+           chunksize=--batch (the executor's own way of sending several tasks per message)
 and prints tasks/s, the ratios (targets: ours >= 5x futures, ours >= 0.3x bare), our per-task
-time in microseconds, and the ULFM kill-to-rollback latency measured by the demo campaign. Each of
-the three runs ``--repeat`` times (default 3) and its fastest run is kept.
+time in microseconds, and the ULFM kill-to-rollback latency measured by the demo campaign.
+"ours" runs twice: with one item per dispatch (``batch=1``) and with ``--batch`` items per
+dispatch (default 64: one token, one WORK message and one journal record each way per 64 items).
+Each run is repeated ``--repeat`` times (default 3) and its fastest run is kept.
 
 It also measures, in this process and without MPI, the master's own ceiling: the same campaign
 state and dispatch core driven by instant in-process "workers" (every decision journaled with
@@ -64,7 +67,7 @@ def role_bare(n: int) -> None:
             comm.send(trivial(x), dest=0, tag=2)
 
 
-def role_ours(n: int, state_dir: str) -> None:
+def role_ours(n: int, state_dir: str, batch: int) -> None:
     from mpi4py import MPI
 
     from durable_dispatch.core import RetryPolicy, WatchdogConfig, WorkItem
@@ -74,7 +77,12 @@ def role_ours(n: int, state_dir: str) -> None:
         items = [WorkItem(f"t{i}", {"i": i}) for i in range(n)]
         t = time.perf_counter()
         rep = run_master(
-            items, state_dir, watchdog=WatchdogConfig(600), retry=RetryPolicy(1), sync="batch"
+            items,
+            state_dir,
+            watchdog=WatchdogConfig(600),
+            retry=RetryPolicy(1),
+            sync="batch",
+            batch=batch,
         )
         el = time.perf_counter() - t
         assert rep.finished and rep.stats["core"]["commits"] == n
@@ -83,19 +91,19 @@ def role_ours(n: int, state_dir: str) -> None:
         run_worker(trivial, poll=0.0001)
 
 
-def role_futures(n: int) -> None:
+def role_futures(n: int, chunksize: int) -> None:
     from mpi4py.futures import MPIPoolExecutor
 
     with MPIPoolExecutor() as ex:
-        list(ex.map(trivial, range(min(n, 200)), chunksize=1))  # warm up
+        list(ex.map(trivial, range(min(n, 200)), chunksize=chunksize))  # warm up
         t = time.perf_counter()
-        out = list(ex.map(trivial, range(n), chunksize=1))
+        out = list(ex.map(trivial, range(n), chunksize=chunksize))
         el = time.perf_counter() - t
     assert len(out) == n
     print(json.dumps({"role": "futures", "tasks_per_s": n / el}), flush=True)
 
 
-def ceiling_without_mpi(n: int, workers: int) -> float:
+def ceiling_without_mpi(n: int, workers: int, batch: int) -> float:
     """Tasks/s of the master's bookkeeping alone: CampaignState + Dispatcher, no messages."""
     import shutil
 
@@ -118,11 +126,12 @@ def ceiling_without_mpi(n: int, workers: int) -> float:
         while not core.done:
             now = time.monotonic()
             sends = []
-            while (s := st.next_send(now)) is not None:
+            while (s := st.next_send(now, batch)) is not None:
                 st.apply(core.mark_dispatched(s.token, time.monotonic()))
                 sends.append(s)
             for s in sends:  # each worker answers at once: RESULT, then READY
-                st.apply(core.on_result(s.rank, str(s.token), s.work.payload, now), wait=False)
+                values = [w.payload for w in s.items]
+                st.apply(core.on_results(s.rank, str(s.token), values, now), wait=False)
             st.complete_commits()
             for s in sends:
                 st.apply(core.on_ready(s.rank, str(s.token), now))
@@ -155,15 +164,16 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs of each; the fastest is kept")
     ap.add_argument("--role", choices=["bare", "ours", "futures"])
     ap.add_argument("--state-dir")
+    ap.add_argument("--batch", type=int, default=64, help="items per dispatch for 'ours batched'")
     a = ap.parse_args()
     if a.role == "bare":
         role_bare(a.tasks)
         return 0
     if a.role == "ours":
-        role_ours(a.tasks, a.state_dir)
+        role_ours(a.tasks, a.state_dir, a.batch)
         return 0
     if a.role == "futures":
-        role_futures(a.tasks)
+        role_futures(a.tasks, a.batch)
         return 0
     from durable_dispatch.mpi.launcher import mpiexec_command
 
@@ -173,22 +183,24 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         fut_n = max(200, a.tasks // 10)
         best: dict[str, float] = {}
+        tasks = ["--tasks", str(a.tasks)]
         for k in range(a.repeat):  # in turn, so a noisy moment hits all three alike
-            bare = run(mpiexec_command(n, [py, me, "--role", "bare", "--tasks", str(a.tasks)]))
-            state = os.path.join(tmp, f"state-{k}")
-            ours = run(
-                mpiexec_command(
-                    n, [py, me, "--role", "ours", "--tasks", str(a.tasks), "--state-dir", state]
-                )
-            )
-            fut = run(
-                mpiexec_command(
-                    n, [py, "-m", "mpi4py.futures", me, "--role", "futures", "--tasks", str(fut_n)]
-                )
-            )
-            for name, r in (("bare", bare), ("ours", ours), ("futures", fut)):
+            runs = {"bare": run(mpiexec_command(n, [py, me, "--role", "bare", *tasks]))}
+            for name, batch in (("ours", 1), ("batched", a.batch)):
+                state = ["--state-dir", os.path.join(tmp, f"{name}-{k}"), "--batch", str(batch)]
+                runs[name] = run(mpiexec_command(n, [py, me, "--role", "ours", *tasks, *state]))
+            for name, batch, count in (
+                ("futures", 1, fut_n),
+                ("futures-chunked", a.batch, a.tasks),
+            ):
+                fut = [me, "--role", "futures", "--tasks", str(count), "--batch", str(batch)]
+                runs[name] = run(mpiexec_command(n, [py, "-m", "mpi4py.futures", *fut]))
+            for name, r in runs.items():
                 best[name] = max(best.get(name, 0.0), float(r["tasks_per_s"]))  # type: ignore[arg-type]
-        ceiling = max(ceiling_without_mpi(a.tasks, a.workers) for _ in range(a.repeat))
+        ceilings = {
+            batch: max(ceiling_without_mpi(a.tasks, a.workers, batch) for _ in range(a.repeat))
+            for batch in (1, a.batch)
+        }
         demo_state = os.path.join(tmp, "demo")
         demo = run(
             mpiexec_command(
@@ -210,22 +222,25 @@ def main() -> int:
                 ulfm=True,
             )
         )
-    b, o, f = best["bare"], best["ours"], best["futures"]
-    print(f"{a.workers} workers, trivial tasks")
-    print(f"bare mpi4py send/recv loop              {b:>10,.0f} tasks/s  ({a.tasks} tasks)")
-    print(f"ours: run_master, sync=batch             {o:>10,.0f} tasks/s  ({a.tasks} tasks)")
-    print(f"MPIPoolExecutor.map(chunksize=1)         {f:>10,.0f} tasks/s  ({fut_n} tasks)")
-    print(f"master without MPI (state + core only) {ceiling:>10,.0f} tasks/s  (the ceiling)")
-    print(f"ours / futures = {o / f:6.2f}  (target >= 5)")
-    print(f"ours / bare    = {o / b:6.2f}  (target >= 0.3)")
-    print(
-        f"ours per task  = {1e6 / o:6.1f} us (bare {1e6 / b:.1f} us; master overhead "
-        f"{1e6 / o - 1e6 / b:.1f} us)"
-    )
-    print(
-        f"ceiling / futures = {ceiling / f:6.2f}: the most any message path could reach "
-        f"(state + core {1e6 / ceiling:.1f} us per task)"
-    )
+    b, f, k = best["bare"], best["futures"], a.batch
+
+    def line(label: str, rate: float) -> None:
+        print(f"{label:<46}{rate:>10,.0f} tasks/s")
+
+    print(f"{a.workers} workers, trivial tasks, {a.tasks} tasks ({fut_n} for chunksize=1)")
+    line("bare mpi4py send/recv loop", b)
+    line("MPIPoolExecutor.map(chunksize=1)", f)
+    line(f"MPIPoolExecutor.map(chunksize={k}) (context)", best["futures-chunked"])
+    for name, batch in (("ours", 1), ("batched", k)):
+        o, c = best[name], ceilings[batch]
+        line(f"ours: run_master(batch={batch}), sync='batch'", o)
+        print(f"  / futures(chunksize=1) = {o / f:6.2f}  (target >= 5)")
+        print(f"  / bare                 = {o / b:6.2f}  (target >= 0.3)")
+        print(f"  per task               = {1e6 / o:6.1f} us (bare {1e6 / b:.1f} us)")
+        print(
+            f"  master without MPI (state + core only): {c:,.0f} tasks/s, "
+            f"{1e6 / c:.1f} us per task (no message path can beat it)"
+        )
     lat = demo.get("kill_to_rollback_seconds", {})
     for rank, sec in lat.items():  # type: ignore[union-attr]
         print(f"ULFM kill-to-rollback latency (rank {rank}): {float(sec) * 1000:.1f} ms")

@@ -52,3 +52,12 @@ def test_demo_without_faults_and_help() -> None:
         [sys.executable, "-m", "durable_dispatch", "demo", "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0 and "Example:" in out.stdout and "--no-faults" in out.stdout
+
+
+def test_demo_with_multi_item_dispatches(tmp_path: Path) -> None:
+    out = demo(tmp_path / "s", "--no-faults", "--batch", "8")
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads(out.stdout)
+    assert (s["committed"], s["lost"], s["duplicate_commits"]) == (30, 0, 0)
+    assert s["dispatched_items"] == 30 and s["dispatches"] == 4  # 8 + 8 + 8 + 6
+    assert s["batch_splits"] == 0

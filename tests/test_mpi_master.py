@@ -125,3 +125,40 @@ def test_failing_work_function_is_an_invalid_result_and_the_worker_lives(
     assert s["invalid_result_rollbacks"] == 1
     assert s["protocol_requeued_dispatches"] == 1
     assert s["dispatch_watchdog_timeouts"] == 0 and s["parked_ranks_now"] == 0
+
+
+def test_multi_item_dispatches_hang_splits_the_batch_and_parks_each_hung_rank(
+    tmp_path: Path,
+) -> None:
+    """The hung item's dispatch of 4 times out whole: its 4 items go back uncharged and run
+    alone; alone, the item hangs a second rank, and that timeout is charged to it."""
+    s = campaign(tmp_path, "hang", "--batch", "4")
+    assert s["committed"] == 24
+    assert s["dispatches"] < s["dispatched_items"]
+    assert s["batch_splits"] == 4
+    assert s["dispatch_watchdog_timeouts"] == 2
+    assert s["protocol_requeued_dispatches"] == 1  # one charge, to the item that hung
+    assert s["parked_ranks_now"] == 2 and s["watchdog_worker_recoveries"] == 0
+
+
+def test_multi_item_dispatches_charge_each_lying_item_exactly_once(tmp_path: Path) -> None:
+    """Message-level lies (malformed, missing, old-token) split their dispatch; item-level
+    failures (raise, unencodable) are charged at once while the rest of the RESULT commits.
+    Either way each faulty item is charged once and commits on its retry."""
+    s = campaign(
+        tmp_path, "malformed,missing,old-token,raise,unencodable", "--batch", "4", "--retries", "1"
+    )
+    assert s["committed"] == 24 and s["deferred"] == 0
+    assert s["batch_splits"] > 0
+    assert s["protocol_requeued_dispatches"] == 5
+    assert s["dispatch_watchdog_timeouts"] == 0 and s["parked_ranks_now"] == 0
+
+
+def test_multi_item_dispatch_of_a_killed_rank_splits_under_ulfm(tmp_path: Path) -> None:
+    """A SIGKILLed rank's dispatch of 4 is rolled back at once and split; run alone, the item
+    kills a second rank, and that loss is charged to it. The last worker finishes the campaign."""
+    s = campaign(tmp_path, "crash", "--batch", "4", ulfm=True)
+    assert s["mode"] == "ulfm" and s["committed"] == 24
+    assert s["ranks_lost"] == 2 and s["batch_splits"] == 4
+    assert s["protocol_requeued_dispatches"] == 1
+    assert s["dispatch_watchdog_timeouts"] == 0

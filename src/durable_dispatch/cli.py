@@ -383,6 +383,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         str(args.seed),
         "--watchdog",
         str(args.watchdog),
+        "--batch",
+        str(args.batch),
         "--progress-file",
         progress_file,
         "--summary",
@@ -505,6 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--ulfm", action="store_true", help="run with --with-ft ulfm (adds a crash)")
     dp.add_argument("--seed", type=int, default=7, help="fault plan seed")
     dp.add_argument("--watchdog", type=float, default=2.0, help="watchdog seconds")
+    dp.add_argument("--batch", type=int, default=1, help="work items per dispatch")
     dp.add_argument("--timeout", type=float, default=600.0, help="give up after this long")
     dp.add_argument("--json", action="store_true", help="machine-readable output")
     dp.set_defaults(func=cmd_demo)

@@ -90,6 +90,9 @@ def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str
             finished=report.finished,
             seconds=round(report.seconds, 3),
             epoch=report.stats["epoch"],
+            dispatches=core["dispatches"],
+            dispatched_items=core["dispatched_items"],
+            batch_splits=core["batch_splits"],
             dispatch_watchdog_timeouts=core["dispatch_watchdog_timeouts"],
             watchdog_worker_recoveries=core["watchdog_worker_recoveries"],
             protocol_requeued_dispatches=core["protocol_requeued_dispatches"],
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow", type=float, default=None, help="seconds a slow worker sleeps")
     ap.add_argument("--retries", type=int, default=1)
     ap.add_argument("--sync", default="batch")
+    ap.add_argument("--batch", type=int, default=1, help="work items per dispatch")
     ap.add_argument("--summary", default=None, help="summary JSON path (default in STATE_DIR)")
     ap.add_argument("--progress-file", default=None)
     ap.add_argument("--max-seconds", type=float, default=None)
@@ -193,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         progress_interval=0.25,
         max_seconds=a.max_seconds,
         linger=a.linger,
+        batch=a.batch,
     )
     summary = summarize(a.state_dir, {i.work_id for i in items}, report)
     latency = {}
