@@ -281,7 +281,8 @@ def test_defer_compaction_crash_states(tally: Tally, tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------- rollback, then snapshot
-def test_rollback_then_snapshot_crash_states(tally: Tally, tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [1, 3])
+def test_rollback_then_snapshot_crash_states(tally: Tally, tmp_path: Path, batch: int) -> None:
     root = tmp_path / "w"
     ids = [f"w{i}" for i in range(12 * SCALE)]
     acked: list[tuple[int, str]] = []
@@ -292,9 +293,11 @@ def test_rollback_then_snapshot_crash_states(tally: Tally, tmp_path: Path) -> No
 
         def behave(send: Send) -> str:
             n["k"] += 1
-            return ("silent", "malformed", "ok", "ok")[n["k"] % 4]
+            return ("silent", "malformed", "ok", "partial", "ok")[n["k"] % 5]
 
-        fake_campaign(s, behave=behave, on_commit=lambda c: acked.append((len(ops), c.work_id)))
+        fake_campaign(
+            s, behave=behave, on_commit=lambda c: acked.append((len(ops), c.work_id)), batch=batch
+        )
         s.close()
     assert len(acked) + len(view_state(root).projection.deferred) == len(ids)
 

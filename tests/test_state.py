@@ -377,3 +377,36 @@ def test_a_failed_open_releases_the_state_journal(tmp_path: Path) -> None:
     dpath.write_bytes(good)
     with CampaignState.open(root, ranks=(1,)) as s:  # no LockHeldError from the first attempt
         assert sorted(s.core.pending()) == ["w0", "w1", "w2"]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_snapshot_during_a_group_commit_keeps_the_journaled_commits(
+    tmp_path: Path, batch: int
+) -> None:
+    """The master journals commits without waiting (``wait=False``) and delivers them when an fsync
+    covers them; a rollback in the same turn writes a snapshot before that. The snapshot folds in
+    the commit records, so it must count them as committed: a restart from it must not run the
+    work again and record a second commit (found by the crash harness)."""
+    import shutil
+
+    live = tmp_path / "live"
+    with _open(live, ranks=(1, 2), retry=RetryPolicy(1)) as s:
+        s.submit(ITEMS[:6])
+        core = s.core
+        good = s.next_send(0.0, batch)
+        bad = s.next_send(0.0, batch)
+        assert good is not None and bad is not None
+        s.apply(core.mark_dispatched(good.token, 0.0))
+        s.apply(core.mark_dispatched(bad.token, 0.0))
+        values = [1] * len(good.items)
+        s.apply(core.on_results(good.rank, str(good.token), values, 0.0), wait=False)
+        s.apply(core.on_results(bad.rank, str(bad.token), None, 0.0, error="garbled"))
+        s.apply(core.on_ready(bad.rank, str(bad.token), 0.0))
+        # The rollback writes its snapshot while the commit is still in progress (journaled, not
+        # delivered); the commit is delivered right after it, and a crash may come before any
+        # later snapshot: the disk as that crash leaves it.
+        s.apply(core.join_invalid(0.0))
+        shutil.copytree(live, tmp_path / "crashed")
+    with _open(tmp_path / "crashed") as s2:
+        assert {w.work_id for w in good.items} <= s2.core.committed()
+        assert s2.statistics().duplicate_commits_in_journal == 0

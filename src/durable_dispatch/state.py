@@ -507,7 +507,7 @@ class CampaignState:
         seq = self.journal.next_seq - 1
         body = {
             "journal_seq": seq,
-            "state": self.core.snapshot(),
+            "state": self._projection(),
             "stats": self.statistics().as_dict(),
         }
         ok = True
@@ -521,6 +521,20 @@ class CampaignState:
             ok = False
         self.core.snapshot_persisted()
         return ok
+
+    def _projection(self) -> dict[str, Any]:
+        """The durable state through the journal's last record: the core's snapshot, with the
+        commits already journaled but not yet delivered (a group commit in progress) counted as
+        committed, as a replay of the journal would count them. Without this, a snapshot taken
+        between a commit's record and its delivery would fold that record in as in flight, and a
+        restart would run the work again and record a second commit."""
+        state = self.core.snapshot()
+        if self._pending_commits:
+            done = {c.work_id for _, commits, _ in self._pending_commits for c in commits}
+            state["in_flight"] = [t for t in state["in_flight"] if t["work"]["work_id"] not in done]
+            state["committed"] = sorted(done.union(state["committed"]))
+            state["solo"] = [w for w in state["solo"] if w not in done]
+        return state
 
     def try_restore(self) -> bool:
         """Try to make memory-only records durable again (journal, defer journal)."""
