@@ -507,8 +507,8 @@ def test_item_errors_charge_only_those_items_and_the_rest_commit() -> None:
     [
         ([1, 2], None),
         ([1, 2, 3, 4], None),
-        ([1, 2, 3], {0: "x", 1: "y", 2: "z"}),
         ([1, 2, 3], {5: "x"}),
+        ([1, 2, 3], {-1: "x"}),
     ],
 )
 def test_a_result_that_does_not_fit_the_dispatch_is_malformed_and_splits_it(
@@ -527,6 +527,18 @@ def test_a_result_that_does_not_fit_the_dispatch_is_malformed_and_splits_it(
     assert all(x.split and x.attempts == 0 for x in out if isinstance(x, Requeue))
     assert d.pending() == ["w0", "w1", "w2"] and d.idle_ranks() == [1]
     assert d.statistics().batch_splits == 3
+
+
+def test_a_multi_item_dispatch_whose_items_all_failed_charges_each_and_frees_the_rank() -> None:
+    d = make(2, ranks=(1,), retry=RetryPolicy(0))
+    s = d.reserve(0.0, max_items=2)
+    assert isinstance(s, Send)
+    d.mark_dispatched(s.token, 0.0)
+    out = d.on_results(1, str(s.token), [None, None], 1.0, errors={0: "x", 1: "y"})
+    assert kinds(out) == ["Defer", "Defer", "PersistSnapshot"]  # known failures: no split
+    d.snapshot_persisted()
+    assert d.on_ready(1, str(s.token), 1.0) == [] and d.idle_ranks() == [1]
+    assert d.join_invalid(1.0) == [] and d.done and d.statistics().batch_splits == 0
 
 
 def test_a_split_item_runs_alone_and_a_second_failure_is_charged_to_it() -> None:

@@ -410,12 +410,12 @@ class Dispatcher:
         """A RESULT: ``results`` holds one entry per item of the dispatch, in its order; None (with
         ``error``) when the message as a whole is invalid.
 
-        ``errors`` maps the index of each item the worker could not do to its reason. Those items
-        leave the dispatch at once through the retry path (``source=invalid-result``, kind
-        ``malformed-result``, charged one attempt); the others commit: one :class:`Commit` each,
-        next to each other. When every item failed, or the number of entries does not match the
-        dispatch, the RESULT counts as malformed and the READY that follows rolls back the whole
-        dispatch (:meth:`join_invalid`), as for a one-item dispatch.
+        ``errors`` maps the index of each item the worker could not do to its reason. In a
+        multi-item dispatch those items leave it at once through the retry path
+        (``source=invalid-result``, kind ``malformed-result``, charged one attempt); the others
+        commit: one :class:`Commit` each, next to each other. A one-item dispatch with an error,
+        and a RESULT whose entries do not match the dispatch, count as a malformed RESULT: the
+        READY that follows rolls back the whole dispatch (:meth:`join_invalid`).
         """
         tx = self._open.get(token) if type(token) is str else None
         if tx is None or tx.rank != rank:
@@ -436,8 +436,8 @@ class Dispatcher:
             reason = f"{len(results)} result(s) for a dispatch of {len(items)} item(s)"
         elif errors and not all(type(i) is int and 0 <= i < len(items) for i in errors):
             reason = f"an error entry names no item of the {len(items)}"
-        elif errors and len(errors) == len(items):
-            reason = errors[0]
+        elif errors and len(items) == 1:
+            reason = errors[0]  # a one-item dispatch that failed: the READY joins it (W3)
         else:
             reason = None
         if reason is not None:
