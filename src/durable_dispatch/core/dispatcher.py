@@ -271,7 +271,7 @@ class Dispatcher:
             frontier = self._frontier
             while len(items) < max_items and frontier:
                 head = frontier[0]
-                if head.work_id in self._solo or not self._leases_free(head):
+                if head.work_id in self._solo or (head.leases and not self._leases_free(head)):
                     break
                 frontier.popleft()
                 self._pending.discard(head.work_id)
@@ -448,21 +448,19 @@ class Dispatcher:
         out: list[Decision] = []
         keep: list[WorkItem] = []
         failed: list[tuple[WorkItem, str]] = []
-        dups = 0
+        dups: list[WorkItem] = []
         for i, (item, value) in enumerate(zip(items, results, strict=True)):
             bad = errors.get(i) if errors else None
             if bad is not None:
                 failed.append((item, bad))
             elif item.work_id in self._committed:
-                dups += 1
+                dups.append(item)
             else:
                 keep.append(item)
                 out.append(Commit(rank, tx.token, item.work_id, value))
-        if failed or dups:
-            kept = {w.work_id for w in keep}
-            for item in items:
-                if item.work_id not in kept:
-                    self._release_item(item, tx.token)
+        if failed or dups:  # those items leave the dispatch now
+            for item in (*(w for w, _ in failed), *dups):
+                self._release_item(item, tx.token)
             tx.items = tuple(keep)
         for item, bad in failed:
             self._c["invalid_result_rollbacks"] += 1
@@ -472,7 +470,7 @@ class Dispatcher:
         if failed:
             self._snapshot_required = f"items of {tx.token} failed ({SOURCE_INVALID_RESULT})"
             out.append(PersistSnapshot(self._snapshot_required))
-        for _ in range(dups):
+        for _ in dups:
             self._c["duplicate_commits_ignored"] += 1
             out += self._quarantine(
                 rank, "RESULT", Classification.DUPLICATE, "work ID already committed"
