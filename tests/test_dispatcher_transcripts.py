@@ -4,9 +4,10 @@ Each file is a sequence of blocks separated by blank lines. A block is one or mo
 ``----``, and the expected output (one line per decision, ``ok`` when there is none). Lines starting
 with ``#`` are comments. Commands (times are virtual seconds):
 
-    init epoch=1 watchdog=10 lease=30 retries=1 ranks=1,2   submit w0 w1      reserve NOW
+    init epoch=1 watchdog=10 lease=30 retries=1 ranks=1,2   submit w0 w1      reserve NOW [MAX]
     dispatched TOKEN NOW     send-failed TOKEN NOW          commit-done TOKEN
     result RANK TOKEN NOW [malformed]     ready RANK TOKEN NOW     heartbeat RANK TOKEN NOW
+    results RANK TOKEN NOW COUNT [errors=I,J]   (a RESULT with COUNT entries; items I, J failed)
     join NOW     sweep NOW     snapshot-persisted     defer-recorded WORK persisted|memory
     status W...  parked  idle  pending  stats FIELD...
 
@@ -43,13 +44,13 @@ DATA = Path(__file__).parent / "testdata" / "dispatcher"
 
 def render(d: Decision) -> str:
     if isinstance(d, Send):
-        return f"send rank={d.rank} token={d.token} work={d.work.work_id}"
+        return f"send rank={d.rank} token={d.token} work={','.join(w.work_id for w in d.items)}"
     if isinstance(d, Commit):
         return f"commit rank={d.rank} token={d.token} work={d.work_id} result={d.result}"
     if isinstance(d, Requeue):
         return (
             f"requeue work={d.work_id} token={d.token} source={d.source} kind={d.kind} "
-            f"attempts={d.attempts}"
+            f"attempts={d.attempts}" + (" split" if d.split else "")
         )
     if isinstance(d, Defer):
         return (
@@ -93,7 +94,7 @@ class Runner:
             d.submit(WorkItem(w) for w in a)
             return []
         if cmd == "reserve":
-            r = d.reserve(float(a[0]))
+            r = d.reserve(float(a[0]), int(a[1]) if len(a) > 1 else 1)
             return [render(r)] if r is not None else ["none"]
         if cmd == "dispatched":
             out = d.mark_dispatched(Token.parse(a[0]), float(a[1]))  # type: ignore[arg-type]
@@ -104,6 +105,13 @@ class Runner:
         elif cmd == "result":
             valid = not (len(a) > 3 and a[3] == "malformed")
             out = d.on_result(int(a[0]), _tok(a[1]), "r", float(a[2]), valid=valid, error="bad")
+        elif cmd == "results":
+            n = int(a[3])
+            bad = a[4].removeprefix("errors=").split(",") if len(a) > 4 else []
+            errors = {int(i): f"item {i} failed" for i in bad}
+            out = d.on_results(
+                int(a[0]), _tok(a[1]), [f"r{i}" for i in range(n)], float(a[2]), errors=errors
+            )
         elif cmd == "ready":
             out = d.on_ready(int(a[0]), _tok(a[1]), float(a[2]))
         elif cmd == "heartbeat":
