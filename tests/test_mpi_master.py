@@ -162,3 +162,13 @@ def test_multi_item_dispatch_of_a_killed_rank_splits_under_ulfm(tmp_path: Path) 
     assert s["ranks_lost"] == 2 and s["batch_splits"] == 4
     assert s["protocol_requeued_dispatches"] == 1
     assert s["dispatch_watchdog_timeouts"] == 0
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.0, "4", None, True])
+def test_run_master_refuses_a_bad_batch_before_touching_mpi(tmp_path: Path, bad: object) -> None:
+    from durable_dispatch.errors import UsageError
+    from durable_dispatch.mpi import run_master
+
+    with pytest.raises(UsageError, match="batch"):
+        run_master([], tmp_path / "state", batch=bad)  # type: ignore[arg-type]
+    assert not (tmp_path / "state").exists()  # nothing opened, nothing created
