@@ -575,3 +575,32 @@ def test_a_multi_item_dispatch_lost_with_its_rank_splits_and_restores_per_item()
     out = d.rank_lost(1, 1.0)
     assert kinds(out) == ["Requeue"] * 3 + ["PersistSnapshot"]
     assert d.live_ranks() == [2] and d.statistics().batch_splits == 3
+
+
+def test_a_refused_commit_retries_only_that_item() -> None:
+    d = make(3, ranks=(1,), retry=RetryPolicy(1))
+    s = d.reserve(0.0, max_items=3)
+    assert isinstance(s, Send)
+    d.mark_dispatched(s.token, 0.0)
+    assert kinds(d.on_results(1, str(s.token), [0, 1, 2], 1.0)) == ["Commit"] * 3
+    with pytest.raises(UsageError, match="not committing"):
+        d.commit_refused(s.token, "w9", "too large")
+    out = d.commit_refused(s.token, "w1", "result too large")
+    assert kinds(out) == ["Requeue", "PersistSnapshot"]
+    assert out[0].work_id == "w1" and out[0].attempts == 1 and not out[0].split
+    d.snapshot_persisted()
+    d.commit_done(s.token)
+    assert d.committed() == {"w0", "w2"} and d.pending() == ["w1"]
+    assert d.statistics().commits == 2 and d.statistics().invalid_result_rollbacks == 1
+    with pytest.raises(UsageError, match="not COMMITTING"):
+        d.commit_refused(s.token, "w0", "late")
+
+
+def test_refusing_every_commit_of_a_dispatch_closes_it_and_frees_the_rank() -> None:
+    d = make(1, ranks=(1,), retry=RetryPolicy(0))
+    s = dispatch(d, 0.0)
+    d.on_result(1, str(s.token), "huge", 1.0)
+    assert d.on_ready(1, str(s.token), 1.0) == []  # READY seen while COMMITTING
+    out = d.commit_refused(s.token, "w0", "result too large")
+    assert kinds(out) == ["Defer", "PersistSnapshot"]
+    assert d.idle_ranks() == [1] and d.transaction(s.token) is None and d.done

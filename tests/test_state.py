@@ -410,3 +410,31 @@ def test_a_snapshot_during_a_group_commit_keeps_the_journaled_commits(
     with _open(tmp_path / "crashed") as s2:
         assert {w.work_id for w in good.items} <= s2.core.committed()
         assert s2.statistics().duplicate_commits_in_journal == 0
+
+
+def test_commits_too_large_for_one_record_are_split_and_an_oversized_result_is_retried(
+    tmp_path: Path,
+) -> None:
+    """A dispatch's results may not fit one journal record: they go in several records (one
+    commit_done when the last is delivered). A single result over the record bound can never be
+    recorded: it is charged like a failed item, never a crash of the master."""
+    acked: list[str] = []
+    small = {"max_record_bytes": 2048}
+    with _open(tmp_path, ranks=(1,), retry=RetryPolicy(0), journal_options=small) as s:
+        s.submit(ITEMS[:3])
+        core = s.core
+        x = s.next_send(0.0, 3)
+        assert x is not None and len(x.items) == 3
+        s.apply(core.mark_dispatched(x.token, 0.0))
+        values = [{"r": "a" * 900}, {"r": "b" * 3000}, {"r": "c" * 900}]
+        before = s.journal.next_seq
+        s.apply(core.on_results(1, str(x.token), values, 0.0), lambda c: acked.append(c.work_id))
+        s.apply(core.on_ready(1, str(x.token), 0.0))
+        w0, w1, w2 = (w.work_id for w in x.items)
+        assert sorted(acked) == sorted([w0, w2])
+        assert core.committed() == {w0, w2} and set(core.deferred()) == {w1}
+        assert core.idle_ranks() == [1] and len(s.defer) == 1
+        assert s.journal.next_seq - before == 3  # committed w0, committed w2, deferred w1
+        assert _replayed(s) == core.snapshot()
+    with _open(tmp_path) as s2:
+        assert s2.core.committed() == {w0, w2} and set(s2.core.deferred()) == {w1}

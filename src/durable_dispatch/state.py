@@ -50,7 +50,13 @@ from .core import (
     WorkItem,
 )
 from .core.tokens import Token
-from .errors import JournalCorruptError, LockHeldError, NotDurableError, StorageDegradedError
+from .errors import (
+    JournalCorruptError,
+    LockHeldError,
+    NotDurableError,
+    RecordTooLargeError,
+    StorageDegradedError,
+)
 from .logs import log_decisions
 from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
@@ -394,12 +400,13 @@ class CampaignState:
         if not out:
             return out
         group: list[Commit] = []
+        refused: list[Decision] = []
         for i, d in enumerate(out):
             if isinstance(d, Commit):
                 group.append(d)
                 nxt = out[i + 1] if i + 1 < len(out) else None
                 if not isinstance(nxt, Commit) or nxt.token != d.token:
-                    self._journal_commits(group, on_commit)
+                    refused += self._journal_commits(group, on_commit)
                     group = []
             elif isinstance(d, Requeue):
                 ev = {
@@ -444,6 +451,8 @@ class CampaignState:
             elif isinstance(d, PersistSnapshot):
                 self.save_snapshot(d.reason)
         log_decisions(out)
+        if refused:
+            out += self.apply(refused)
         if self._pending_commits:
             # Wait only for commits this call journaled; earlier ones complete when durable.
             self.complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
@@ -451,8 +460,10 @@ class CampaignState:
 
     def _journal_commits(
         self, commits: list[Commit], on_commit: Callable[[Commit], None] | None
-    ) -> None:
-        """One ``committed`` record for the Commits of one dispatch."""
+    ) -> list[Decision]:
+        """One ``committed`` record for the Commits of one dispatch, or several when one would
+        exceed the journal's record bound. A single result too large for any record is refused:
+        the core retries that item (returns its decisions)."""
         first = commits[0]
         ev: dict[str, Any] = {"event": "committed", "token": str(first.token)}
         if len(commits) == 1:
@@ -460,8 +471,18 @@ class CampaignState:
         else:
             ev["work_ids"] = [c.work_id for c in commits]
             ev["results"] = [c.result for c in commits]
-        r = self.journal.append(ev)
+        try:
+            r = self.journal.append(ev)
+        except RecordTooLargeError as e:
+            if len(commits) > 1:
+                half = len(commits) // 2
+                return self._journal_commits(commits[:half], on_commit) + self._journal_commits(
+                    commits[half:], on_commit
+                )
+            log.error("result of %s cannot be journaled: %s", first.work_id, e)
+            return self.core.commit_refused(first.token, first.work_id, f"result too large: {e}")
         self._pending_commits.append((r.seq, commits, on_commit))
+        return []
 
     def complete_commits(self, *, wait: bool = False) -> int:
         """Deliver every journaled commit an fsync now covers: callback, then close in the core.
@@ -486,9 +507,11 @@ class CampaignState:
             if cb is not None:
                 for c in commits:
                     cb(c)
-            follow = self.core.commit_done(commits[0].token)
-            if follow:
-                self.apply(follow)
+            token = commits[0].token
+            if n + 1 == len(pending) or pending[n + 1][1][0].token != token:
+                follow = self.core.commit_done(token)  # the dispatch's last record is delivered
+                if follow:
+                    self.apply(follow)
             n += 1
             items += len(commits)
         del pending[:n]

@@ -492,6 +492,32 @@ class Dispatcher:
         self._release_leases(tx)
         return self._finish_if_done(tx)
 
+    def commit_refused(self, token: Token, work_id: str, error: str) -> list[Decision]:
+        """The shell could not journal the :class:`Commit` of ``work_id`` (its result is too large
+        for a journal record, say): the item leaves the dispatch through the retry path
+        (``source=invalid-result``, kind ``malformed-result``, charged one attempt), as if the
+        worker had reported it failed; the dispatch's other items are unaffected.
+
+        Raises:
+            UsageError: ``token`` is not COMMITTING, or ``work_id`` is not one of its items.
+        """
+        tx = self._tx(token)
+        if tx.state is not TxState.COMMITTING:
+            raise UsageError(f"{token} is {tx.state.value}, not COMMITTING")
+        item = next((w for w in tx.items if w.work_id == work_id), None)
+        if item is None:
+            raise UsageError(f"{work_id!r} is not committing under {token}")
+        self._release_item(item, token)
+        tx.items = tuple(w for w in tx.items if w is not item)
+        self._c["invalid_result_rollbacks"] += 1
+        out = [self._recover(item, token, SOURCE_INVALID_RESULT, "malformed-result", error)]
+        self._snapshot_required = f"commit of {work_id} under {token} refused"
+        out.append(PersistSnapshot(self._snapshot_required))
+        if not tx.items:
+            tx.state = TxState.CLOSED
+            out += self._finish_if_done(tx)
+        return out
+
     def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
         """A HEARTBEAT: a current one pushes the deadline to ``now + lease``."""
         t = Token.parse(token)
