@@ -192,6 +192,16 @@ class DispatchMachine(RuleBasedStateMachine):
                 self.solo.discard(c.work_id)
                 del self.live[c.work_id]
 
+    @precondition(lambda self: self.committing)
+    @rule(i=st.integers(0, 10**6), j=st.integers(0, 10**6))
+    def commit_refused(self, i: int, j: int) -> None:
+        """The shell could not journal one commit (say its result is too large): retried alone."""
+        group = self.committing[i % len(self.committing)]
+        c = group.pop(j % len(group))
+        if not group:
+            self.committing.remove(group)
+        self.apply(self.d.commit_refused(c.token, c.work_id, "result too large"))
+
     @rule(dt=st.sampled_from([0.5, 3.0, 6.0, 11.0, 100.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
