@@ -271,8 +271,11 @@ class CampaignState:
         self._replayed: int = kw["replayed"]
         self._dups: int = kw["dups"]
         self._commits_in_memory: list[int] = []
-        # (journal seq, the Commits of one dispatch, callback): one record per dispatch
-        self._pending_commits: list[tuple[int, list[Commit], Callable[[Commit], None] | None]] = []
+        # (journal seq, token, its Commits in that record, callback): one entry per record; the
+        # records of one dispatch are next to each other (several only when one would be too big)
+        self._pending_commits: list[
+            tuple[int, Token, list[Commit], Callable[[Commit], None] | None]
+        ] = []
         self._snapshot_failures = 0
         self._closed = False
 
@@ -481,7 +484,7 @@ class CampaignState:
                 )
             log.error("result of %s cannot be journaled: %s", first.work_id, e)
             return self.core.commit_refused(first.token, first.work_id, f"result too large: {e}")
-        self._pending_commits.append((r.seq, commits, on_commit))
+        self._pending_commits.append((r.seq, first.token, commits, on_commit))
         return []
 
     def complete_commits(self, *, wait: bool = False) -> int:
@@ -501,14 +504,13 @@ class CampaignState:
         durable = self.journal.durable_seq
         n = items = 0
         while n < len(pending) and (degraded or pending[n][0] <= durable):
-            seq, commits, cb = pending[n]
+            seq, token, commits, cb = pending[n]
             if seq > durable:
                 self._commits_in_memory.extend([seq] * len(commits))
             if cb is not None:
                 for c in commits:
                     cb(c)
-            token = commits[0].token
-            if n + 1 == len(pending) or pending[n + 1][1][0].token != token:
+            if n + 1 == len(pending) or pending[n + 1][1] != token:
                 follow = self.core.commit_done(token)  # the dispatch's last record is delivered
                 if follow:
                     self.apply(follow)
@@ -553,7 +555,7 @@ class CampaignState:
         restart would run the work again and record a second commit."""
         state = self.core.snapshot()
         if self._pending_commits:
-            done = {c.work_id for _, commits, _ in self._pending_commits for c in commits}
+            done = {c.work_id for _, _, commits, _ in self._pending_commits for c in commits}
             state["in_flight"] = [t for t in state["in_flight"] if t["work"]["work_id"] not in done]
             state["committed"] = sorted(done.union(state["committed"]))
             state["solo"] = [w for w in state["solo"] if w not in done]

@@ -12,7 +12,6 @@ import os
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -82,7 +81,6 @@ def _work(
         except BaseException as e:  # the master learns of it as this item's error
             results.append(None)
             errors[str(i)] = f"{type(e).__name__}: {e}"
-            box.setdefault("trace", traceback.format_exc(limit=5))
 
 
 _MESSAGE_FAULTS = ("malformed", "missing", "old-token")
@@ -145,10 +143,12 @@ def run_worker(
         if status.Get_tag() == P.STOP:
             return done
         body, _err = P.decode(buf)
-        work = body.get("items") if body is not None else None
+        if body is None:
+            continue
+        work = body.get("items")
         if not isinstance(work, list) or not all(isinstance(w, dict) for w in work):
             continue
-        token = body.get("token")  # type: ignore[union-attr]
+        token = body.get("token")
         plan = [
             (w.get("payload"), faults(str(w.get("work_id")), int(w.get("attempt", 0))))
             if faults
