@@ -154,6 +154,7 @@ def test_restart_rolls_back_in_flight_without_charging_and_rejects_old_epoch(
     s.journal.close()
     s.defer.close()
     s._lock.release()
+    s._closed = True  # dead: nothing may close it later
     s2 = _open(tmp_path)
     try:
         assert s2.core.epoch == 2

@@ -60,6 +60,7 @@ from .errors import (
 from .logs import log_decisions
 from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
+from .storage import resources as _resources
 from .storage.format import Header, RawBatch, new_salt
 
 __all__ = [
@@ -278,6 +279,7 @@ class CampaignState:
         ] = []
         self._snapshot_failures = 0
         self._closed = False
+        self._filesystem = _fs.filesystem()
 
     @classmethod
     def open(
@@ -336,6 +338,7 @@ class CampaignState:
         st._durable(r.seq)
         st.apply(restarts)
         st.save_snapshot(f"start of epoch {epoch}")
+        _resources.register(st)
         return st
 
     # ------------------------------------------------------------------ input
@@ -596,6 +599,15 @@ class CampaignState:
         if self._closed:
             return
         self._closed = True
+        _resources.unregister(self)
+        if self._filesystem is not _fs.REAL_FILESYSTEM and not _fs.reaches(self._filesystem):
+            # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
+            # themselves; a snapshot or a lock release would reach the real filesystem).
+            log.warning("state %s: its filesystem is gone; closed without writing", self.directory)
+            self.journal.close()
+            self.defer.close()
+            _resources.disown_lock(self._lock)
+            return
         try:
             self.complete_commits(wait=True)
             self.save_snapshot("close")
@@ -605,6 +617,14 @@ class CampaignState:
                 self.defer.close()
             finally:
                 self._lock.release()
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def __repr__(self) -> str:
+        return f"<CampaignState {self.directory!r} epoch={self.core.epoch} closed={self._closed}>"
 
     def __enter__(self) -> CampaignState:
         return self

@@ -46,10 +46,21 @@ __all__ = [
     "read_only_filesystem",
     "disk_full",
     "MUTATING_OPERATIONS",
+    "StorageLeftOpenWarning",
 ]
 
 #: The operations a read-only filesystem refuses.
 MUTATING_OPERATIONS = ("open", "write", "fsync", "replace", "truncate", "unlink")
+
+
+class StorageLeftOpenWarning(UserWarning):
+    """A test opened a journal or a campaign state and did not close it.
+
+    Issued by the pytest plugin at that test's teardown, after it closed the object for the test
+    (before pyfakefs, if used, tore down its fake filesystem). Close storage objects in the test,
+    or open them with ``with``; ``-W error::durable_dispatch.testing.StorageLeftOpenWarning``
+    makes the slip fail the test.
+    """
 
 
 @dataclass

@@ -46,6 +46,10 @@ __all__ = [
     "makedirs",
     "DEGRADABLE_ERRNOS",
     "is_degradable",
+    "filesystem",
+    "reaches",
+    "forget",
+    "REAL_FILESYSTEM",
 ]
 
 #: The operation names a fault can target.
@@ -117,6 +121,34 @@ def _record(op: str, path: str, detail: object = None) -> None:
 def get_fault_hook() -> FaultHook | None:
     """The installed fault hook, or None."""
     return _hook
+
+
+#: The real ``os`` module, as this module saw it when it was imported (before any pyfakefs patch).
+REAL_FILESYSTEM: object = os
+
+
+def filesystem() -> object:
+    """The filesystem this seam calls into now: the real ``os`` module, or pyfakefs's fake one.
+
+    A storage object keeps the value it saw at open and compares it (``is``) before it touches a
+    descriptor: a descriptor opened on a fake filesystem that has since been torn down names an
+    unrelated *real* descriptor of the process, which must never be written, synced or closed.
+    """
+    return os
+
+
+def reaches(filesystem: object) -> bool:
+    """True when a call through this seam reaches ``filesystem`` (a value of :func:`filesystem`).
+
+    False when another filesystem is installed now, and also while pyfakefs routes every call to
+    the real ``os`` for a moment (its ``use_original_os()``, used while pytest writes a report):
+    a descriptor of the fake filesystem must not be used then either.
+    """
+    current = os
+    detour = current is not REAL_FILESYSTEM and getattr(current, "use_original", False) is True
+    if filesystem is REAL_FILESYSTEM:
+        return current is REAL_FILESYSTEM or detour
+    return current is filesystem and not detour
 
 
 def _check(op: str, path: str) -> None:
@@ -203,6 +235,12 @@ def replace(src: str, dst: str) -> None:
     _check("replace", dst)
     os.replace(src, dst)
     _record("replace", src, dst)
+
+
+def forget(fd: int) -> None:
+    """Drop what this module knows of ``fd`` without closing it (its filesystem is gone)."""
+    with _paths_lock:
+        _paths.pop(fd, None)
 
 
 def close(fd: int) -> None:

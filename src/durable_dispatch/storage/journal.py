@@ -21,6 +21,12 @@ are those records durable and the health ``OK`` again. Sequence numbers never re
 
 Opening recovers according to a named mode (``RECOVERY_MODES``); bytes a mode drops are first
 copied to a side file next to the journal, and the :class:`RecoveryReport` says what happened.
+
+A journal remembers the filesystem it was opened on (:func:`fs.filesystem`: the real one, or
+pyfakefs's fake one). If that filesystem goes away while the journal is open (a test left it open
+and pyfakefs tore down), the journal is *abandoned*: its descriptors are forgotten, never written,
+synced or closed (their numbers now name unrelated real descriptors), its flusher stops, and what it
+still held in memory is dropped with a warning in the log.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -52,7 +59,7 @@ from ..errors import (
     StorageError,
     UsageError,
 )
-from . import fs
+from . import fs, resources
 from .format import (
     Damage,
     Header,
@@ -87,6 +94,7 @@ __all__ = [
 log = logging.getLogger("durable_dispatch.journal")
 
 SYNC_POLICIES = ("always", "batch", "never")
+
 RECOVERY_MODES = ("tolerate-torn-tail", "absolute", "point-in-time", "skip-corrupted")
 
 
@@ -200,6 +208,42 @@ class _Degraded(Exception):
         self.err = err
 
 
+class _Owned:
+    """What a journal holds (descriptor, writer lock) and the filesystem it was opened on.
+
+    Kept apart from the journal for its finalizer, which must not refer to the journal.
+    """
+
+    __slots__ = ("fd", "flock", "filesystem")
+
+    def __init__(self, filesystem: object) -> None:
+        self.fd: int | None = None
+        self.flock: filelock.BaseFileLock | None = None
+        self.filesystem = filesystem
+
+    def release(self) -> None:
+        """Let go of what a journal collected unclosed held, touching only its own filesystem."""
+        fd, self.fd = self.fd, None
+        flock, self.flock = self.flock, None
+        if not fs.reaches(self.filesystem):
+            # Their numbers name other (real) descriptors now: never close them.
+            if fd is not None:
+                fs.forget(fd)
+            if flock is not None:
+                resources.disown_lock(flock)
+            return
+        if fd is not None:
+            try:
+                fs.close(fd)
+            except OSError:
+                pass
+        if flock is not None:
+            try:
+                flock.release()
+            except OSError:
+                pass
+
+
 class Journal:
     """An append-only, checksummed JSON Lines journal with one writer process (S1, S2, S4, S5).
 
@@ -233,7 +277,7 @@ class Journal:
         self._next_seq = 0
         self._durable_seq = -1
         # Guarded by _io_lock:
-        self._fd: int | None = None
+        self._owned = _Owned(fs.filesystem())  # self._fd lives here, for the finalizer
         self._unsynced: list[tuple[int, bytes]] = []  # written, not fsynced
         self._written = 0  # file size after our writes
         self._synced = 0  # file size covered by the last good fsync
@@ -242,8 +286,25 @@ class Journal:
         self._header_len = 0
         self._file_exists = False
         self._flusher: threading.Thread | None = None
-        self._flock: filelock.BaseFileLock | None = None
+        self._filesystem = self._owned.filesystem
         self.recovery = RecoveryReport(mode=kw["recovery"])
+        weakref.finalize(self, self._owned.release)
+
+    @property
+    def _fd(self) -> int | None:
+        return self._owned.fd
+
+    @_fd.setter
+    def _fd(self, fd: int | None) -> None:
+        self._owned.fd = fd
+
+    @property
+    def _flock(self) -> filelock.BaseFileLock | None:
+        return self._owned.flock
+
+    @_flock.setter
+    def _flock(self, lock: filelock.BaseFileLock | None) -> None:
+        self._owned.flock = lock
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -319,6 +380,7 @@ class Journal:
             mode=mode,
         )
         j._start(recovery, lock_timeout, visit)
+        resources.register(j)
         return j
 
     def _start(
@@ -720,6 +782,8 @@ class Journal:
 
     def _flush(self, sync: bool) -> None:
         with self._io_lock:
+            if self._filesystem_gone():
+                return
             with self._lock:
                 if self._degraded or self._fd is None:
                     return
@@ -760,6 +824,11 @@ class Journal:
                         self._cond.wait(self._batch_delay - age)
                     else:
                         self._cond.wait()
+            if not fs.reaches(self._filesystem):
+                with self._io_lock:
+                    self._filesystem_gone()  # abandons the journal if its filesystem is gone
+                time.sleep(0.01)  # shadowed for now (or closed): look again
+                continue
             self._flush(sync=True)
 
     # ------------------------------------------------------------- degradation
@@ -777,7 +846,9 @@ class Journal:
             self._cond.notify_all()
         fd, self._fd = self._fd, None
         self._written = self._synced
-        if fd is not None:
+        if fd is not None and not fs.reaches(self._filesystem):
+            fs.forget(fd)  # never close a descriptor number on another filesystem
+        elif fd is not None:
             try:
                 fs.close(fd)
             except OSError:
@@ -813,9 +884,12 @@ class Journal:
 
         Returns:
             True when the journal is healthy (it was, or it is now); False when the disk still
-            refused (``health`` shows the newest error; the records stay in memory).
+            refused (``health`` shows the newest error; the records stay in memory), or when the
+            filesystem the journal was opened on is gone (see the module docs).
         """
         with self._io_lock:
+            if self._filesystem_gone():
+                return False
             with self._lock:
                 if self._health.ok:
                     return True
@@ -1098,6 +1172,15 @@ class Journal:
         with self._lock:
             if self._closed:
                 return
+        with self._io_lock:
+            if self._filesystem_gone():
+                if self._filesystem is fs.REAL_FILESYSTEM or fs.filesystem() is self._filesystem:
+                    raise UsageError(
+                        "the filesystem this journal was opened on is shadowed now (pyfakefs "
+                        "installed, or routing calls to the real os): close it outside that window",
+                        path=self.path,
+                    )
+                return
         self._flush(sync=self.sync != "never")
         if not self.health.ok:
             self.try_restore()
@@ -1117,6 +1200,7 @@ class Journal:
                     pass
                 self._fd = None
         self._release()
+        resources.unregister(self)
         if pending:
             raise NotDurableError(
                 f"journal closed with {pending} record(s) held only in memory",
@@ -1125,6 +1209,39 @@ class Journal:
                 errno=health.errno,
                 pending=pending,
             )
+
+    def _filesystem_gone(self) -> bool:
+        """Called with ``_io_lock`` held: True when this journal must not touch its descriptors.
+
+        That is when the fs seam calls into another filesystem than the one the journal was opened
+        on: a fake one that is gone (the journal is then abandoned for good), or a fake one that
+        shadows the real one for a while (a pyfakefs test running beside a journal on real files:
+        the journal waits until the real filesystem is back).
+        """
+        if fs.reaches(self._filesystem):
+            return False
+        if self._filesystem is fs.REAL_FILESYSTEM or fs.filesystem() is self._filesystem:
+            return True  # shadowed for a while, not gone
+        with self._lock:
+            if not self._closed:
+                log.warning(
+                    "journal %s: the filesystem it was opened on is gone (a fake filesystem torn "
+                    "down while the journal was open?); abandoned without touching its "
+                    "descriptors, %d record(s) not written",
+                    self.path,
+                    len(self._queue) + len(self._memory),
+                )
+            self._closed = True
+            self._queue, self._memory, self._unsynced = [], [], []
+            self._cond.notify_all()
+        if self._fd is not None:
+            fs.forget(self._fd)
+            self._fd = None
+        if self._flock is not None:
+            resources.disown_lock(self._flock)  # its descriptor is of the gone filesystem too
+            self._flock = None
+        resources.unregister(self)
+        return True
 
     def _release(self) -> None:
         if self._flock is not None:
