@@ -135,3 +135,88 @@ def run_demo(
     res = run_mpiexec(cmd, timeout=timeout)
     data = orjson.loads(summary.read_bytes()) if summary.exists() else None
     return res, data
+
+
+# ------------------------------------------------------------------ real mounts (root only)
+def _mount_refusal() -> str | None:
+    """Why this machine cannot mount a tmpfs for a test, or None when it can."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "mounting a tmpfs needs root (CI runs as root and runs these tests)"
+    return None
+
+
+def require_mounts() -> None:
+    """Skip (outside CI only) when mounts are refused; in CI (``CI=true``) a refusal fails."""
+    import pytest
+
+    why = _mount_refusal()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the real-mount tests: {why}")
+        pytest.skip(why)
+
+
+class Tmpfs:
+    """A small real tmpfs mounted at ``path`` (a context manager; always unmounted after).
+
+    Args:
+        path: an empty directory to mount on (created).
+        size: bytes the filesystem holds.
+        inodes: how many inodes it has (files, directories, the root included).
+    """
+
+    def __init__(self, path: Path, size: int = 512 << 10, inodes: int = 64) -> None:
+        self.path, self.size, self.inodes = path, size, inodes
+
+    def _run(self, *args: str) -> None:
+        import subprocess
+
+        subprocess.run(args, check=True, capture_output=True, timeout=30)
+
+    def __enter__(self) -> Tmpfs:
+        require_mounts()
+        self.path.mkdir(parents=True, exist_ok=True)
+        opts = f"size={self.size},nr_inodes={self.inodes},mode=0700"
+        try:
+            self._run("mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(self.path))
+        except Exception as e:  # noqa: BLE001 - a refused mount is a skip outside CI
+            import pytest
+
+            if os.environ.get("CI") == "true":
+                raise
+            pytest.skip(f"this machine refused to mount a tmpfs: {e}")
+        return self
+
+    def remount(self, mode: str) -> None:
+        """``"ro"`` or ``"rw"``: remount (``ro`` fails while a file is open for writing)."""
+        self._run("mount", "-o", f"remount,{mode}", str(self.path))
+
+    def fill(self, *, inodes: bool = False) -> None:
+        """Use up every free byte (or, with ``inodes``, every free inode) with filler files."""
+        import errno as _errno
+
+        filler = self.path / ".filler"
+        filler.mkdir(exist_ok=True)
+        n = 0
+        try:
+            while True:
+                with open(filler / f"f{n}", "wb", buffering=0) as f:
+                    while not inodes:
+                        f.write(b"\0" * 4096)
+                n += 1
+        except OSError as e:
+            if e.errno != _errno.ENOSPC:
+                raise
+
+    def free(self) -> None:
+        """Remove the filler files again."""
+        import shutil
+
+        shutil.rmtree(self.path / ".filler", ignore_errors=True)
+
+    def __exit__(self, *exc: object) -> None:
+        import subprocess
+
+        r = subprocess.run(["umount", str(self.path)], capture_output=True, timeout=30, check=False)
+        if r.returncode != 0:  # still busy: detach it now, the kernel frees it when unused
+            subprocess.run(["umount", "-l", str(self.path)], capture_output=True, check=False)

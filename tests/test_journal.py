@@ -215,8 +215,8 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
     j.close()
     with pytest.raises(UsageError):
         j.append({})
-    with pytest.raises(UsageError):
-        Journal.open(tmp_path / "k").wait_durable(5)
+    with Journal.open(tmp_path / "k") as k, pytest.raises(UsageError):
+        k.wait_durable(5)
 
 
 def test_files_are_owner_only_and_parents_created(tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ from .errors import (
     NotDurableError,
     RecordTooLargeError,
     StorageDegradedError,
+    StorageError,
 )
 from .logs import log_decisions
 from .storage import DeferJournal, Journal, SnapshotStore
@@ -300,11 +301,21 @@ class CampaignState:
 
         Raises:
             LockHeldError: another master holds the directory.
+            StorageError: the directory or its lock cannot be created or opened (a read-only or
+                full filesystem, a link at the lock's path): nothing was read or changed (S9).
             JournalCorruptError, SnapshotCorruptError, StorageError: see the storage layer.
         """
         d = os.fspath(directory)
         if not os.path.isdir(d):
-            _fs.makedirs(d)
+            try:
+                _fs.makedirs(d)
+            except OSError as e:
+                raise StorageError(
+                    f"cannot create the state directory: {e.strerror or e}",
+                    path=d,
+                    op="open",
+                    errno=e.errno,
+                ) from e
         lock = _take_master_lock(d)
         journal: Journal | None = None
         try:
@@ -759,13 +770,20 @@ class CompactReport:
 
 def _take_master_lock(d: str) -> filelock.BaseFileLock:
     """Take the single-master lock of state directory ``d`` (S5 for the whole directory)."""
-    lock = filelock.FileLock(os.path.join(d, LOCK_NAME), timeout=0, mode=0o600, thread_local=False)
+    path = os.path.join(d, LOCK_NAME)
+    lock = filelock.FileLock(path, timeout=0, mode=0o600, thread_local=False)
     try:
         lock.acquire()
     except filelock.Timeout:
-        raise LockHeldError(
-            "a master holds this state directory", path=os.path.join(d, LOCK_NAME)
-        ) from None
+        raise LockHeldError("a master holds this state directory", path=path) from None
+    except OSError as e:
+        # S9: without the lock nothing is read, so nothing may be changed either.
+        raise StorageError(
+            f"cannot take the state directory's lock: {e.strerror or e}; nothing was changed",
+            path=path,
+            op="lock",
+            errno=e.errno,
+        ) from e
     return lock
 
 

@@ -31,6 +31,7 @@ still held in memory is dropped with a warning in the log.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -287,6 +288,7 @@ class Journal:
         self._file_exists = False
         self._flusher: threading.Thread | None = None
         self._filesystem = self._owned.filesystem
+        self._file_read = False  # the file on disk was read, verified and repaired by this open
         self.recovery = RecoveryReport(mode=kw["recovery"])
         weakref.finalize(self, self._owned.release)
 
@@ -353,7 +355,12 @@ class Journal:
             LockHeldError: another writer holds ``<path>.lock`` (S5).
             JournalCorruptError: damage the recovery mode does not repair (offset included).
             JournalVersionError: the file is of a format version this library does not read.
-            StorageError: the OS refused with a non-disk error (permission denied, not a file ...).
+            StorageError: the OS refused with a non-disk error (permission denied, not a file ...),
+                or the disk refused (EROFS, ENOSPC, EDQUOT, EIO) before the existing file was read,
+                verified and repaired, for example its lock file could not be created, or the
+                copy of damaged bytes to their side file failed: the journal is left as it was
+                (S9). A disk that refuses only after that, or when no file exists yet, starts
+                the journal ``DEGRADED`` instead.
         """
         if sync not in SYNC_POLICIES:
             raise UsageError(f"unknown sync policy {sync!r}; use one of {SYNC_POLICIES}")
@@ -398,9 +405,14 @@ class Journal:
             except StorageError:
                 raise
             except OSError as e:
-                if not fs.is_degradable(e):
+                # S9: the disk may refuse and the journal start degraded only once the existing
+                # file was read, verified and repaired (its records are then known and kept), or
+                # when there is no file to lose. Before that, fail closed: a typed error, and
+                # nothing was changed.
+                if not fs.is_degradable(e) or not (self._file_read or self._nothing_to_lose()):
                     raise StorageError(
-                        f"cannot open journal: {e.strerror or e}",
+                        f"cannot open journal: {e.strerror or e}"
+                        + ("" if self._file_read else "; the journal was left as it was"),
                         path=getattr(e, "filename", None) or self.path,
                         op="open",
                         errno=e.errno,
@@ -440,6 +452,7 @@ class Journal:
         records = 0
         if size == 0:
             created = True
+            self._file_read = True
         else:
             try:
                 with fs.open_read(self.path) as f:
@@ -462,6 +475,9 @@ class Journal:
                     op="read",
                     errno=e.errno,
                 ) from e
+            # Its records are known now: a disk that refuses from here on (a cut, opening it for
+            # appending) starts the journal degraded with those records, never without them.
+            self._file_read = True
             if res.header is not None:
                 self._header_len = res.header_len
                 self._written = self._synced = res.end
@@ -548,6 +564,15 @@ class Journal:
             fs.fsync(self._fd)
         self._durable_seq = self._next_seq - 1
 
+    def _nothing_to_lose(self) -> bool:
+        """True when no journal file (or only an empty one) is at the path."""
+        try:
+            return os.lstat(self.path).st_size == 0
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
     def _save_side(self, offset: int, size: int) -> str:
         """Copy bytes ``[offset, size)`` of the journal to a new side file; return its path."""
         base = f"{self.path}.damaged-{offset}"
@@ -555,16 +580,35 @@ class Journal:
         while os.path.lexists(side):
             n += 1
             side = f"{base}.{n}"
-        fd = fs.create_exclusive(side, self._file_mode)
+        fd: int | None = None
         try:
-            with fs.open_read(self.path) as f:
-                f.seek(offset)
-                while chunk := f.read(1 << 20):
-                    fs.write_all(fd, chunk)
-            fs.fsync(fd)
-        finally:
-            fs.close(fd)
-        fs.fsync_dir(self._dir)
+            fd = fs.create_exclusive(side, self._file_mode)
+            try:
+                with fs.open_read(self.path) as f:
+                    f.seek(offset)
+                    while chunk := f.read(1 << 20):
+                        fs.write_all(fd, chunk)
+                fs.fsync(fd)
+            finally:
+                fs.close(fd)
+            fs.fsync_dir(self._dir)
+        except BaseException as e:
+            # The copy is not whole (a full disk, EIO): nothing may be cut (S9). Remove the
+            # partial copy, which is ours, and let the open fail.
+            if fd is not None:
+                try:
+                    fs.unlink(side)
+                except OSError:
+                    pass
+            if isinstance(e, OSError):
+                raise StorageError(
+                    f"cannot save damaged bytes [{offset}, {size}) to a side file before cutting "
+                    f"them: {e.strerror or e}; nothing was cut",
+                    path=side,
+                    op="save-damaged",
+                    errno=e.errno,
+                ) from e
+            raise
         return side
 
     def _salvage(self, res: Any, size: int) -> str:
@@ -901,6 +945,13 @@ class Journal:
                     # Started degraded before the lock could be taken (S5 still holds: a
                     # competing writer makes this raise LockHeldError).
                     self._take_lock(0)
+                    if not self._file_read and not self._nothing_to_lose():
+                        # A journal appeared at the path meanwhile, unread by this one: never
+                        # replace it (S9). Stay degraded; the caller sees it in health.
+                        raise OSError(
+                            errno.EEXIST, "a journal this one never read is now at the path",
+                            self.path,
+                        )
                 if self._synced > self._header_len and self._file_exists:
                     prefix: Iterator[tuple[int, int, bytes]] = self._intact_lines(
                         self.path, self._seed, self._synced, strict=True
