@@ -115,6 +115,9 @@ def test_commands_on_a_state_directory(tmp_path: Path) -> None:
     show = json.loads(run("deferred", "show", str(d), "w3", "--json").stdout)
     assert show["item"]["payload"] == {"i": 3}
     assert run("deferred", "show", str(d), "nope").returncode == 1
+    no_id = run("deferred", "show", str(d))  # a usage error: exit 2, as docs/cli.md says
+    assert no_id.returncode == 2 and no_id.stderr.startswith("Error:"), no_id
+    assert run("deferred", "requeue", str(d)).returncode == 2
     req = run("deferred", "requeue", str(d), "w3", "--json")
     assert req.returncode == 0, req.stderr
     assert json.loads(run("deferred", "list", str(d), "--json").stdout) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -580,3 +581,30 @@ def test_damage_deep_in_a_large_file_is_found_at_its_exact_offset(
         assert j.recovery.damage[0].offset == offs[1 + where]
         assert j.recovery.damage[-1].offset == len(data)  # the torn tail
         assert [r.seq for r in j.records()] == list(range(where))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo"])
+def test_a_path_that_is_not_a_plain_file_is_refused_before_anything_is_touched(
+    tmp_path: Path, kind: str
+) -> None:
+    """Issue 13, example 7: a hard link's target was overwritten, a symlink's copied aside, and a
+    FIFO blocked every reader forever."""
+    from durable_dispatch.errors import StorageError
+
+    target = tmp_path / "elsewhere.jsonl"
+    write_journal(target, [{"i": i} for i in range(5)])
+    before = target.read_bytes()
+    target.write_bytes(before + b"torn tail")  # what an open would cut and copy aside
+    before = target.read_bytes()
+    path = tmp_path / "j.jsonl"
+    if kind == "symlink":
+        path.symlink_to(target)
+    elif kind == "hardlink":
+        os.link(target, path)
+    else:
+        os.mkfifo(path)
+    with pytest.raises(StorageError, match="refusing to open the journal"):
+        Journal.open(path, sync="always")
+    assert target.read_bytes() == before
+    assert not list(tmp_path.glob("*.damaged-*")) and not list(tmp_path.glob("j.jsonl.lock"))

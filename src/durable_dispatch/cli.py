@@ -347,8 +347,9 @@ def cmd_deferred(args: argparse.Namespace) -> int:
     if len(args.ids) != 1:
         raise UsageError("deferred show takes exactly one work ID")
     item = live.get(args.ids[0])
-    if item is None:
-        raise UsageError(f"{args.ids[0]!r} is not deferred")
+    if item is None:  # a finding about the state, not a wrong call
+        print(f"Error: {args.ids[0]!r} is not deferred", file=sys.stderr)
+        return EXIT_FINDING
     _print(item, args.json)
     return EXIT_OK
 
@@ -523,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         return int(args.func(args))
-    except _IOFailure as e:
+    except (_IOFailure, UsageError) as e:  # a wrong call of the command is a usage error
         print(f"Error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except DurableDispatchError as e:

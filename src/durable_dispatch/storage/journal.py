@@ -34,6 +34,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import threading
 import time
 import weakref
@@ -398,6 +399,7 @@ class Journal:
     ) -> None:
         try:
             try:
+                self._refuse_unsafe_path()
                 if not os.path.isdir(self._dir):
                     fs.makedirs(self._dir)
                 self._take_lock(lock_timeout)
@@ -563,6 +565,35 @@ class Journal:
             # Whatever an earlier process left unsynced becomes durable (or fails) here.
             fs.fsync(self._fd)
         self._durable_seq = self._next_seq - 1
+
+    def _refuse_unsafe_path(self) -> None:
+        """Refuse, before anything is read or written, a journal path that is not a plain file.
+
+        A symbolic link (its target would be read, copied and written), a FIFO, device, socket or
+        directory (a reader would block or read forever), or a file with more than one hard link
+        (writing it would change the file under its other names too).
+        """
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        why, code = "", errno.EINVAL
+        if stat.S_ISLNK(st.st_mode):
+            why, code = "is a symbolic link; a journal path is never followed", errno.ELOOP
+        elif not stat.S_ISREG(st.st_mode):
+            why = "is not a regular file (a FIFO, device, socket or directory)"
+        elif st.st_nlink > 1:
+            why = (
+                f"has {st.st_nlink} hard links; writing it would change the same file under "
+                f"its other names"
+            )
+        if why:
+            raise StorageError(
+                f"refusing to open the journal: its path {why}",
+                path=self.path,
+                op="open",
+                errno=code,
+            )
 
     def _nothing_to_lose(self) -> bool:
         """True when no journal file (or only an empty one) is at the path."""
@@ -949,7 +980,8 @@ class Journal:
                         # A journal appeared at the path meanwhile, unread by this one: never
                         # replace it (S9). Stay degraded; the caller sees it in health.
                         raise OSError(
-                            errno.EEXIST, "a journal this one never read is now at the path",
+                            errno.EEXIST,
+                            "a journal this one never read is now at the path",
                             self.path,
                         )
                 if self._synced > self._header_len and self._file_exists:
