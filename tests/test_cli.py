@@ -299,3 +299,19 @@ def test_compact_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
         json.loads(run("compact", str(path), "--dry-run", "--json").stdout)["records_after"]
         == 25_000
     )
+
+
+def test_reading_commands_create_nothing(tmp_path: Path) -> None:
+    """Issue 13, example 8: inspect, stats and verify created master.lock (0666 under umask 0)."""
+    from durable_dispatch import CampaignState
+
+    d = _state_dir(tmp_path)
+    (d / "master.lock").unlink()
+    before = sorted(p.name for p in d.iterdir())
+    for cmd in ("inspect", "stats", "verify"):
+        out = run(cmd, str(d), "--json")
+        assert out.returncode == 0, (cmd, out.stderr)
+        assert sorted(p.name for p in d.iterdir()) == before, cmd
+    with CampaignState.open(d, ranks=(1,)):  # a running master is still seen
+        assert json.loads(run("stats", str(d), "--json").stdout)["state"]["master_running"]
+    assert not json.loads(run("stats", str(d), "--json").stdout)["state"]["master_running"]

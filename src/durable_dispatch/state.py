@@ -695,14 +695,27 @@ def is_state_dir(directory: str | os.PathLike[str]) -> bool:
 
 
 def _master_running(d: str) -> bool:
-    lock = filelock.FileLock(os.path.join(d, LOCK_NAME), timeout=0, thread_local=False)
+    """True when a master holds ``d``'s lock; creates and changes nothing (S10).
+
+    The lock is a ``flock`` on ``master.lock`` (filelock's backend): a shared, non-blocking
+    ``flock`` on a read-only descriptor fails exactly while a master holds it. No lock file: no
+    master (a deleted lock file is the state-directory lock issue, S12).
+    """
+    import fcntl
+
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        lock.acquire()
-    except filelock.Timeout:
+        fd = os.open(os.path.join(d, LOCK_NAME), flags)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
     except OSError:
         return False
-    lock.release()
+    finally:
+        os.close(fd)  # also lets go of the shared flock
     return False
 
 
