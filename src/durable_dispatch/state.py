@@ -306,17 +306,7 @@ class CampaignState:
             JournalCorruptError, SnapshotCorruptError, StorageError: see the storage layer.
         """
         d = os.fspath(directory)
-        if not os.path.isdir(d):
-            try:
-                _fs.makedirs(d)
-            except OSError as e:
-                raise StorageError(
-                    f"cannot create the state directory: {e.strerror or e}",
-                    path=d,
-                    op="open",
-                    errno=e.errno,
-                ) from e
-        lock = _take_master_lock(d)
+        lock = _take_master_lock(d, create=True)
         journal: Journal | None = None
         try:
             snapshots = SnapshotStore(d, name=SNAPSHOT_NAME, keep=keep_snapshots)
@@ -781,19 +771,21 @@ class CompactReport:
         return dict(vars(self))
 
 
-def _take_master_lock(d: str) -> filelock.BaseFileLock:
-    """Take the single-master lock of state directory ``d`` (S5 for the whole directory)."""
+def _take_master_lock(d: str, *, create: bool = False) -> filelock.BaseFileLock:
+    """Take state directory ``d``'s single-master lock (S5, S9); ``create`` makes ``d`` first."""
     path = os.path.join(d, LOCK_NAME)
     lock = filelock.FileLock(path, timeout=0, mode=0o600, thread_local=False)
     try:
+        if create and not os.path.isdir(d):
+            _fs.makedirs(d)
         lock.acquire()
     except filelock.Timeout:
         raise LockHeldError("a master holds this state directory", path=path) from None
     except OSError as e:
         # S9: without the lock nothing is read, so nothing may be changed either.
         raise StorageError(
-            f"cannot take the state directory's lock: {e.strerror or e}; nothing was changed",
-            path=path,
+            f"cannot create or lock the state directory: {e.strerror or e}; nothing was changed",
+            path=getattr(e, "filename", None) or path,
             op="lock",
             errno=e.errno,
         ) from e
