@@ -96,7 +96,6 @@ __all__ = [
 log = logging.getLogger("durable_dispatch.journal")
 
 SYNC_POLICIES = ("always", "batch", "never")
-
 RECOVERY_MODES = ("tolerate-torn-tail", "absolute", "point-in-time", "skip-corrupted")
 
 
@@ -223,8 +222,17 @@ class _Owned:
         self.flock: filelock.BaseFileLock | None = None
         self.filesystem = filesystem
 
+    def shadowed(self) -> bool:
+        """True when calls do not reach this filesystem now but may again later (see
+        :func:`fs.reaches`): it is the real one, or the fake one still installed."""
+        return self.filesystem is fs.REAL_FILESYSTEM or fs.filesystem() is self.filesystem
+
     def release(self) -> None:
-        """Let go of what a journal collected unclosed held, touching only its own filesystem."""
+        """Let go of the descriptor and the lock (at close, at an abandon, in the finalizer).
+
+        On their own filesystem they are closed and released; on any other they are only
+        forgotten, never closed: their numbers name other (real) descriptors there.
+        """
         fd, self.fd = self.fd, None
         flock, self.flock = self.flock, None
         if not fs.reaches(self.filesystem):
@@ -288,7 +296,6 @@ class Journal:
         self._header_len = 0
         self._file_exists = False
         self._flusher: threading.Thread | None = None
-        self._filesystem = self._owned.filesystem
         self._file_read = False  # the file on disk was read, verified and repaired by this open
         self.recovery = RecoveryReport(mode=kw["recovery"])
         weakref.finalize(self, self._owned.release)
@@ -424,7 +431,7 @@ class Journal:
             self._durable_seq = self._next_seq - 1
             self._enter_degraded(d.op, d.err)
         except BaseException:
-            self._release()
+            self._owned.release()
             raise
         if self.sync == "batch":
             self._flusher = threading.Thread(
@@ -899,7 +906,7 @@ class Journal:
                         self._cond.wait(self._batch_delay - age)
                     else:
                         self._cond.wait()
-            if not fs.reaches(self._filesystem):
+            if not fs.reaches(self._owned.filesystem):
                 with self._io_lock:
                     self._filesystem_gone()  # abandons the journal if its filesystem is gone
                 time.sleep(0.01)  # shadowed for now (or closed): look again
@@ -921,7 +928,7 @@ class Journal:
             self._cond.notify_all()
         fd, self._fd = self._fd, None
         self._written = self._synced
-        if fd is not None and not fs.reaches(self._filesystem):
+        if fd is not None and not fs.reaches(self._owned.filesystem):
             fs.forget(fd)  # never close a descriptor number on another filesystem
         elif fd is not None:
             try:
@@ -1257,7 +1264,7 @@ class Journal:
                 return
         with self._io_lock:
             if self._filesystem_gone():
-                if self._filesystem is fs.REAL_FILESYSTEM or fs.filesystem() is self._filesystem:
+                if self._owned.shadowed():
                     raise UsageError(
                         "the filesystem this journal was opened on is shadowed now (pyfakefs "
                         "installed, or routing calls to the real os): close it outside that window",
@@ -1276,13 +1283,7 @@ class Journal:
         if self._flusher is not None:
             self._flusher.join()
         with self._io_lock:
-            if self._fd is not None:
-                try:
-                    fs.close(self._fd)
-                except OSError:
-                    pass
-                self._fd = None
-        self._release()
+            self._owned.release()
         resources.unregister(self)
         if pending:
             raise NotDurableError(
@@ -1301,10 +1302,10 @@ class Journal:
         shadows the real one for a while (a pyfakefs test running beside a journal on real files:
         the journal waits until the real filesystem is back).
         """
-        if fs.reaches(self._filesystem):
+        if fs.reaches(self._owned.filesystem):
             return False
-        if self._filesystem is fs.REAL_FILESYSTEM or fs.filesystem() is self._filesystem:
-            return True  # shadowed for a while, not gone
+        if self._owned.shadowed():
+            return True  # for a while, not gone
         with self._lock:
             if not self._closed:
                 log.warning(
@@ -1317,22 +1318,9 @@ class Journal:
             self._closed = True
             self._queue, self._memory, self._unsynced = [], [], []
             self._cond.notify_all()
-        if self._fd is not None:
-            fs.forget(self._fd)
-            self._fd = None
-        if self._flock is not None:
-            resources.disown_lock(self._flock)  # its descriptor is of the gone filesystem too
-            self._flock = None
+        self._owned.release()  # forgets both: they are of the gone filesystem
         resources.unregister(self)
         return True
-
-    def _release(self) -> None:
-        if self._flock is not None:
-            try:
-                self._flock.release()
-            except OSError:
-                pass
-            self._flock = None
 
     def __enter__(self) -> Journal:
         return self
