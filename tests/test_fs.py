@@ -25,3 +25,39 @@ def test_only_the_seam_writes_syncs_or_renames() -> None:
             ):
                 offenders.append(f"{path.relative_to(root)}:{node.lineno} os.{node.attr}")
     assert not offenders, offenders
+
+
+def test_the_real_filesystem_is_recognised_while_pyfakefs_patches() -> None:
+    """pyfakefs rebinds every module-level name bound to ``os``: the seam's notion of the real
+    filesystem must not be one of them, or a journal on real files would look fake."""
+    from pyfakefs.fake_filesystem_unittest import Patcher
+
+    from durable_dispatch.storage import fs
+
+    assert fs.filesystem() is fs.REAL_FILESYSTEM
+    with Patcher():
+        fake = fs.filesystem()
+        assert fake is not fs.REAL_FILESYSTEM
+        assert not fs.reaches(fs.REAL_FILESYSTEM) and fs.comes_back(fs.REAL_FILESYSTEM)
+        assert fs.reaches(fake)
+    assert fs.reaches(fs.REAL_FILESYSTEM) and not fs.comes_back(fake)
+
+
+def test_a_batch_journal_outlives_pyfakefs_pausing_its_patcher() -> None:
+    """pyfakefs pauses patching while pytest writes a report. A flusher that woke then must wait,
+    not abandon the journal (which made the next wait_durable spin forever)."""
+    import time
+
+    from pyfakefs.fake_filesystem_unittest import Patcher, Pause
+
+    from durable_dispatch import Journal
+
+    with Patcher() as patcher:
+        j = Journal.open("/j.jsonl", sync="batch", batch_max_delay=0.001)
+        with Pause(patcher):
+            j.append({"a": 1})  # queued; the flusher wakes during the pause
+            time.sleep(0.2)
+        j.wait_durable(0, timeout=30)
+        j.close()
+        with Journal.open("/j.jsonl") as again:
+            assert [r.payload for r in again.records()] == [{"a": 1}]

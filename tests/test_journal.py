@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -24,6 +26,7 @@ from durable_dispatch.errors import (
     UsageError,
 )
 from durable_dispatch.storage.format import Header, RawBatch, frame_record
+from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import inject_faults
 
 from .helpers import file_mode, line_offsets, read_all, sample_payloads, write_journal
@@ -608,3 +611,66 @@ def test_a_path_that_is_not_a_plain_file_is_refused_before_anything_is_touched(
         Journal.open(path, sync="always")
     assert target.read_bytes() == before
     assert not list(tmp_path.glob("*.damaged-*")) and not list(tmp_path.glob("j.jsonl.lock"))
+
+
+# A writer in another process: opens the journal (or a state directory), appends, compacts once
+# (a rewrite renames a new file into place), says "ready", and holds it until stdin closes.
+HOLDER = """
+import sys
+from durable_dispatch import CampaignState, Journal, WorkItem
+if sys.argv[1] == "journal":
+    j = Journal.open(sys.argv[2], sync="always")
+    for i in range(5):
+        j.append({"i": i})
+    j.replace_contents([{"i": i} for i in range(5)])
+    j.append({"i": 5})
+else:
+    j = CampaignState.open(sys.argv[2], ranks=[1], sync="always")
+    j.submit([WorkItem("w1", {"x": 1})])
+print("ready", flush=True)
+sys.stdin.read()
+j.close()
+print("closed", flush=True)
+"""
+
+
+@contextlib.contextmanager
+def _held_elsewhere(kind: str, path: Path) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, kind, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        try:
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0 and "closed" in out
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["deleted", "replaced"])
+def test_a_deleted_or_replaced_lock_file_lets_no_second_writer_in(
+    tmp_path: Path, replace: bool
+) -> None:
+    """Issue 13, example 4 (S12): the lock is on the journal file itself, and moved to the new
+    file before a rewrite renames it into place."""
+    path = tmp_path / "j.jsonl"
+    with _held_elsewhere("journal", path):
+        lock = Path(str(path) + ".lock")
+        lock.unlink()
+        if replace:
+            lock.write_text("")
+        before = path.read_bytes()
+        with pytest.raises(LockHeldError) as ei:
+            Journal.open(path)
+        assert "deleted or replaced" in str(ei.value)
+        assert path.read_bytes() == before  # the second writer changed nothing
+    assert [r.payload["i"] for r in read_journal(path)] == list(range(6))

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # pyfakefs share their numbers), and at the very end (atexit, after pytest's own unconfigure)
 # checks that each still holds exactly what it held, that the descriptors still work, and that
 # no journal flusher thread is left; it writes its verdict to a file the outer test reads.
-SENTINEL_CONFTEST = '''
+SENTINEL_CONFTEST = """
 import atexit, os, threading
 
 VERDICT = os.environ["DD_VERDICT"]
@@ -54,7 +54,7 @@ def check():
 
 
 atexit.register(check)
-'''
+"""
 
 
 def run_user_module(tmp_path: Path, body: str, *args: str) -> tuple[int, str, str]:

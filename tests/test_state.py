@@ -439,3 +439,22 @@ def test_commits_too_large_for_one_record_are_split_and_an_oversized_result_is_r
         assert _replayed(s) == core.snapshot()
     with _open(tmp_path) as s2:
         assert s2.core.committed() == {w0, w2} and set(s2.core.deferred()) == {w1}
+
+
+def test_a_second_master_is_refused_after_the_lock_files_were_deleted(tmp_path: Path) -> None:
+    """Issue 13, example 4 (S12): ``rm state/*.lock`` under a running master (in another
+    process) lets no second master in, and read-only commands still see the master."""
+    from durable_dispatch.state import view_state
+
+    from .test_journal import _held_elsewhere
+
+    d = tmp_path / "st"
+    with _held_elsewhere("state", d):
+        for lock in d.glob("*.lock"):
+            lock.unlink()
+        before = {p.name: p.read_bytes() for p in d.iterdir()}
+        with pytest.raises(LockHeldError):
+            CampaignState.open(d, ranks=[1])
+        assert {p.name: p.read_bytes() for p in d.iterdir() if p.name in before} == before
+        assert view_state(d).master_running
+    assert not view_state(d).master_running

@@ -601,7 +601,7 @@ class CampaignState:
             return
         self._closed = True
         _resources.unregister(self)
-        if self._filesystem is not _fs.REAL_FILESYSTEM and not _fs.reaches(self._filesystem):
+        if not _fs.reaches(self._filesystem) and not _fs.comes_back(self._filesystem):
             # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
             # themselves; a snapshot or a lock release would reach the real filesystem).
             log.warning("state %s: its filesystem is gone; closed without writing", self.directory)
@@ -685,17 +685,22 @@ def is_state_dir(directory: str | os.PathLike[str]) -> bool:
 
 
 def _master_running(d: str) -> bool:
-    """True when a master holds ``d``'s lock; creates and changes nothing (S10).
+    """True when a master holds ``d``; creates and changes nothing (S10).
 
-    The lock is a ``flock`` on ``master.lock`` (filelock's backend): a shared, non-blocking
-    ``flock`` on a read-only descriptor fails exactly while a master holds it. No lock file: no
-    master (a deleted lock file is the state-directory lock issue, S12).
+    A master holds a ``flock`` on ``master.lock`` (filelock's backend) and one on its state
+    journal file itself (S12, which holds when an operator deleted the lock file). A shared,
+    non-blocking ``flock`` on a read-only descriptor fails exactly while a writer holds either.
     """
+    return any(_locked(os.path.join(d, name)) for name in (LOCK_NAME, STATE_JOURNAL))
+
+
+def _locked(path: str) -> bool:
+    """True when another open file holds an exclusive ``flock`` on ``path`` (never created)."""
     import fcntl
 
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(os.path.join(d, LOCK_NAME), flags)
+        fd = os.open(path, flags)
     except OSError:
         return False
     try:

@@ -21,7 +21,9 @@ creation never follows a symlink (``O_EXCL | O_NOFOLLOW``).
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import BinaryIO
@@ -34,6 +36,7 @@ __all__ = [
     "get_fault_hook",
     "open_append",
     "open_read",
+    "lock_file",
     "create_exclusive",
     "write_all",
     "fsync",
@@ -48,6 +51,7 @@ __all__ = [
     "is_degradable",
     "filesystem",
     "reaches",
+    "comes_back",
     "forget",
     "REAL_FILESYSTEM",
 ]
@@ -123,32 +127,57 @@ def get_fault_hook() -> FaultHook | None:
     return _hook
 
 
-#: The real ``os`` module, as this module saw it when it was imported (before any pyfakefs patch).
-REAL_FILESYSTEM: object = os
+class _RealFilesystem:
+    """The value of :data:`REAL_FILESYSTEM` (the real ``os`` module is kept out of reach of a
+    patcher: pyfakefs rebinds every module-level name bound to ``os``, whatever its name)."""
+
+    def __repr__(self) -> str:
+        return "<the real filesystem>"
+
+
+#: What :func:`filesystem` returns while calls reach the real ``os`` module.
+REAL_FILESYSTEM: object = _RealFilesystem()
+_REAL_OS = (os,)  # a tuple's item is never rebound by a patcher
 
 
 def filesystem() -> object:
-    """The filesystem this seam calls into now: the real ``os`` module, or pyfakefs's fake one.
+    """The filesystem this seam calls into now: :data:`REAL_FILESYSTEM`, or pyfakefs's fake ``os``.
 
     A storage object keeps the value it saw at open and compares it (``is``) before it touches a
     descriptor: a descriptor opened on a fake filesystem that has since been torn down names an
     unrelated *real* descriptor of the process, which must never be written, synced or closed.
     """
-    return os
+    current = os
+    return REAL_FILESYSTEM if current is _REAL_OS[0] else current
 
 
-def reaches(filesystem: object) -> bool:
-    """True when a call through this seam reaches ``filesystem`` (a value of :func:`filesystem`).
+def reaches(filesystem_: object) -> bool:
+    """True when a call through this seam reaches ``filesystem_`` (a value of :func:`filesystem`).
 
     False when another filesystem is installed now, and also while pyfakefs routes every call to
-    the real ``os`` for a moment (its ``use_original_os()``, used while pytest writes a report):
-    a descriptor of the fake filesystem must not be used then either.
+    the real ``os`` for a moment (its ``use_original_os()``): a descriptor of the fake filesystem
+    must not be used then either.
     """
-    current = os
-    detour = current is not REAL_FILESYSTEM and getattr(current, "use_original", False) is True
-    if filesystem is REAL_FILESYSTEM:
-        return current is REAL_FILESYSTEM or detour
-    return current is filesystem and not detour
+    current = filesystem()
+    if current is not REAL_FILESYSTEM and getattr(current, "use_original", False) is True:
+        current = REAL_FILESYSTEM
+    return current is filesystem_
+
+
+def comes_back(filesystem_: object) -> bool:
+    """True when calls do not reach ``filesystem_`` now but may again later.
+
+    The real filesystem always comes back. A fake one does while it is installed (routing calls
+    to the real ``os`` for a moment) or while its pyfakefs patcher is alive but paused (pyfakefs
+    pauses patching while pytest writes a test's report). A fake filesystem whose patcher was torn
+    down is gone for good.
+    """
+    if filesystem_ is REAL_FILESYSTEM or filesystem() is filesystem_:
+        return True
+    unittest = sys.modules.get("pyfakefs.fake_filesystem_unittest")
+    patcher = getattr(getattr(unittest, "Patcher", None), "PATCHER", None)
+    fakes = getattr(patcher, "fake_modules", None)
+    return isinstance(fakes, dict) and fakes.get("os") is filesystem_
 
 
 def _check(op: str, path: str) -> None:
@@ -175,6 +204,38 @@ def open_append(path: str, mode: int = 0o600) -> int:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, mode)
     _record("open", path, not existed)
     return _remember(fd, path)
+
+
+def lock_file(path: str, mode: int = 0o600) -> int:
+    """Take an exclusive, non-blocking ``flock`` on the file at ``path`` itself (S12).
+
+    Opens ``path`` read-only (creating it if missing, never through a symlink) and locks the open
+    file: the lock is on the inode, so it holds whatever happens to lock files beside it. Retries
+    when the path was renamed over between the open and the lock, so the returned descriptor's
+    inode is the one the path names. The lock lasts until the descriptor is closed.
+
+    Raises:
+        BlockingIOError: another open file holds the lock (another writer).
+    """
+    for _attempt in range(8):
+        existed = os.path.lexists(path)
+        if not existed:
+            _check("open", path)  # it creates the file; opening an existing one writes nothing
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, mode)
+        if not existed:
+            _record("open", path, True)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            same = os.path.samestat(os.fstat(fd), os.lstat(path))
+        except FileNotFoundError:
+            same = False  # removed between the open and the check: open what is there now
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            return _remember(fd, path)
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "the file kept being replaced while it was locked", path)
 
 
 def create_exclusive(path: str, mode: int = 0o600) -> int:

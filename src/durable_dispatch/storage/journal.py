@@ -215,17 +215,18 @@ class _Owned:
     Kept apart from the journal for its finalizer, which must not refer to the journal.
     """
 
-    __slots__ = ("fd", "flock", "filesystem")
+    __slots__ = ("fd", "flock", "inode_lock", "filesystem")
 
     def __init__(self, filesystem: object) -> None:
         self.fd: int | None = None
         self.flock: filelock.BaseFileLock | None = None
+        #: A descriptor holding a ``flock`` on the journal file itself (S12).
+        self.inode_lock: int | None = None
         self.filesystem = filesystem
 
     def shadowed(self) -> bool:
-        """True when calls do not reach this filesystem now but may again later (see
-        :func:`fs.reaches`): it is the real one, or the fake one still installed."""
-        return self.filesystem is fs.REAL_FILESYSTEM or fs.filesystem() is self.filesystem
+        """True when calls may reach this filesystem again later (see :func:`fs.comes_back`)."""
+        return fs.comes_back(self.filesystem)
 
     def release(self) -> None:
         """Let go of the descriptor and the lock (at close, at an abandon, in the finalizer).
@@ -233,16 +234,17 @@ class _Owned:
         On their own filesystem they are closed and released; on any other they are only
         forgotten, never closed: their numbers name other (real) descriptors there.
         """
-        fd, self.fd = self.fd, None
+        fds = [fd for fd in (self.fd, self.inode_lock) if fd is not None]
         flock, self.flock = self.flock, None
+        self.fd = self.inode_lock = None
         if not fs.reaches(self.filesystem):
             # Their numbers name other (real) descriptors now: never close them.
-            if fd is not None:
+            for fd in fds:
                 fs.forget(fd)
             if flock is not None:
                 resources.disown_lock(flock)
             return
-        if fd is not None:
+        for fd in fds:
             try:
                 fs.close(fd)
             except OSError:
@@ -410,6 +412,7 @@ class Journal:
                 if not os.path.isdir(self._dir):
                     fs.makedirs(self._dir)
                 self._take_lock(lock_timeout)
+                self._lock_inode()
                 self._recover_and_open(recovery, visit)
             except StorageError:
                 raise
@@ -450,6 +453,19 @@ class Journal:
                 "another writer holds this journal's lock", path=self.path + ".lock"
             ) from None
         self._flock = lock
+
+    def _lock_inode(self) -> None:
+        """Lock the journal file itself (S12), after its lock file: an operator who deletes or
+        replaces ``<path>.lock`` under a running writer lets a second one take the lock file, but
+        never this lock. A rewrite moves it to the new file before renaming it into place."""
+        try:
+            self._owned.inode_lock = fs.lock_file(self.path, self._file_mode)
+        except BlockingIOError:
+            raise LockHeldError(
+                "another writer holds this journal (its lock file was deleted or replaced under "
+                "it)",
+                path=self.path,
+            ) from None
 
     def _recover_and_open(self, mode: str, visit: Callable[[RawBatch], None] | None = None) -> None:
         size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
@@ -699,7 +715,9 @@ class Journal:
         """
         tmp = f"{self.path}.rewrite-{new_salt()}.tmp"
         fd = fs.create_exclusive(tmp, self._file_mode)
+        inode_lock: int | None = None
         try:
+            inode_lock = fs.lock_file(tmp, self._file_mode)  # S12: locked before it is the journal
             seed = hdr.seed
             head = hdr.frame()
             chunk: list[bytes] = [head]
@@ -724,15 +742,23 @@ class Journal:
             fs.fsync(fd)
             fs.replace(tmp, self.path)
         except BaseException:
-            try:
-                fs.close(fd)
-            except OSError:
-                pass
+            for held in (fd, inode_lock):
+                try:
+                    if held is not None:
+                        fs.close(held)
+                except OSError:
+                    pass
             try:
                 fs.unlink(tmp)
             except OSError:
                 pass
             raise
+        old_lock, self._owned.inode_lock = self._owned.inode_lock, inode_lock
+        if old_lock is not None:
+            try:
+                fs.close(old_lock)
+            except OSError:
+                pass
         old, self._fd = self._fd, None
         if old is not None:
             try:
@@ -851,7 +877,22 @@ class Journal:
                     )
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"record {seq} not durable within {timeout} s")
-            self._flush(sync=True)
+            if not self._flush(sync=True):
+                with self._lock:
+                    if self._durable_seq >= seq:
+                        return
+                    closed = self._closed
+                raise NotDurableError(
+                    f"record {seq} is not durable and cannot be made so now: "
+                    + (
+                        "the journal was closed or abandoned"
+                        if closed
+                        else "the filesystem it was opened on is out of reach (shadowed by "
+                        "pyfakefs)"
+                    ),
+                    path=self.path,
+                    pending=max(0, self._next_seq - 1 - self._durable_seq),
+                )
 
     def sync_now(self) -> int:
         """Write and fsync everything appended so far; returns the durable sequence number.
@@ -862,13 +903,17 @@ class Journal:
         self._flush(sync=True)
         return self.durable_seq
 
-    def _flush(self, sync: bool) -> None:
+    def _flush(self, sync: bool) -> bool:
+        """Write (and with ``sync`` fsync) what is queued. False when nothing can be written at
+        all: the journal is closed or abandoned, or its filesystem is out of reach now."""
         with self._io_lock:
             if self._filesystem_gone():
-                return
+                return False
             with self._lock:
-                if self._degraded or self._fd is None:
-                    return
+                if self._degraded:
+                    return True  # the caller sees the health
+                if self._fd is None:
+                    return False
                 batch, self._queue = self._queue, []
                 if self._batch:
                     self._cond.notify_all()  # release back-pressured appenders
@@ -879,7 +924,7 @@ class Journal:
                     fs.write_all(fd, data)
                 except OSError as e:
                     self._degrade("write", e, batch)
-                    return
+                    return True
                 self._written += len(data)
                 self._unsynced.extend(batch)
             if sync and self._unsynced:
@@ -887,11 +932,12 @@ class Journal:
                     fs.fsync(fd)
                 except OSError as e:
                     self._degrade("fsync", e, [])
-                    return
+                    return True
                 with self._lock:
                     self._durable_seq = self._unsynced[-1][0]
                 self._synced = self._written
                 self._unsynced = []
+        return True
 
     def _flush_loop(self) -> None:
         while True:
@@ -983,6 +1029,8 @@ class Journal:
                     # Started degraded before the lock could be taken (S5 still holds: a
                     # competing writer makes this raise LockHeldError).
                     self._take_lock(0)
+                if self._owned.inode_lock is None:
+                    self._lock_inode()
                     if not self._file_read and not self._nothing_to_lose():
                         # A journal appeared at the path meanwhile, unread by this one: never
                         # replace it (S9). Stay degraded; the caller sees it in health.
