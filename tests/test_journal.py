@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
 import signal
@@ -23,6 +24,7 @@ from durable_dispatch.errors import (
     LockHeldError,
     RecordEncodeError,
     RecordTooLargeError,
+    StorageError,
     UsageError,
 )
 from durable_dispatch.storage.format import Header, RawBatch, frame_record
@@ -674,3 +676,36 @@ def test_a_deleted_or_replaced_lock_file_lets_no_second_writer_in(
         assert "deleted or replaced" in str(ei.value)
         assert path.read_bytes() == before  # the second writer changed nothing
     assert [r.payload["i"] for r in read_journal(path)] == list(range(6))
+
+
+def test_skip_corrupted_salvage_drops_repeated_sequence_numbers(tmp_path: Path) -> None:
+    """Issue 13, example 3: intact records whose sequence number repeats an earlier one (a
+    spliced or replayed span with valid checksums) were copied back, and the salvaged journal
+    no longer read. The scan calls them damage; the salvage now agrees with it."""
+    path = tmp_path / "j.jsonl"
+    hdr = Header("feedfacecafebeef", 0)
+    seed = hdr.seed
+    lines = [hdr.frame()] + [frame_record(seed, s, s, b'{"a":%d}' % s) for s in range(4)]
+    lines += [b"garbage\n"]  # seq 4 damaged
+    lines += [frame_record(seed, s, s, b'{"again":%d}' % s) for s in (1, 2)]  # repeats
+    lines += [frame_record(seed, s, s, b'{"a":%d}' % s) for s in (5, 6)]
+    path.write_bytes(b"".join(lines))
+    with Journal.open(path, recovery="skip-corrupted") as j:
+        assert [r.seq for r in j.records()] == [0, 1, 2, 3, 5, 6]
+        assert [r.payload for r in j.records()][1] == {"a": 1}  # the first one is kept
+        assert j.append({"new": 1}).seq == 7
+    assert [s for s, _ in read_all(path)] == [0, 1, 2, 3, 5, 6, 7]  # a valid journal
+
+
+def test_a_symlink_at_the_lock_path_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    """Issue 13, example 7: with filelock 3.12.0 (the old floor) a symlink at the lock path had
+    its target truncated and chmodded; the floor is now a filelock that opens it O_NOFOLLOW."""
+    target = tmp_path / "precious.txt"
+    target.write_bytes(b"keep me\n")
+    target.chmod(0o644)
+    path = tmp_path / "j.jsonl"
+    Path(str(path) + ".lock").symlink_to(target)
+    with pytest.raises(StorageError) as ei:
+        Journal.open(path)
+    assert ei.value.errno == errno.ELOOP  # type: ignore[attr-defined]
+    assert target.read_bytes() == b"keep me\n" and file_mode(target) == 0o644

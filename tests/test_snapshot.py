@@ -101,3 +101,28 @@ def test_bad_arguments(tmp_path: Path) -> None:
         SnapshotStore(tmp_path, keep=0)
     with pytest.raises(RecordEncodeError):
         SnapshotStore(tmp_path).save({"x": {1, 2}})
+
+
+def test_a_planted_huge_generation_is_not_a_generation(tmp_path: Path) -> None:
+    """Issue 13, example 9: a planted generation 2**64-1 made every later save unreadable (its
+    successor does not fit a JSON integer) and load() fell back to the planted file forever."""
+    store = SnapshotStore(tmp_path, name="s")
+    store.save({"n": 1})
+    huge = 2**64 - 1
+    (tmp_path / f"s.{huge}.snap").write_bytes(encode_snapshot(huge, b'{"planted":true}'))
+    gen = store.save({"n": 2})
+    assert gen == 2
+    again = SnapshotStore(tmp_path, name="s").load()
+    assert again is not None and again.value == {"n": 2} and again.generation == 2
+
+
+def test_saves_past_the_last_generation_are_refused(tmp_path: Path) -> None:
+    from durable_dispatch.errors import StorageError
+    from durable_dispatch.storage.snapshot import MAX_GENERATION
+
+    store = SnapshotStore(tmp_path, name="s")
+    Path(store.path_of(MAX_GENERATION)).write_bytes(encode_snapshot(MAX_GENERATION, b"{}"))
+    with pytest.raises(StorageError, match="exhausted"):
+        store.save({"n": 1})
+    loaded = store.load()
+    assert loaded is not None and loaded.generation == MAX_GENERATION

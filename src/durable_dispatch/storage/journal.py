@@ -684,10 +684,14 @@ class Journal:
         with fs.open_read(path) as f:
             lines = iter_lines(f, self.max_record_bytes + 256)
             next(lines, None)  # header
+            last = -1
             for off, line, _n in lines:
                 if end is not None and off >= end:
                     return
                 r = checked_record(line, seed) if line else "oversized"
+                if not isinstance(r, str) and r[0] <= last:
+                    # A repeated number (a spliced or replayed span) is damage, as in scan().
+                    r = f"sequence {r[0]} after {last}"
                 if isinstance(r, str):
                     if strict:
                         raise JournalCorruptError(
@@ -697,6 +701,7 @@ class Journal:
                             reason=r,
                         )
                     continue
+                last = r[0]
                 yield r
 
     def _rewrite(

@@ -43,6 +43,9 @@ __all__ = ["SnapshotStore", "Snapshot"]
 log = logging.getLogger("durable_dispatch.snapshot")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _MAX_HEADER = 256
+#: The largest generation number: file names carry exactly 12 digits, and a name with any other
+#: number of digits (a planted ``snapshot.18446744073709551615.snap``) is not a generation.
+MAX_GENERATION = 10**12 - 1
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ class SnapshotStore:
         self._unsaved: Any = None
         self._has_unsaved = False
         self._last_gen = 0
-        self._file_re = re.compile(r"^" + re.escape(name) + r"\.(\d{1,20})\.snap$")
+        self._file_re = re.compile(r"^" + re.escape(name) + r"\.(\d{12})\.snap$")
 
     # ------------------------------------------------------------------ listing
     def generations(self) -> list[int]:
@@ -168,6 +171,13 @@ class SnapshotStore:
                 fs.makedirs(self.directory)
             gens = self.generations()
             gen = max([self._last_gen, *gens]) + 1
+            if gen > MAX_GENERATION:
+                raise StorageError(
+                    f"snapshot generations are exhausted (the newest is {gen - 1}); a file with "
+                    f"that number was planted, or this store saved {MAX_GENERATION} times",
+                    path=self.path_of(gen - 1),
+                    op="save",
+                )
             self._write(gen, body)
         except OSError as e:
             if not fs.is_degradable(e):
