@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -119,7 +120,9 @@ def test_journal_readers_never_crash_or_invent(tmp_path_factory: Any, data: byte
             assert PAYLOADS[r[0]] == r2[2]
     # 3. the bulk reader
     try:
-        chunks = read_chunks(io.BytesIO(data), HDR.seed, len(HDR.frame()), len(data))
+        chunks = read_chunks(
+            io.BytesIO(data), HDR.seed, len(HDR.frame()), len(data), max_line=1 << 12
+        )
         got = [row for rows in chunks for row in rows]
         check_records(got)
     except Exception as e:  # noqa: BLE001 - only the reader's own damage type is acceptable
@@ -213,3 +216,132 @@ def test_message_classifier_never_raises(msgs: list[Any], wire: bytes) -> None:
 
 def test_the_fuzzers_ran() -> None:
     assert COUNTS.get("journal", 0) >= 100 and COUNTS.get("wire", 0) >= 100
+
+
+# ----------------------------------------------------------------- bounded readers (S10)
+# Each reader runs in a fresh process that reports its peak RSS (getrusage) and what happened,
+# so a reader that holds a 100 MB line, reads a sparse file whole, or blocks on a FIFO shows in
+# the figures or in the process timeout (a hang fails the test; no timing threshold).
+READER_CHILD = """
+import json, os, resource, sys
+from durable_dispatch import Journal, SnapshotStore
+from durable_dispatch.cli import main
+from durable_dispatch.state import CampaignState, view_state
+from durable_dispatch.storage.journal import read_journal
+
+reader, path = sys.argv[1], sys.argv[2]
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+outcome = "ok"
+try:
+    if reader == "open":
+        Journal.open(path, recovery="point-in-time").close()
+    elif reader == "read_journal":
+        sum(1 for _ in read_journal(path))
+    elif reader == "snapshot":
+        SnapshotStore(path, name="campaign").load()
+    elif reader == "campaign":
+        CampaignState.open(path, ranks=[1]).close()
+    elif reader == "view_state":
+        view_state(path)
+    else:
+        outcome = f"exit {main([reader, *sys.argv[3:], path])}"
+except Exception as e:
+    outcome = type(e).__name__
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"outcome": outcome, "grew_kb": peak - base}))
+"""
+
+BIG = 100 << 20
+
+
+def _run_reader(reader: str, path: Path, *extra: str) -> dict[str, Any]:
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", READER_CHILD, reader, str(path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _journal_with_a_long_line(path: Path, newline: bool) -> None:
+    from durable_dispatch import Journal
+
+    with Journal.open(path, sync="always") as j:
+        for i in range(3):
+            j.append({"event": "epoch", "epoch": i + 1, "ts": 0.0})
+    with open(path, "r+b") as f:
+        f.seek(0, 2)
+        f.write(b'{"v":1,"crc":"00000000","seq":3,"d":2,"p":"')
+        f.truncate(f.tell() + BIG)  # a sparse 100 MB line: costs no disk
+        if newline:
+            f.seek(0, 2)
+            f.write(b'"}\n')
+
+
+@pytest.mark.parametrize("newline", [False, True], ids=["no-newline", "newline"])
+@pytest.mark.parametrize(
+    "reader", ["open", "read_journal", "verify", "inspect", "view_state", "stats", "campaign"]
+)
+def test_every_reader_is_bounded_by_the_record_bound(
+    tmp_path: Path, reader: str, newline: bool
+) -> None:
+    """Issue 13, example 6: a 100 MB line made verify quadratic, inspect hold it twice, and
+    stats hang. Every reader now holds at most the record bound (1 MiB) and one block."""
+    d = tmp_path / "st"
+    if reader in ("view_state", "stats", "campaign"):
+        from durable_dispatch import CampaignState
+
+        CampaignState.open(d, ranks=[1]).close()
+        target = d
+        _journal_with_a_long_line(d / "events.jsonl", newline)
+    else:
+        d.mkdir()
+        target = d / "j.jsonl"
+        _journal_with_a_long_line(target, newline)
+    got = _run_reader(reader, target)
+    assert got["grew_kb"] < 40 << 10, got  # far below the 100 MB line
+    assert got["outcome"] in ("ok", "exit 0", "exit 1", "JournalCorruptError"), got
+
+
+@pytest.mark.parametrize(
+    "reader", ["open", "read_journal", "verify", "inspect", "snapshot", "campaign", "view_state"]
+)
+def test_no_reader_blocks_on_a_fifo(tmp_path: Path, reader: str) -> None:
+    """Issue 13, example 6: a FIFO at a journal or snapshot path blocked every reader."""
+    import os
+
+    d = tmp_path / "st"
+    d.mkdir()
+    if reader in ("snapshot", "campaign", "view_state"):
+        os.mkfifo(d / "campaign.000000000001.snap")
+        target = d
+    else:
+        target = d / "j.jsonl"
+        os.mkfifo(target)
+    got = _run_reader(reader, target)
+    assert got["outcome"] in ("StorageError", "SnapshotCorruptError", "exit 1", "exit 2"), got
+
+
+@pytest.mark.parametrize("how", ["sparse", "dev-zero"])
+def test_a_snapshot_is_read_within_bounds(tmp_path: Path, how: str) -> None:
+    """Issue 13, example 6: a sparse 500 MB .snap cost 1 GB of memory in every command, and a
+    .snap symlinked to /dev/zero read until MemoryError."""
+    import os
+
+    snap = tmp_path / "campaign.000000000001.snap"
+    if how == "sparse":
+        with open(snap, "wb") as f:
+            f.truncate(500 << 20)
+    else:
+        os.symlink("/dev/zero", snap)
+    got = _run_reader("snapshot", tmp_path)
+    assert got["grew_kb"] < 40 << 10, got
+    assert got["outcome"] in ("SnapshotCorruptError", "StorageError"), got
+    inspected = _run_reader("verify", snap)
+    assert inspected["grew_kb"] < 40 << 10 and inspected["outcome"] in ("exit 1", "exit 2")

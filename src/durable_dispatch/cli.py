@@ -21,10 +21,13 @@ import orjson
 from .errors import DurableDispatchError, UsageError
 from .storage import fs as _fs
 from .storage.format import scan
-from .storage.snapshot import decode_snapshot
+from .storage.snapshot import decode_snapshot, read_snapshot_file
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
 _PROGRESS_MIN = 8 << 20
+#: The longest line a reading command holds in memory: the default ``max_record_bytes`` of
+#: ``Journal.open`` (S10). A longer line is reported as damage, never read whole.
+RECORD_BOUND = 1 << 20
 
 
 class _IOFailure(Exception):
@@ -69,10 +72,6 @@ class _Progress:
         self._f = f
         self._meter = _Meter(label, size)
 
-    def readline(self, limit: int = -1) -> bytes:
-        self._meter(self._f.tell())
-        return self._f.readline(limit)
-
     def read(self, n: int = -1) -> bytes:
         self._meter(self._f.tell())
         return self._f.read(n)
@@ -100,10 +99,11 @@ def _kind(path: str) -> str:
 def _examine_file(path: str, count_kinds: bool) -> dict[str, Any]:
     """Read-only examination of one journal or snapshot file."""
     try:
-        size = os.path.getsize(path)
         with _fs.open_read(path) as raw:
+            size = os.fstat(raw.fileno()).st_size  # reading stops there, however the file grows
             if _kind(path) == "snapshot":
-                r = decode_snapshot(raw.read())
+                data = read_snapshot_file(raw)
+                r = data if isinstance(data, str) else decode_snapshot(data)
                 if isinstance(r, str):
                     return {
                         "path": path,
@@ -123,7 +123,7 @@ def _examine_file(path: str, count_kinds: bool) -> dict[str, Any]:
                 }
             f = _Progress(raw, size, f"reading {os.path.basename(path)}")
             try:
-                res = scan(f, size, 1 << 30, count_kinds=count_kinds)  # type: ignore[arg-type]
+                res = scan(f, size, RECORD_BOUND, count_kinds=count_kinds)  # type: ignore[arg-type]
             except ValueError as e:
                 return {
                     "path": path,

@@ -28,7 +28,7 @@ import secrets
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate, repeat
+from itertools import accumulate, chain, repeat
 from operator import add, getitem, itemgetter
 from typing import Any, BinaryIO, NamedTuple
 
@@ -264,31 +264,110 @@ def payload_of(line: bytes) -> bytes:
     return line[line.find(_P_MARK, 30) + 5 : -2]
 
 
-def iter_lines(f: BinaryIO, max_line: int, start: int = 0) -> Iterator[tuple[int, bytes, int]]:
-    """Yield ``(offset, line, length)`` for each line of ``f``.
+#: Why a line was not held in memory.
+OVERSIZED = "record longer than the size bound"
+TORN = "torn record (no newline)"
+SHORTER = "file shorter than when reading started"
 
-    A line longer than ``max_line`` is not held in memory: it is yielded as ``b""`` with its true
-    length, so callers see it as damage without reading it whole.
+
+class Gap(NamedTuple):
+    """A span :func:`read_lines` could not yield as whole lines."""
+
+    offset: int
+    length: int
+    #: :data:`OVERSIZED`, :data:`TORN` or :data:`SHORTER`.
+    reason: str
+    #: The bytes of a torn last line (always shorter than the bound); empty otherwise.
+    data: bytes = b""
+
+
+class Lines(NamedTuple):
+    """Whole consecutive lines, without their newlines, the first at ``offset``."""
+
+    offset: int
+    lines: list[bytes]
+
+
+def read_lines(
+    f: BinaryIO, start: int, end: int, max_line: int, chunk_size: int = 1 << 16
+) -> Iterator[Lines | Gap]:
+    """The one line reader (S10): bytes ``[start, end)`` of ``f`` as :class:`Lines` blocks and
+    :class:`Gap` spans, in file order.
+
+    ``end`` is the size the caller measured when it started: nothing after it is read, however
+    the file grows. Linear in ``end - start``: large chunks, split in C, each byte copied a
+    bounded number of times. Memory is bounded by ``chunk_size + max_line``: a line whose length
+    (without its newline) reaches ``max_line`` is never held, only skipped to its newline and
+    yielded as an :data:`OVERSIZED` gap. Bytes after the last newline are a :data:`TORN` gap, and
+    a file that ends before ``end`` a :data:`SHORTER` one.
     """
-    offset = start
-    readline = f.readline
-    limit = max_line + 1
-    while True:
-        line = readline(limit)
-        if not line:
-            return
-        n = len(line)
-        if n == limit and not line.endswith(b"\n"):
-            # Oversized: skip to the end of this line without keeping it.
-            while True:
-                more = readline(1 << 16)
-                n += len(more)
-                if not more or more.endswith(b"\n"):
-                    break
-            yield offset, b"", n
+    f.seek(start)
+    pos = start  # offset of the first byte not yet yielded
+    base = start  # offset of the next block
+    parts: list[bytes] = []  # a partial line from pos on, shorter than max_line
+    held = 0
+    skipping: int | None = None  # an oversized line began here
+    left = end - start
+    while left > 0:
+        block = f.read(min(chunk_size, left))
+        if not block:
+            break
+        left -= len(block)
+        bstart, base = base, base + len(block)
+        i = 0
+        if skipping is not None:
+            nl = block.find(b"\n")
+            if nl < 0:
+                continue
+            yield Gap(skipping, bstart + nl + 1 - skipping, OVERSIZED)
+            skipping, i = None, nl + 1
+            pos = bstart + i
+        cut = block.rfind(b"\n", i) + 1
+        if cut == 0:
+            held += len(block) - i
+            if held >= max_line:
+                skipping, parts, held = pos, [], 0
+            else:
+                parts.append(block[i:] if i else block)
+            continue
+        head = block[i : cut - 1]
+        data = b"".join([*parts, head]) if parts else head
+        lines = data.split(b"\n")
+        if max(map(len, lines)) >= max_line:
+            yield from _runs(pos, lines, max_line)
         else:
-            yield offset, line, n
-        offset += n
+            yield Lines(pos, lines)
+        pos = bstart + cut
+        held = len(block) - cut
+        parts = [block[cut:]] if held else []
+        if held >= max_line:
+            skipping, parts, held = pos, [], 0
+    if skipping is not None:
+        yield Gap(skipping, base - skipping, OVERSIZED if left <= 0 else SHORTER)
+    elif parts:
+        yield Gap(pos, held, TORN if left <= 0 else SHORTER, b"".join(parts))
+    elif left > 0:
+        yield Gap(base, 0, SHORTER)
+
+
+def _runs(pos: int, lines: list[bytes], max_line: int) -> Iterator[Lines | Gap]:
+    """Split a block of lines around the ones that reach ``max_line``."""
+    run: list[bytes] = []
+    run_at = off = pos
+    for line in lines:
+        n = len(line) + 1
+        if len(line) >= max_line:
+            if run:
+                yield Lines(run_at, run)
+                run = []
+            yield Gap(off, n, OVERSIZED)
+        else:
+            if not run:
+                run_at = off
+            run.append(line)
+        off += n
+    if run:
+        yield Lines(run_at, run)
 
 
 class RawBatch(NamedTuple):
@@ -362,18 +441,35 @@ def scan(
     """
     if visit is not None and count_kinds:
         raise ValueError("visit and count_kinds do not go together")
-    lines = iter_lines(f, max_line + 256)
-    first = next(lines, None)
+    bound = max_line + 256
+    items = read_lines(f, 0, size, bound)
+    first = next(items, None)
     if first is None:
         return ScanResult(header=None, size=size)
-    parsed = parse_header(first[1])
+    rest: Iterator[Lines | Gap]
+    if isinstance(first, Gap):
+        header_line, header_len, rest = first.data, first.length, items
+        parsed: Header | str = first.reason if first.reason == OVERSIZED else "torn header"
+        if first.reason != OVERSIZED:
+            parsed = parse_header(header_line)
+    else:
+        header_line = first.lines[0] + b"\n"
+        header_len = len(header_line)
+        after = Lines(first.offset + header_len, first.lines[1:])
+        rest = chain([after] if after.lines else [], items)
+        parsed = parse_header(header_line)
     if isinstance(parsed, str):
         res = ScanResult(header=None, size=size)
-        res.damage.append(Damage(0, first[2], parsed))
+        res.damage.append(Damage(0, header_len, parsed))
         # The header is fsynced before any record is appended (or together with them, before a
         # rewrite is renamed into place). So a damaged header is a torn, never-synced file unless
         # a later, well-framed line says some record had been made durable (its "d" mark).
-        marks = (_durable_mark(line) for _off, line, _n in lines if line)
+        marks = (
+            _durable_mark(line)
+            for item in rest
+            for line in (item.lines if isinstance(item, Lines) else [item.data])
+            if line
+        )
         res.tail_only = all(m is None or m < 0 for m in marks)
         return res
     hdr = parsed
@@ -382,32 +478,30 @@ def scan(
     res = ScanResult(
         header=hdr,
         size=size,
-        end=first[2],
+        end=header_len,
         next_seq=hdr.first_seq,
         prefix_next_seq=hdr.first_seq,
-        header_len=first[2],
+        header_len=header_len,
     )
     expected = hdr.first_seq
     damaged_from: int | None = None  # first seq that the first damage may have held
 
+    def damaged(off: int, n: int, reason: str, seq: int | None = None) -> None:
+        nonlocal damaged_from
+        res.damage.append(Damage(off, n, reason, seq))
+        if damaged_from is None:
+            damaged_from = expected
+
     def one(off: int, line: bytes, n: int) -> None:
-        nonlocal expected, damaged_from
-        r = (
-            (parse_record if count_kinds else verify_record)(line, seed)
-            if line
-            else "record longer than the size bound"
-        )
+        nonlocal expected
+        r = (parse_record if count_kinds else verify_record)(line, seed)
         if isinstance(r, str):
-            res.damage.append(Damage(off, n, r))
-            if damaged_from is None:
-                damaged_from = expected
+            damaged(off, n, r)
             return
         seq, durable, payload = r
         if seq != expected and allowed_holes.get(expected) != seq - 1:
             if damaged_from is None or seq <= (res.last_seq if res.last_seq is not None else -1):
-                res.damage.append(Damage(off, n, f"sequence {seq}, expected {expected}", seq))
-                if damaged_from is None:
-                    damaged_from = expected
+                damaged(off, n, f"sequence {seq}, expected {expected}", seq)
                 return
             res.holes.append((expected, seq - 1))
         if damaged_from is not None:
@@ -435,63 +529,36 @@ def scan(
                     res.first_ts = ts
                 res.last_ts = ts
 
-    def accept(seqs: list[int], end: int) -> None:
-        """A run of intact, contiguous records of the valid prefix, ending at offset ``end``."""
+    def in_bulk(block: Lines) -> bool:
+        """A block of intact, contiguous records of the valid prefix, checked with C-level bulk
+        operations; False (nothing accepted) when any line needs the line-by-line path, which
+        names the damage and allows recorded holes."""
         nonlocal expected
+        lines = block.lines
+        checked = _bulk_check(lines, seed, 1)
+        if checked is None or checked[0] != list(range(expected, expected + len(lines))):
+            return False
+        seqs, commas = checked
+        if visit is not None:
+            payloads = list(_payload_slices(lines, commas, 1))
+            visit(RawBatch(line_offsets(block.offset, lines), seqs, payloads))
         if res.first_seq is None:
             res.first_seq = seqs[0]
         res.last_seq = seqs[-1]
         res.records += len(seqs)
         res.prefix_records += len(seqs)
         res.prefix_next_seq = expected = seqs[-1] + 1
-        res.end = end
+        res.end = block.offset + sum(map(len, lines)) + len(lines)
+        return True
 
-    def many(batch: list[tuple[int, bytes, int]]) -> None:
-        """A batch of lines: verified in bulk while no damage was seen, else line by line."""
-        if damaged_from is None and not count_kinds and batch:
-            lines = [line for _o, line, _n in batch]
-            checked = _bulk_check(lines, seed, 2)
-            if checked is not None and checked[0] == list(range(expected, expected + len(lines))):
-                seqs, commas = checked
-                if visit is not None:
-                    offs = [o for o, _l, _n in batch]
-                    visit(RawBatch(offs, seqs, list(_payload_slices(lines, commas, 2))))
-                off, _line, n = batch[-1]
-                accept(seqs, off + n)
-                return
-        for item in batch:
-            one(*item)
-
-    def blocks(pos: int) -> int:
-        """Verify whole blocks of lines in bulk while all is well; return the offset from which
-        the line-by-line path goes on: the end of the file, a torn or oversized line, or a block
-        that fails a bulk check (that path names the damage and allows recorded holes)."""
-        try:
-            for start, lines in line_blocks(f, pos, size, 1 << 16, max_line + 256):
-                checked = _bulk_check(lines, seed, 1)
-                if checked is None or checked[0] != list(range(expected, expected + len(lines))):
-                    return start
-                seqs, commas = checked
-                if visit is not None:
-                    payloads = list(_payload_slices(lines, commas, 1))
-                    visit(RawBatch(line_offsets(start, lines), seqs, payloads))
-                pos = start + sum(map(len, lines)) + len(lines)
-                accept(seqs, pos)
-        except ReadDamage as d:
-            return d.offset
-        return pos
-
-    pos = first[2]
-    if not count_kinds:
-        pos = blocks(pos)
-    f.seek(pos)
-    batch: list[tuple[int, bytes, int]] = []
-    for item in iter_lines(f, max_line + 256, pos):
-        batch.append(item)
-        if len(batch) >= 256:
-            many(batch)
-            batch = []
-    many(batch)
+    for item in rest:
+        if isinstance(item, Gap):
+            damaged(item.offset, item.length, item.reason)
+        elif not (damaged_from is None and not count_kinds and in_bulk(item)):
+            off = item.offset
+            for line in item.lines:
+                one(off, line + b"\n", len(line) + 1)
+                off += len(line) + 1
     res.next_seq = expected
     return res
 
@@ -505,48 +572,6 @@ class ReadDamage(Exception):
         self.reason = reason
 
 
-def line_blocks(
-    f: BinaryIO, start: int, end: int, chunk_size: int = 1 << 16, max_line: int | None = None
-) -> Iterator[tuple[int, list[bytes]]]:
-    """Yield ``(offset, lines)`` for bytes ``[start, end)`` of ``f``: blocks of consecutive whole
-    lines, without their newlines, the first starting at ``offset``.
-
-    Read in large chunks and split in C, with no per-line Python work: for a region that should
-    hold whole records. Every whole line is yielded before a problem after it is raised, so
-    ``ReadDamage.offset`` is where the lines stopped being whole.
-
-    Raises:
-        ReadDamage: the region does not end on a line boundary, the file is shorter, or a line
-            (newline included) is ``max_line`` bytes or longer.
-    """
-    f.seek(start)
-    pos = start
-    left = end - start
-    carry = b""
-    while left > 0 or carry:
-        block = f.read(min(chunk_size, left)) if left > 0 else b""
-        left -= len(block)
-        if not block and left > 0:
-            raise ReadDamage(pos, "file shorter than expected")
-        data = carry + block
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            if left <= 0:
-                raise ReadDamage(pos, "torn record (no newline)")
-            if max_line is not None and len(data) >= max_line:
-                raise ReadDamage(pos, "line longer than the size bound")
-            carry = data
-            continue
-        lines = data[: cut - 1].split(b"\n")
-        if max_line is not None and max(map(len, lines)) >= max_line:
-            raise ReadDamage(pos, "line longer than the size bound")
-        yield pos, lines
-        pos += cut
-        carry = data[cut:]
-        if left <= 0 and carry:
-            raise ReadDamage(pos, "torn record (no newline)")
-
-
 def read_chunks(
     f: BinaryIO,
     seed: int,
@@ -554,23 +579,34 @@ def read_chunks(
     end: int,
     from_seq: int = 0,
     holes: tuple[tuple[int, int], ...] = (),
+    *,
+    max_line: int,
+    torn_tail_ok: bool = False,
     chunk_size: int = 1 << 16,
 ) -> Iterator[Iterable[tuple[int, Any]]]:
     """Yield, chunk by chunk, iterables of ``(seq, payload)`` for bytes ``[start, end)`` of ``f``.
 
-    The fast path for replaying millions of records. It reads large chunks and checks each chunk
-    with C-level bulk operations (``map`` over slices, ``zlib.crc32`` and ``int``): every line's
-    framing, every line's checksum, contiguous sequence numbers; then it decodes the chunk's lines
-    with one orjson call. A chunk that fails any bulk check is re-checked line by line, which
-    names the first damaged offset (and allows the header's recorded holes).
+    The fast path for replaying millions of records, over :func:`read_lines` (``max_line``
+    bounds a line). It checks each block with C-level bulk operations (``map`` over slices,
+    ``zlib.crc32`` and ``int``): every line's framing, every line's checksum, contiguous sequence
+    numbers; then it decodes the block's lines with one orjson call. A block that fails any bulk
+    check is re-checked line by line, which names the first damaged offset (and allows the
+    header's recorded holes). With ``torn_tail_ok`` a torn last line (a write in progress) ends
+    the records quietly.
 
     Raises:
-        ReadDamage: a line fails its checks, or the region does not end on a line boundary.
+        ReadDamage: a line fails its checks, is longer than the bound, or the region does not
+            end on a line boundary (unless ``torn_tail_ok``).
     """
     expected: int | None = None
     hole_after = {a - 1: b + 1 for a, b in holes}
     loads = orjson.loads
-    for pos, lines in line_blocks(f, start, end, chunk_size):
+    for block in read_lines(f, start, end, max_line, chunk_size):
+        if isinstance(block, Gap):
+            if torn_tail_ok and block.reason == TORN:
+                return
+            raise ReadDamage(block.offset, block.reason)
+        pos, lines = block
         n = len(lines)
         rows: Any = None
         checked = _bulk_check(lines, seed, 1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import sys
 import threading
 from collections.abc import Callable
@@ -248,9 +249,42 @@ def create_exclusive(path: str, mode: int = 0o600) -> int:
 
 
 def open_read(path: str) -> BinaryIO:
-    """Open ``path`` for buffered binary reading (a fault on ``read`` fires here)."""
+    """Open ``path`` for buffered binary reading, only if it is a regular file (S10).
+
+    Never follows a symbolic link (``ELOOP``) and never blocks: a FIFO, device, socket or
+    directory at the path is refused with a :class:`~durable_dispatch.errors.StorageError`
+    before anything is read from it (a reader would block forever, or read ``/dev/zero`` until
+    memory runs out). A fault on ``read`` fires here.
+    """
+    from ..errors import StorageError
+
     _check("read", path)
-    return open(path, "rb")  # noqa: SIM115 - the caller owns and closes it
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StorageError(
+                "refusing to read it: the path is a symbolic link, which is never followed",
+                path=path,
+                op="read",
+                errno=errno.ELOOP,
+            ) from e
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise StorageError(
+                "refusing to read it: not a regular file (a FIFO, device, socket or directory)",
+                path=path,
+                op="read",
+                errno=errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
+            )
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def write_all(fd: int, data: bytes) -> None:

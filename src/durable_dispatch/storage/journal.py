@@ -64,6 +64,7 @@ from ..errors import (
 from . import fs, resources
 from .format import (
     Damage,
+    Gap,
     Header,
     RawBatch,
     ReadDamage,
@@ -71,12 +72,11 @@ from .format import (
     _payload_slices,
     checked_record,
     frame_record,
-    iter_lines,
-    line_blocks,
     line_offsets,
     new_salt,
     payload_of,
     read_chunks,
+    read_lines,
     scan,
 )
 
@@ -682,27 +682,33 @@ class Journal:
         must not be dropped silently); without it damaged records are skipped (salvage).
         """
         with fs.open_read(path) as f:
-            lines = iter_lines(f, self.max_record_bytes + 256)
-            next(lines, None)  # header
+            stop = os.fstat(f.fileno()).st_size if end is None else end
             last = -1
-            for off, line, _n in lines:
-                if end is not None and off >= end:
-                    return
-                r = checked_record(line, seed) if line else "oversized"
-                if not isinstance(r, str) and r[0] <= last:
-                    # A repeated number (a spliced or replayed span) is damage, as in scan().
-                    r = f"sequence {r[0]} after {last}"
-                if isinstance(r, str):
-                    if strict:
-                        raise JournalCorruptError(
-                            f"durable record damaged at offset {off}: {r}",
-                            path=path,
-                            offset=off,
-                            reason=r,
-                        )
-                    continue
-                last = r[0]
-                yield r
+            for item in read_lines(f, self._header_len, stop, self.max_record_bytes + 256):
+                if isinstance(item, Gap):
+                    found: list[tuple[int, bytes | str]] = [(item.offset, item.reason)]
+                else:
+                    found = []
+                    off = item.offset
+                    for line in item.lines:
+                        found.append((off, line + b"\n"))
+                        off += len(line) + 1
+                for off, got in found:
+                    r = got if isinstance(got, str) else checked_record(got, seed)
+                    if not isinstance(r, str) and r[0] <= last:
+                        # A repeated number (a spliced or replayed span) is damage, as in scan().
+                        r = f"sequence {r[0]} after {last}"
+                    if isinstance(r, str):
+                        if strict:
+                            raise JournalCorruptError(
+                                f"durable record damaged at offset {off}: {r}",
+                                path=path,
+                                offset=off,
+                                reason=r,
+                            )
+                        continue
+                    last = r[0]
+                    yield r
 
     def _rewrite(
         self,
@@ -1116,11 +1122,10 @@ class Journal:
         if f is None:
             return
         with f:
-            try:
-                for pos, lines in line_blocks(f, self._header_len, end, 1 << 16):
-                    yield self._raw_batch(pos, lines, seed)
-            except ReadDamage as d:
-                raise self._damage(d.offset, d.reason) from None
+            for block in read_lines(f, self._header_len, end, self.max_record_bytes + 256):
+                if isinstance(block, Gap):
+                    raise self._damage(block.offset, block.reason)
+                yield self._raw_batch(block.offset, block.lines, seed)
 
     def _raw_batch(self, pos: int, lines: list[bytes], seed: int) -> RawBatch:
         """A block of lines (without newlines) that starts at ``pos``, verified."""
@@ -1282,7 +1287,15 @@ class Journal:
     ) -> Iterator[Iterable[tuple[int, Any]]]:
         with f:
             try:
-                yield from read_chunks(f, seed, self._header_len, end, from_seq, self._header.holes)
+                yield from read_chunks(
+                    f,
+                    seed,
+                    self._header_len,
+                    end,
+                    from_seq,
+                    self._header.holes,
+                    max_line=self.max_record_bytes + 256,
+                )
             except ReadDamage as d:
                 raise self._damage(d.offset, d.reason) from None
 
@@ -1414,33 +1427,57 @@ def read_journal(
         OSError: the file cannot be read.
     """
     p = os.fspath(path)
-    f = open(p, "rb")  # noqa: SIM115 - closed by the generator
-    return _read_journal(f, p, from_seq, max_record_bytes)
+    try:
+        f = fs.open_read(p)
+    except StorageError:
+        raise
+    except OSError as e:
+        raise StorageError(
+            f"cannot read journal: {e.strerror or e}", path=p, op="read", errno=e.errno
+        ) from e
+    return _read_journal(f, p, from_seq, max_record_bytes + 256)
 
 
-def _read_journal(f: Any, p: str, from_seq: int, max_record_bytes: int) -> Iterator[Record]:
+def _read_journal(f: Any, p: str, from_seq: int, bound: int) -> Iterator[Record]:
     from .format import parse_header
 
     with f:
-        first = f.readline(max_record_bytes)
-        if not first:
+        size = os.fstat(f.fileno()).st_size  # what is appended from now on is not read
+        first = next(read_lines(f, 0, size, bound, 4096), None)
+        if first is None:
             return
-        try:
-            hdr = parse_header(first)
-        except ValueError as e:
-            raise JournalVersionError(
-                f"journal format version {e.args[1]!r} is not supported",
-                path=p,
-                reason="unsupported version",
-            ) from None
+        if isinstance(first, Gap):
+            hdr: Any = "header longer than the size bound" if not first.data else "torn header"
+            if first.data:
+                hdr = parse_header(first.data)
+            header_len = 0
+        else:
+            line = first.lines[0] + b"\n"
+            header_len = len(line)
+            try:
+                hdr = parse_header(line)
+            except ValueError as e:
+                raise JournalVersionError(
+                    f"journal format version {e.args[1]!r} is not supported",
+                    path=p,
+                    reason="unsupported version",
+                ) from None
         if isinstance(hdr, str):
             raise JournalCorruptError(
                 f"journal header is damaged: {hdr}", path=p, offset=0, reason=hdr
             )
-        size = os.fstat(f.fileno()).st_size
-        end = _last_newline_end(f, size, len(first))
         try:
-            for rows in read_chunks(f, hdr.seed, len(first), end, from_seq, hdr.holes):
+            chunks = read_chunks(
+                f,
+                hdr.seed,
+                header_len,
+                size,
+                from_seq,
+                hdr.holes,
+                max_line=bound,
+                torn_tail_ok=True,
+            )
+            for rows in chunks:
                 for seq, payload in rows:
                     yield Record(seq, payload)
         except ReadDamage as d:
@@ -1450,19 +1487,6 @@ def _read_journal(f: Any, p: str, from_seq: int, max_record_bytes: int) -> Itera
                 offset=d.offset,
                 reason=d.reason,
             ) from None
-
-
-def _last_newline_end(f: BinaryIO, size: int, floor: int) -> int:
-    pos = size
-    while pos > floor:
-        start = max(floor, pos - (1 << 16))
-        f.seek(start)
-        block = f.read(pos - start)
-        i = block.rfind(b"\n")
-        if i >= 0:
-            return start + i + 1
-        pos = start
-    return floor
 
 
 _OPEN_TOKEN = object()
