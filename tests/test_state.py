@@ -6,14 +6,15 @@ import errno
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_dispatch import CampaignState
+from durable_dispatch import CampaignState, SnapshotStore
 from durable_dispatch.core import Commit, RetryPolicy, Send, WatchdogConfig, WorkItem
 from durable_dispatch.errors import LockHeldError
-from durable_dispatch.state import STATE_JOURNAL, Projection, event_work_ids, replay
+from durable_dispatch.state import STATE_JOURNAL, Projection, event_work_ids, replay, view_state
 from durable_dispatch.storage import Journal
 from durable_dispatch.testing import inject_faults
 
@@ -458,3 +459,92 @@ def test_a_second_master_is_refused_after_the_lock_files_were_deleted(tmp_path: 
         assert {p.name: p.read_bytes() for p in d.iterdir() if p.name in before} == before
         assert view_state(d).master_running
     assert not view_state(d).master_running
+
+
+# ------------------------------------------------------------------ schemas on read (S11)
+def _forge(path: Path, payload: dict[str, Any]) -> None:
+    """Append a record with a valid checksum (the salt is in the header: anyone can)."""
+    from durable_dispatch.storage.format import frame_record, parse_header
+    from durable_dispatch.storage.journal import read_journal
+
+    hdr = parse_header(path.read_bytes().split(b"\n", 1)[0] + b"\n")
+    assert not isinstance(hdr, str)
+    last = max((r.seq for r in read_journal(path)), default=hdr.first_seq - 1)
+    with open(path, "ab") as f:
+        f.write(frame_record(hdr.seed, last + 1, last, orjson.dumps(payload)))
+
+
+FORGERIES = [
+    ({"event": "committed", "token": "e1-1"}, "work_id"),
+    ({"event": "submitted", "items": [1]}, "items"),
+    ({"event": "dispatched", "token": 7, "rank": 1, "work_id": "w0"}, "token"),
+    ({"event": "deferred", "work_id": "nobody", "attempts": 1, "kinds": []}, "work_id"),
+    ({"event": "requeued", "work_id": "w0", "attempts": "2", "kind": "timeout"}, "attempts"),
+    (["not", "an", "object"], "(record)"),
+]
+
+
+@pytest.mark.parametrize(("forged", "field"), FORGERIES, ids=[f for _, f in FORGERIES])
+def test_a_forged_event_with_a_valid_checksum_is_typed_corruption(
+    tmp_path: Path, forged: Any, field: str
+) -> None:
+    """Issue 13, example 5: these passed verify and ended inspect, stats, compact, deferred and
+    CampaignState.open in KeyError/TypeError/AttributeError tracebacks."""
+    import subprocess
+    import sys
+
+    from durable_dispatch.errors import JournalCorruptError
+
+    d = tmp_path / "st"
+    with _open(d) as s:
+        s.submit(ITEMS[:3])
+    _forge(d / "events.jsonl", forged)
+    with pytest.raises(JournalCorruptError) as ei:
+        CampaignState.open(d, ranks=[1])
+    assert repr(field) in str(ei.value) and ei.value.path == str(d / "events.jsonl")
+    assert ei.value.offset is not None  # where the record starts
+    with pytest.raises(JournalCorruptError):
+        view_state(d)
+    for argv in (
+        ["verify", str(d)],
+        ["inspect", str(d)],
+        ["stats", str(d)],
+        ["compact", "--dry-run", str(d)],
+        ["compact", str(d)],
+        ["deferred", "requeue", str(d), "w0"],
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "durable_dispatch", *argv], capture_output=True, text=True
+        )
+        assert out.returncode == 1 and "Traceback" not in out.stderr, (argv, out.stderr)
+
+
+def test_a_snapshot_body_of_the_wrong_shape_is_passed_over(tmp_path: Path) -> None:
+    """Issue 13, example 5: a snapshot body of [] crashed every reader."""
+    from durable_dispatch.errors import SnapshotCorruptError
+    from durable_dispatch.state import SNAPSHOT_NAME
+    from durable_dispatch.storage.snapshot import encode_snapshot
+
+    d = tmp_path / "st"
+    with _open(d) as s:
+        s.submit(ITEMS[:3])
+    store = SnapshotStore(d, name=SNAPSHOT_NAME)
+    newest = max(store.generations())
+    Path(store.path_of(newest + 1)).write_bytes(encode_snapshot(newest + 1, b"[]"))
+    with _open(d) as s:  # falls back to the last valid generation
+        assert len(s.core.pending()) == 3
+    for gen in store.generations():
+        Path(store.path_of(gen)).write_bytes(encode_snapshot(gen, b'{"state":{"frontier":7}}'))
+    with pytest.raises(SnapshotCorruptError, match="state.frontier"):
+        _open(d)
+
+
+def test_an_ill_typed_defer_record_is_typed_corruption(tmp_path: Path) -> None:
+    from durable_dispatch.errors import JournalCorruptError
+    from durable_dispatch.storage import DeferJournal
+
+    path = tmp_path / "defer.jsonl"
+    DeferJournal.open(path).close()
+    _forge(path, {"event": "deferred", "work_id": "w", "attempts": "x"})
+    with pytest.raises(JournalCorruptError, match="attempts"):
+        DeferJournal.open(path)

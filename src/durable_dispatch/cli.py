@@ -233,6 +233,15 @@ def _print(obj: Any, as_json: bool) -> None:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Full checksum and structure check; never modifies anything."""
     res = _examine(args.path, count_kinds=False)
+    if res["kind"] == "state-directory" and res["intact"]:
+        from .errors import CorruptionError
+        from .state import view_state
+
+        try:  # S11: checksums passed; every event and the snapshot must match their schemas
+            view_state(args.path)
+        except CorruptionError as e:
+            res["intact"] = False
+            res["damage"] = [{"path": e.path, "offset": e.offset, "reason": e.reason or str(e)}]
     first = res["damage"][0] if res["damage"] else None
     summary = {
         "path": res["path"],

@@ -59,10 +59,12 @@ from .errors import (
     StorageError,
 )
 from .logs import log_decisions
+from .schema import Invalid, check_event, check_state_snapshot
 from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
 from .storage import resources as _resources
 from .storage.format import Header, RawBatch, new_salt
+from .storage.snapshot import Snapshot
 
 __all__ = [
     "CampaignState",
@@ -143,7 +145,13 @@ class Projection:
         return wid in self.items or wid in self.committed
 
     def apply(self, ev: Mapping[str, Any]) -> None:
-        """Apply one journal event (unknown events are ignored, for forward compatibility)."""
+        """Apply one journal event (unknown events are ignored, for forward compatibility).
+
+        Raises:
+            schema.Invalid: the event does not match its schema, or a deferral names a work item
+                the state never had (S11).
+        """
+        check_event(ev)
         kind = ev.get("event")
         if kind == "epoch":
             self.epoch = int(ev["epoch"])
@@ -187,7 +195,10 @@ class Projection:
             wid = ev["work_id"]
             self.in_flight.pop(wid, None)
             self._unqueue(wid)
-            self.deferred[wid] = self.items[wid]
+            item = self.items.get(wid)
+            if item is None:
+                raise Invalid("work_id", f"{wid!r} names no work item of this campaign")
+            self.deferred[wid] = item
             self.solo.discard(wid)
             self.attempts[wid] = int(ev["attempts"])
             self.kinds[wid] = list(ev["kinds"])
@@ -308,9 +319,9 @@ class CampaignState:
         d = os.fspath(directory)
         lock = _take_master_lock(d, create=True)
         journal: Journal | None = None
+        defer: DeferJournal | None = None
         try:
-            snapshots = SnapshotStore(d, name=SNAPSHOT_NAME, keep=keep_snapshots)
-            snap = snapshots.load()
+            snapshots, snap = _load_snapshot(d, keep_snapshots)
             base = snap.value if snap is not None else {}
             journal, proj, n = _open_and_fold(
                 os.path.join(d, STATE_JOURNAL), base, sync=sync, **dict(journal_options or {})
@@ -321,8 +332,9 @@ class CampaignState:
                 proj.to_snapshot(), epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks
             )
         except BaseException:
-            if journal is not None:
-                journal.close()  # its writer lock too: a later open must not find it held
+            for opened in (journal, defer):
+                if opened is not None:
+                    opened.close()  # its writer lock too: a later open must not find it held
             lock.release()
             raise
         st = cls(
@@ -727,7 +739,7 @@ def view_state(directory: str | os.PathLike[str]) -> StateView:
     d = os.fspath(directory)
     if not is_state_dir(d):
         raise UsageError(f"{d} is not a durable-dispatch state directory")
-    snap = SnapshotStore(d, name=SNAPSHOT_NAME).load()
+    _store, snap = _load_snapshot(d)
     base = snap.value if snap is not None else {}
     after = int(base.get("journal_seq", -1))
     proj = Projection(base.get("state"))
@@ -735,7 +747,7 @@ def view_state(directory: str | os.PathLike[str]) -> StateView:
     jpath = os.path.join(d, STATE_JOURNAL)
     if os.path.exists(jpath):
         for rec in read_journal(jpath, from_seq=after + 1):
-            proj.apply(rec.payload)
+            _fold(proj, rec.payload, jpath, seq=rec.seq)
             n += 1
             last = rec.seq
     return StateView(
@@ -842,8 +854,7 @@ def compact_state(
     with _master_locked(d):
         jpath = os.path.join(d, STATE_JOURNAL)
         size = os.path.getsize(jpath) if os.path.exists(jpath) else 0
-        snaps = SnapshotStore(d, name=SNAPSHOT_NAME)
-        snap = snaps.load()
+        snaps, snap = _load_snapshot(d)
         base = snap.value if snap is not None else {}
         j, proj, _n = _open_and_fold(jpath, base, progress=progress, sync="always")
         with j:
@@ -883,9 +894,10 @@ def _open_and_fold(
 
     def fold(batch: RawBatch) -> None:
         nonlocal count
-        for seq, payload in zip(batch.seqs, _decoded(batch, path), strict=True):
+        rows = zip(batch.offsets, batch.seqs, _decoded(batch, path), strict=True)
+        for offset, seq, payload in rows:
             if seq > after:
-                proj.apply(payload)
+                _fold(proj, payload, path, offset=offset, seq=seq)
                 count += 1
         if progress is not None:
             progress(batch.offsets[-1], size)
@@ -895,12 +907,35 @@ def _open_and_fold(
         try:
             proj, count = Projection(base.get("state")), 0
             for rec in journal.records(from_seq=after + 1):
-                proj.apply(rec.payload)
+                _fold(proj, rec.payload, path, seq=rec.seq)
                 count += 1
         except BaseException:
             journal.close()
             raise
     return journal, proj, count
+
+
+def _fold(
+    proj: Projection, ev: Any, path: str, *, offset: int | None = None, seq: int | None = None
+) -> None:
+    """Apply one event read from ``path``; an invalid one is corruption naming where it is (S11)."""
+    try:
+        proj.apply(ev)
+    except Invalid as e:
+        where = f"offset {offset}" if offset is not None else f"sequence number {seq}"
+        raise JournalCorruptError(
+            f"invalid event at {where} (seq {seq}): {e}",
+            path=path,
+            offset=offset,
+            reason=f"invalid event: {e}",
+        ) from None
+
+
+def _load_snapshot(d: str, keep: int = 3) -> tuple[SnapshotStore, Snapshot | None]:
+    """The state directory's snapshot store and its newest valid generation (S11: a generation
+    whose body does not match its schema is passed over like a damaged one)."""
+    store = SnapshotStore(d, name=SNAPSHOT_NAME, keep=keep)
+    return store, store.load(validate=check_state_snapshot)
 
 
 def _decoded(batch: RawBatch, path: str) -> list[Any]:

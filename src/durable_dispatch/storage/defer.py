@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from ..errors import JournalCorruptError, NotDurableError, UsageError
+from ..schema import Invalid, check_defer_record
 from .format import RawBatch
 from .journal import Health, Journal
 
@@ -252,9 +253,13 @@ class DeferJournal:
         self._counts = _Counts()
         self._live: dict[str, DeferredItem] = {}
         self._records = 0
-        for rec in journal.records():
-            self._apply(rec.seq, rec.payload)
-            self._records += 1
+        try:
+            for rec in journal.records():
+                self._apply(rec.seq, rec.payload)
+                self._records += 1
+        except BaseException:
+            journal.close()  # an invalid record (S11): the open fails, nothing is left open
+            raise
 
     @classmethod
     def open(
@@ -263,6 +268,10 @@ class DeferJournal:
         """Open the defer journal at ``path`` (a file, or a directory for the default name).
 
         Extra keyword arguments go to :meth:`Journal.open`.
+
+        Raises:
+            JournalCorruptError: a record does not match the defer record schema (S11), or see
+                :meth:`Journal.open`.
         """
         p = os.fspath(path)
         if os.path.isdir(p):
@@ -270,8 +279,14 @@ class DeferJournal:
         return cls(Journal.open(p, sync=sync, **journal_kw))
 
     def _apply(self, seq: int, payload: Any) -> None:
-        if not isinstance(payload, dict):
-            return
+        try:
+            check_defer_record(payload)
+        except Invalid as e:
+            raise JournalCorruptError(
+                f"invalid defer record (seq {seq}): {e}",
+                path=self.journal.path,
+                reason=f"invalid record: {e}",
+            ) from None
         event = payload.get("event")
         wid = payload.get("work_id")
         if not isinstance(wid, str):

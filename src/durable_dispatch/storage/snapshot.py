@@ -22,6 +22,7 @@ import os
 import re
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -271,8 +272,11 @@ class SnapshotStore:
             )
 
     # ------------------------------------------------------------------ loading
-    def load(self) -> Snapshot | None:
+    def load(self, validate: Callable[[Any], None] | None = None) -> Snapshot | None:
         """The newest generation that passes its checks, or None when there is none at all.
+
+        ``validate``, if given, checks a decoded body (S11) and raises ``ValueError`` naming
+        what is wrong; a generation it refuses is passed over like a damaged one.
 
         Raises:
             SnapshotCorruptError: generations exist but none passes its checks.
@@ -297,6 +301,11 @@ class SnapshotStore:
                 skipped.append((path, f"read failed: {e.strerror}"))
                 continue
             r = data if isinstance(data, str) else decode_snapshot(data, gen)
+            if validate is not None and not isinstance(r, str):
+                try:
+                    validate(r[1])
+                except ValueError as e:
+                    r = f"invalid body: {e}"
             if isinstance(r, str):
                 skipped.append((path, r))
                 log.warning("snapshot %s is damaged (%s); falling back", path, r)

@@ -1,0 +1,218 @@
+"""Schemas of what a campaign's state directory holds, checked on every read (S11).
+
+A record passes its checksum, but the salt is in the file's header: anyone can write a record with
+a valid checksum. So every state event, defer record and snapshot body is checked here against
+its schema (event kinds, members, types) before it is folded, and an invalid one is a typed
+corruption error naming the path, where it is, and the field, never a ``KeyError`` or
+``TypeError`` from deep inside a reader.
+
+Theory of operation: a schema is a mapping of member name to a check (a small predicate), with
+required and optional members. :func:`check_event`, :func:`check_defer_record` and
+:func:`check_state_snapshot` raise :class:`Invalid` naming the first bad field; the readers in
+:mod:`durable_dispatch.state` and :mod:`durable_dispatch.storage.defer` turn it into
+:class:`~durable_dispatch.errors.JournalCorruptError` or
+:class:`~durable_dispatch.errors.SnapshotCorruptError`. Unknown events stay allowed (forward
+compatibility); unknown members too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["Invalid", "check_event", "check_defer_record", "check_state_snapshot"]
+
+Check = Callable[[Any], bool]
+
+
+class Invalid(ValueError):
+    """A value that does not match its schema; ``field`` names the member (dotted path)."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"field {field!r}: {why}")
+        self.field = field
+        self.why = why
+
+
+def _int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _str(v: Any) -> bool:
+    return type(v) is str
+
+
+def _num_or_none(v: Any) -> bool:
+    return v is None or (type(v) in (int, float))
+
+
+def _str_or_none(v: Any) -> bool:
+    return v is None or type(v) is str
+
+
+def _int_or_none(v: Any) -> bool:
+    return v is None or type(v) is int
+
+
+def _list_of(check: Check) -> Check:
+    return lambda v: type(v) is list and all(map(check, v))
+
+
+def _item(v: Any) -> bool:
+    """A work item as the core writes it (``WorkItem.to_json``)."""
+    return (
+        type(v) is dict
+        and type(v.get("work_id")) is str
+        and _num_or_none(v.get("timeout"))
+        and type(v.get("leases") or {}) is dict
+        and type(v.get("inputs") or []) is list
+    )
+
+
+def _in_flight(v: Any) -> bool:
+    return type(v) is dict and _str(v.get("token")) and _int(v.get("rank")) and _item(v.get("work"))
+
+
+def _dict_of(check: Check) -> Check:
+    return lambda v: type(v) is dict and all(map(check, v.values()))
+
+
+_WHY: dict[Check, str] = {
+    _int: "not an integer",
+    _str: "not a string",
+    _num_or_none: "not a number or null",
+    _str_or_none: "not a string or null",
+    _int_or_none: "not an integer or null",
+    _item: "not a work item (an object with a string work_id)",
+    _in_flight: "not an in-flight entry (token, rank, work)",
+}
+
+# event -> (required members, optional members). "work_id | work_ids" is handled apart.
+_EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
+    "epoch": ({"epoch": _int}, {"ts": _num_or_none}),
+    "submitted": ({"items": _list_of(_item)}, {}),
+    "dispatched": ({"token": _str, "rank": _int}, {}),
+    "committed": ({}, {"token": _str_or_none, "rank": _int}),
+    "requeued": (
+        {"work_id": _str},
+        {
+            "attempts": _int_or_none,
+            "kind": _str_or_none,
+            "error": _str_or_none,
+            "source": _str_or_none,
+            "split": lambda v: type(v) is bool,
+        },
+    ),
+    "deferred": (
+        {"work_id": _str, "attempts": _int, "kinds": _list_of(_str)},
+        {"last_error": _str_or_none},
+    ),
+    "requeued_deferred": ({"work_id": _str}, {}),
+}
+_NAMES_WORK = ("dispatched", "committed")  # work_id, or work_ids for a multi-item dispatch
+
+
+def _members(
+    obj: Mapping[str, Any], required: dict[str, Check], optional: dict[str, Check]
+) -> None:
+    for name, check in required.items():
+        if name not in obj:
+            raise Invalid(name, "missing")
+        if not check(obj[name]):
+            raise Invalid(name, _WHY.get(check, "of the wrong type"))
+    for name, check in optional.items():
+        if name in obj and not check(obj[name]):
+            raise Invalid(name, _WHY.get(check, "of the wrong type"))
+
+
+def check_event(ev: Any) -> None:
+    """Check one state-journal event (``events.jsonl``).
+
+    Raises:
+        Invalid: the event is not an object, names no event kind, or a member of a known kind
+            is missing or of the wrong type.
+    """
+    if type(ev) is not dict:
+        raise Invalid("(record)", "not an object")
+    kind = ev.get("event")
+    if type(kind) is not str:
+        raise Invalid("event", "missing or not a string")
+    spec = _EVENTS.get(kind)
+    if spec is None:
+        return  # a later version's event: ignored by the fold
+    _members(ev, *spec)
+    if kind in _NAMES_WORK:
+        ids = ev.get("work_ids")
+        if ids is not None:
+            if type(ids) is not list or not ids or not all(map(_str, ids)):
+                raise Invalid("work_ids", "not a non-empty list of strings")
+        elif not _str(ev.get("work_id")):
+            raise Invalid("work_id", "missing or not a string (nor is work_ids given)")
+    if kind == "requeued" and not ev.get("split") and ev.get("source") != "master-restart":
+        _members(ev, {"attempts": _int, "kind": _str}, {})
+
+
+_DEFER_EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
+    "deferred": (
+        {"work_id": _str},
+        {
+            "attempts": _int,
+            "kinds": _list_of(_str),
+            "last_error": _str_or_none,
+            "inputs": lambda v: type(v) is list,
+            "self_contained": lambda v: type(v) is bool,
+        },
+    ),
+    "resolved": ({"work_id": _str}, {"how": _str_or_none}),
+}
+
+
+def check_defer_record(p: Any) -> None:
+    """Check one defer-journal record (``deferred`` or ``resolved``; others are ignored).
+
+    Raises:
+        Invalid: as :func:`check_event`.
+    """
+    if type(p) is not dict:
+        raise Invalid("(record)", "not an object")
+    spec = _DEFER_EVENTS.get(p.get("event"))  # type: ignore[arg-type]
+    if spec is not None:
+        _members(p, *spec)
+
+
+_STATE: tuple[dict[str, Check], dict[str, Check]] = (
+    {},
+    {
+        "epoch": _int,
+        "counter": _int,
+        "frontier": _list_of(_item),
+        "in_flight": _list_of(_in_flight),
+        "committed": _list_of(_str),
+        "deferred": _list_of(_item),
+        "attempts": _dict_of(_int),
+        "kinds": _dict_of(_list_of(_str)),
+        "last_error": _dict_of(_str_or_none),
+        "solo": _list_of(_str),
+    },
+)
+
+
+def check_state_snapshot(body: Any) -> None:
+    """Check a state directory's snapshot body: ``journal_seq``, ``state`` (the core's snapshot
+    form) and ``stats``.
+
+    Raises:
+        Invalid: the body or one of its members is of the wrong shape (``state.frontier`` ...).
+    """
+    if type(body) is not dict:
+        raise Invalid("(body)", "not an object")
+    _members(body, {}, {"journal_seq": _int, "stats": lambda v: type(v) is dict})
+    state = body.get("state")
+    if state is None:
+        return
+    if type(state) is not dict:
+        raise Invalid("state", "not an object")
+    try:
+        _members(state, *_STATE)
+    except Invalid as e:
+        raise Invalid(f"state.{e.field}", e.why) from None
