@@ -220,3 +220,84 @@ class Tmpfs:
         r = subprocess.run(["umount", str(self.path)], capture_output=True, timeout=30, check=False)
         if r.returncode != 0:  # still busy: detach it now, the kernel frees it when unused
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True, check=False)
+
+
+class Ext4Image:
+    """An ext4 filesystem in an image file on a loop device, mounted at ``path`` (a context
+    manager; always unmounted and its loop device detached after).
+
+    :meth:`shut_down` is the ``FS_IOC_SHUTDOWN`` ioctl with ``FS_GOING_DOWN_NOSYNC``: from then on
+    every write and fsync fails with a real ``EIO``, and what was not fsynced is lost with the
+    page cache, as on a dying disk. :meth:`remount` unmounts and mounts the image again (what a
+    restart after the failure sees).
+    """
+
+    FS_IOC_SHUTDOWN = 0x8004587D  # _IOR('X', 125, __u32)
+    FS_GOING_DOWN_NOSYNC = 2
+
+    def __init__(self, path: Path, size: int = 32 << 20) -> None:
+        self.path, self.size = path, size
+        self.image = path.with_name(path.name + ".img")
+        self.device = ""
+
+    def _run(self, *args: str) -> str:
+        import subprocess
+
+        return subprocess.run(
+            args, check=True, capture_output=True, text=True, timeout=60
+        ).stdout.strip()
+
+    def _mount(self) -> None:
+        self._run("mount", "-t", "ext4", self.device, str(self.path))
+
+    def __enter__(self) -> Ext4Image:
+        require_mounts()
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.image, "wb") as f:
+            f.truncate(self.size)
+        try:
+            self._run("mkfs.ext4", "-q", "-F", str(self.image))
+            self.device = self._run("losetup", "-f", "--show", str(self.image))
+            self._mount()
+        except Exception as e:  # noqa: BLE001 - refused loop devices are a skip outside CI
+            import pytest
+
+            self.__exit__()
+            if os.environ.get("CI") == "true":
+                raise
+            pytest.skip(f"this machine refused a loop device or an ext4 mount: {e}")
+        return self
+
+    def shut_down(self) -> None:
+        """Shut the filesystem down now, dropping unsynced data (real EIO from here on)."""
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.ioctl(fd, self.FS_IOC_SHUTDOWN, self.FS_GOING_DOWN_NOSYNC.to_bytes(4, "little"))
+        finally:
+            os.close(fd)
+
+    def remount(self) -> None:
+        """Unmount (lazily if a descriptor still holds it) and mount the image again."""
+        self._umount()
+        self._mount()
+
+    def _umount(self) -> None:
+        import subprocess
+
+        r = subprocess.run(["umount", str(self.path)], capture_output=True, timeout=60, check=False)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", str(self.path)], capture_output=True, check=False)
+
+    def __exit__(self, *exc: object) -> None:
+        import subprocess
+
+        try:
+            if self.device:
+                self._umount()
+        finally:
+            if self.device:
+                subprocess.run(["losetup", "-d", self.device], capture_output=True, check=False)
+                self.device = ""
+            self.image.unlink(missing_ok=True)
