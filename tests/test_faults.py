@@ -11,17 +11,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from durable_dispatch import Journal, SnapshotStore
 from durable_dispatch.errors import (
+    DurableDispatchError,
     MemoryBoundError,
     NotDurableError,
     StorageDegradedError,
     StorageError,
 )
+from durable_dispatch.storage.fs import OPERATIONS
 from durable_dispatch.storage.journal import HealthState
 from durable_dispatch.storage.snapshot import decode_snapshot
 from durable_dispatch.testing import FaultInjector, disk_full, inject_faults, read_only_filesystem
+
+from .helpers import read_all
 
 ERRNOS = [errno.EIO, errno.ENOSPC, errno.EROFS]
 POLICIES = ["always", "batch", "never"]
@@ -132,14 +138,20 @@ def test_read_only_filesystem_helper(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
     with Journal.open(path, sync="always") as j:
         j.append({"a": 1})
+    before = path.read_bytes()
     with inject_faults() as faults:
         read_only_filesystem(faults, str(tmp_path / "*"))
-        j = Journal.open(path, sync="always")
-        assert not j.health.ok and j.health.errno == errno.EROFS
-        assert j.next_seq == 1  # recovery read the file: numbering continues
-        assert not j.append({"a": 2}).durable
+        # As on a real read-only mount: the lock file cannot be opened for writing, so the open
+        # fails closed (S9) and changes nothing (it used to start degraded, because filelock's
+        # open of the lock file was outside the seam).
+        with pytest.raises(StorageError) as ei:
+            Journal.open(path, sync="always")
+        assert ei.value.errno == errno.EROFS  # type: ignore[attr-defined]
+        assert path.read_bytes() == before
         faults.heal()
-        j.close()  # close restores once the fs is writable
+        with Journal.open(path, sync="always") as j:
+            assert j.next_seq == 1
+            j.append({"a": 2})
     assert _reopened(path) == [(0, {"a": 1}), (1, {"a": 2})]
 
 
@@ -343,3 +355,43 @@ def test_truncate_fault_while_cutting_a_torn_tail(tmp_path: Path) -> None:
         j.close()
     assert _reopened(path) == [(0, {"i": 0}), (1, {"i": 1}), (2, {"i": 2})]
     assert list(tmp_path.glob("j.jsonl.damaged-*"))  # the torn bytes were saved first
+
+
+# ------------------------------------------------------------ the fault seam on the open path
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    op=st.sampled_from(OPERATIONS),
+    err=st.sampled_from([errno.EIO, errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES]),
+    nth=st.integers(1, 4),
+    recovery=st.sampled_from(["tolerate-torn-tail", "point-in-time", "skip-corrupted"]),
+    torn=st.booleans(),
+)
+def test_a_fault_anywhere_in_an_open_never_loses_a_durable_record(
+    tmp_path_factory: Any, op: str, err: int, nth: int, recovery: str, torn: bool
+) -> None:
+    """S9 through the seam: whichever step of an open fails (its nth call of that operation),
+    with whichever errno, the open raises a typed error or starts (maybe degraded) knowing every
+    record; a close, a restore and the next open keep all 10 durable records."""
+    d = tmp_path_factory.mktemp("open-fault")
+    path = d / "j.jsonl"
+    with Journal.open(path, sync="always") as j:
+        for i in range(10):
+            j.append({"i": i})
+    if torn:
+        with open(path, "ab") as f:
+            f.write(b'{"v":1,"crc":"0')  # a torn tail the open cuts (after saving it)
+    with inject_faults() as faults:
+        faults.fail(op, err, nth=nth, from_nth=True)
+        try:
+            j = Journal.open(path, sync="always", recovery=recovery)
+        except DurableDispatchError:
+            j = None
+        if j is not None:
+            assert j.next_seq == 10  # numbering continues: the file was read
+        faults.heal()
+        if j is not None:
+            j.close()
+    kept = [p["i"] for _, p in read_all(path, recovery="point-in-time")]
+    assert kept == list(range(10))

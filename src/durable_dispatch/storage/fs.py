@@ -38,6 +38,7 @@ __all__ = [
     "open_append",
     "open_read",
     "lock_file",
+    "check_fault",
     "create_exclusive",
     "write_all",
     "fsync",
@@ -179,6 +180,12 @@ def comes_back(filesystem_: object) -> bool:
     patcher = getattr(getattr(unittest, "Patcher", None), "PATCHER", None)
     fakes = getattr(patcher, "fake_modules", None)
     return isinstance(fakes, dict) and fakes.get("os") is filesystem_
+
+
+def check_fault(op: str, path: str) -> None:
+    """Ask the fault hook about an operation done outside this module (filelock's open of a
+    lock file), so a test can make that step fail too."""
+    _check(op, path)
 
 
 def _check(op: str, path: str) -> None:

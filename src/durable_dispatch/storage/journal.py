@@ -447,6 +447,7 @@ class Journal:
             self.path + ".lock", timeout=timeout, mode=0o600, thread_local=False
         )
         try:
+            fs.check_fault("open", lock.lock_file)  # filelock creates it, outside the seam
             lock.acquire()
         except filelock.Timeout:
             raise LockHeldError(
