@@ -8,11 +8,11 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable_dispatch import CampaignState, SnapshotStore
-from durable_dispatch.core import Commit, RetryPolicy, Send, WatchdogConfig, WorkItem
+from durable_dispatch.core import Commit, Dispatcher, RetryPolicy, Send, WatchdogConfig, WorkItem
 from durable_dispatch.errors import LockHeldError
 from durable_dispatch.state import STATE_JOURNAL, Projection, event_work_ids, replay, view_state
 from durable_dispatch.storage import Journal
@@ -548,3 +548,78 @@ def test_an_ill_typed_defer_record_is_typed_corruption(tmp_path: Path) -> None:
     _forge(path, {"event": "deferred", "work_id": "w", "attempts": "x"})
     with pytest.raises(JournalCorruptError, match="attempts"):
         DeferJournal.open(path)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=4) | st.floats(0, 2),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=6,
+)
+_MEMBERS = [
+    "work_id",
+    "work_ids",
+    "token",
+    "rank",
+    "items",
+    "epoch",
+    "attempts",
+    "kind",
+    "kinds",
+    "error",
+    "last_error",
+    "source",
+    "split",
+    "result",
+    "results",
+]
+
+
+@st.composite
+def _forged_events(draw: Any) -> Any:
+    """Mostly well-formed-looking events of every kind with some members dropped or retyped."""
+    kind = draw(
+        st.sampled_from(
+            [
+                "epoch",
+                "submitted",
+                "dispatched",
+                "committed",
+                "requeued",
+                "deferred",
+                "requeued_deferred",
+                "future-kind",
+                7,
+            ]
+        )
+    )
+    ev: dict[str, Any] = {"event": kind}
+    for name in draw(st.lists(st.sampled_from(_MEMBERS), max_size=5, unique=True)):
+        ev[name] = draw(
+            st.one_of(
+                _JSON,
+                st.sampled_from(["w0", "w1", "e1-1", "e9-3"]),
+                st.just(["w0"]),
+                st.just([{"work_id": "w0"}]),
+            )
+        )
+    return draw(st.one_of(st.just(ev), _JSON))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(_forged_events(), min_size=1, max_size=4))
+def test_semantic_forgeries_are_typed_errors_or_folded(events: list[Any]) -> None:
+    """The fuzzer of issue 13: records with a valid checksum and any content. Folding them is
+    either fine or a schema error (which the readers turn into JournalCorruptError), never a
+    KeyError, TypeError or AttributeError; and a state that folded them restores a core."""
+    from durable_dispatch.schema import Invalid
+    from durable_dispatch.state import Projection
+
+    proj = Projection(None)
+    proj.apply({"event": "epoch", "epoch": 1})
+    proj.apply({"event": "submitted", "items": [{"work_id": "w0"}, {"work_id": "w1"}]})
+    for ev in events:
+        try:
+            proj.apply(ev)
+        except Invalid:
+            return
+    Dispatcher.restore(proj.to_snapshot(), epoch=proj.epoch + 1, ranks=[1])
