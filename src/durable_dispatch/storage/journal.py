@@ -641,8 +641,10 @@ class Journal:
             try:
                 with fs.open_read(self.path) as f:
                     f.seek(offset)
-                    while chunk := f.read(1 << 20):
+                    left = size - offset  # the span measured, however the file changes
+                    while left > 0 and (chunk := f.read(min(1 << 20, left))):
                         fs.write_all(fd, chunk)
+                        left -= len(chunk)
                 fs.fsync(fd)
             finally:
                 fs.close(fd)
@@ -1160,24 +1162,50 @@ class Journal:
     def _raw_at(
         self, f: BinaryIO | None, end: int, seed: int, offsets: Iterable[int]
     ) -> Iterator[RawBatch]:
-        limit = self.max_record_bytes + 257
+        """One sequential pass of :func:`read_lines` from the first offset, keeping the lines
+        that start at the wanted offsets (the one line reader, S10)."""
+        wanted = iter(offsets)
         last = -1
-        offs: list[int] = []
-        lines: list[bytes] = []
+
+        def next_offset() -> int | None:
+            nonlocal last
+            off = next(wanted, None)
+            if off is None:
+                return None
+            if f is None or off <= last or off < self._header_len or off >= end:
+                raise UsageError(f"{off} is not a record offset in ascending order")
+            last = off
+            return off
+
         try:
-            for off in offsets:
-                if f is None or off <= last or off < self._header_len or off >= end:
-                    raise UsageError(f"{off} is not a record offset in ascending order")
-                last = off
-                # Seeking inside the read buffer costs no I/O: dense offsets read the file once.
-                f.seek(off)
-                lines.append(f.readline(limit))
-                offs.append(off)
-                if len(offs) >= 1024:
-                    yield self._verified(offs, lines, seed, 2)
+            nxt = next_offset()
+            if nxt is None or f is None:
+                return
+            offs: list[int] = []
+            lines: list[bytes] = []
+            for block in read_lines(f, nxt, end, self.max_record_bytes + 256):
+                if isinstance(block, Gap):
+                    if block.offset <= nxt < block.offset + max(block.length, 1):
+                        raise self._damage(nxt, block.reason)
+                    continue
+                pos = block.offset
+                for line in block.lines:
+                    if nxt is not None and nxt < pos:
+                        raise self._damage(nxt, "no record starts at this offset")
+                    if pos == nxt:
+                        offs.append(pos)
+                        lines.append(line)
+                        nxt = next_offset()
+                    pos += len(line) + 1
+                if len(offs) >= 1024 or (nxt is None and offs):
+                    yield self._verified(offs, lines, seed, 1)
                     offs, lines = [], []
+                if nxt is None:
+                    return
             if offs:
-                yield self._verified(offs, lines, seed, 2)
+                yield self._verified(offs, lines, seed, 1)
+            if nxt is not None:
+                raise self._damage(nxt, "no record starts at this offset")
         finally:
             if f is not None:
                 f.close()
