@@ -244,7 +244,9 @@ try:
     elif reader == "view_state":
         view_state(path)
     else:
-        outcome = f"exit {main([reader, *sys.argv[3:], path])}"
+        action = sys.argv[3:4] if reader == "deferred" else []
+        rest = sys.argv[4:] if reader == "deferred" else sys.argv[3:]
+        outcome = f"exit {main([reader, *action, path, *rest])}"
 except Exception as e:
     outcome = type(e).__name__
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -286,7 +288,19 @@ def _journal_with_a_long_line(path: Path, newline: bool) -> None:
 
 @pytest.mark.parametrize("newline", [False, True], ids=["no-newline", "newline"])
 @pytest.mark.parametrize(
-    "reader", ["open", "read_journal", "verify", "inspect", "view_state", "stats", "campaign"]
+    "reader",
+    [
+        "open",
+        "read_journal",
+        "verify",
+        "inspect",
+        "view_state",
+        "stats",
+        "campaign",
+        "compact --dry-run",
+        "deferred list",
+        "deferred requeue w0",
+    ],
 )
 def test_every_reader_is_bounded_by_the_record_bound(
     tmp_path: Path, reader: str, newline: bool
@@ -294,7 +308,8 @@ def test_every_reader_is_bounded_by_the_record_bound(
     """Issue 13, example 6: a 100 MB line made verify quadratic, inspect hold it twice, and
     stats hang. Every reader now holds at most the record bound (1 MiB) and one block."""
     d = tmp_path / "st"
-    if reader in ("view_state", "stats", "campaign"):
+    reader, *extra = reader.split()
+    if reader in ("view_state", "stats", "campaign", "compact", "deferred"):
         from durable_dispatch import CampaignState
 
         CampaignState.open(d, ranks=[1]).close()
@@ -304,7 +319,7 @@ def test_every_reader_is_bounded_by_the_record_bound(
         d.mkdir()
         target = d / "j.jsonl"
         _journal_with_a_long_line(target, newline)
-    got = _run_reader(reader, target)
+    got = _run_reader(reader, target, *extra)
     assert got["grew_kb"] < 40 << 10, got  # far below the 100 MB line
     assert got["outcome"] in ("ok", "exit 0", "exit 1", "JournalCorruptError"), got
 
