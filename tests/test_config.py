@@ -89,8 +89,23 @@ def test_retry_policy() -> None:
         RetryPolicy(1, {"bogus": 1})
     with pytest.raises(ConfigurationError):
         RetryPolicy(1, {"timeout": -2})
-    assert RetryPolicy.from_env({}) == (RetryPolicy(), [])
-    pol, corr = RetryPolicy.from_env({DEFAULT_ENV_NAMES["retries"]: "3"})
-    assert pol.retries == 3 and corr == []
-    pol, corr = RetryPolicy.from_env({DEFAULT_ENV_NAMES["retries"]: "-1"})
-    assert pol.retries == 1 and len(corr) == 1
+    # Issue 14/15: from_env returns a policy (it returned a tuple, which the core choked on at
+    # the first retry, AttributeError deep inside run_master).
+    assert RetryPolicy.from_env({}) == RetryPolicy()
+    pol = RetryPolicy.from_env({DEFAULT_ENV_NAMES["retries"]: "3"})
+    assert isinstance(pol, RetryPolicy) and pol.retries == 3 and pol.corrections == ()
+    pol = RetryPolicy.from_env({DEFAULT_ENV_NAMES["retries"]: "-1"})
+    assert pol.retries == 1 and len(pol.corrections) == 1
+    assert pol.retries_for("timeout") == 1  # usable by the core as it is
+
+
+def test_a_policy_of_the_wrong_type_is_refused_at_once() -> None:
+    """Issue 15: retry=RetryPolicy.from_env(...) used to be a tuple, failing at the first retry
+    with an AttributeError inside the core; a wrong type is now a UsageError up front."""
+    from durable_dispatch.core import Dispatcher
+    from durable_dispatch.errors import UsageError
+
+    with pytest.raises(UsageError, match="retry must be a RetryPolicy"):
+        Dispatcher(retry=(RetryPolicy(), []))  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="watchdog must be a WatchdogConfig"):
+        Dispatcher(watchdog=30)  # type: ignore[arg-type]

@@ -215,6 +215,8 @@ class RetryPolicy:
 
     retries: int = 1
     per_kind: Mapping[str, int] = field(default_factory=dict)
+    #: What :meth:`from_env` had to correct (as :attr:`WatchdogConfig.corrections`).
+    corrections: tuple[Correction, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.retries, int) or self.retries < 0:
@@ -232,15 +234,16 @@ class RetryPolicy:
     @classmethod
     def from_env(
         cls, env: Mapping[str, str], name: str = DEFAULT_ENV_NAMES["retries"]
-    ) -> tuple[RetryPolicy, list[Correction]]:
-        """The default budget from ``env[name]`` (an integer >= 0; else 1, reported)."""
+    ) -> RetryPolicy:
+        """A policy whose default budget is ``env[name]`` (an integer >= 0; else 1, reported in
+        ``corrections``), like :meth:`WatchdogConfig.from_env`: pass it on as it is."""
         raw = env.get(name)
         if raw is None:
-            return cls(), []
+            return cls()
         try:
             n = int(raw.strip())
             if n < 0:
                 raise ValueError
         except ValueError:
-            return cls(), [Correction(name, raw, 1, "not an integer >= 0")]
-        return cls(n), []
+            return cls(corrections=(Correction(name, raw, 1, "not an integer >= 0"),))
+        return cls(n)

@@ -179,6 +179,14 @@ class Dispatcher:
         if not isinstance(epoch, int) or epoch < 0:
             raise UsageError(f"epoch must be an integer >= 0, got {epoch!r}")
         self.epoch = epoch
+        for name, value, want in (
+            ("watchdog", watchdog, WatchdogConfig),
+            ("retry", retry, RetryPolicy),
+        ):
+            if value is not None and not isinstance(value, want):
+                raise UsageError(
+                    f"{name} must be a {want.__name__} (or None), got {type(value).__name__}"
+                )
         self.watchdog = watchdog or WatchdogConfig()
         self.retry = retry or RetryPolicy()
         self._counter = 0

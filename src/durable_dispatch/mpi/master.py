@@ -142,9 +142,9 @@ def run_master(
         for c in watchdog.corrections:
             log.warning("configuration: %s", c)
     if retry is None:
-        retry, corr = RetryPolicy.from_env(os.environ)
-        for c in corr:
-            log.warning("configuration: %s", c)
+        retry = RetryPolicy.from_env(os.environ)
+    for c in retry.corrections if isinstance(retry, RetryPolicy) else ():
+        log.warning("configuration: %s", c)
     size = comm.Get_size()
     state = CampaignState.open(
         state_dir, sync=sync, watchdog=watchdog, retry=retry, ranks=range(1, size)
