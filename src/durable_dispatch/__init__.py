@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .commands import CommandOutcome, run_command
     from .core import Dispatcher, RetryPolicy, WatchdogConfig, WorkItem
     from .errors import DurableDispatchError
     from .state import CampaignState
@@ -31,6 +32,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CampaignState",
+    "CommandOutcome",
+    "run_command",
     "Dispatcher",
     "RetryPolicy",
     "WatchdogConfig",
@@ -51,6 +54,8 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "CampaignState": ".state",
+        "CommandOutcome": ".commands",
+        "run_command": ".commands",
         "Dispatcher": ".core",
         "RetryPolicy": ".core",
         "WatchdogConfig": ".core",
