@@ -172,3 +172,56 @@ def test_run_master_refuses_a_bad_batch_before_touching_mpi(tmp_path: Path, bad:
     with pytest.raises(UsageError, match="batch"):
         run_master([], tmp_path / "state", batch=bad)  # type: ignore[arg-type]
     assert not (tmp_path / "state").exists()  # nothing opened, nothing created
+
+
+# ------------------------------------------------- U4: an error on rank 0 never hangs the job
+USER_CAMPAIGN = """
+import sys
+from mpi4py import MPI
+from durable_dispatch import WorkItem
+from durable_dispatch.mpi import run_master, run_worker
+
+state, mode = sys.argv[1], sys.argv[2]
+if MPI.COMM_WORLD.Get_rank() == 0:
+    seen = []
+    def on_commit(work_id, result):
+        seen.append(work_id)
+        if mode == "raise-in-callback" and len(seen) == 3:
+            raise RuntimeError("the user's callback failed")
+    run_master([WorkItem(f"w{i}", {"x": i}) for i in range(12)], state, on_commit=on_commit,
+               stop_timeout=5)
+else:
+    run_worker(lambda payload: {"y": payload["x"] * 2})
+"""
+
+
+def _user_campaign(tmp_path: Path, mode: str) -> Any:
+    import sys
+
+    from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+
+    script = tmp_path / "campaign.py"
+    script.write_text(USER_CAMPAIGN)
+    cmd = mpiexec_command(4, [sys.executable, str(script), str(tmp_path / "state"), mode])
+    return run_mpiexec(cmd, timeout=90)
+
+
+def test_an_exception_in_on_commit_ends_the_job_and_keeps_the_commits(tmp_path: Path) -> None:
+    """Issue 15: an exception on rank 0 left every worker spinning in Probe forever."""
+    from durable_dispatch import CampaignState
+
+    res = _user_campaign(tmp_path, "raise-in-callback")
+    assert not res.timed_out, "the job hung after the master's error"
+    assert res.returncode != 0 and "the user's callback failed" in res.stderr, res.stderr[-3000:]
+    with CampaignState.open(tmp_path / "state", ranks=[1]) as s:  # no lock left held
+        assert len(s.core.committed()) >= 3  # what was journaled before the error stays
+
+
+def test_a_second_master_on_a_running_state_ends_the_job(tmp_path: Path) -> None:
+    """Issue 15: LockHeldError on rank 0 used to hang the job with its workers waiting."""
+    from durable_dispatch import CampaignState
+
+    with CampaignState.open(tmp_path / "state", ranks=[1]):
+        res = _user_campaign(tmp_path, "plain")
+    assert not res.timed_out, "the job hung after the master's error"
+    assert res.returncode != 0 and "LockHeldError" in res.stderr, res.stderr[-3000:]

@@ -622,9 +622,11 @@ class CampaignState:
             _resources.disown_lock(self._lock)
             return
         try:
-            self.complete_commits(wait=True)
-            self.save_snapshot("close")
-            self.journal.close()
+            try:
+                self.complete_commits(wait=True)
+                self.save_snapshot("close")
+            finally:
+                self.journal.close()  # whatever failed above: no writer lock is left held
         finally:
             try:
                 self.defer.close()

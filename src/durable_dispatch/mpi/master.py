@@ -146,9 +146,16 @@ def run_master(
     for c in retry.corrections if isinstance(retry, RetryPolicy) else ():
         log.warning("configuration: %s", c)
     size = comm.Get_size()
-    state = CampaignState.open(
-        state_dir, sync=sync, watchdog=watchdog, retry=retry, ranks=range(1, size)
-    )
+    try:
+        state = CampaignState.open(
+            state_dir, sync=sync, watchdog=watchdog, retry=retry, ranks=range(1, size)
+        )
+    except BaseException as e:
+        # U4: the workers are waiting for WORK; a master that cannot start must stop them, or
+        # the job hangs forever (a second master on a running state directory, a full disk).
+        log.error("master: cannot start (%s: %s); stopping the workers", type(e).__name__, e)
+        _stop_all(comm, MPI, range(1, size), {}, stop_timeout)
+        raise
     log.info(
         "master: %d workers, mode %s, watchdog %gs",
         size - 1,
@@ -271,6 +278,16 @@ def run_master(
         )
         if progress is not None:
             progress(report.stats)
+    except BaseException as e:
+        # U4: never leave the job hanging. Close the state durably first (what was journaled
+        # stays), then stop the workers within stop_timeout, then let the error end rank 0.
+        log.error("master: %s: %s; closing the state, stopping the workers", type(e).__name__, e)
+        try:
+            state.close()
+        except Exception as e2:  # noqa: BLE001 - the first error is the one to raise
+            log.error("master: closing the state after that error failed too: %s", e2)
+        _stop_all(comm, MPI, range(1, size), lost, stop_timeout)
+        raise
     finally:
         state.close()
     return report
