@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "--crash-after",
         type=float,
         default=None,
-        help="test hook: the master SIGKILLs itself after this many seconds",
+        help="test hook: the master SIGKILLs itself this many seconds after its campaign started",
     )
     a = ap.parse_args(argv)
     from mpi4py import MPI
@@ -177,15 +177,22 @@ def main(argv: list[str] | None = None) -> int:
     items = work_items(a.items, a.ms)
     progress_file = a.progress_file
 
+    crash_timer: list[Any] = []
+
     def progress(stats: dict[str, Any]) -> None:
+        if a.crash_after is not None and not crash_timer:
+            # Counted from the first progress call: the state is open and the epoch journaled,
+            # however long a loaded machine took to start the job.
+            import signal
+            import threading
+
+            crash_timer.append(
+                threading.Timer(a.crash_after, lambda: os.kill(os.getpid(), signal.SIGKILL))
+            )
+            crash_timer[0].start()
         if progress_file:
             _write_json(progress_file, stats)
 
-    if a.crash_after is not None:
-        import signal
-        import threading
-
-        threading.Timer(a.crash_after, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
     report = run_master(
         items,
         a.state_dir,
