@@ -423,6 +423,21 @@ class ScanResult:
     last_ts: float | None = None
 
 
+def read_header(first: Lines | Gap) -> tuple[Header | str, int, Lines | None]:
+    """The header from the first item :func:`read_lines` yielded for a file: ``(header or the
+    reason it is damaged, its length, the rest of the first block's lines or None)``.
+
+    Raises:
+        ValueError: ``("version", v)`` for an intact header of another format version.
+    """
+    if isinstance(first, Gap):
+        reason = first.reason if first.reason == OVERSIZED else parse_header(first.data)
+        return reason, first.length, None
+    line = first.lines[0] + b"\n"
+    after = Lines(first.offset + len(line), first.lines[1:])
+    return parse_header(line), len(line), after if after.lines else None
+
+
 def scan(
     f: BinaryIO,
     size: int,
@@ -446,18 +461,8 @@ def scan(
     first = next(items, None)
     if first is None:
         return ScanResult(header=None, size=size)
-    rest: Iterator[Lines | Gap]
-    if isinstance(first, Gap):
-        header_line, header_len, rest = first.data, first.length, items
-        parsed: Header | str = first.reason if first.reason == OVERSIZED else "torn header"
-        if first.reason != OVERSIZED:
-            parsed = parse_header(header_line)
-    else:
-        header_line = first.lines[0] + b"\n"
-        header_len = len(header_line)
-        after = Lines(first.offset + header_len, first.lines[1:])
-        rest = chain([after] if after.lines else [], items)
-        parsed = parse_header(header_line)
+    parsed, header_len, after = read_header(first)
+    rest = chain([after] if after is not None else [], items)
     if isinstance(parsed, str):
         res = ScanResult(header=None, size=size)
         res.damage.append(Damage(0, header_len, parsed))

@@ -76,6 +76,7 @@ from .format import (
     new_salt,
     payload_of,
     read_chunks,
+    read_header,
     read_lines,
     scan,
 )
@@ -1468,29 +1469,19 @@ def read_journal(
 
 
 def _read_journal(f: Any, p: str, from_seq: int, bound: int) -> Iterator[Record]:
-    from .format import parse_header
-
     with f:
         size = os.fstat(f.fileno()).st_size  # what is appended from now on is not read
         first = next(read_lines(f, 0, size, bound, 4096), None)
         if first is None:
             return
-        if isinstance(first, Gap):
-            hdr: Any = "header longer than the size bound" if not first.data else "torn header"
-            if first.data:
-                hdr = parse_header(first.data)
-            header_len = 0
-        else:
-            line = first.lines[0] + b"\n"
-            header_len = len(line)
-            try:
-                hdr = parse_header(line)
-            except ValueError as e:
-                raise JournalVersionError(
-                    f"journal format version {e.args[1]!r} is not supported",
-                    path=p,
-                    reason="unsupported version",
-                ) from None
+        try:
+            hdr, header_len, _rest = read_header(first)
+        except ValueError as e:
+            raise JournalVersionError(
+                f"journal format version {e.args[1]!r} is not supported",
+                path=p,
+                reason="unsupported version",
+            ) from None
         if isinstance(hdr, str):
             raise JournalCorruptError(
                 f"journal header is damaged: {hdr}", path=p, offset=0, reason=hdr
