@@ -176,9 +176,9 @@ def test_run_master_refuses_a_bad_batch_before_touching_mpi(tmp_path: Path, bad:
 
 # ------------------------------------------------- U4: an error on rank 0 never hangs the job
 USER_CAMPAIGN = """
-import sys
+import sys, time
 from mpi4py import MPI
-from durable_dispatch import WorkItem
+from durable_dispatch import WatchdogConfig, WorkItem
 from durable_dispatch.mpi import run_master, run_worker
 
 state, mode = sys.argv[1], sys.argv[2]
@@ -188,10 +188,16 @@ if MPI.COMM_WORLD.Get_rank() == 0:
         seen.append(work_id)
         if mode == "raise-in-callback" and len(seen) == 3:
             raise RuntimeError("the user's callback failed")
-    run_master([WorkItem(f"w{i}", {"x": i}) for i in range(12)], state, on_commit=on_commit,
-               stop_timeout=5)
+    report = run_master([WorkItem(f"w{i}", {"x": i}) for i in range(12)], state,
+                        on_commit=on_commit, stop_timeout=5,
+                        watchdog=WatchdogConfig.build(1.0), stuck_grace=2.0)
+    print("REPORT", report.finished, report.reason, flush=True)
 else:
-    run_worker(lambda payload: {"y": payload["x"] * 2})
+    def fn(payload):
+        while mode == "hang-all":
+            time.sleep(3600)
+        return {"y": payload["x"] * 2}
+    run_worker(fn)
 """
 
 
@@ -225,3 +231,16 @@ def test_a_second_master_on_a_running_state_ends_the_job(tmp_path: Path) -> None
         res = _user_campaign(tmp_path, "plain")
     assert not res.timed_out, "the job hung after the master's error"
     assert res.returncode != 0 and "LockHeldError" in res.stderr, res.stderr[-3000:]
+
+
+def test_every_worker_parked_is_a_clear_outcome_not_a_spin(tmp_path: Path) -> None:
+    """Issue 15: with every worker hung (no isolation) and work remaining, the master spun
+    silently until max_seconds, or forever. It now stops after stuck_grace with a reason."""
+    import time
+
+    start = time.monotonic()
+    res = _user_campaign(tmp_path, "hang-all")
+    assert not res.timed_out, "the master spun with every worker parked"
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "REPORT False every worker parked" in res.stdout, res.stdout[-2000:]
+    assert time.monotonic() - start < 60

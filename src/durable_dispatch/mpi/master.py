@@ -75,6 +75,9 @@ class MasterReport:
         finished: True when every work item was committed or deferred.
         lost_ranks: rank -> wall-clock time the master rolled back its dispatch (ULFM only).
         seconds: the campaign's duration.
+        reason: why it stopped before finishing (None when ``finished``): ``"max_seconds"``,
+            ``"no workers left"`` or ``"every worker parked"`` (work remains, and no parked rank
+            sent its exact READY within ``stuck_grace``). The state directory resumes later.
     """
 
     stats: dict[str, Any]
@@ -82,6 +85,7 @@ class MasterReport:
     finished: bool
     lost_ranks: dict[int, float] = field(default_factory=dict)
     seconds: float = 0.0
+    reason: str | None = None
 
 
 def run_master(
@@ -99,6 +103,7 @@ def run_master(
     stop_timeout: float = 10.0,
     linger: float = 0.0,
     batch: int = 1,
+    stuck_grace: float | None = None,
 ) -> MasterReport:
     """Run a campaign from rank 0 until every work item is committed or deferred.
 
@@ -123,6 +128,10 @@ def run_master(
             is its items' timeouts added up (the watchdog's seconds once for items without
             one), so keep ``batch`` x task time well under the watchdog, or send heartbeats. If a
             multi-item dispatch fails as a whole, its items are retried alone, uncharged.
+        stuck_grace: when work remains and every live worker is parked (each hung, or too slow
+            to send its exact READY), wait this long (default: the watchdog's seconds, at least
+            5) for one to come back, then stop with ``reason="every worker parked"`` instead of
+            spinning. Hung functions need worker isolation to give their ranks back.
 
     Returns:
         A :class:`MasterReport`.
@@ -176,6 +185,9 @@ def run_master(
     restore_at, backoff = 0.0, 0.5
     status = MPI.Status()
     idle_sleep = 0.0
+    grace = stuck_grace if stuck_grace is not None else max(5.0, core.watchdog.seconds)
+    stuck_since: float | None = None
+    reason: str | None = None
     try:
         state.submit(work)
         linger_until: float | None = None
@@ -188,10 +200,28 @@ def run_master(
                     break
             if max_seconds is not None and now - start > max_seconds:
                 log.warning("master: giving up after %.0fs (resumable)", now - start)
+                reason = "max_seconds"
                 break
-            if not core.live_ranks():
+            live = core.live_ranks()
+            if not live:
                 log.error("master: no worker left; %d item(s) pending", len(core.pending()))
+                reason = "no workers left"
                 break
+            if not core.done and len(core.parked_ranks()) == len(live):
+                stuck_since = now if stuck_since is None else stuck_since
+                if now - stuck_since >= grace:
+                    log.error(
+                        "master: every worker (%d) is parked and %d item(s) remain; no exact "
+                        "READY came within %.0fs: stopping (resumable; hung work functions "
+                        "need worker isolation to give their ranks back)",
+                        len(live),
+                        len(core.pending()),
+                        grace,
+                    )
+                    reason = "every worker parked"
+                    break
+            else:
+                stuck_since = None
             # -- drain everything that arrived (never blocking on one rank)
             msgs: list[tuple[int, int, bytearray]] = []
             try:
@@ -275,6 +305,7 @@ def run_master(
             finished=core.done,
             lost_ranks=lost,
             seconds=time.monotonic() - start,
+            reason=None if core.done else reason,
         )
         if progress is not None:
             progress(report.stats)
