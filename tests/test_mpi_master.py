@@ -188,7 +188,8 @@ if MPI.COMM_WORLD.Get_rank() == 0:
         seen.append(work_id)
         if mode == "raise-in-callback" and len(seen) == 3:
             raise RuntimeError("the user's callback failed")
-    report = run_master([WorkItem(f"w{i}", {"x": i}) for i in range(12)], state,
+    n = 30 if mode == "slow" else 12
+    report = run_master([WorkItem(f"w{i}", {"x": i}) for i in range(n)], state,
                         on_commit=on_commit, stop_timeout=5,
                         watchdog=WatchdogConfig.build(1.0), stuck_grace=2.0)
     print("REPORT", report.finished, report.reason, flush=True)
@@ -196,6 +197,8 @@ else:
     def fn(payload):
         while mode == "hang-all":
             time.sleep(3600)
+        if mode == "slow":
+            time.sleep(0.3)
         return {"y": payload["x"] * 2}
     run_worker(fn)
 """
@@ -244,3 +247,50 @@ def test_every_worker_parked_is_a_clear_outcome_not_a_spin(tmp_path: Path) -> No
     assert res.returncode == 0, res.stderr[-3000:]
     assert "REPORT False every worker parked" in res.stdout, res.stdout[-2000:]
     assert time.monotonic() - start < 60
+
+
+def test_sigusr1_to_mpiexec_drains_and_a_rerun_finishes(tmp_path: Path) -> None:
+    """Issue 15 (U5): SIGUSR1 (what Slurm's --signal=B:USR1@120 sends, forwarded by mpiexec to
+    every rank) used to kill every rank. The master drains: no new dispatch, the work in flight
+    commits, run_master returns reason="signal"; the workers wait for STOP. A rerun finishes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from durable_dispatch.mpi.launcher import kill_session, launch_env, mpiexec_command
+    from durable_dispatch.state import view_state
+
+    script = tmp_path / "campaign.py"
+    script.write_text(USER_CAMPAIGN)
+    cmd = mpiexec_command(4, [sys.executable, str(script), str(tmp_path / "state"), "slow"])
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=launch_env(None, quiet=True),
+        start_new_session=True,
+    )
+    try:
+        journal = tmp_path / "state" / "events.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            not journal.exists() or journal.read_bytes().count(b'"committed"') < 3
+        ):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert "REPORT False signal" in out, out[-2000:] + err[-2000:]
+    view = view_state(tmp_path / "state")
+    assert not view.projection.in_flight  # drained: nothing left in flight
+    assert 3 <= len(view.projection.committed) < 30
+    res = _user_campaign(tmp_path, "slow")
+    assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
+    final = view_state(tmp_path / "state")
+    assert len(final.projection.committed) == 30 and final.projection.duplicate_commits == 0

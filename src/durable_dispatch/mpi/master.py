@@ -27,6 +27,7 @@ from ..core import Commit, RetryPolicy, WatchdogConfig, WorkItem
 from ..errors import UsageError
 from ..state import CampaignState
 from . import protocol as P
+from .signals import CaughtSignals
 
 __all__ = ["run_master", "MasterReport", "ulfm_mode", "finish"]
 
@@ -104,6 +105,7 @@ def run_master(
     linger: float = 0.0,
     batch: int = 1,
     stuck_grace: float | None = None,
+    drain_seconds: float = 60.0,
 ) -> MasterReport:
     """Run a campaign from rank 0 until every work item is committed or deferred.
 
@@ -132,6 +134,10 @@ def run_master(
             to send its exact READY), wait this long (default: the watchdog's seconds, at least
             5) for one to come back, then stop with ``reason="every worker parked"`` instead of
             spinning. Hung functions need worker isolation to give their ranks back.
+        drain_seconds: on SIGTERM, SIGINT or SIGUSR1 (a batch system's time limit, Ctrl-C),
+            stop dispatching, wait up to this long for the work in flight, commit what comes,
+            then stop with ``reason="signal"`` (a second signal stops at once). The handlers are
+            installed only while this runs, in the main thread.
 
     Returns:
         A :class:`MasterReport`.
@@ -188,139 +194,156 @@ def run_master(
     grace = stuck_grace if stuck_grace is not None else max(5.0, core.watchdog.seconds)
     stuck_since: float | None = None
     reason: str | None = None
-    try:
-        state.submit(work)
-        linger_until: float | None = None
-        while True:
-            now = time.monotonic()
-            if core.done:
-                if linger_until is None:
-                    linger_until = now + linger
-                if not core.parked_ranks() or now >= linger_until:
-                    break
-            if max_seconds is not None and now - start > max_seconds:
-                log.warning("master: giving up after %.0fs (resumable)", now - start)
-                reason = "max_seconds"
-                break
-            live = core.live_ranks()
-            if not live:
-                log.error("master: no worker left; %d item(s) pending", len(core.pending()))
-                reason = "no workers left"
-                break
-            if not core.done and len(core.parked_ranks()) == len(live):
-                stuck_since = now if stuck_since is None else stuck_since
-                if now - stuck_since >= grace:
-                    log.error(
-                        "master: every worker (%d) is parked and %d item(s) remain; no exact "
-                        "READY came within %.0fs: stopping (resumable; hung work functions "
-                        "need worker isolation to give their ranks back)",
-                        len(live),
-                        len(core.pending()),
-                        grace,
-                    )
-                    reason = "every worker parked"
-                    break
-            else:
-                stuck_since = None
-            # -- drain everything that arrived (never blocking on one rank)
-            msgs: list[tuple[int, int, bytearray]] = []
-            try:
-                while len(msgs) < 4096 and comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
-                    src, tag = status.Get_source(), status.Get_tag()
-                    buf = bytearray(status.Get_count(MPI.BYTE))
-                    comm.Recv([buf, MPI.BYTE], source=src, tag=tag)
-                    msgs.append((src, tag, buf))
-            except MPI.Exception as e:
-                if not ft:
-                    raise
-                log.warning("master: receive reported %s", e)
-            if ft:
-                _check_failures(comm, MPI, state, lost, now)
-            # 1. READY and HEARTBEAT
-            results = []
-            for src, tag, buf in msgs:
-                body, _err = P.decode(buf)
-                token = body.get("token") if body is not None else _BAD
-                if tag == P.READY:
-                    state.apply(core.on_ready(src, token, now), committed)
-                elif tag == P.HEARTBEAT:
-                    state.apply(core.on_heartbeat(src, token, now), committed)
-                elif tag == P.RESULT:
-                    results.append((src, body, _err))
-            # 2. dispatch: persist (journal) before send; the deadline starts when it returned
-            while (s := state.next_send(now, batch)) is not None:
-                data = P.encode(
-                    {
-                        "token": str(s.token),
-                        "items": [
-                            {
-                                "work_id": w.work_id,
-                                "payload": w.payload,
-                                "attempt": tried(w.work_id),
-                            }
-                            for w in s.items
-                        ],
-                    }
-                )
-                try:
-                    comm.Send([data, MPI.BYTE], dest=s.rank, tag=P.WORK)
-                except MPI.Exception as e:
-                    state.apply(core.send_failed(s.token, time.monotonic(), str(e)), committed)
-                    if ft:
-                        _check_failures(comm, MPI, state, lost, now)
-                    continue
-                state.apply(core.mark_dispatched(s.token, time.monotonic()), committed)
-            # 3. RESULT
-            for src, body, err in results:
-                token = body.get("token") if body is not None else _BAD
-                values, errors, err = P.read_result(body, err)
-                state.apply(
-                    core.on_results(src, token, values, now, errors=errors, error=err),
-                    committed,
-                    wait=False,
-                )
-            state.complete_commits()
-            # 4. join invalid results, 5. sweep the watchdog
-            state.apply(core.join_invalid(now), committed)
-            state.apply(core.sweep(time.monotonic()), committed)
-            # storage: try to get back to disk with back-off
-            if not state.journal.health.ok and now >= restore_at:
-                if state.try_restore():
-                    backoff = 0.5
-                else:
-                    restore_at, backoff = now + backoff, min(backoff * 2, 30.0)
-            if progress is not None and now >= next_progress:
-                progress(state.statistics().as_dict())
-                next_progress = now + progress_interval
-            if msgs:
-                idle_sleep = 0.0
-            else:  # back off gently: never more than 1 ms of added latency
-                idle_sleep = min(0.001, idle_sleep * 2 or 0.00002)
-                time.sleep(idle_sleep)
-        state.complete_commits(wait=True)
-        _stop_all(comm, MPI, range(1, size), lost, stop_timeout)
-        report = MasterReport(
-            stats=state.statistics().as_dict(),
-            mode="ulfm" if ft else "no-ulfm",
-            finished=core.done,
-            lost_ranks=lost,
-            seconds=time.monotonic() - start,
-            reason=None if core.done else reason,
-        )
-        if progress is not None:
-            progress(report.stats)
-    except BaseException as e:
-        # U4: never leave the job hanging. Close the state durably first (what was journaled
-        # stays), then stop the workers within stop_timeout, then let the error end rank 0.
-        log.error("master: %s: %s; closing the state, stopping the workers", type(e).__name__, e)
+    drain_until: float | None = None
+    with CaughtSignals() as caught:
         try:
+            state.submit(work)
+            linger_until: float | None = None
+            while True:
+                now = time.monotonic()
+                if core.done:
+                    if linger_until is None:
+                        linger_until = now + linger
+                    if not core.parked_ranks() or now >= linger_until:
+                        break
+                if max_seconds is not None and now - start > max_seconds:
+                    log.warning("master: giving up after %.0fs (resumable)", now - start)
+                    reason = "max_seconds"
+                    break
+                if caught.received:
+                    if drain_until is None:
+                        drain_until = now + drain_seconds
+                        log.warning(
+                            "master: %s received: draining (no new dispatch; up to %.0fs for "
+                            "%d in flight; a second signal stops at once)",
+                            caught.first,
+                            drain_seconds,
+                            len(core.in_flight()),
+                        )
+                    if len(caught.received) > 1 or not core.in_flight() or now >= drain_until:
+                        reason = "signal"
+                        break
+                live = core.live_ranks()
+                if not live:
+                    log.error("master: no worker left; %d item(s) pending", len(core.pending()))
+                    reason = "no workers left"
+                    break
+                if not core.done and len(core.parked_ranks()) == len(live):
+                    stuck_since = now if stuck_since is None else stuck_since
+                    if now - stuck_since >= grace:
+                        log.error(
+                            "master: every worker (%d) is parked and %d item(s) remain; no exact "
+                            "READY came within %.0fs: stopping (resumable; hung work functions "
+                            "need worker isolation to give their ranks back)",
+                            len(live),
+                            len(core.pending()),
+                            grace,
+                        )
+                        reason = "every worker parked"
+                        break
+                else:
+                    stuck_since = None
+                # -- drain everything that arrived (never blocking on one rank)
+                msgs: list[tuple[int, int, bytearray]] = []
+                try:
+                    while len(msgs) < 4096 and comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+                        src, tag = status.Get_source(), status.Get_tag()
+                        buf = bytearray(status.Get_count(MPI.BYTE))
+                        comm.Recv([buf, MPI.BYTE], source=src, tag=tag)
+                        msgs.append((src, tag, buf))
+                except MPI.Exception as e:
+                    if not ft:
+                        raise
+                    log.warning("master: receive reported %s", e)
+                if ft:
+                    _check_failures(comm, MPI, state, lost, now)
+                # 1. READY and HEARTBEAT
+                results = []
+                for src, tag, buf in msgs:
+                    body, _err = P.decode(buf)
+                    token = body.get("token") if body is not None else _BAD
+                    if tag == P.READY:
+                        state.apply(core.on_ready(src, token, now), committed)
+                    elif tag == P.HEARTBEAT:
+                        state.apply(core.on_heartbeat(src, token, now), committed)
+                    elif tag == P.RESULT:
+                        results.append((src, body, _err))
+                # 2. dispatch: persist (journal) before send; the deadline starts when it returned
+                while drain_until is None and (s := state.next_send(now, batch)) is not None:
+                    data = P.encode(
+                        {
+                            "token": str(s.token),
+                            "items": [
+                                {
+                                    "work_id": w.work_id,
+                                    "payload": w.payload,
+                                    "attempt": tried(w.work_id),
+                                }
+                                for w in s.items
+                            ],
+                        }
+                    )
+                    try:
+                        comm.Send([data, MPI.BYTE], dest=s.rank, tag=P.WORK)
+                    except MPI.Exception as e:
+                        state.apply(core.send_failed(s.token, time.monotonic(), str(e)), committed)
+                        if ft:
+                            _check_failures(comm, MPI, state, lost, now)
+                        continue
+                    state.apply(core.mark_dispatched(s.token, time.monotonic()), committed)
+                # 3. RESULT
+                for src, body, err in results:
+                    token = body.get("token") if body is not None else _BAD
+                    values, errors, err = P.read_result(body, err)
+                    state.apply(
+                        core.on_results(src, token, values, now, errors=errors, error=err),
+                        committed,
+                        wait=False,
+                    )
+                state.complete_commits()
+                # 4. join invalid results, 5. sweep the watchdog
+                state.apply(core.join_invalid(now), committed)
+                state.apply(core.sweep(time.monotonic()), committed)
+                # storage: try to get back to disk with back-off
+                if not state.journal.health.ok and now >= restore_at:
+                    if state.try_restore():
+                        backoff = 0.5
+                    else:
+                        restore_at, backoff = now + backoff, min(backoff * 2, 30.0)
+                if progress is not None and now >= next_progress:
+                    progress(state.statistics().as_dict())
+                    next_progress = now + progress_interval
+                if msgs:
+                    idle_sleep = 0.0
+                else:  # back off gently: never more than 1 ms of added latency
+                    idle_sleep = min(0.001, idle_sleep * 2 or 0.00002)
+                    time.sleep(idle_sleep)
+            state.complete_commits(wait=True)
+            _stop_all(comm, MPI, range(1, size), lost, stop_timeout)
+            report = MasterReport(
+                stats=state.statistics().as_dict(),
+                mode="ulfm" if ft else "no-ulfm",
+                finished=core.done,
+                lost_ranks=lost,
+                seconds=time.monotonic() - start,
+                reason=None if core.done else reason,
+            )
+            if progress is not None:
+                progress(report.stats)
+        except BaseException as e:
+            # U4: never leave the job hanging. Close the state durably first (what was journaled
+            # stays), then stop the workers within stop_timeout, then let the error end rank 0.
+            log.error(
+                "master: %s: %s; closing the state, stopping the workers", type(e).__name__, e
+            )
+            try:
+                state.close()
+            except Exception as e2:  # noqa: BLE001 - the first error is the one to raise
+                log.error("master: closing the state after that error failed too: %s", e2)
+            _stop_all(comm, MPI, range(1, size), lost, stop_timeout)
+            raise
+        finally:
             state.close()
-        except Exception as e2:  # noqa: BLE001 - the first error is the one to raise
-            log.error("master: closing the state after that error failed too: %s", e2)
-        _stop_all(comm, MPI, range(1, size), lost, stop_timeout)
-        raise
-    finally:
-        state.close()
     return report
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import protocol as P
+from .signals import CaughtSignals
 
 __all__ = ["run_worker", "WorkerFault"]
 
@@ -120,9 +121,6 @@ def run_worker(
 
     comm = comm or MPI.COMM_WORLD
     _send(comm, MPI, {"token": None}, P.READY)
-    status = MPI.Status()
-    done = 0
-    last_token: str | None = None
     # One long-lived daemon thread runs the user's function, so the main thread stays free to
     # hear STOP (even when the function hangs) and to send the heartbeats it asks for.
     jobs: queue.SimpleQueue[tuple[tuple[Any, ...], threading.Event]] = queue.SimpleQueue()
@@ -135,6 +133,27 @@ def run_worker(
             finished.set()
 
     threading.Thread(target=runner, name="durable-dispatch-work", daemon=True).start()
+    # U5: a batch system signals every task. The first signal is only noted (the item in hand
+    # is finished, and the draining master sends STOP); a second one ends the worker at once.
+    with CaughtSignals(on_repeat=lambda signum: os._exit(128 + signum)):
+        return _serve(comm, MPI, fn, faults, slow_seconds, heartbeat, poll, jobs, beats)
+
+
+def _serve(
+    comm: Any,
+    MPI: Any,
+    fn: Callable[..., Any],
+    faults: Callable[[str, int], WorkerFault | None] | None,
+    slow_seconds: float,
+    heartbeat: bool,
+    poll: float,
+    jobs: queue.SimpleQueue[tuple[tuple[Any, ...], threading.Event]],
+    beats: queue.SimpleQueue[int],
+) -> int:
+    """The worker's loop (see :func:`run_worker`)."""
+    status = MPI.Status()
+    done = 0
+    last_token: str | None = None
     while True:
         comm.Probe(source=0, tag=MPI.ANY_TAG, status=status)
         n = status.Get_count(MPI.BYTE)
