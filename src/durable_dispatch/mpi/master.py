@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -76,9 +77,10 @@ class MasterReport:
         finished: True when every work item was committed or deferred.
         lost_ranks: rank -> wall-clock time the master rolled back its dispatch (ULFM only).
         seconds: the campaign's duration.
-        reason: why it stopped before finishing (None when ``finished``): ``"max_seconds"``,
-            ``"no workers left"`` or ``"every worker parked"`` (work remains, and no parked rank
-            sent its exact READY within ``stuck_grace``). The state directory resumes later.
+        reason: why it stopped before finishing (None when ``finished``): ``"signal"`` (it
+            drained on SIGTERM, SIGINT or SIGUSR1), ``"max_seconds"``, ``"no workers left"`` or
+            ``"every worker parked"`` (work remains, and no parked rank sent its exact READY
+            within ``stuck_grace``). The state directory resumes later.
     """
 
     stats: dict[str, Any]
@@ -191,10 +193,13 @@ def run_master(
     restore_at, backoff = 0.0, 0.5
     status = MPI.Status()
     idle_sleep = 0.0
-    grace = stuck_grace if stuck_grace is not None else max(5.0, core.watchdog.seconds)
-    stuck_since: float | None = None
+    stopping = _Stopping(
+        start,
+        max_seconds,
+        stuck_grace if stuck_grace is not None else max(5.0, core.watchdog.seconds),
+        drain_seconds,
+    )
     reason: str | None = None
-    drain_until: float | None = None
     with CaughtSignals() as caught:
         try:
             state.submit(work)
@@ -206,43 +211,9 @@ def run_master(
                         linger_until = now + linger
                     if not core.parked_ranks() or now >= linger_until:
                         break
-                if max_seconds is not None and now - start > max_seconds:
-                    log.warning("master: giving up after %.0fs (resumable)", now - start)
-                    reason = "max_seconds"
+                reason = stopping.reason(now, core, caught.received)
+                if reason is not None:
                     break
-                if caught.received:
-                    if drain_until is None:
-                        drain_until = now + drain_seconds
-                        log.warning(
-                            "master: %s received: draining (no new dispatch; up to %.0fs for "
-                            "%d in flight; a second signal stops at once)",
-                            caught.first,
-                            drain_seconds,
-                            len(core.in_flight()),
-                        )
-                    if len(caught.received) > 1 or not core.in_flight() or now >= drain_until:
-                        reason = "signal"
-                        break
-                live = core.live_ranks()
-                if not live:
-                    log.error("master: no worker left; %d item(s) pending", len(core.pending()))
-                    reason = "no workers left"
-                    break
-                if not core.done and len(core.parked_ranks()) == len(live):
-                    stuck_since = now if stuck_since is None else stuck_since
-                    if now - stuck_since >= grace:
-                        log.error(
-                            "master: every worker (%d) is parked and %d item(s) remain; no exact "
-                            "READY came within %.0fs: stopping (resumable; hung work functions "
-                            "need worker isolation to give their ranks back)",
-                            len(live),
-                            len(core.pending()),
-                            grace,
-                        )
-                        reason = "every worker parked"
-                        break
-                else:
-                    stuck_since = None
                 # -- drain everything that arrived (never blocking on one rank)
                 msgs: list[tuple[int, int, bytearray]] = []
                 try:
@@ -269,7 +240,7 @@ def run_master(
                     elif tag == P.RESULT:
                         results.append((src, body, _err))
                 # 2. dispatch: persist (journal) before send; the deadline starts when it returned
-                while drain_until is None and (s := state.next_send(now, batch)) is not None:
+                while not stopping.draining and (s := state.next_send(now, batch)) is not None:
                     data = P.encode(
                         {
                             "token": str(s.token),
@@ -345,6 +316,62 @@ def run_master(
         finally:
             state.close()
     return report
+
+
+class _Stopping:
+    """When the master loop stops before its work is done, and why (no I/O: it is given the
+    time, the core and the signals received, and logs its decision)."""
+
+    def __init__(
+        self, start: float, max_seconds: float | None, grace: float, drain_seconds: float
+    ) -> None:
+        self.start, self.max_seconds = start, max_seconds
+        self.grace, self.drain_seconds = grace, drain_seconds
+        self.stuck_since: float | None = None  # since when every live worker is parked
+        self.drain_until: float | None = None  # set by the first signal
+
+    @property
+    def draining(self) -> bool:
+        """True once a signal asked the campaign to drain: nothing new is dispatched."""
+        return self.drain_until is not None
+
+    def reason(self, now: float, core: Any, signals: list[int]) -> str | None:
+        """``"max_seconds"``, ``"signal"``, ``"no workers left"``, ``"every worker parked"``, or
+        None to go on."""
+        if self.max_seconds is not None and now - self.start > self.max_seconds:
+            log.warning("master: giving up after %.0fs (resumable)", now - self.start)
+            return "max_seconds"
+        if signals:
+            if self.drain_until is None:
+                self.drain_until = now + self.drain_seconds
+                log.warning(
+                    "master: %s received: draining (no new dispatch; up to %.0fs for %d in "
+                    "flight; a second signal stops at once)",
+                    signal.Signals(signals[0]).name,
+                    self.drain_seconds,
+                    len(core.in_flight()),
+                )
+            if len(signals) > 1 or not core.in_flight() or now >= self.drain_until:
+                return "signal"
+        live = core.live_ranks()
+        if not live:
+            log.error("master: no worker left; %d item(s) pending", len(core.pending()))
+            return "no workers left"
+        if core.done or len(core.parked_ranks()) < len(live):
+            self.stuck_since = None
+            return None
+        self.stuck_since = now if self.stuck_since is None else self.stuck_since
+        if now - self.stuck_since < self.grace:
+            return None
+        log.error(
+            "master: every worker (%d) is parked and %d item(s) remain; no exact READY came "
+            "within %.0fs: stopping (resumable; hung work functions need worker isolation to "
+            "give their ranks back)",
+            len(live),
+            len(core.pending()),
+            self.grace,
+        )
+        return "every worker parked"
 
 
 def _check_failures(

@@ -47,11 +47,6 @@ class CaughtSignals:
         if len(self.received) > 1 and self._on_repeat is not None:
             self._on_repeat(signum)
 
-    @property
-    def first(self) -> str | None:
-        """The name of the first signal received, or None."""
-        return signal.Signals(self.received[0]).name if self.received else None
-
     def __enter__(self) -> CaughtSignals:
         if threading.current_thread() is threading.main_thread():
             for s in self.signals:
