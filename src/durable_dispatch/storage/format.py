@@ -560,10 +560,8 @@ def scan(
         if isinstance(item, Gap):
             damaged(item.offset, item.length, item.reason)
         elif not (damaged_from is None and not count_kinds and in_bulk(item)):
-            off = item.offset
-            for line in item.lines:
+            for off, line in zip(line_offsets(item.offset, item.lines), item.lines, strict=True):
                 one(off, line + b"\n", len(line) + 1)
-                off += len(line) + 1
     res.next_seq = expected
     return res
 

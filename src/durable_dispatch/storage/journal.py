@@ -689,14 +689,15 @@ class Journal:
             stop = os.fstat(f.fileno()).st_size if end is None else end
             last = -1
             for item in read_lines(f, self._header_len, stop, self.max_record_bytes + 256):
-                if isinstance(item, Gap):
-                    found: list[tuple[int, bytes | str]] = [(item.offset, item.reason)]
-                else:
-                    found = []
-                    off = item.offset
-                    for line in item.lines:
-                        found.append((off, line + b"\n"))
-                        off += len(line) + 1
+                found: Iterable[tuple[int, bytes | str]] = (
+                    [(item.offset, item.reason)]
+                    if isinstance(item, Gap)
+                    else zip(
+                        line_offsets(item.offset, item.lines),
+                        [x + b"\n" for x in item.lines],
+                        strict=True,
+                    )
+                )
                 for off, got in found:
                     r = got if isinstance(got, str) else checked_record(got, seed)
                     if not isinstance(r, str) and r[0] <= last:
