@@ -604,3 +604,64 @@ def test_refusing_every_commit_of_a_dispatch_closes_it_and_frees_the_rank() -> N
     out = d.commit_refused(s.token, "w0", "result too large")
     assert kinds(out) == ["Defer", "PersistSnapshot"]
     assert d.idle_ranks() == [1] and d.transaction(s.token) is None and d.done
+
+
+# ------------------------------------------------------------- failure kinds (U2, issue 14)
+def test_each_failure_kind_a_worker_reports_is_charged_under_its_own_budget() -> None:
+    """Issue 14: a function that raised, a crash and an oversized result were all charged as
+    malformed-result, so they shared one budget; each kind now has its own."""
+    from durable_dispatch.core import ItemFailure
+
+    d = make(3, ranks=(1,), retry=RetryPolicy(1, per_kind={"crash": 0}))
+    s = d.reserve(0.0, max_items=3)
+    assert isinstance(s, Send)
+    d.mark_dispatched(s.token, 0.0)
+    errors = {
+        0: ItemFailure("crash", "killed by SIGSEGV"),
+        1: ItemFailure("error", "ValueError: bad"),
+        2: ItemFailure("made-up", "a kind no worker may report"),
+    }
+    out = d.on_results(1, str(s.token), [None, None, None], 1.0, errors=errors)
+    by_id = {x.work_id if isinstance(x, Requeue) else x.work.work_id: x for x in out[:3]}
+    assert isinstance(by_id["w0"], Defer) and by_id["w0"].kinds == ("crash",)  # budget 0
+    assert isinstance(by_id["w1"], Requeue) and by_id["w1"].kind == "error"
+    assert isinstance(by_id["w2"], Requeue) and by_id["w2"].kind == "malformed-result"
+    assert "made-up" in (by_id["w2"].error or "")
+
+
+@pytest.mark.parametrize("kind", ["timeout", "error", "crash", "result-too-large"])
+def test_a_one_item_dispatch_the_worker_failed_is_joined_with_its_kind(kind: str) -> None:
+    """A worker that says why its item failed is not a malformed RESULT: no quarantine is
+    counted, and the READY that follows rolls the item back under that kind, freeing the rank."""
+    from durable_dispatch.core import ItemFailure
+
+    d = make(1, ranks=(1,), retry=RetryPolicy(1))
+    s = dispatch(d, 0.0)
+    assert d.on_results(1, str(s.token), None, 1.0, error=ItemFailure(kind, "why")) == []
+    assert d.statistics().malformed == {}
+    d.on_ready(1, str(s.token), 1.0)
+    (r, p) = d.join_invalid(1.0)
+    assert isinstance(r, Requeue) and r.kind == kind and r.attempts == 1 and r.error == "why"
+    assert isinstance(p, PersistSnapshot) and d.idle_ranks() == [1] and d.parked_ranks() == {}
+
+
+def test_a_plain_string_error_is_kind_error_and_a_whole_message_one_is_malformed() -> None:
+    d = make(2, ranks=(1, 2), retry=RetryPolicy(1))
+    a, b = dispatch(d, 0.0), dispatch(d, 0.0)
+    d.on_results(a.rank, str(a.token), [None], 1.0, errors={0: "boom"})
+    (q,) = d.on_results(b.rank, str(b.token), None, 1.0, error="not JSON")
+    assert isinstance(q, Quarantine) and q.classification is Classification.MALFORMED
+    for s in (a, b):
+        d.on_ready(s.rank, str(s.token), 1.0)
+    kinds_ = sorted(x.kind for x in d.join_invalid(1.0) if isinstance(x, Requeue))
+    assert kinds_ == ["error", "malformed-result"]
+
+
+def test_retry_policy_knows_every_kind_and_refuses_the_unchargeable_one() -> None:
+    from durable_dispatch.core.config import FAILURE_KINDS, WORKER_FAILURE_KINDS
+
+    assert set(WORKER_FAILURE_KINDS) <= set(FAILURE_KINDS)
+    assert {"timeout", "error", "crash", "result-too-large", "rank-lost"} <= set(FAILURE_KINDS)
+    RetryPolicy(per_kind={k: 0 for k in FAILURE_KINDS})
+    with pytest.raises(Exception, match="unknown failure kind 'master-restart'"):
+        RetryPolicy(per_kind={"master-restart": 1})

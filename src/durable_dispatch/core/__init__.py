@@ -1,24 +1,34 @@
 """The sans-I/O dispatch core: no clock, file, environment or MPI access (a test checks this).
 
 It takes ``now`` and messages and returns decisions; the MPI master loop is a thin shell around it.
+Names load on first use (PEP 562): a worker rank that needs a value type (``ItemFailure``) does not
+load the dispatcher.
 """
 
-from .config import Correction, RetryPolicy, WatchdogConfig, parse_watchdog_seconds
-from .decisions import (
-    Classification,
-    Commit,
-    Decision,
-    Defer,
-    Park,
-    PersistSnapshot,
-    Quarantine,
-    Release,
-    Requeue,
-    Send,
-    WorkItem,
-)
-from .dispatcher import Dispatcher, DispatchStats, Transaction, TxState, WorkStatus
-from .tokens import Token
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .config import Correction, RetryPolicy, WatchdogConfig, parse_watchdog_seconds
+    from .decisions import (
+        Classification,
+        Commit,
+        Decision,
+        Defer,
+        ItemFailure,
+        Park,
+        PersistSnapshot,
+        Quarantine,
+        Release,
+        Requeue,
+        Send,
+        WorkItem,
+    )
+    from .dispatcher import Dispatcher, DispatchStats, Transaction, TxState, WorkStatus
+    from .tokens import Token
 
 __all__ = [
     "Classification",
@@ -28,7 +38,9 @@ __all__ = [
     "Defer",
     "Dispatcher",
     "DispatchStats",
+    "ItemFailure",
     "Park",
+    "parse_watchdog_seconds",
     "PersistSnapshot",
     "Quarantine",
     "Release",
@@ -41,5 +53,33 @@ __all__ = [
     "WatchdogConfig",
     "WorkItem",
     "WorkStatus",
-    "parse_watchdog_seconds",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Classification": ".decisions",
+        "Commit": ".decisions",
+        "Correction": ".config",
+        "Decision": ".decisions",
+        "Defer": ".decisions",
+        "Dispatcher": ".dispatcher",
+        "DispatchStats": ".dispatcher",
+        "ItemFailure": ".decisions",
+        "Park": ".decisions",
+        "parse_watchdog_seconds": ".config",
+        "PersistSnapshot": ".decisions",
+        "Quarantine": ".decisions",
+        "Release": ".decisions",
+        "Requeue": ".decisions",
+        "RetryPolicy": ".config",
+        "Send": ".decisions",
+        "Token": ".tokens",
+        "Transaction": ".dispatcher",
+        "TxState": ".dispatcher",
+        "WatchdogConfig": ".config",
+        "WorkItem": ".decisions",
+        "WorkStatus": ".dispatcher",
+    },
+    __all__,
+)

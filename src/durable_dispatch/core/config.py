@@ -26,6 +26,7 @@ __all__ = [
     "WATCHDOG_MAX",
     "DEFAULT_ENV_NAMES",
     "FAILURE_KINDS",
+    "WORKER_FAILURE_KINDS",
 ]
 
 WATCHDOG_MAX = 86400.0
@@ -36,8 +37,16 @@ DEFAULT_ENV_NAMES = {
     "heartbeat_lease": "DURABLE_DISPATCH_HEARTBEAT_LEASE_SEC",
     "retries": "DURABLE_DISPATCH_PROTOCOL_RETRIES",
 }
-#: Failure kinds the retry ledger knows. ``master-restart`` is never charged as a retry.
-FAILURE_KINDS = ("timeout", "malformed-result", "missing-result", "send-failure", "rank-lost")
+#: Failure kinds a worker may report for an item (U2; see docs/protocol.md, "Failure kinds"):
+#: ``timeout`` (its deadline passed and the isolated child was killed), ``error`` (the function
+#: raised), ``crash`` (the isolated child died: a signal, or an exit), ``result-too-large`` and
+#: ``malformed-result`` (its value cannot be sent or is not JSON).
+WORKER_FAILURE_KINDS = ("timeout", "error", "crash", "result-too-large", "malformed-result")
+#: Failure kinds the retry ledger knows, each with its own budget in :class:`RetryPolicy`: the
+#: worker's, and the master's own findings (``missing-result``: READY without a RESULT;
+#: ``send-failure``; ``rank-lost``). A rollback after a master restart (``master-restart``) is
+#: never charged, so it has no budget.
+FAILURE_KINDS = (*WORKER_FAILURE_KINDS, "missing-result", "send-failure", "rank-lost")
 
 
 @dataclass(frozen=True)

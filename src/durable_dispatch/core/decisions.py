@@ -18,6 +18,7 @@ from .tokens import Token
 
 __all__ = [
     "WorkItem",
+    "ItemFailure",
     "Classification",
     "Decision",
     "Send",
@@ -40,6 +41,23 @@ SOURCE_WATCHDOG = "watchdog-timeout"
 SOURCE_SEND_FAILURE = "send-failure"
 SOURCE_RANK_LOST = "rank-lost"
 SOURCE_MASTER_RESTART = "master-restart"
+
+
+@dataclass(frozen=True)
+class ItemFailure:
+    """Why a worker could not do one item (an entry of a RESULT's ``errors``).
+
+    Attributes:
+        kind: one of :data:`~durable_dispatch.core.config.WORKER_FAILURE_KINDS`; the core treats
+            any other kind as ``malformed-result`` (a worker cannot invent a budget).
+        reason: a human-readable reason (``"ValueError: bad input"``, ``"killed by SIGSEGV"``).
+    """
+
+    kind: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}"
 
 
 @dataclass(frozen=True)

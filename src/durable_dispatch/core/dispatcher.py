@@ -45,7 +45,7 @@ from enum import Enum
 from typing import Any
 
 from ..errors import UsageError
-from .config import RetryPolicy, WatchdogConfig
+from .config import WORKER_FAILURE_KINDS, RetryPolicy, WatchdogConfig
 from .decisions import (
     SOURCE_INVALID_RESULT,
     SOURCE_MASTER_RESTART,
@@ -56,6 +56,7 @@ from .decisions import (
     Commit,
     Decision,
     Defer,
+    ItemFailure,
     Park,
     PersistSnapshot,
     Quarantine,
@@ -110,7 +111,7 @@ class Transaction:
     state: TxState = TxState.PREPARING
     deadline: float | None = None
     ready_seen: bool = False
-    result_malformed: str | None = None
+    failure: ItemFailure | None = None  # why its RESULT failed; the READY then rolls it back
 
 
 @dataclass(frozen=True)
@@ -321,13 +322,14 @@ class Dispatcher:
             raise UsageError(f"{token} is {tx.state.value}, not PREPARING")
         tx.state = TxState.DISPATCHED
         if self.watchdog.enabled:
-            tx.deadline = now + self._allowed_seconds(tx.items)
+            tx.deadline = now + self.allowed_seconds(tx.items)
             heapq.heappush(self._heap, (tx.deadline, token))
         return []
 
-    def _allowed_seconds(self, items: tuple[WorkItem, ...]) -> float:
+    def allowed_seconds(self, items: Sequence[WorkItem]) -> float:
         """A dispatch's time: its items' own timeouts added up, plus the watchdog's seconds once
-        if any item has none (one item: its timeout, or the watchdog's seconds)."""
+        if any item has none (one item: its timeout, or the watchdog's seconds). The shell sends
+        it with the WORK, so that an isolating worker kills the work at the same deadline."""
         own = [w.timeout for w in items if w.timeout is not None]
         return sum(own) + (self.watchdog.seconds if len(own) < len(items) else 0.0)
 
@@ -412,18 +414,21 @@ class Dispatcher:
         results: Sequence[Any] | None,
         now: float,
         *,
-        errors: Mapping[int, str] | None = None,
-        error: str | None = None,
+        errors: Mapping[int, str | ItemFailure] | None = None,
+        error: str | ItemFailure | None = None,
     ) -> list[Decision]:
         """A RESULT: ``results`` holds one entry per item of the dispatch, in its order; None (with
-        ``error``) when the message as a whole is invalid.
+        ``error``) when the message as a whole is invalid or the worker failed the whole dispatch
+        (an :class:`ItemFailure` such as a ``timeout``; a plain string is ``malformed-result``).
 
-        ``errors`` maps the index of each item the worker could not do to its reason. In a
-        multi-item dispatch those items leave it at once through the retry path
-        (``source=invalid-result``, kind ``malformed-result``, charged one attempt); the others
-        commit: one :class:`Commit` each, next to each other. A one-item dispatch with an error,
-        and a RESULT whose entries do not match the dispatch, count as a malformed RESULT: the
-        READY that follows rolls back the whole dispatch (:meth:`join_invalid`).
+        ``errors`` maps the index of each item the worker could not do to an
+        :class:`ItemFailure` (a plain string is kind ``error``: the function failed); a kind the
+        worker may not report counts as ``malformed-result``. In a multi-item dispatch those
+        items leave it at once through the retry path (``source=invalid-result``, charged one
+        attempt under their kind); the others commit: one :class:`Commit` each, next to each
+        other. A one-item dispatch with an error, and a RESULT whose entries do not match the
+        dispatch, fail as a whole: the READY that follows rolls back the whole dispatch with
+        that kind (:meth:`join_invalid`).
         """
         tx = self._open.get(token) if type(token) is str else None
         if tx is None or tx.rank != rank:
@@ -438,29 +443,35 @@ class Dispatcher:
         if tx.state in (TxState.COMMITTING, TxState.CLOSED):
             return self._quarantine(rank, "RESULT", Classification.DUPLICATE, "second RESULT")
         items = tx.items
+        malformed = "malformed-result"
+        failure: ItemFailure | None
         if results is None:
-            reason = error or "malformed result payload"
+            failure = _failure(error or "malformed result payload", malformed)
         elif len(results) != len(items):
-            reason = f"{len(results)} result(s) for a dispatch of {len(items)} item(s)"
+            failure = ItemFailure(
+                malformed, f"{len(results)} result(s) for a dispatch of {len(items)} item(s)"
+            )
         elif errors and not all(type(i) is int and 0 <= i < len(items) for i in errors):
-            reason = f"an error entry names no item of the {len(items)}"
+            failure = ItemFailure(malformed, f"an error entry names no item of the {len(items)}")
         elif errors and len(items) == 1:
-            reason = errors[0]  # a one-item dispatch that failed: the READY joins it (W3)
+            failure = _failure(errors[0], "error")  # failed alone: the READY joins it (W3)
         else:
-            reason = None
-        if reason is not None:
-            tx.result_malformed = reason
-            return self._quarantine(rank, "RESULT", Classification.MALFORMED, reason)
+            failure = None
+        if failure is not None:
+            tx.failure = failure
+            if failure.kind == malformed:
+                return self._quarantine(rank, "RESULT", Classification.MALFORMED, failure.reason)
+            return []  # the worker said why it failed: the READY that follows rolls it back
         assert results is not None
         tx.state = TxState.COMMITTING
         out: list[Decision] = []
         keep: list[WorkItem] = []
-        failed: list[tuple[WorkItem, str]] = []
+        failed: list[tuple[WorkItem, ItemFailure]] = []
         dups: list[WorkItem] = []
         for i, (item, value) in enumerate(zip(items, results, strict=True)):
             bad = errors.get(i) if errors else None
             if bad is not None:
-                failed.append((item, bad))
+                failed.append((item, _failure(bad, "error")))
             elif item.work_id in self._committed:
                 dups.append(item)
             else:
@@ -472,9 +483,7 @@ class Dispatcher:
             tx.items = tuple(keep)
         for item, bad in failed:
             self._c["invalid_result_rollbacks"] += 1
-            out.append(
-                self._recover(item, tx.token, SOURCE_INVALID_RESULT, "malformed-result", bad)
-            )
+            out.append(self._recover(item, tx.token, SOURCE_INVALID_RESULT, bad.kind, bad.reason))
         if failed:
             self._snapshot_required = f"items of {tx.token} failed ({SOURCE_INVALID_RESULT})"
             out.append(PersistSnapshot(self._snapshot_required))
@@ -503,7 +512,7 @@ class Dispatcher:
     def commit_refused(self, token: Token, work_id: str, error: str) -> list[Decision]:
         """The shell could not journal the :class:`Commit` of ``work_id`` (its result is too large
         for a journal record, say): the item leaves the dispatch through the retry path
-        (``source=invalid-result``, kind ``malformed-result``, charged one attempt), as if the
+        (``source=invalid-result``, kind ``result-too-large``, charged one attempt), as if the
         worker had reported it failed; the dispatch's other items are unaffected.
 
         Raises:
@@ -518,7 +527,7 @@ class Dispatcher:
         self._release_item(item, token)
         tx.items = tuple(w for w in tx.items if w is not item)
         self._c["invalid_result_rollbacks"] += 1
-        out = [self._recover(item, token, SOURCE_INVALID_RESULT, "malformed-result", error)]
+        out = [self._recover(item, token, SOURCE_INVALID_RESULT, "result-too-large", error)]
         self._snapshot_required = f"commit of {work_id} under {token} refused"
         out.append(PersistSnapshot(self._snapshot_required))
         if not tx.items:
@@ -554,8 +563,8 @@ class Dispatcher:
         for rank in sorted(self._current):
             tx = self._current[rank]
             if tx.ready_seen and tx.state is TxState.DISPATCHED:
-                kind = "malformed-result" if tx.result_malformed else "missing-result"
-                err = tx.result_malformed or "READY without RESULT"
+                f = tx.failure or ItemFailure("missing-result", "READY without RESULT")
+                kind, err = f.kind, f.reason
                 self._c["invalid_result_rollbacks"] += 1
                 out += self._rollback(tx, SOURCE_INVALID_RESULT, kind, err, park=False)
         return out
@@ -916,3 +925,13 @@ class Dispatcher:
                 continue
             out.append(d._recover(w, token, SOURCE_MASTER_RESTART, "master-restart", "restart"))
         return d, out
+
+
+def _failure(given: str | ItemFailure, kind: str) -> ItemFailure:
+    """``given`` as an :class:`ItemFailure`: a plain string is of ``kind``; a kind a worker may
+    not report is ``malformed-result`` (a worker cannot choose an unknown budget)."""
+    if not isinstance(given, ItemFailure):
+        return ItemFailure(kind, str(given))
+    if given.kind not in WORKER_FAILURE_KINDS:
+        return ItemFailure("malformed-result", f"unknown failure kind {given.kind!r}: {given}")
+    return given
