@@ -10,7 +10,10 @@ Runs, one after another in this one invocation, on 1 master + 3 workers with tri
 and prints tasks/s, the ratios (targets: ours >= 5x futures, ours >= 0.3x bare), our per-task
 time in microseconds, and the ULFM kill-to-rollback latency measured by the demo campaign.
 "ours" runs twice: with one item per dispatch (``batch=1``) and with ``--batch`` items per
-dispatch (default 64: one token, one WORK message and one journal record each way per 64 items).
+dispatch (default 64: one token, one WORK message and one journal record each way per 64 items),
+and twice more with ``run_worker(isolate=True)`` (the function in a supervised child process),
+which prints the price of isolation per item (targets: at most +100 us with batch 1, at most
+1.5x the time per item with batch 64).
 Each run is repeated ``--repeat`` times (default 3) and its fastest run is kept.
 
 It also measures, in this process and without MPI, the master's own ceiling: the same campaign
@@ -67,7 +70,7 @@ def role_bare(n: int) -> None:
             comm.send(trivial(x), dest=0, tag=2)
 
 
-def role_ours(n: int, state_dir: str, batch: int) -> None:
+def role_ours(n: int, state_dir: str, batch: int, isolate: bool = False) -> None:
     from mpi4py import MPI
 
     from durable_dispatch.core import RetryPolicy, WatchdogConfig, WorkItem
@@ -88,7 +91,7 @@ def role_ours(n: int, state_dir: str, batch: int) -> None:
         assert rep.finished and rep.stats["core"]["commits"] == n
         print(json.dumps({"role": "ours", "tasks_per_s": n / el}), flush=True)
     else:
-        run_worker(trivial, poll=0.0001)
+        run_worker(trivial, poll=0.0001, isolate=isolate)
 
 
 def role_futures(n: int, chunksize: int) -> None:
@@ -165,12 +168,13 @@ def main() -> int:
     ap.add_argument("--role", choices=["bare", "ours", "futures"])
     ap.add_argument("--state-dir")
     ap.add_argument("--batch", type=int, default=64, help="items per dispatch for 'ours batched'")
+    ap.add_argument("--isolate", action="store_true", help="role ours: run_worker(isolate=True)")
     a = ap.parse_args()
     if a.role == "bare":
         role_bare(a.tasks)
         return 0
     if a.role == "ours":
-        role_ours(a.tasks, a.state_dir, a.batch)
+        role_ours(a.tasks, a.state_dir, a.batch, a.isolate)
         return 0
     if a.role == "futures":
         role_futures(a.tasks, a.batch)
@@ -186,9 +190,15 @@ def main() -> int:
         tasks = ["--tasks", str(a.tasks)]
         for k in range(a.repeat):  # in turn, so a noisy moment hits all three alike
             runs = {"bare": run(mpiexec_command(n, [py, me, "--role", "bare", *tasks]))}
-            for name, batch in (("ours", 1), ("batched", a.batch)):
+            for name, batch, iso in (
+                ("ours", 1, []),
+                ("batched", a.batch, []),
+                ("isolated", 1, ["--isolate"]),
+                ("isolated-batched", a.batch, ["--isolate"]),
+            ):
                 state = ["--state-dir", os.path.join(tmp, f"{name}-{k}"), "--batch", str(batch)]
-                runs[name] = run(mpiexec_command(n, [py, me, "--role", "ours", *tasks, *state]))
+                role = [py, me, "--role", "ours", *tasks, *state, *iso]
+                runs[name] = run(mpiexec_command(n, role))
             for name, batch, count in (
                 ("futures", 1, fut_n),
                 ("futures-chunked", a.batch, a.tasks),
@@ -243,6 +253,13 @@ def main() -> int:
         print(
             f"  master without MPI (state + core only): {c:,.0f} tasks/s, "
             f"{1e6 / c:.1f} us per task (no message path can beat it)"
+        )
+    for name, plain, batch in (("isolated", "ours", 1), ("isolated-batched", "batched", k)):
+        o, p = best[name], best[plain]
+        line(f"ours, isolate=True: run_master(batch={batch})", o)
+        print(
+            f"  price of isolation     = {1e6 / o - 1e6 / p:+6.1f} us per task, "
+            f"{p / o:.2f}x the time per task (targets: batch 1 <= +100 us, batch {k} <= 1.5x)"
         )
     lat = demo.get("kill_to_rollback_seconds", {})
     for rank, sec in lat.items():  # type: ignore[union-attr]

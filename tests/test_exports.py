@@ -14,6 +14,8 @@ PUBLIC_MODULES = [
     "durable_dispatch.testing",
     "durable_dispatch.core",
     "durable_dispatch.logs",
+    "durable_dispatch.mpi",
+    "durable_dispatch.commands",
 ]
 
 

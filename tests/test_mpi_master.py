@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from durable_dispatch.mpi.launcher import find_mpiexec
+from durable_dispatch.state import view_state
 
 from .helpers import run_demo
 
@@ -53,7 +54,8 @@ def test_no_faults_all_counters_zero(tmp_path: Path) -> None:
 
 
 def test_hang_forever_w10_rank_stays_parked_task_moves(tmp_path: Path) -> None:
-    s = campaign(tmp_path, "hang")
+    """Without isolation nothing ends a hung function: its rank is parked for good (W10)."""
+    s = campaign(tmp_path, "hang", "--no-isolate")
     assert s["committed"] == 24
     assert s["dispatch_watchdog_timeouts"] == 1
     assert s["protocol_requeued_dispatches"] == 1
@@ -61,8 +63,21 @@ def test_hang_forever_w10_rank_stays_parked_task_moves(tmp_path: Path) -> None:
     assert s["parked_ranks_now"] == 1  # no READY ever came: parked until the end (W10)
 
 
+@pytest.mark.parametrize("fault", ["hang", "segfault"])
+def test_isolated_hang_or_segfault_costs_a_retry_and_the_rank_comes_back(
+    tmp_path: Path, fault: str
+) -> None:
+    """Issue 14: with isolation (the demo's default) the worker kills a hung function at its
+    deadline, or sees its child die, reports the item (kind timeout or crash), and serves on."""
+    s = campaign(tmp_path, fault)
+    assert s["committed"] == 24 and s["protocol_requeued_dispatches"] == 1
+    assert s["parked_ranks_now"] == 0 and s["ranks_lost"] == 0
+    kinds = view_state(tmp_path / "state").projection.kinds
+    assert list(kinds.values()) == [["timeout" if fault == "hang" else "crash"]], kinds
+
+
 def test_slow_worker_false_suspicion_stale_result_exact_ready(tmp_path: Path) -> None:
-    s = campaign(tmp_path, "slow", "--slow", "1.6", "--linger", "20")
+    s = campaign(tmp_path, "slow", "--slow", "1.6", "--linger", "20", "--no-isolate")
     assert s["committed"] == 24
     assert s["dispatch_watchdog_timeouts"] == 1
     assert s["protocol_requeued_dispatches"] == 1
@@ -111,6 +126,20 @@ def test_master_sigkill_then_resume(tmp_path: Path) -> None:
     assert s["committed"] == 24
 
 
+def test_workers_whose_master_died_under_ulfm_stop_cleanly(tmp_path: Path) -> None:
+    """Issue 15 (U4): under ULFM a SIGKILLed master left every worker dying of an uncaught
+    MPI_ERR_PROC_FAILED traceback; a worker whose master is gone now says so and stops."""
+    state = tmp_path / "state"
+    args = ["--faults", "none", "--crash-after", "0.8", "--items", "200"]
+    res, summary = run_demo(state, *BASE, *args, ulfm=True, timeout=120)
+    assert not res.timed_out and summary is None  # the master died mid-campaign
+    out = res.stdout + res.stderr
+    assert out.count("the master (rank 0) is gone") == 3, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    s = campaign(tmp_path, "none", ulfm=True)  # and the state resumes
+    assert s["epoch"] == 2
+
+
 @pytest.mark.parametrize("fault", ["raise", "unencodable"])
 def test_failing_work_function_is_an_invalid_result_and_the_worker_lives(
     tmp_path: Path, fault: str
@@ -132,13 +161,23 @@ def test_multi_item_dispatches_hang_splits_the_batch_and_parks_each_hung_rank(
 ) -> None:
     """The hung item's dispatch of 4 times out whole: its 4 items go back uncharged and run
     alone; alone, the item hangs a second rank, and that timeout is charged to it."""
-    s = campaign(tmp_path, "hang", "--batch", "4")
+    s = campaign(tmp_path, "hang", "--batch", "4", "--no-isolate")
     assert s["committed"] == 24
     assert s["dispatches"] < s["dispatched_items"]
     assert s["batch_splits"] == 4
     assert s["dispatch_watchdog_timeouts"] == 2
     assert s["protocol_requeued_dispatches"] == 1  # one charge, to the item that hung
     assert s["parked_ranks_now"] == 2 and s["watchdog_worker_recoveries"] == 0
+
+
+def test_isolated_multi_item_hang_splits_the_batch_and_gives_every_rank_back(
+    tmp_path: Path,
+) -> None:
+    """With isolation the hung dispatch of 4 is killed at its deadline and fails as a whole (kind
+    timeout, uncharged split); alone, the item is killed again and charged; no rank is parked."""
+    s = campaign(tmp_path, "hang", "--batch", "4")
+    assert s["committed"] == 24 and s["batch_splits"] == 4
+    assert s["protocol_requeued_dispatches"] == 1 and s["parked_ranks_now"] == 0
 
 
 def test_multi_item_dispatches_charge_each_lying_item_exactly_once(tmp_path: Path) -> None:
@@ -191,6 +230,7 @@ if MPI.COMM_WORLD.Get_rank() == 0:
     n = 30 if mode == "slow" else 12
     report = run_master([WorkItem(f"w{i}", {"x": i}) for i in range(n)], state,
                         on_commit=on_commit, stop_timeout=5,
+                        batch=0 if mode == "bad-batch" else 1,
                         watchdog=WatchdogConfig.build(1.0), stuck_grace=2.0)
     print("REPORT", report.finished, report.reason, flush=True)
 else:
@@ -234,6 +274,14 @@ def test_a_second_master_on_a_running_state_ends_the_job(tmp_path: Path) -> None
         res = _user_campaign(tmp_path, "plain")
     assert not res.timed_out, "the job hung after the master's error"
     assert res.returncode != 0 and "LockHeldError" in res.stderr, res.stderr[-3000:]
+
+
+def test_a_bad_argument_to_run_master_ends_the_job(tmp_path: Path) -> None:
+    """Issue 15: 'batch=0' raised on rank 0 before the workers were told anything, so they
+    waited for WORK forever (the demo's user waited out its whole timeout)."""
+    res = _user_campaign(tmp_path, "bad-batch")
+    assert not res.timed_out, "the job hung after the master's usage error"
+    assert res.returncode != 0 and "batch must be an integer" in res.stderr, res.stderr[-3000:]
 
 
 def test_every_worker_parked_is_a_clear_outcome_not_a_spin(tmp_path: Path) -> None:

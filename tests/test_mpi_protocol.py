@@ -7,8 +7,11 @@ from typing import Any
 import orjson
 import pytest
 
+from durable_dispatch.core import ItemFailure
 from durable_dispatch.mpi import protocol as P
-from durable_dispatch.mpi.worker import _result_message, _work
+from durable_dispatch.mpi.context import WorkContext, call_work_function
+from durable_dispatch.mpi.isolation import ItemOutcome
+from durable_dispatch.mpi.worker import result_message
 
 
 def test_a_result_body_reads_as_results_and_per_item_errors() -> None:
@@ -38,23 +41,54 @@ def test_a_result_body_that_cannot_be_read_gives_a_reason_never_an_exception(
     assert results is None and errors is None and why is not None and reason in why
 
 
-def test_the_worker_runs_each_item_and_reports_failures_per_item() -> None:
-    import queue
+def _outcomes(fn: Any, payloads: list[Any], max_result: int = 1 << 20) -> list[ItemOutcome]:
+    ctx = WorkContext("w", 0, None, 1.0)
+    return [ItemOutcome(*call_work_function(fn, "payload", p, ctx, max_result)) for p in payloads]
 
-    box: dict[str, Any] = {}
-    plan = [({"x": 1}, None), ({"x": 2}, "raise"), ({"x": 3}, "unencodable"), ({"x": 4}, None)]
-    _work(lambda p: p["x"] * 10, plan, 0.0, False, queue.SimpleQueue(), box)
-    msg = orjson.loads(_result_message("e1-7", box))
+
+def _work(p: dict[str, Any]) -> Any:
+    if p["x"] == 2:
+        raise RuntimeError("injected failure in the work function")
+    if p["x"] == 3:
+        return {1, 2}  # a set: JSON cannot hold it
+    if p["x"] == 5:
+        return "y" * 100
+    return p["x"] * 10
+
+
+def test_the_worker_runs_each_item_and_reports_failures_per_item_with_their_kind() -> None:
+    """Issue 14: a function that raised and a result JSON cannot hold were both reported as
+    malformed results; each now has its own kind (and so its own retry budget)."""
+    payloads = [{"x": 1}, {"x": 2}, {"x": 3}, {"x": 4}, {"x": 5}]
+    msg = orjson.loads(result_message("e1-7", _outcomes(_work, payloads, max_result=50), None))
     assert msg["token"] == "e1-7"
-    assert msg["results"] == [10, None, None, 40]
-    assert set(msg["errors"]) == {"1", "2"}
-    assert "RuntimeError" in msg["errors"]["1"] and "JSON" in msg["errors"]["2"]
-    assert P.read_result(msg, None)[1] == {1: msg["errors"]["1"], 2: msg["errors"]["2"]}
+    assert msg["results"] == [10, None, None, 40, None]
+    assert {i: e["kind"] for i, e in msg["errors"].items()} == {
+        "1": "error",
+        "2": "malformed-result",
+        "4": "result-too-large",
+    }
+    assert "RuntimeError: injected failure" in msg["errors"]["1"]["reason"]
+    _results, errors, _ = P.read_result(msg, None)
+    assert errors is not None and errors[1] == ItemFailure("error", msg["errors"]["1"]["reason"])
 
 
 def test_a_clean_result_has_no_errors_entry() -> None:
-    import queue
+    raw = result_message("e1-1", _outcomes(str, [1, 2]), None)
+    assert orjson.loads(raw) == {"token": "e1-1", "results": ["1", "2"]}
 
-    box: dict[str, Any] = {}
-    _work(str, [(1, None), (2, None)], 0.0, False, queue.SimpleQueue(), box)
-    assert orjson.loads(_result_message("e1-1", box)) == {"token": "e1-1", "results": ["1", "2"]}
+
+def test_a_dispatch_that_failed_as_a_whole_reads_as_one_failure_with_its_kind() -> None:
+    raw = result_message("e1-2", [], ItemOutcome(None, "timeout", "w: deadline passed"))
+    assert P.read_result(orjson.loads(raw), None) == (
+        None,
+        None,
+        ItemFailure("timeout", "w: deadline passed"),
+    )
+
+
+def test_results_that_would_overfill_the_message_become_result_too_large() -> None:
+    big = ItemOutcome(b'"' + b"z" * (P.MAX_MESSAGE // 2) + b'"')
+    msg = orjson.loads(result_message("e1-3", [big, big], None))
+    assert msg["results"][0] is not None and msg["results"][1] is None
+    assert msg["errors"]["1"]["kind"] == "result-too-large"

@@ -13,8 +13,9 @@ from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .commands import CommandOutcome, run_command
-    from .core import Dispatcher, RetryPolicy, WatchdogConfig, WorkItem
+    from .core import Dispatcher, ItemFailure, RetryPolicy, WatchdogConfig, WorkItem
     from .errors import DurableDispatchError
+    from .mpi.context import WorkContext
     from .state import CampaignState
     from .storage import (
         DeferJournal,
@@ -35,9 +36,11 @@ __all__ = [
     "CommandOutcome",
     "run_command",
     "Dispatcher",
+    "ItemFailure",
     "RetryPolicy",
     "WatchdogConfig",
     "WorkItem",
+    "WorkContext",
     "DeferJournal",
     "DurableDispatchError",
     "Health",
@@ -57,6 +60,8 @@ __getattr__, __dir__ = lazy_exports(
         "CommandOutcome": ".commands",
         "run_command": ".commands",
         "Dispatcher": ".core",
+        "ItemFailure": ".core",
+        "WorkContext": ".mpi.context",
         "RetryPolicy": ".core",
         "WatchdogConfig": ".core",
         "WorkItem": ".core",

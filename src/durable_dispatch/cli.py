@@ -24,6 +24,7 @@ from .storage.format import scan
 from .storage.snapshot import decode_snapshot, read_snapshot_file
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # the demo was stopped by a second Ctrl-C (128 + SIGINT)
 _PROGRESS_MIN = 8 << 20
 #: The longest line a reading command holds in memory: the default ``max_record_bytes`` of
 #: ``Journal.open`` (S10). A longer line is reported as damage, never read whole.
@@ -365,11 +366,22 @@ def cmd_deferred(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Launch the bundled campaign under mpiexec, show progress, print the summary."""
+    import signal
     import subprocess
     import time
 
     from .mpi.launcher import kill_session, launch_env, mpiexec_command
 
+    for name, value, low in (
+        ("--ranks", args.ranks, 2),
+        ("--items", args.items, 1),
+        ("--batch", args.batch, 1),
+    ):
+        if value < low:
+            raise UsageError(f"{name} must be at least {low}, got {value}")
+    for name, value in (("--watchdog", args.watchdog), ("--timeout", args.timeout)):
+        if not value > 0 or value != value or value == float("inf"):
+            raise UsageError(f"{name} must be a positive number of seconds, got {value}")
     state = os.path.abspath(args.state_dir)
     os.makedirs(state, mode=0o700, exist_ok=True)
     progress_file = os.path.join(state, "progress.json")
@@ -377,9 +389,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for stale in (progress_file, summary_file):
         if os.path.exists(stale):
             os.unlink(stale)
-    kinds = "none" if args.no_faults else "hang,slow,malformed,missing,old-token"
-    if args.ulfm and not args.no_faults:
+    # Without isolation a segfault ends the whole job, so that fault is left out then.
+    kinds = "hang,segfault,slow,malformed,missing,old-token"
+    if not args.isolate:
+        kinds = kinds.replace("segfault,", "")
+    if args.ulfm:
         kinds += ",crash"
+    if args.no_faults:
+        kinds = "none"
     argv = [
         sys.executable,
         "-m",
@@ -400,6 +417,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "--summary",
         summary_file,
     ]
+    if not args.isolate:
+        argv.append("--no-isolate")
     try:
         cmd = mpiexec_command(args.ranks, argv, ulfm=args.ulfm)
     except FileNotFoundError as e:
@@ -411,14 +430,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
             cmd, stdout=log_file, stderr=subprocess.STDOUT, env=launch_env(), start_new_session=True
         )
         deadline = time.monotonic() + args.timeout
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                kill_session(proc)  # type: ignore[arg-type]
-                proc.wait()
-                raise _IOFailure(f"demo did not finish within {args.timeout}s; see {log_path}")
-            if tty:
-                _show_progress(progress_file, args.items)
-            time.sleep(0.2)
+        interrupted = False
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    kill_session(proc)  # type: ignore[arg-type]
+                    proc.wait()
+                    raise _IOFailure(f"demo did not finish within {args.timeout}s; see {log_path}")
+                if tty:
+                    _show_progress(progress_file, args.items)
+                try:
+                    time.sleep(0.2)
+                except KeyboardInterrupt:
+                    if interrupted:
+                        raise
+                    # Ctrl-C drains, as a batch system's warning does: mpiexec forwards SIGUSR1
+                    # to every rank; the master commits what is in flight and stops.
+                    interrupted = True
+                    print("\ninterrupted: draining (Ctrl-C again to stop at once)", file=sys.stderr)
+                    proc.send_signal(signal.SIGUSR1)
+                    deadline = min(deadline, time.monotonic() + 90)
+        except KeyboardInterrupt:
+            kill_session(proc)  # type: ignore[arg-type]
+            proc.wait()
+            print(f"stopped; the state directory {state} resumes", file=sys.stderr)
+            return EXIT_INTERRUPTED
     if tty:
         _show_progress(progress_file, args.items)
         print()
@@ -505,15 +541,24 @@ def build_parser() -> argparse.ArgumentParser:
     dp = sub.add_parser(
         "demo",
         help="run the bundled campaign under mpiexec, with injected faults",
-        description="Run the bundled example campaign on real MPI ranks. Unless --no-faults, "
-        "some workers hang, answer late, lie or (with --ulfm) die; the summary checks that no "
-        "work was lost and none was committed twice. Running it again resumes.",
+        description="Run the bundled example campaign on real MPI ranks, the work functions "
+        "isolated in child processes. Unless --no-faults, some work functions hang or segfault "
+        "(and their ranks come back), some answer late, some workers lie or (with --ulfm) die; "
+        "the summary checks that no work was lost and none was committed twice. Ctrl-C drains "
+        "(a second Ctrl-C stops at once). Running it again resumes.",
         epilog="Example: durable-dispatch demo --ranks 4 --json",
     )
     dp.add_argument("--state-dir", default="dd-demo-state", help="state directory")
     dp.add_argument("-n", "--ranks", type=int, default=4, help="MPI ranks (1 master + workers)")
     dp.add_argument("--items", type=int, default=80, help="work items in the campaign")
     dp.add_argument("--no-faults", action="store_true", help="inject no faults")
+    dp.add_argument(
+        "--no-isolate",
+        dest="isolate",
+        action="store_false",
+        help="run the work function inside the worker ranks (no segfault fault then: it would "
+        "end the job)",
+    )
     dp.add_argument("--ulfm", action="store_true", help="run with --with-ft ulfm (adds a crash)")
     dp.add_argument("--seed", type=int, default=7, help="fault plan seed")
     dp.add_argument("--watchdog", type=float, default=2.0, help="watchdog seconds")

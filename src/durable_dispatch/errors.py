@@ -20,6 +20,7 @@ __all__ = [
     "DurableDispatchError",
     "UsageError",
     "ConfigurationError",
+    "IsolationError",
     "CorruptionError",
     "JournalCorruptError",
     "JournalVersionError",
@@ -94,6 +95,13 @@ class ConfigurationError(UsageError):
     def name(self) -> str | None:
         """The setting's name."""
         return self._facts.get("name")
+
+
+class IsolationError(UsageError):
+    """``run_worker(isolate=True)`` cannot run the work function in a child process: it cannot
+    be found by name in a fresh interpreter (a lambda, a nested function), or the campaign
+    script fails, or calls MPI, when the child imports it. Raised before the worker's first
+    READY, so the job ends at once with the reason."""
 
 
 class CorruptionError(DurableDispatchError):

@@ -22,6 +22,9 @@ Example::
 With the pytest plugin (installed with the package) the fixture ``inject_faults`` gives an
 installed :class:`FaultInjector` that is removed after the test.
 
+:func:`run_lying_worker` is a worker built on the public worker loop that lies to the master on
+purpose, for tests of the master's rules (a hang, a late answer, a malformed RESULT ...).
+
 Operations: ``open`` (file creation and opening for write, directory creation), ``write``,
 ``fsync``, ``dir-fsync``, ``replace``, ``close``, ``truncate``, ``unlink``, ``read``.
 """
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from .errors import UsageError
 from .storage import fs as _fs
 
 __all__ = [
@@ -47,6 +51,8 @@ __all__ = [
     "disk_full",
     "MUTATING_OPERATIONS",
     "StorageLeftOpenWarning",
+    "run_lying_worker",
+    "WORKER_LIES",
 ]
 
 #: The operations a read-only filesystem refuses.
@@ -218,3 +224,107 @@ def disk_full(fake_fs: Any, free_bytes: int = 0, path: str = "/") -> None:
     """
     used = fake_fs.get_disk_usage(path).used
     fake_fs.set_disk_usage(used + free_bytes, path)
+
+
+#: The lies :func:`run_lying_worker` can tell (see there).
+WORKER_LIES = ("hang", "slow", "malformed", "missing", "old-token", "crash", "raise", "unencodable")
+
+
+def run_lying_worker(
+    fn: Any,
+    faults: Any,
+    *,
+    slow_seconds: float = 0.0,
+    heartbeat: bool = False,
+    context: bool = False,
+    isolate: bool = False,
+    comm: Any = None,
+    poll: float = 0.001,
+) -> int:
+    """Serve WORK like ``run_worker(fn, ...)``, lying where ``faults`` says so.
+
+    Args:
+        fn: the work function, called as ``run_worker`` would call it.
+        faults: ``faults(work_id, attempt) -> lie or None``, asked once per item as its WORK
+            arrives. Lies of the function: ``hang`` (never answer), ``slow`` (sleep
+            ``slow_seconds``, then answer), ``raise`` (raise: kind ``error``), ``unencodable``
+            (return a value JSON cannot hold: kind ``malformed-result``). Lies of the message,
+            acting on the whole dispatch: ``malformed`` (a RESULT that is not JSON), ``missing``
+            (READY without RESULT), ``old-token`` (a RESULT with the previous token), ``crash``
+            (SIGKILL this process).
+            With ``isolate=True`` only the lies of the message are told (the function runs in
+            the child as it is; put a function's misbehaviour in its payload instead).
+        slow_seconds: how long ``slow`` sleeps.
+        heartbeat, context, isolate, comm, poll: as for ``run_worker``.
+
+    Returns:
+        How many work items it ran.
+    """
+    import signal
+    import time
+
+    import orjson
+
+    from .mpi import worker as _w
+    from .mpi.context import MAX_RESULT_BYTES
+
+    plan: dict[str, str | None] = {}
+    function_lies = ("hang", "slow", "raise", "unencodable")
+
+    def lying(payload: Any, ctx: Any) -> Any:
+        lie = plan.get(ctx.work_id)
+        if lie == "hang":
+            while True:
+                time.sleep(3600)
+        if lie == "slow":
+            time.sleep(slow_seconds)
+        if lie == "raise":
+            raise RuntimeError("injected failure in the work function")
+        if lie == "unencodable":
+            return {"not JSON": {1, 2}}  # a set: this result cannot be sent
+        if context:
+            return fn(payload, ctx)
+        return fn(payload, ctx.beat) if heartbeat else fn(payload)
+
+    class Lies(_w.WorkerHooks):
+        last_token: Any = None
+        message_lie: str | None = None
+
+        def on_work(self, token: Any, items: list[dict[str, Any]]) -> None:
+            plan.clear()
+            for w in items:
+                lie = faults(str(w.get("work_id")), int(w.get("attempt", 0)))
+                if lie is not None and lie not in WORKER_LIES:
+                    raise ValueError(f"unknown lie {lie!r}; use one of {WORKER_LIES}")
+                if isolate and lie in function_lies:
+                    raise ValueError(f"the lie {lie!r} of the function needs isolate=False")
+                plan[str(w.get("work_id"))] = lie
+            if "crash" in plan.values():
+                os.kill(os.getpid(), signal.SIGKILL)
+            lies = [x for x in plan.values() if x in ("malformed", "missing", "old-token")]
+            self.message_lie = lies[0] if lies else None
+
+        def result(self, token: Any, raw: bytes) -> bytes | None:
+            lie, last, self.last_token = self.message_lie, self.last_token, token
+            if lie == "malformed":
+                return b"{not json"
+            if lie == "missing":
+                return None
+            if lie == "old-token":
+                return orjson.dumps({**orjson.loads(raw), "token": last or "e0-0"})
+            return raw
+
+    if heartbeat and context:
+        raise UsageError("pass heartbeat=True or context=True, not both (ctx.beat() beats)")
+    return _w._run(
+        fn if isolate else lying,
+        comm=comm,
+        mode=("context" if context else "beat" if heartbeat else "payload")
+        if isolate
+        else "context",
+        isolate=isolate,
+        memory_limit=None,
+        max_result=MAX_RESULT_BYTES,
+        poll=poll,
+        hooks=Lies(),
+    )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .context import WorkContext
     from .launcher import mpiexec_command, run_mpiexec
     from .master import MasterReport, finish, run_master, ulfm_mode
     from .worker import run_worker
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "run_master",
     "run_worker",
+    "WorkContext",
     "MasterReport",
     "ulfm_mode",
     "finish",
@@ -31,6 +33,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "run_master": ".master",
         "run_worker": ".worker",
+        "WorkContext": ".context",
         "MasterReport": ".master",
         "ulfm_mode": ".master",
         "finish": ".master",

@@ -1,12 +1,14 @@
 """The bundled example campaign, run under ``mpiexec`` (``durable-dispatch demo`` launches it).
 
-Rank 0 runs :func:`run_master`, every other rank :func:`run_worker`. Each work item hashes a seed a
-number of times (a stand-in for a fuzzing or parameter-sweep task). Unless ``--no-faults`` is given,
-a seeded plan makes some workers lie on their first attempt at chosen work IDs: hang forever, answer
-too late, send a malformed RESULT, send READY without RESULT, send a RESULT for an old token, and
-(under ULFM only) die by SIGKILL. At the end rank 0 checks the durable record against the full set
-of work IDs and writes a summary: committed, deferred, ``lost`` (must be 0) and
-``duplicate_commits`` (must be 0).
+Rank 0 runs :func:`run_master`, every other rank :func:`run_worker` with ``isolate=True`` (unless
+``--no-isolate``). Each work item hashes a seed a number of times (a stand-in for a fuzzing or
+parameter-sweep task). A seeded plan (``--faults``) makes chosen work IDs misbehave on their first
+attempt. In the work function (it reads the fault from its payload, so it acts in the isolated
+child): hang forever, segfault, answer too late, raise, return a value JSON cannot hold. In the
+worker's messages (:func:`~durable_dispatch.testing.run_lying_worker`): a malformed RESULT, READY
+without RESULT, a RESULT for an old token, and (under ULFM only) death by SIGKILL. At the end rank 0
+checks the durable record against the full set of work IDs and writes a summary: committed,
+deferred, ``lost`` (must be 0) and ``duplicate_commits`` (must be 0).
 
 Usage (under mpiexec): ``python -m durable_dispatch.mpi.demo STATE_DIR [options]``.
 """
@@ -29,18 +31,33 @@ from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..state import STATE_JOURNAL, event_work_ids
 from ..storage import Journal
 from ..storage import fs as _fs
+from .context import WorkContext
 
 __all__ = ["work_items", "fault_plan", "demo_task", "summarize", "main", "FAULT_KINDS"]
 
-FAULT_KINDS = ("hang", "slow", "malformed", "missing", "old-token", "crash", "raise", "unencodable")
+#: Faults the work function commits (from its payload, so they act in an isolated child).
+FUNCTION_FAULTS = ("hang", "segfault", "slow", "raise", "unencodable")
+#: Faults of the worker's messages (a lying worker; ``crash`` kills the rank itself).
+MESSAGE_FAULTS = ("malformed", "missing", "old-token", "crash")
+FAULT_KINDS = FUNCTION_FAULTS + MESSAGE_FAULTS
 
 
-def work_items(n: int, ms: float = 5.0) -> list[WorkItem]:
-    """The bundled campaign: ``n`` items ``demo-0000`` ... with small hashing tasks."""
-    return [
-        WorkItem(f"demo-{i:04d}", {"seed": f"seed-{i}", "rounds": 2000 + 37 * i, "ms": ms})
-        for i in range(n)
-    ]
+def work_items(
+    n: int, ms: float = 5.0, plan: dict[str, str] | None = None, slow: float = 0.0
+) -> list[WorkItem]:
+    """The bundled campaign: ``n`` items ``demo-0000`` ... with small hashing tasks; an item the
+    plan gives a function fault carries it in its payload (``fault``, and ``slow`` seconds)."""
+    out = []
+    for i in range(n):
+        wid = f"demo-{i:04d}"
+        payload: dict[str, Any] = {"seed": f"seed-{i}", "rounds": 2000 + 37 * i, "ms": ms}
+        fault = (plan or {}).get(wid)
+        if fault in FUNCTION_FAULTS:
+            payload["fault"] = fault
+            if fault == "slow":
+                payload["slow"] = slow
+        out.append(WorkItem(wid, payload))
+    return out
 
 
 def fault_plan(n: int, seed: int, kinds: tuple[str, ...], per_kind: int = 1) -> dict[str, str]:
@@ -53,8 +70,23 @@ def fault_plan(n: int, seed: int, kinds: tuple[str, ...], per_kind: int = 1) -> 
     return plan
 
 
-def demo_task(payload: Any) -> dict[str, Any]:
-    """Hash the seed ``rounds`` times and sleep ``ms`` milliseconds."""
+def demo_task(payload: Any, ctx: WorkContext | None = None) -> dict[str, Any]:
+    """Hash the seed ``rounds`` times and sleep ``ms`` milliseconds; on the first attempt
+    (``ctx.attempt == 0``), commit the payload's ``fault`` first."""
+    fault = payload.get("fault") if ctx is None or ctx.attempt == 0 else None
+    if fault == "hang":
+        while True:
+            time.sleep(3600)
+    if fault == "segfault":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if fault == "slow":
+        time.sleep(float(payload.get("slow", 0)))
+    if fault == "raise":
+        raise RuntimeError("injected failure in the work function")
+    if fault == "unencodable":
+        return {"not JSON": {1, 2}}  # a set: this result cannot be sent
     h = str(payload["seed"]).encode()
     for _ in range(int(payload["rounds"])):
         h = hashlib.sha256(h).digest()
@@ -73,6 +105,11 @@ def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str
 
     with DeferJournal.open(state_dir) as d:
         deferred = {i.work_id for i in d.items()}
+    from ..state import view_state
+
+    by_kind: Counter[str] = Counter()
+    for kinds in view_state(state_dir).projection.kinds.values():
+        by_kind.update(kinds)
     committed = set(commits) & all_ids
     lost = sorted(all_ids - committed - deferred)
     out: dict[str, Any] = {
@@ -82,6 +119,7 @@ def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str
         "lost": len(lost),
         "lost_ids": lost[:20],
         "duplicate_commits": sum(c - 1 for c in commits.values() if c > 1),
+        "failures_by_kind": dict(sorted(by_kind.items())),
     }
     if report is not None:
         core = report.stats["core"]
@@ -124,8 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", type=float, default=40.0, help="sleep per task, milliseconds")
     ap.add_argument(
         "--faults",
-        default="hang,slow,malformed,missing,old-token",
-        help="comma-separated fault kinds, or 'none'",
+        default="hang,segfault,slow,malformed,missing,old-token",
+        help=f"comma-separated fault kinds ({', '.join(FAULT_KINDS)}), or 'none'",
+    )
+    ap.add_argument(
+        "--no-isolate",
+        dest="isolate",
+        action="store_false",
+        help="run the work function in the worker process (a hang parks the rank for good, a "
+        "segfault ends the job)",
     )
     ap.add_argument("--per-kind", type=int, default=1)
     ap.add_argument("--seed", type=int, default=7)
@@ -163,18 +208,23 @@ def main(argv: list[str] | None = None) -> int:
         from .master import finish
         from .worker import run_worker
 
-        def faults(work_id: str, attempt: int) -> str | None:
+        def lies(work_id: str, attempt: int) -> str | None:
             fault = plan.get(work_id) if attempt == 0 else None
             if fault == "crash":  # leave the moment of death for the latency measurement
                 Path(a.state_dir, f"crash-{comm.Get_rank()}.time").write_text(repr(time.time()))
-            return fault
+            return fault if fault in MESSAGE_FAULTS else None
 
-        run_worker(demo_task, faults=faults, slow_seconds=slow)
+        if any(f in MESSAGE_FAULTS for f in plan.values()):
+            from ..testing import run_lying_worker
+
+            run_lying_worker(demo_task, lies, context=True, isolate=a.isolate)
+        else:
+            run_worker(demo_task, context=True, isolate=a.isolate)
         finish(comm)
         return 0
     from .master import finish, run_master
 
-    items = work_items(a.items, a.ms)
+    items = work_items(a.items, a.ms, plan, slow)
     progress_file = a.progress_file
 
     crash_timer: list[Any] = []

@@ -18,7 +18,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["find_mpiexec", "mpiexec_command", "run_mpiexec", "MpiexecResult", "ROOT_VARS"]
+__all__ = [
+    "find_mpiexec",
+    "mpiexec_command",
+    "run_mpiexec",
+    "MpiexecResult",
+    "ROOT_VARS",
+    "pids_in_session",
+    "kill_session",
+    "launch_env",
+]
 
 ROOT_VARS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -57,12 +66,20 @@ def mpiexec_command(
 
 @dataclass
 class MpiexecResult:
-    """The outcome of one ``mpiexec`` run."""
+    """The outcome of one ``mpiexec`` run.
+
+    Attributes:
+        returncode: its exit code.
+        stdout, stderr: what it printed.
+        timed_out: True when the timeout passed and the session was killed.
+        session: the id of the session it ran in (its pid), to look for processes left over.
+    """
 
     returncode: int
     stdout: str
     stderr: str
     timed_out: bool
+    session: int = 0
 
 
 def launch_env(extra: Mapping[str, str] | None = None, *, quiet: bool = False) -> dict[str, str]:
@@ -99,11 +116,11 @@ def run_mpiexec(
     )
     try:
         out, err = proc.communicate(timeout=timeout)
-        return MpiexecResult(proc.returncode, out or "", err or "", False)
+        return MpiexecResult(proc.returncode, out or "", err or "", False, proc.pid)
     except subprocess.TimeoutExpired:
         kill_session(proc)
         out, err = proc.communicate()
-        return MpiexecResult(proc.returncode, out or "", err or "", True)
+        return MpiexecResult(proc.returncode, out or "", err or "", True, proc.pid)
 
 
 def kill_session(proc: subprocess.Popen[str]) -> None:
@@ -115,14 +132,15 @@ def kill_session(proc: subprocess.Popen[str]) -> None:
         pass
     # Ranks may sit in process groups of their own, but they stay in this session.
     sid = pgid
-    for pid in _pids_in_session(sid):
+    for pid in pids_in_session(sid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
 
-def _pids_in_session(sid: int) -> list[int]:
+def pids_in_session(sid: int) -> list[int]:
+    """The processes of session ``sid`` still alive (read from ``/proc``)."""
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -22,12 +22,13 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from ..core import Commit, RetryPolicy, WatchdogConfig, WorkItem
 from ..errors import UsageError
 from ..state import CampaignState
 from . import protocol as P
+from .context import CHILD_MARKER
 from .signals import CaughtSignals
 
 __all__ = ["run_master", "MasterReport", "ulfm_mode", "finish"]
@@ -104,7 +105,7 @@ def run_master(
     progress_interval: float = 0.5,
     max_seconds: float | None = None,
     stop_timeout: float = 10.0,
-    linger: float = 0.0,
+    linger: float = 2.0,
     batch: int = 1,
     stuck_grace: float | None = None,
     drain_seconds: float = 60.0,
@@ -124,8 +125,10 @@ def run_master(
         max_seconds: give up after this long (the state directory resumes later).
         stop_timeout: how long to wait for STOP messages to be delivered at the end.
         linger: once all work is done, keep serving for up to this many seconds while ranks are
-            parked, so slow workers can send their exact READY (their late RESULTs are classified
-            stale). 0 stops at once; hung ranks never delay the end by more than this.
+            parked, so slow workers, and isolating workers that just killed a timed-out item,
+            can send their exact READY (their late RESULTs are classified stale) and end
+            unparked. It ends as soon as no rank is parked; 0 stops at once; hung ranks never
+            delay the end by more than this.
         batch: work items per dispatch (one token, one WORK message, one journal record and one
             RESULT for all of them). 1 suits tasks that take seconds; for tasks of milliseconds
             or less, 16-64 spreads the per-message cost over many items. A dispatch's deadline
@@ -145,10 +148,16 @@ def run_master(
         A :class:`MasterReport`.
 
     Raises:
-        UsageError: ``batch`` is not an integer >= 1.
+        UsageError: ``batch`` is not an integer >= 1, or this runs inside an isolated child
+            (see ``run_worker(isolate=True)``).
     """
+    if os.environ.get(CHILD_MARKER):
+        raise UsageError(
+            "run_master was called inside an isolated child: the campaign script runs its MPI "
+            "part when imported; put it under 'if __name__ == \"__main__\":'"
+        )
     if type(batch) is not int or batch < 1:
-        raise UsageError(f"batch must be an integer >= 1, got {batch!r}")
+        _refuse(f"batch must be an integer >= 1, got {batch!r}", comm, stop_timeout)
     from mpi4py import MPI
 
     comm = comm or MPI.COMM_WORLD
@@ -181,6 +190,7 @@ def run_master(
     )
     core = state.core
     tried = core.attempts
+    wd_on = core.watchdog.enabled
     cb = (lambda c: on_commit(c.work_id, c.result)) if on_commit else None
 
     def committed(c: Commit) -> None:
@@ -252,6 +262,9 @@ def run_master(
                                 }
                                 for w in s.items
                             ],
+                            # an isolating worker kills the work at the same deadline
+                            "seconds": core.allowed_seconds(s.items) if wd_on else None,
+                            "lease": core.watchdog.lease,
                         }
                     )
                     try:
@@ -263,9 +276,9 @@ def run_master(
                         continue
                     state.apply(core.mark_dispatched(s.token, time.monotonic()), committed)
                 # 3. RESULT
-                for src, body, err in results:
+                for src, body, reason in results:
                     token = body.get("token") if body is not None else _BAD
-                    values, errors, err = P.read_result(body, err)
+                    values, errors, err = P.read_result(body, reason)
                     state.apply(
                         core.on_results(src, token, values, now, errors=errors, error=err),
                         committed,
@@ -372,6 +385,19 @@ class _Stopping:
             self.grace,
         )
         return "every worker parked"
+
+
+def _refuse(message: str, comm: Any, stop_timeout: float) -> NoReturn:
+    """A bad argument, found before anything started: stop the workers if MPI is running (they
+    wait for WORK, and would keep the job alive forever, U4), then raise ``UsageError``."""
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        comm = comm or mpi.COMM_WORLD
+        log.error("master: %s; stopping the workers", message)
+        _stop_all(comm, mpi, range(1, comm.Get_size()), {}, stop_timeout)
+    raise UsageError(message)
 
 
 def _check_failures(

@@ -6,16 +6,21 @@ each worker's messages in the order it sent them (RESULT before its READY).
 
 | tag | direction | body |
 | --- | --- | --- |
-| WORK | master -> worker | ``{"token", "items": [{"work_id", "payload", "attempt"}, ...]}`` |
-| RESULT | worker -> master | ``{"token", "results": [...], "errors": {"<index>": "reason"}}`` |
+| WORK | master -> worker | ``{"token", "items": [{"work_id", "payload", "attempt"}], ...}`` |
+| RESULT | worker -> master | ``{"token", "results": [...], "errors": {"<i>": {...}}}`` |
 | READY | worker -> master | ``{"token"}`` (``null`` when the worker starts) |
 | HEARTBEAT | worker -> master | ``{"token"}`` |
 | STOP | master -> worker | ``{}`` |
 
 A WORK message carries one item, or several when the master runs with ``batch > 1``; its RESULT
-has one entry in ``results`` per item, in order. ``errors`` (optional) names the items the worker
-could not do (the function raised, or its value is not JSON): their ``results`` entries are null.
-A RESULT ``{"token", "error"}`` reports that the whole dispatch failed.
+has one entry in ``results`` per item, in order. ``seconds`` is the dispatch's deadline as the
+master counts it (null when the watchdog is off) and ``lease`` how far a HEARTBEAT pushes it: an
+isolating worker kills the work at the same deadline. ``errors`` (optional) names the items the
+worker could not do, each with its failure kind (``error``, ``crash``, ``result-too-large``,
+``malformed-result``; a bare string is kind ``error``): their ``results`` entries are null. A
+RESULT ``{"token", "error", "kind"}`` reports that the whole dispatch failed (``kind`` is
+``timeout`` when an isolating worker killed it at its deadline; without ``kind`` it counts as a
+malformed RESULT).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+
+from ..core.decisions import ItemFailure
 
 __all__ = [
     "WORK",
@@ -61,7 +68,7 @@ def decode(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any] | None,
 
 def read_result(
     body: dict[str, Any] | None, reason: str | None
-) -> tuple[list[Any] | None, dict[int, str] | None, str | None]:
+) -> tuple[list[Any] | None, dict[int, str | ItemFailure] | None, str | ItemFailure | None]:
     """Split a decoded RESULT body into ``(results, errors, None)``, or ``(None, None, reason)``
     when it cannot be read (the arguments of ``Dispatcher.on_results``; never raises).
 
@@ -72,6 +79,9 @@ def read_result(
     if body is None:
         return None, None, reason or "malformed RESULT"
     if "error" in body:
+        kind = body.get("kind")
+        if isinstance(kind, str):
+            return None, None, ItemFailure(kind, str(body["error"]))
         return None, None, str(body["error"])
     results = body.get("results")
     if not isinstance(results, list):
@@ -81,9 +91,12 @@ def read_result(
         return results, None, None
     if not isinstance(raw, dict):
         return None, None, "RESULT errors is not an object"
-    errors: dict[int, str] = {}
+    errors: dict[int, str | ItemFailure] = {}
     for k, v in raw.items():
         if not (k.isascii() and k.isdigit()):
             return None, None, f"RESULT error index {k!r} is not a number"
-        errors[int(k)] = str(v)
+        if isinstance(v, dict) and isinstance(v.get("kind"), str):
+            errors[int(k)] = ItemFailure(v["kind"], str(v.get("reason", "")))
+        else:
+            errors[int(k)] = str(v)
     return results, errors, None

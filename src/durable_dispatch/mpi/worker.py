@@ -1,13 +1,25 @@
 """The worker loop: receive WORK, run the user's function, answer RESULT then READY.
 
-The function runs in a daemon thread while the main thread keeps listening, so a STOP from the
-master ends the worker even when the function hangs, and heartbeats the function asks for are sent
-promptly. Heartbeats are opt-in (``heartbeat=True`` passes a callable to the function): a worker
-that hangs never heartbeats, so the watchdog can still recover its task.
+The function runs one of two ways:
+
+- **In-process** (the default): a daemon thread runs it while the main thread keeps listening, so
+  a STOP from the master ends the worker even when the function hangs, and heartbeats the function
+  asks for are sent promptly. A hang parks the rank until the job ends (W10); a segfault ends the
+  rank (and, without ULFM, the whole job).
+- **Isolated** (``isolate=True``, see :mod:`.isolation`): a supervised child process runs it. At
+  the dispatch's deadline the worker kills the child's process tree and reports kind ``timeout``;
+  a child that dies is reported as kind ``crash`` (with the signal's name) and restarted; either
+  way RESULT and READY follow with the exact token, so the rank comes back (W6/W7).
+
+Heartbeats are opt-in (``heartbeat=True`` passes ``beat``; ``context=True`` passes a
+:class:`~.context.WorkContext` with ``beat()``): a worker that hangs never heartbeats, so the
+watchdog can still recover its task.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import queue
 import threading
@@ -15,76 +27,149 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
+from ..errors import UsageError
 from . import protocol as P
+from .context import CHILD_MARKER, MAX_RESULT_BYTES, WorkContext, run_items
+from .isolation import IsolatedRunner, ItemOutcome, StopRequested
 from .signals import CaughtSignals
 
-__all__ = ["run_worker", "WorkerFault"]
+__all__ = ["run_worker", "WorkContext"]
 
-#: Test-only lies a worker can tell, keyed by name (see ``faults`` in :func:`run_worker`).
-WorkerFault = str
-_FAULTS = ("hang", "slow", "malformed", "missing", "old-token", "crash", "raise", "unencodable")
-
-
-def _send(comm: Any, mpi: Any, body: Any, tag: int, raw: bytes | None = None) -> None:
-    data = raw if raw is not None else P.encode(body)
-    comm.Send([data, mpi.BYTE], dest=0, tag=tag)
+log = logging.getLogger("durable_dispatch.mpi")
+_REASON_MAX = 2000  # characters of a failure's reason sent to the master
+_ROOM = 64 << 10  # bytes of a RESULT kept for its envelope and error entries
 
 
-def _result_message(token: Any, box: dict[str, Any]) -> bytes:
-    """The RESULT for a finished dispatch: one entry per item, and an ``errors`` entry for each
-    item whose function raised or returned a value JSON cannot hold (the master charges that item
-    a retry and commits the rest), never a dead worker."""
-    results: list[Any] = box["results"]
-    errors: dict[str, str] = box["errors"]
-    body: dict[str, Any] = {"token": token, "results": results}
-    if errors:
-        body["errors"] = errors
-    try:
-        return P.encode(body)
-    except TypeError:  # orjson.JSONEncodeError: find the items whose results cannot be sent
-        for i, value in enumerate(results):
-            try:
-                P.encode(value)
-            except TypeError as e:
-                results[i] = None
-                errors[str(i)] = f"result is not JSON-serializable: {e}"
-        body["errors"] = errors
-        return P.encode(body)
+class _Link:
+    """The worker's side of the wire: rank 0 only, raw JSON bytes."""
 
+    def __init__(self, comm: Any, MPI: Any) -> None:
+        self.comm, self.MPI = comm, MPI
+        self.status = MPI.Status()
 
-def _work(
-    fn: Callable[..., Any],
-    items: list[tuple[Any, str | None]],
-    slow_seconds: float,
-    heartbeat: bool,
-    beats: queue.SimpleQueue[int],
-    box: dict[str, Any],
-) -> None:
-    """Run the user's function on each ``(payload, fault)`` in the work thread, in order; the
-    outcomes go into ``box["results"]`` and ``box["errors"]`` (index -> reason)."""
-    results: list[Any] = []
-    errors: dict[str, str] = {}
-    box["results"], box["errors"] = results, errors
-    beat = lambda: beats.put(1)  # noqa: E731
-    for i, (payload, fault) in enumerate(items):
+    def send(self, tag: int, raw: bytes) -> None:
         try:
-            if fault == "hang":
-                while True:
-                    time.sleep(3600)
-            if fault == "slow":
-                time.sleep(slow_seconds)
-            if fault == "raise":
-                raise RuntimeError("injected failure in the work function")
-            if fault == "unencodable":
-                results.append({"not JSON": {1, 2}})  # a set: this result cannot be sent
-                continue
-            results.append(fn(payload, beat) if heartbeat else fn(payload))
-        except BaseException as e:  # the master learns of it as this item's error
-            results.append(None)
-            errors[str(i)] = f"{type(e).__name__}: {e}"
+            self.comm.Send([raw, self.MPI.BYTE], dest=0, tag=tag)
+        except self.MPI.Exception as e:  # the master is gone: the next receive says STOP
+            log.warning("worker %d: a send to the master failed: %s", self.comm.Get_rank(), e)
+
+    def receive(self) -> tuple[int, bytearray]:
+        """The next message from rank 0 (blocking); a STOP when rank 0 is gone (under ULFM the
+        probe fails with MPI_ERR_PROC_FAILED): a worker without a master stops (U4)."""
+        try:
+            self.comm.Probe(source=0, tag=self.MPI.ANY_TAG, status=self.status)
+            buf = bytearray(self.status.Get_count(self.MPI.BYTE))
+            tag = self.status.Get_tag()
+            self.comm.Recv([buf, self.MPI.BYTE], source=0, tag=tag)
+        except self.MPI.Exception as e:
+            return self._master_gone(e), bytearray()
+        return tag, buf
+
+    def stop_arrived(self) -> bool:
+        """True (and the STOP consumed) when rank 0 sent STOP, or is gone."""
+        try:
+            if not self.comm.Iprobe(source=0, tag=P.STOP, status=self.status):
+                return False
+            n = self.status.Get_count(self.MPI.BYTE)
+            self.comm.Recv([bytearray(n), self.MPI.BYTE], 0, P.STOP)
+        except self.MPI.Exception as e:
+            self._master_gone(e)
+        return True
+
+    def _master_gone(self, e: Exception) -> int:
+        log.warning(
+            "worker %d: the master (rank 0) is gone (%s); stopping", self.comm.Get_rank(), e
+        )
+        return P.STOP
 
 
-_MESSAGE_FAULTS = ("malformed", "missing", "old-token")
+class _InProcessRunner:
+    """Runs each dispatch's items in one long-lived daemon thread of this process."""
+
+    def __init__(self, fn: Callable[..., Any], mode: str, max_result: int, poll: float) -> None:
+        self.fn, self.mode, self.max_result, self.poll = fn, mode, max_result, poll
+        self.jobs: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.beats: queue.SimpleQueue[int] = queue.SimpleQueue()
+        threading.Thread(target=self._thread, name="durable-dispatch-work", daemon=True).start()
+
+    def _thread(self) -> None:
+        while True:
+            items, deadline, lease, box, finished = self.jobs.get()
+            beat = functools.partial(self.beats.put, 1)
+            for outcome in run_items(
+                self.fn, self.mode, items, deadline, lease, beat, self.max_result
+            ):
+                box.append(ItemOutcome(*outcome))
+            finished.set()
+
+    def run(
+        self,
+        items: list[dict[str, Any]],
+        deadline: float | None,
+        lease: float,
+        tick: Callable[[], bool],
+        beat: Callable[[], None],
+    ) -> tuple[list[ItemOutcome], ItemOutcome | None]:
+        box: list[ItemOutcome] = []
+        finished = threading.Event()
+        self.jobs.put((items, deadline, lease, box, finished))
+        while True:
+            over = finished.wait(self.poll)
+            while not self.beats.empty():
+                self.beats.get()
+                beat()
+            if over:
+                return box, None
+            if tick():  # the function may still run; its thread is a daemon
+                raise StopRequested
+
+    def close(self) -> None:
+        pass
+
+
+def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome | None) -> bytes:
+    """The RESULT for a dispatch: one entry per item (its result JSON spliced in as it came) and
+    an ``errors`` entry with kind and reason for each item that failed; or, for a dispatch that
+    failed as a whole, ``{"token", "error", "kind"}``. Results that would take the message over
+    its bound become ``result-too-large`` errors."""
+    if whole is not None:
+        reason = (whole.reason or "")[:_REASON_MAX]
+        return orjson.dumps({"token": token, "error": reason, "kind": whole.kind})
+    parts: list[bytes] = []
+    errors: dict[str, dict[str, str]] = {}
+    room = P.MAX_MESSAGE - _ROOM
+    for i, o in enumerate(outcomes):
+        if o.raw is not None and len(o.raw) > room:
+            o = ItemOutcome(
+                None,
+                "result-too-large",
+                f"{len(o.raw)} bytes would overfill the "
+                f"RESULT message ({P.MAX_MESSAGE} bytes for the whole dispatch)",
+            )
+        if o.raw is None:
+            parts.append(b"null")
+            errors[str(i)] = {"kind": o.kind or "error", "reason": (o.reason or "")[:_REASON_MAX]}
+        else:
+            parts.append(o.raw)
+            room -= len(o.raw)
+    body = b'{"token":' + orjson.dumps(token) + b',"results":[' + b",".join(parts) + b"]"
+    if errors:
+        body += b',"errors":' + orjson.dumps(errors)
+    return body + b"}"
+
+
+class WorkerHooks:
+    """Where a test worker may lie (``durable_dispatch.testing.run_lying_worker``); the
+    production loop uses this class as it is, which changes nothing."""
+
+    def on_work(self, token: Any, items: list[dict[str, Any]]) -> None:
+        """A WORK message arrived (before its items run)."""
+
+    def result(self, token: Any, raw: bytes) -> bytes | None:
+        """The RESULT about to be sent; None sends none."""
+        return raw
 
 
 def run_worker(
@@ -92,110 +177,134 @@ def run_worker(
     *,
     comm: Any = None,
     heartbeat: bool = False,
-    faults: Callable[[str, int], WorkerFault | None] | None = None,
-    slow_seconds: float = 0.0,
+    context: bool = False,
+    isolate: bool = False,
+    memory_limit: int | None = None,
+    max_result_bytes: int = MAX_RESULT_BYTES,
     poll: float = 0.001,
 ) -> int:
     """Serve WORK from rank 0 until STOP; returns how many work items this worker ran.
 
     Each WORK message holds one or more items (see :mod:`.protocol`); the function runs on each
-    in order, and one RESULT with an entry per item, then READY, answer the message.
+    in order, and one RESULT with an entry per item, then READY, answer the message. An item
+    whose function raised is reported as kind ``error``, a value JSON cannot hold as
+    ``malformed-result``, one over ``max_result_bytes`` as ``result-too-large``: the worker
+    lives on and the master charges that item's retry budget for its kind.
 
     Args:
-        fn: ``fn(payload) -> result`` (JSON-compatible), or ``fn(payload, beat)`` with
-            ``heartbeat=True``, where ``beat()`` asks the worker to send a HEARTBEAT now.
+        fn: ``fn(payload) -> result`` (JSON-compatible); ``fn(payload, beat)`` with
+            ``heartbeat=True``, where ``beat()`` sends a HEARTBEAT now; ``fn(payload, ctx)`` with
+            ``context=True``, where ``ctx`` is a :class:`WorkContext` (work ID, attempt,
+            deadline, ``beat()``).
         comm: the communicator (``MPI.COMM_WORLD`` by default).
         heartbeat: pass a heartbeat callable to ``fn``.
-        faults: test hook ``faults(work_id, attempt) -> name or None`` making this worker lie:
-            ``hang`` (never answer), ``slow`` (sleep ``slow_seconds`` then answer), ``malformed``
-            (a RESULT that is not JSON), ``missing`` (READY without RESULT), ``old-token`` (RESULT
-            with another token), ``crash`` (SIGKILL itself); and two failures of the function
-            itself: ``raise`` (it raises) and ``unencodable`` (it returns a value JSON cannot
-            hold). Either becomes an ``errors`` entry for that item in the RESULT: the worker
-            lives on. In a multi-item dispatch, ``hang`` and ``slow`` act at their item, and
-            ``crash``, ``malformed``, ``missing`` and ``old-token`` act on the whole message.
-        slow_seconds: how long a ``slow`` fault sleeps.
-        poll: seconds between probes while idle or while the function runs.
+        context: pass a :class:`WorkContext` to ``fn``.
+        isolate: run ``fn`` in a supervised child process (see :mod:`.isolation`): a hang
+            costs its deadline (kind ``timeout``), a crash a restart (kind ``crash``), never
+            the rank. ``fn`` must be a module-level function, and the script's MPI part must
+            sit under ``if __name__ == "__main__":``.
+        memory_limit: with ``isolate``, the child's address-space limit in bytes
+            (``RLIMIT_AS``); an item that needs more fails with ``MemoryError`` (kind ``error``)
+            or dies (kind ``crash``), and the rank lives on.
+        max_result_bytes: a result's bound once encoded (default: one journal record).
+        poll: seconds between checks for STOP while the function runs.
+
+    Raises:
+        UsageError: ``heartbeat`` with ``context``; ``memory_limit`` without ``isolate``; called
+            inside an isolated child (the script runs its MPI part at import).
+        IsolationError: ``isolate=True`` and the child cannot load ``fn`` (raised before this
+            worker says READY, so the job ends at once with the reason).
     """
+    return _run(
+        fn,
+        comm=comm,
+        mode="context" if context else "beat" if heartbeat else "payload",
+        isolate=isolate,
+        memory_limit=memory_limit,
+        max_result=max_result_bytes,
+        poll=poll,
+        hooks=WorkerHooks(),
+        both=heartbeat and context,
+    )
+
+
+def _run(
+    fn: Callable[..., Any],
+    *,
+    comm: Any,
+    mode: str,
+    isolate: bool,
+    memory_limit: int | None,
+    max_result: int,
+    poll: float,
+    hooks: WorkerHooks,
+    both: bool = False,
+) -> int:
+    """:func:`run_worker`, with the hooks a test worker lies through."""
+    if os.environ.get(CHILD_MARKER):
+        raise UsageError(
+            "run_worker was called inside an isolated child: the campaign script runs its MPI "
+            "part when imported; put it under 'if __name__ == \"__main__\":'"
+        )
+    if both:
+        raise UsageError("pass heartbeat=True or context=True, not both (ctx.beat() beats)")
+    if memory_limit is not None and not isolate:
+        raise UsageError("memory_limit needs isolate=True (it limits the child process)")
+    if memory_limit is not None and (type(memory_limit) is not int or memory_limit <= 0):
+        raise UsageError(f"memory_limit must be a positive number of bytes, got {memory_limit!r}")
+    if type(max_result) is not int or max_result <= 0:
+        raise UsageError(f"max_result_bytes must be a positive integer, got {max_result!r}")
     from mpi4py import MPI
 
     comm = comm or MPI.COMM_WORLD
-    _send(comm, MPI, {"token": None}, P.READY)
-    # One long-lived daemon thread runs the user's function, so the main thread stays free to
-    # hear STOP (even when the function hangs) and to send the heartbeats it asks for.
-    jobs: queue.SimpleQueue[tuple[tuple[Any, ...], threading.Event]] = queue.SimpleQueue()
-    beats: queue.SimpleQueue[int] = queue.SimpleQueue()
+    runner: _InProcessRunner | IsolatedRunner
+    if isolate:
+        runner = IsolatedRunner(fn, mode, max_result, memory_limit)
+    else:
+        runner = _InProcessRunner(fn, mode, max_result, poll)
+    link = _Link(comm, MPI)
 
-    def runner() -> None:
-        while True:
-            args, finished = jobs.get()
-            _work(*args)
-            finished.set()
+    def second_signal(signum: int) -> None:
+        runner.close()
+        os._exit(128 + signum)
 
-    threading.Thread(target=runner, name="durable-dispatch-work", daemon=True).start()
-    # U5: a batch system signals every task. The first signal is only noted (the item in hand
-    # is finished, and the draining master sends STOP); a second one ends the worker at once.
-    with CaughtSignals(on_repeat=lambda signum: os._exit(128 + signum)):
-        return _serve(comm, MPI, fn, faults, slow_seconds, heartbeat, poll, jobs, beats)
+    try:
+        link.send(P.READY, P.encode({"token": None}))
+        # U5: a batch system signals every task. The first signal is only noted (the item in
+        # hand is finished, and the draining master sends STOP); a second one ends the worker.
+        with CaughtSignals(on_repeat=second_signal):
+            return _serve(link, runner, hooks)
+    finally:
+        runner.close()
 
 
-def _serve(
-    comm: Any,
-    MPI: Any,
-    fn: Callable[..., Any],
-    faults: Callable[[str, int], WorkerFault | None] | None,
-    slow_seconds: float,
-    heartbeat: bool,
-    poll: float,
-    jobs: queue.SimpleQueue[tuple[tuple[Any, ...], threading.Event]],
-    beats: queue.SimpleQueue[int],
-) -> int:
+def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: WorkerHooks) -> int:
     """The worker's loop (see :func:`run_worker`)."""
-    status = MPI.Status()
     done = 0
-    last_token: str | None = None
     while True:
-        comm.Probe(source=0, tag=MPI.ANY_TAG, status=status)
-        n = status.Get_count(MPI.BYTE)
-        buf = bytearray(n)
-        comm.Recv([buf, MPI.BYTE], source=0, tag=status.Get_tag())
-        if status.Get_tag() == P.STOP:
+        tag, buf = link.receive()
+        if tag == P.STOP:
             return done
         body, _err = P.decode(buf)
         if body is None:
             continue
-        work = body.get("items")
-        if not isinstance(work, list) or not all(isinstance(w, dict) for w in work):
+        items = body.get("items")
+        if not isinstance(items, list) or not all(isinstance(w, dict) for w in items):
             continue
         token = body.get("token")
-        plan = [
-            (w.get("payload"), faults(str(w.get("work_id")), int(w.get("attempt", 0))))
-            if faults
-            else (w.get("payload"), None)
-            for w in work
-        ]
-        if any(f == "crash" for _, f in plan):
-            os.kill(os.getpid(), 9)
-        fault = next((f for _, f in plan if f in _MESSAGE_FAULTS), None)
-        box: dict[str, Any] = {}
-        finished = threading.Event()
-        jobs.put(((fn, plan, slow_seconds, heartbeat, beats, box), finished))
-        while True:
-            over = finished.wait(poll)
-            while not beats.empty():
-                beats.get()
-                _send(comm, MPI, {"token": token}, P.HEARTBEAT)
-            if over:
-                break
-            if comm.Iprobe(source=0, tag=P.STOP, status=status):
-                comm.Recv([bytearray(status.Get_count(MPI.BYTE)), MPI.BYTE], 0, P.STOP)
-                return done  # the function may still be running; its thread is a daemon
-        done += len(plan)
-        if fault == "malformed":
-            _send(comm, MPI, None, P.RESULT, raw=b"{not json")
-        elif fault == "old-token":
-            _send(comm, MPI, {"token": last_token or "e0-0", "results": box["results"]}, P.RESULT)
-        elif fault != "missing":
-            _send(comm, MPI, None, P.RESULT, raw=_result_message(token, box))
-        _send(comm, MPI, {"token": token}, P.READY)
-        last_token = token
+        seconds = body.get("seconds")
+        seconds = float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
+        lease = body.get("lease")
+        lease = float(lease) if isinstance(lease, (int, float)) and lease > 0 else seconds or 0.0
+        deadline = time.monotonic() + seconds if seconds is not None else None
+        hooks.on_work(token, items)
+        beat = functools.partial(link.send, P.HEARTBEAT, P.encode({"token": token}))
+        try:
+            outcomes, whole = runner.run(items, deadline, lease, link.stop_arrived, beat)
+        except StopRequested:
+            return done
+        done += len(items)
+        raw = hooks.result(token, result_message(token, outcomes, whole))
+        if raw is not None:
+            link.send(P.RESULT, raw)
+        link.send(P.READY, P.encode({"token": token}))

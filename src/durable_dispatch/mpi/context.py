@@ -1,0 +1,114 @@
+"""What a work function is told about its item, and how one call of it becomes an outcome.
+
+Shared by the worker's in-process runner and the isolated child (:mod:`.isolation`), so both
+turn a return value, an exception or an oversized result into the same RESULT entry. No MPI here:
+the isolated child imports this module with MPI left uninitialised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "WorkContext",
+    "CALL_MODES",
+    "call_work_function",
+    "run_items",
+    "MAX_RESULT_BYTES",
+    "CHILD_MARKER",
+]
+
+#: Set in an isolated child's environment; ``run_master`` and ``run_worker`` refuse to run there.
+CHILD_MARKER = "DURABLE_DISPATCH_ISOLATED_CHILD"
+
+#: How the worker calls the function: ``fn(payload)``, ``fn(payload, beat)`` (``heartbeat=True``)
+#: or ``fn(payload, ctx)`` (``context=True``).
+CALL_MODES = ("payload", "beat", "context")
+#: A result's bound by default: one journal record (``Journal.open(max_record_bytes=)``).
+MAX_RESULT_BYTES = 1 << 20
+
+
+@dataclass(slots=True)
+class WorkContext:
+    """What ``fn(payload, ctx)`` is told about the item it runs (``run_worker(context=True)``).
+
+    Attributes:
+        work_id: the item's stable work ID.
+        attempt: how many failed attempts it had before this one (0 on the first).
+        deadline: ``time.monotonic()`` at which the master's watchdog takes the item back (an
+            isolating worker kills the function then), or None when there is no deadline. Each
+            :meth:`beat` pushes it to at least ``now + lease``.
+        lease: how far a heartbeat pushes the deadline, in seconds.
+    """
+
+    work_id: str
+    attempt: int
+    deadline: float | None
+    lease: float
+    _send_beat: Callable[[], None] = field(repr=False, default=lambda: None)
+
+    def seconds_left(self) -> float | None:
+        """Seconds until :attr:`deadline` (never negative), or None without a deadline."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+    def beat(self) -> None:
+        """Send a HEARTBEAT: the master (and an isolating worker) push the deadline to
+        ``now + lease``. Call it from a long task that is making progress; a hung one never does,
+        so the watchdog still recovers it."""
+        if self.deadline is not None:
+            self.deadline = max(self.deadline, time.monotonic() + self.lease)
+        self._send_beat()
+
+
+def call_work_function(
+    fn: Callable[..., Any], mode: str, payload: Any, ctx: WorkContext, max_result: int
+) -> tuple[bytes | None, str | None, str | None]:
+    """Run ``fn`` on one payload: ``(result JSON, None, None)``, or ``(None, kind, reason)`` for a
+    function that raised (``error``), a value JSON cannot hold (``malformed-result``) or one
+    over ``max_result`` bytes (``result-too-large``). Never raises."""
+    try:
+        if mode == "context":
+            value = fn(payload, ctx)
+        elif mode == "beat":
+            value = fn(payload, ctx.beat)
+        else:
+            value = fn(payload)
+    except BaseException as e:  # noqa: BLE001 - the master learns of it as this item's error
+        return None, "error", f"{type(e).__name__}: {e}"
+    try:
+        raw = orjson.dumps(value)
+    except TypeError as e:  # orjson.JSONEncodeError
+        return None, "malformed-result", f"result is not JSON-serializable: {e}"
+    if len(raw) > max_result:
+        return None, "result-too-large", f"result of {len(raw)} bytes is over {max_result}"
+    return raw, None, None
+
+
+def run_items(
+    fn: Callable[..., Any],
+    mode: str,
+    items: list[dict[str, Any]],
+    deadline: float | None,
+    lease: float,
+    beat: Callable[[], None],
+    max_result: int,
+    started: Callable[[int], None] | None = None,
+) -> Iterator[tuple[bytes | None, str | None, str | None]]:
+    """Run a dispatch's items in order (see :func:`call_work_function`), yielding each outcome;
+    the items share the dispatch's deadline, which each one's heartbeats push for the next.
+    ``started(index)`` is called before each item."""
+    for index, item in enumerate(items):
+        if started is not None:
+            started(index)
+        ctx = WorkContext(
+            str(item.get("work_id")), int(item.get("attempt", 0)), deadline, lease, beat
+        )
+        yield call_work_function(fn, mode, item.get("payload"), ctx, max_result)
+        deadline = ctx.deadline

@@ -1,0 +1,427 @@
+"""Worker isolation (U1-U3): the work function runs in a supervised child process.
+
+``run_worker(fn, isolate=True)`` starts one child per worker rank and keeps it across items. The
+child is a fresh interpreter (``python -m durable_dispatch.mpi.isolation``), never a ``fork()`` of
+the MPI process: it loads the campaign script the way ``multiprocessing``'s spawn start method
+does (``multiprocessing.spawn.prepare``: the script is imported as ``__mp_main__``, so code under
+``if __name__ == "__main__":`` does not run again), then finds ``fn`` by its module and name.
+It never initialises MPI: ``mpi4py.rc.initialize`` is off and the launcher's ``OMPI_*``,
+``PMIX_*`` and ``PRTE_*`` variables are removed from its environment (an MPI_Init there would wait
+forever for a rank that is not part of the job).
+
+The child runs in a process group of its own inside the job's session, and dies with its worker
+(``PR_SET_PDEATHSIG``). The worker is the subreaper of its descendants. At an item's deadline, or
+when the child dies, or on STOP, the worker kills the child's group and every descendant it can
+still find, so a hang costs a deadline and a crash costs a restart, never the rank.
+
+Frames on the two pipes (``multiprocessing.connection`` framing): the worker sends the pickled
+set-up, then one JSON frame per dispatch (``{"job", "items", "deadline", "lease"}``); the child
+answers ``S`` (ready) or ``X`` + reason (cannot start) once; then ``B`` for each heartbeat, and
+frames of entries (a tag, a 4-byte length, a body), one entry per item in order: ``R`` + result
+JSON or ``E`` + ``{"kind", "reason"}``. Before each item the child writes the job number and the
+item's index into a shared page (a ``memfd``), so the worker knows which item a crash belongs to
+even when the results of the items before it were not sent yet.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import orjson
+
+from .. import processes
+from ..errors import IsolationError
+from .context import CHILD_MARKER, run_items
+
+__all__ = ["IsolatedRunner", "IsolationError", "CHILD_MARKER", "child_environment"]
+
+_LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PRTE_")
+_START_TIMEOUT = 120.0
+_PROGRESS = struct.Struct("=qq")  # the job number and the index of the item the child runs
+_FLUSH_SECONDS = 0.02  # the child sends what it has at least this often, and after each job
+
+
+def child_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: this process's without the MPI launcher's variables."""
+    base = dict(os.environ if env is None else env)
+    out = {k: v for k, v in base.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    out[CHILD_MARKER] = "1"
+    return out
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+@dataclass
+class ItemOutcome:
+    """One item's outcome from a runner: its result JSON, or a failure kind and reason."""
+
+    raw: bytes | None
+    kind: str | None = None
+    reason: str | None = None
+
+
+class _Child:
+    """One running child: its process, its two pipe ends."""
+
+    def __init__(self, setup: bytes, memory_limit: int | None) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        # Which item the child is running (job number, index), written by the child before
+        # each item: no syscall per item, and a crash is still charged to the right item.
+        progress = os.memfd_create("durable-dispatch-progress")
+        with os.fdopen(progress, "r+b", closefd=False) as page:  # memory, not storage
+            page.truncate(_PROGRESS.size)
+        self.progress = mmap.mmap(progress, _PROGRESS.size)
+        argv = [sys.executable, "-m", "durable_dispatch.mpi.isolation", str(to_child_r)]
+        argv += [str(from_child_w), str(progress), str(memory_limit or 0), str(os.getpid())]
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                pass_fds=(to_child_r, from_child_w, progress),
+                stdin=subprocess.DEVNULL,
+                env=child_environment(),
+                process_group=0,  # its own group, still in the job's session
+            )
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+            os.close(progress)
+        self.send = Connection(to_child_w, readable=False)
+        self.recv = Connection(from_child_r, writable=False)
+        self.send.send_bytes(setup)
+        end = time.monotonic() + _START_TIMEOUT
+        first = self._first_frame(end)
+        if first != b"S":
+            self.kill()
+            raise IsolationError(
+                "the isolated child could not start the work function: "
+                + (first[1:].decode(errors="replace") if first else self._ended())
+                + ". With isolate=True the campaign script is imported again in a fresh "
+                "interpreter, as multiprocessing's spawn does: define the function at module "
+                "level, and put the MPI part (run_master, run_worker, MPI calls) under "
+                "'if __name__ == \"__main__\":'"
+            )
+
+    def _first_frame(self, end: float) -> bytes | None:
+        while time.monotonic() < end:
+            if self.recv.poll(0.05):
+                try:
+                    return self.recv.recv_bytes()
+                except (EOFError, OSError):
+                    return None
+            if self.proc.poll() is not None and not self.recv.poll(0):
+                return None
+        return b"Xit did not start within %ds" % int(_START_TIMEOUT)
+
+    def _ended(self) -> str:
+        code = self.proc.wait()
+        if code < 0:
+            return f"it was killed by {_signal_name(code)}"
+        return f"it exited with code {code} (its error output is above)"
+
+    def kill(self) -> None:
+        """Kill the child's group and every descendant left, and close the pipes."""
+        processes.kill_group(self.proc.pid)
+        self.proc.wait()
+        processes.kill_descendants()
+        self.close()
+
+    def running(self) -> tuple[int, int]:
+        """``(job, index)`` the child last said it started."""
+        job, index = _PROGRESS.unpack(self.progress[: _PROGRESS.size])
+        return int(job), int(index)
+
+    def close(self) -> None:
+        for c in (self.send, self.recv):
+            try:
+                c.close()
+            except OSError:
+                pass
+        self.progress.close()
+
+
+class IsolatedRunner:
+    """Runs items in a supervised child (see the module docs); used by ``run_worker``.
+
+    Args:
+        fn: the work function, found by the child by its module and qualified name.
+        mode: how it is called (:data:`~.context.CALL_MODES`).
+        max_result: a result's bound in bytes.
+        memory_limit: the child's address-space limit (``RLIMIT_AS``) in bytes, or None.
+        subreaper: make this process the subreaper of its descendants (``run_worker`` does;
+            a test in a long-lived process may not want orphans re-parented to it).
+
+    Raises:
+        IsolationError: ``fn`` cannot be found by name (a lambda, a nested function), or the
+            child cannot start.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        mode: str,
+        max_result: int,
+        memory_limit: int | None,
+        *,
+        subreaper: bool = True,
+    ) -> None:
+        if os.environ.get(CHILD_MARKER):
+            raise IsolationError(
+                "an isolated worker was started inside an isolated child: the campaign script "
+                "starts its workers when imported; put that under 'if __name__ == \"__main__\":'"
+            )
+        try:
+            ref = pickle.dumps(fn)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise IsolationError(
+                f"isolate=True runs {fn!r} in a fresh interpreter, which finds it by its module "
+                f"and name; a lambda or a nested function cannot be found ({e})"
+            ) from e
+        import multiprocessing.spawn
+
+        prep = multiprocessing.spawn.get_preparation_data("durable-dispatch-child")
+        prep.pop("authkey", None)
+        self._setup = pickle.dumps({"prepare": prep, "fn": ref, "mode": mode, "max": max_result})
+        self._memory_limit = memory_limit
+        if subreaper:
+            processes.become_subreaper()
+        self._child: _Child | None = _Child(self._setup, memory_limit)
+        self.restarts = 0
+        self._job = 0  # jobs sent to a child, numbered
+
+    def run(
+        self,
+        items: list[dict[str, Any]],
+        deadline: float | None,
+        lease: float,
+        tick: Callable[[], bool],
+        beat: Callable[[], None],
+    ) -> tuple[list[ItemOutcome], ItemOutcome | None]:
+        """Run a dispatch's items in the child; returns their outcomes, and the failure of the
+        whole dispatch when its (shared) deadline passed.
+
+        The items go to the child in one frame; it runs them in order and sends their outcomes
+        in batches (after the last item, and at least every 20 ms), so a dispatch of many short
+        items costs one round trip, not one per item. A crash fails the item the child was
+        running (it says which in shared memory); the items not yet answered run again in a
+        fresh child, uncharged. ``tick()`` is called about every millisecond and returns True
+        when the worker must stop (STOP arrived): the child is then killed and
+        :class:`StopRequested` raised. At ``deadline`` the child is killed and the dispatch
+        fails with kind ``timeout``.
+        """
+        # Kill a little before the master's deadline, so that this worker's report of kind
+        # timeout arrives first and its rank is never parked (the watchdog stays the backstop).
+        margin = min(1.0, max(0.02, 0.02 * lease))
+        out: list[ItemOutcome | None] = [None] * len(items)
+        while todo := [i for i, o in enumerate(out) if o is None]:
+            self._job += 1
+            child, deadline = self._send([items[i] for i in todo], deadline, lease, beat)
+            answered = 0
+            while answered < len(todo):
+                if child.recv.poll(0.001):
+                    try:
+                        frame = child.recv.recv_bytes()
+                    except (EOFError, OSError):
+                        job, index = child.running()
+                        crashed = todo[index] if job == self._job else todo[answered]
+                        out[crashed] = self._died(child, items[crashed])
+                        break  # the rest (unanswered, or not yet sent back) go to a new child
+                    for tag, body in _unpack(frame):
+                        if tag == b"B":
+                            beat()
+                            if deadline is not None:
+                                deadline = max(deadline, time.monotonic() + lease)
+                            continue
+                        if tag == b"R":
+                            out[todo[answered]] = ItemOutcome(body)
+                        else:
+                            failure = orjson.loads(body)
+                            out[todo[answered]] = ItemOutcome(
+                                None, failure["kind"], failure["reason"]
+                            )
+                        answered += 1
+                    continue
+                if deadline is not None and time.monotonic() >= deadline - margin:
+                    job, index = child.running()
+                    self._kill()
+                    wid = items[todo[index] if job == self._job else todo[answered]]["work_id"]
+                    why = f"{wid}: deadline passed; its processes were killed"
+                    return [o for o in out if o is not None], ItemOutcome(None, "timeout", why)
+                if tick():
+                    self.close()
+                    raise StopRequested
+        return [o for o in out if o is not None], None
+
+    def run_item(
+        self,
+        item: dict[str, Any],
+        deadline: float | None,
+        lease: float,
+        tick: Callable[[], bool],
+        beat: Callable[[], None],
+    ) -> ItemOutcome:
+        """Run one item (see :meth:`run`); its outcome, kind ``timeout`` at the deadline."""
+        out, whole = self.run([item], deadline, lease, tick, beat)
+        return whole or out[0]
+
+    def _send(
+        self,
+        items: list[dict[str, Any]],
+        deadline: float | None,
+        lease: float,
+        beat: Callable[[], None],
+    ) -> tuple[_Child, float | None]:
+        """Hand ``items`` to the child, starting a fresh one if the last was killed or died."""
+        child = self._child
+        try:
+            if child is None:
+                raise BrokenPipeError
+            child.send.send_bytes(self._job_frame(items, deadline, lease))
+            return child, deadline
+        except OSError:  # the last one was killed, or died between items
+            self._kill()
+        child = self._start()
+        # A fresh interpreter takes a while to start: a heartbeat gives the items their time
+        # back, at the master too (its deadline moves to now + lease).
+        beat()
+        if deadline is not None:
+            deadline = max(deadline, time.monotonic() + lease)
+        child.send.send_bytes(self._job_frame(items, deadline, lease))
+        return child, deadline
+
+    def _job_frame(
+        self, items: list[dict[str, Any]], deadline: float | None, lease: float
+    ) -> bytes:
+        job = {"job": self._job, "items": items, "deadline": deadline, "lease": lease}
+        return orjson.dumps(job)
+
+    def _start(self) -> _Child:
+        self.restarts += 1
+        self._child = _Child(self._setup, self._memory_limit)
+        return self._child
+
+    def _kill(self) -> None:
+        if self._child is not None:
+            self._child.kill()
+            self._child = None
+
+    def _died(self, child: _Child, item: dict[str, Any]) -> ItemOutcome:
+        code = child.proc.wait()
+        self._kill()
+        if code < 0:
+            why = f"killed by {_signal_name(code)}"
+        else:
+            why = f"exited with code {code}"
+        return ItemOutcome(None, "crash", f"{item['work_id']}: the work function's process {why}")
+
+    def close(self) -> None:
+        """Kill the child and every descendant (on STOP and when the worker ends)."""
+        self._kill()
+        processes.kill_descendants()
+
+
+class StopRequested(Exception):
+    """STOP arrived while an item ran (the worker ends; the child was killed)."""
+
+
+# ---------------------------------------------------------------------------- the child side
+def _child_main(argv: list[str]) -> int:
+    """The child: load the function, then answer items until the worker closes the pipe."""
+    import mpi4py
+
+    mpi4py.rc.initialize = False  # a script that touches MPI at import fails fast, not hangs
+    mpi4py.rc.finalize = False
+    rfd, wfd, progress_fd, limit, parent = (int(a) for a in argv)
+    processes.die_with_parent(parent)
+    # The batch system's signals are the worker's to handle: it finishes or kills this item.
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(s, lambda *_: None)  # a handler, not SIG_IGN: programs run get defaults
+    inbox, out = Connection(rfd, writable=False), Connection(wfd, readable=False)
+    lock = threading.Lock()
+
+    def send(data: bytes) -> None:
+        with lock:
+            out.send_bytes(data)
+
+    try:
+        setup = pickle.loads(inbox.recv_bytes())
+        import multiprocessing.spawn
+
+        multiprocessing.spawn.prepare(setup["prepare"])
+        fn = pickle.loads(setup["fn"])
+    except BaseException as e:  # noqa: BLE001 - reported to the worker, which raises it
+        send(b"X" + f"loading it failed with {type(e).__name__}: {e}".encode())
+        return 1
+    if limit > 0:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    mode, max_result = setup["mode"], setup["max"]
+    progress = mmap.mmap(progress_fd, _PROGRESS.size)
+    pending: list[bytes] = []
+    send(b"S")
+    while True:
+        try:
+            job = orjson.loads(inbox.recv_bytes())
+        except EOFError:
+            return 0
+        flushed = time.monotonic()
+
+        def started(index: int, number: int = job["job"]) -> None:
+            progress[: _PROGRESS.size] = _PROGRESS.pack(number, index)
+
+        beat = functools.partial(send, b"B")
+        lease = float(job["lease"])
+        for raw, kind, reason in run_items(
+            fn, mode, job["items"], job["deadline"], lease, beat, max_result, started
+        ):
+            if raw is not None:
+                pending.append(_pack(b"R", raw))
+            else:
+                pending.append(_pack(b"E", orjson.dumps({"kind": kind, "reason": reason})))
+            if time.monotonic() - flushed >= _FLUSH_SECONDS:
+                send(b"".join(pending))
+                pending.clear()
+                flushed = time.monotonic()
+        if pending:
+            send(b"".join(pending))
+            pending.clear()
+
+
+def _pack(tag: bytes, body: bytes) -> bytes:
+    """One entry of a frame: its tag, its length, its body."""
+    return tag + len(body).to_bytes(4, "little") + body
+
+
+def _unpack(frame: bytes) -> list[tuple[bytes, bytes]]:
+    """The entries of a frame the child sent (a heartbeat is the bare frame ``B``)."""
+    if frame == b"B":
+        return [(b"B", b"")]
+    out, at = [], 0
+    while at < len(frame):
+        n = int.from_bytes(frame[at + 1 : at + 5], "little")
+        out.append((frame[at : at + 1], frame[at + 5 : at + 5 + n]))
+        at += 5 + n
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

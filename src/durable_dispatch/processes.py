@@ -1,0 +1,111 @@
+"""Process-tree hygiene for work that runs programs (U3): no process outlives its item or job.
+
+Linux only where it says so (``prctl``, ``/proc``); elsewhere these helpers do what they can and
+say so in their return values.
+
+- :func:`kill_group` kills a process group (a child started with its own group, and every
+  descendant that stayed in it).
+- :func:`become_subreaper` makes this process the "child subreaper" of its descendants
+  (``PR_SET_CHILD_SUBREAPER``): a descendant whose parent exits is re-parented here instead of to
+  init, so :func:`kill_descendants` still finds it, even after it left the group (``setsid``, a
+  daemon's double fork).
+- :func:`die_with_parent` asks the kernel to SIGKILL this process when its parent dies
+  (``PR_SET_PDEATHSIG``), for a supervised child whose worker may be killed outright.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+from pathlib import Path
+
+__all__ = ["kill_group", "become_subreaper", "die_with_parent", "kill_descendants"]
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of group ``pgid`` (nothing if the group is gone)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _prctl(option: int, arg: int) -> bool:
+    name = ctypes.util.find_library("c")
+    if name is None or not hasattr(os, "fork"):
+        return False
+    libc = ctypes.CDLL(name, use_errno=True)
+    return bool(libc.prctl(option, arg, 0, 0, 0) == 0)
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants; False where the kernel cannot."""
+    try:
+        return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(parent: int) -> bool:
+    """SIGKILL this process when its parent dies; False where the kernel cannot, or when the
+    parent (pid ``parent``) is already gone."""
+    try:
+        ok = _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    except (OSError, AttributeError):
+        return False
+    return ok and os.getppid() == parent
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process in ``/proc`` (empty where there is no ``/proc``)."""
+    out: dict[int, int] = {}
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_bytes()
+        except OSError:
+            continue  # it exited meanwhile
+        fields = stat.rsplit(b")", 1)[-1].split()
+        if len(fields) > 1:
+            out[int(entry.name)] = int(fields[1])  # field 4 of /proc/PID/stat: the parent
+    return out
+
+
+def kill_descendants(root: int | None = None) -> list[int]:
+    """SIGKILL every descendant of ``root`` (this process by default) and reap those that are
+    this process's children; returns the pids killed. With :func:`become_subreaper` this reaches
+    the descendants that started a session of their own once their parent exited."""
+    root = os.getpid() if root is None else root
+    parents = _parents()
+    below: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        below.setdefault(ppid, []).append(pid)
+    found: list[int] = []
+    todo = list(below.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += below.get(pid, ())
+    me = os.getpid()
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in found:
+        if parents.get(pid) == me:
+            try:
+                os.waitpid(pid, 0)
+            except (ChildProcessError, OSError):
+                pass  # reaped elsewhere (a Popen object of its own)
+    return found

@@ -1,0 +1,254 @@
+"""The isolated runner without MPI: a real child interpreter per runner, real signals, real
+process trees (mpi/isolation.py). The same runner under mpiexec: test_mpi_isolation.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_dispatch.errors import IsolationError
+from durable_dispatch.mpi.context import WorkContext
+from durable_dispatch.mpi.isolation import IsolatedRunner, StopRequested
+
+
+def work(payload: dict[str, Any], ctx: WorkContext) -> Any:
+    """Module level, so the child finds it by name."""
+    what = payload.get("do", "ok")
+    if what == "hang":
+        if payload.get("child"):
+            subprocess.Popen(["sleep", payload["child"]])  # stays in the item's group
+        while True:
+            time.sleep(3600)
+    if what == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if what == "abort":
+        os.abort()
+    if what == "exit":
+        os._exit(3)
+    if what == "raise":
+        raise ValueError("bad input")
+    if what == "memory":
+        return len(bytearray(1 << 30))
+    if what == "beat":
+        end = time.monotonic() + payload["seconds"]
+        while time.monotonic() < end:
+            ctx.beat()
+            time.sleep(0.05)
+    if what == "big":
+        return "x" * 5000
+    return {
+        "pid": os.getpid(),
+        "work_id": ctx.work_id,
+        "attempt": ctx.attempt,
+        "left": ctx.seconds_left(),
+        "mpi": sorted(k for k in os.environ if k.startswith(("OMPI_", "PMIX_"))),
+    }
+
+
+@pytest.fixture
+def runner() -> Any:
+    r = IsolatedRunner(work, "context", 4096, 1 << 30, subreaper=False)
+    yield r
+    r.close()
+
+
+def _item(work_id: str, **payload: Any) -> dict[str, Any]:
+    return {"work_id": work_id, "attempt": 1, "payload": payload}
+
+
+def _run(r: IsolatedRunner, item: dict[str, Any], seconds: float = 30.0) -> Any:
+    beats: list[float] = []
+    outcome = r.run_item(
+        item, time.monotonic() + seconds, seconds, lambda: False, lambda: beats.append(1.0)
+    )
+    return outcome, beats
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_an_item_runs_in_a_child_that_is_told_its_context_and_kept(runner: Any) -> None:
+    import orjson
+
+    os.environ["OMPI_COMM_WORLD_RANK"] = "3"  # what mpiexec sets; the child must not see it
+    try:
+        first, _ = _run(runner, _item("w1"))
+    finally:
+        del os.environ["OMPI_COMM_WORLD_RANK"]
+    second, _ = _run(runner, _item("w2"))
+    a, b = orjson.loads(first.raw), orjson.loads(second.raw)
+    assert a["pid"] != os.getpid() and a["pid"] == b["pid"]  # one child, kept across items
+    assert (a["work_id"], a["attempt"]) == ("w1", 1) and 29 < a["left"] <= 30
+    assert a["mpi"] == []
+
+
+def test_a_hang_is_killed_at_its_deadline_with_its_process_group(runner: Any) -> None:
+    """Issue 14: nothing ended a hung function; its rank was lost for good."""
+    pid = _run(runner, _item("w0"))[0].raw
+    start = time.monotonic()
+    out, _ = _run(runner, _item("w1", do="hang", child="303.25"), seconds=1.0)
+    took = time.monotonic() - start
+    assert (out.kind, out.raw) == ("timeout", None) and "w1" in (out.reason or "")
+    assert 0.9 <= took < 10
+    assert not any("sleep 303.25" in _cmdline(p) for p in _pids())  # its group died with it
+    after, beats = _run(runner, _item("w2"))
+    assert after.kind is None and after.raw != pid  # a fresh child serves the next item
+    assert len(beats) == 1  # the restart sent a heartbeat: its start costs no item's time
+    assert runner.restarts == 1
+
+
+@pytest.mark.parametrize(
+    ("do", "why"),
+    [("segfault", "SIGSEGV"), ("abort", "SIGABRT"), ("exit", "exited with code 3")],
+)
+def test_a_child_that_dies_is_a_crash_with_its_signal_and_is_restarted(
+    runner: Any, do: str, why: str
+) -> None:
+    out, _ = _run(runner, _item("w1", do=do))
+    assert out.kind == "crash" and why in (out.reason or ""), out
+    assert _run(runner, _item("w2"))[0].kind is None
+
+
+@pytest.mark.parametrize(
+    ("do", "kind", "why"),
+    [
+        ("raise", "error", "ValueError: bad input"),
+        ("memory", "error", "MemoryError"),
+        ("big", "result-too-large", "over 4096"),
+    ],
+)
+def test_a_function_that_fails_in_its_child_keeps_the_child(
+    runner: Any, do: str, kind: str, why: str
+) -> None:
+    import orjson
+
+    before = orjson.loads(_run(runner, _item("w0"))[0].raw)["pid"]
+    out, _ = _run(runner, _item("w1", do=do))
+    assert out.kind == kind and why in (out.reason or ""), out
+    assert orjson.loads(_run(runner, _item("w2"))[0].raw)["pid"] == before
+
+
+def test_heartbeats_push_the_deadline_as_the_master_does(runner: Any) -> None:
+    out, beats = _run(runner, _item("w1", do="beat", seconds=1.5), seconds=0.6)
+    assert out.kind is None and len(beats) >= 10
+
+
+def test_stop_while_an_item_runs_kills_the_child(runner: Any) -> None:
+    child = runner._child.proc
+    calls = []
+
+    def tick() -> bool:
+        calls.append(1)
+        return len(calls) > 20
+
+    with pytest.raises(StopRequested):
+        runner.run_item(_item("w1", do="hang"), None, 1.0, tick, lambda: None)
+    assert child.poll() is not None
+
+
+def test_a_function_the_child_cannot_find_by_name_is_refused() -> None:
+    with pytest.raises(IsolationError, match="lambda or a nested function"):
+        IsolatedRunner(lambda p: p, "payload", 100, None, subreaper=False)
+
+
+UNGUARDED = """
+from mpi4py import MPI
+RANK = MPI.COMM_WORLD.Get_rank()   # at import: the child would run it again
+
+def fn(payload):
+    return payload
+
+from durable_dispatch.mpi.isolation import IsolatedRunner, IsolationError
+try:
+    IsolatedRunner(fn, "payload", 100, None)
+except IsolationError as e:
+    print("REFUSED", e)
+"""
+
+
+def test_a_script_that_runs_mpi_at_import_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """The child imports the campaign script again (as multiprocessing's spawn does); there MPI
+    is never initialised, so a script that calls MPI at import fails fast with the reason."""
+    script = tmp_path / "campaign.py"
+    script.write_text(UNGUARDED)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "REFUSED" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "if __name__" in out.stdout and "exited with code" in out.stdout
+
+
+SUBREAPER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from test_isolation import work
+from durable_dispatch.mpi.isolation import IsolatedRunner
+
+def leave_daemon(payload, ctx):
+    import subprocess
+    subprocess.Popen(["setsid", "-f", "sleep", "304.75"])   # leaves the group and the session
+    return "ok"
+
+if __name__ == "__main__":
+    r = IsolatedRunner(leave_daemon, "context", 100, None)
+    print(r.run_item({{"work_id": "w", "attempt": 0, "payload": None}}, None, 1.0,
+                     lambda: False, lambda: None).kind, flush=True)
+    time.sleep(0.5)
+    r.close()
+    print("closed", flush=True)
+"""
+
+
+def test_a_daemon_the_function_left_dies_when_the_worker_closes(tmp_path: Path) -> None:
+    """U3: the worker is the subreaper of its descendants, so a daemon that left the item's
+    group and session is still found and killed when the worker stops."""
+    script = tmp_path / "worker.py"
+    script.write_text(SUBREAPER.format(tests=str(Path(__file__).parent)))
+    try:
+        out = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+        )
+        assert out.stdout.split() == ["None", "closed"], out.stderr[-2000:]
+        left = [p for p in _pids() if "sleep 304.75" in _cmdline(p)]
+        assert left == []
+    finally:
+        for p in _pids():
+            if "sleep 304.75" in _cmdline(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def _pids() -> list[int]:
+    return [
+        int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _alive(int(e.name))
+    ]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_a_dispatch_of_several_items_goes_on_in_a_fresh_child_after_a_crash(runner: Any) -> None:
+    items = [_item("a"), _item("b", do="segfault"), _item("c"), _item("d", do="raise")]
+    out, whole = runner.run(items, None, 1.0, lambda: False, lambda: None)
+    assert whole is None and [o.kind for o in out] == [None, "crash", None, "error"]
+    assert runner.restarts == 1
+
+
+def test_a_dispatch_of_several_items_fails_as_a_whole_at_its_shared_deadline(runner: Any) -> None:
+    items = [_item("a"), _item("b", do="hang"), _item("c")]
+    out, whole = runner.run(items, time.monotonic() + 1.0, 1.0, lambda: False, lambda: None)
+    assert whole is not None and whole.kind == "timeout" and "b:" in (whole.reason or "")
+    assert [o.kind for o in out] in ([], [None])  # a's result may not have been sent yet
