@@ -191,7 +191,7 @@ def test_every_command_has_help_and_docs() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     names = sorted(sub.choices)  # type: ignore[union-attr]
-    assert names == ["compact", "deferred", "demo", "inspect", "stats", "verify"]
+    assert names == ["compact", "deferred", "demo", "inspect", "results", "stats", "verify"]
     docs = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
     for name in names:
         out = run(name, "--help")

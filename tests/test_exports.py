@@ -16,6 +16,7 @@ PUBLIC_MODULES = [
     "durable_dispatch.logs",
     "durable_dispatch.mpi",
     "durable_dispatch.commands",
+    "durable_dispatch.results",
 ]
 
 

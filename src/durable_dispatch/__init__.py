@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .core import Dispatcher, ItemFailure, RetryPolicy, WatchdogConfig, WorkItem
     from .errors import DurableDispatchError
     from .mpi.context import WorkContext
+    from .results import CommittedResult, read_results
     from .state import CampaignState
     from .storage import (
         DeferJournal,
@@ -33,6 +34,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CampaignState",
+    "CommittedResult",
+    "read_results",
     "CommandOutcome",
     "run_command",
     "Dispatcher",
@@ -57,6 +60,8 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "CampaignState": ".state",
+        "CommittedResult": ".results",
+        "read_results": ".results",
         "CommandOutcome": ".commands",
         "run_command": ".commands",
         "Dispatcher": ".core",

@@ -285,6 +285,32 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_results(args: argparse.Namespace) -> int:
+    """Every committed result, in commit order (U6); read-only, safe beside a running master."""
+    from .results import read_results
+
+    _need_state_dir(args.state_dir)
+    rows = read_results(args.state_dir, args.work_ids or None)
+    if args.jsonl:
+        out = sys.stdout
+        for r in rows:
+            out.write(orjson.dumps(r.as_dict()).decode() + "\n")
+        return EXIT_OK
+    if args.json:
+        _print([r.as_dict() for r in rows], True)
+        return EXIT_OK
+    n = 0
+    for r in rows:
+        value = orjson.dumps(r.result).decode()
+        if len(value) > 100:
+            value = value[:97] + "..."
+        print(f"{r.work_id:<30} {value}")
+        n += 1
+    if not n:
+        print("(none)")
+    return EXIT_OK
+
+
 def cmd_compact(args: argparse.Namespace) -> int:
     """Fold a state directory's journal into a snapshot, or drop resolved deferred entries."""
     from .storage.defer import compact_file
@@ -527,6 +553,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("path", help="a state directory or a defer journal file")
     sp.add_argument("--dry-run", action="store_true", help="report what would change")
+    sp = add(
+        "results",
+        cmd_results,
+        "every committed result, in commit order (read-only; safe beside a running master)",
+        "durable-dispatch results state/ --jsonl",
+    )
+    sp.add_argument("state_dir", help="a state directory")
+    sp.add_argument("work_ids", nargs="*", metavar="ID", help="only these work IDs")
+    sp.add_argument("--jsonl", action="store_true", help="one JSON object per line")
     sp = add("stats", cmd_stats, "the campaign's statistics", "durable-dispatch stats state/")
     sp.add_argument("state_dir", help="a state directory")
     sp = add(

@@ -108,6 +108,7 @@ _EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
         {"last_error": _str_or_none},
     ),
     "requeued_deferred": ({"work_id": _str}, {}),
+    "delivered": ({"upto": _int}, {}),
 }
 _NAMES_WORK = ("dispatched", "committed")  # work_id, or work_ids for a multi-item dispatch
 
@@ -198,15 +199,19 @@ _STATE: tuple[dict[str, Check], dict[str, Check]] = (
 
 
 def check_state_snapshot(body: Any) -> None:
-    """Check a state directory's snapshot body: ``journal_seq``, ``state`` (the core's snapshot
-    form) and ``stats``.
+    """Check a state directory's snapshot body: ``journal_seq``, ``delivered_seq`` (U6),
+    ``state`` (the core's snapshot form) and ``stats``.
 
     Raises:
         Invalid: the body or one of its members is of the wrong shape (``state.frontier`` ...).
     """
     if type(body) is not dict:
         raise Invalid("(body)", "not an object")
-    _members(body, {}, {"journal_seq": _int, "stats": lambda v: type(v) is dict})
+    _members(
+        body,
+        {},
+        {"journal_seq": _int, "delivered_seq": _int, "stats": lambda v: type(v) is dict},
+    )
     state = body.get("state")
     if state is None:
         return

@@ -90,6 +90,13 @@ STATE_JOURNAL = "events.jsonl"
 SNAPSHOT_NAME = "campaign"
 LOCK_NAME = "master.lock"
 _SUBMIT_CHUNK = 512
+#: A ``delivered`` event records the delivery point between snapshots once it is this old or
+#: this many records behind: after a crash at most about that much is delivered again.
+DELIVERY_MARK_SECONDS = 0.25
+DELIVERY_MARK_RECORDS = 256
+#: A results journal record's bound: a committed record and its sequence number, with room for
+#: a state journal opened with a larger ``max_record_bytes``.
+RESULT_RECORD_BYTES = 16 << 20
 
 
 def event_work_ids(ev: Mapping[str, Any]) -> list[str]:
@@ -121,6 +128,8 @@ class Projection:
         self.last_error: dict[str, str] = dict(snap.get("last_error", {}))
         self.solo: set[str] = set(snap.get("solo", ()))
         self.duplicate_commits = 0
+        #: the newest ``delivered`` event's point (U6; the snapshot body keeps it, not the state)
+        self.delivered = -1
         for it in snap.get("frontier", ()):
             self.items[it["work_id"]] = it
             self.back[it["work_id"]] = None
@@ -203,6 +212,8 @@ class Projection:
             self.attempts[wid] = int(ev["attempts"])
             self.kinds[wid] = list(ev["kinds"])
             self.last_error[wid] = ev.get("last_error") or ""
+        elif kind == "delivered":
+            self.delivered = max(self.delivered, int(ev["upto"]))
         elif kind == "requeued_deferred":
             wid = ev["work_id"]
             if self.deferred.pop(wid, None) is not None:
@@ -292,6 +303,13 @@ class CampaignState:
         self._snapshot_failures = 0
         self._closed = False
         self._filesystem = _fs.filesystem()
+        # U6: every commit journaled up to this sequence number was handed to the callback
+        # (which returned). Kept in each snapshot body and, between snapshots, in ``delivered``
+        # events at most every DELIVERY_MARK_SECONDS.
+        self._delivered: int = kw["delivered"]
+        self._delivered_marked = self._delivered
+        self._delivered_at = time.monotonic()
+        self._callback_failed = False
 
     @classmethod
     def open(
@@ -337,6 +355,9 @@ class CampaignState:
                     opened.close()  # its writer lock too: a later open must not find it held
             lock.release()
             raise
+        # A snapshot of an earlier version has no delivery point: what it folded counts as
+        # delivered (its callback ran before that version's snapshot), the journal after it not.
+        delivered = int(base.get("delivered_seq", base.get("journal_seq", -1)))
         st = cls(
             d,
             lock=lock,
@@ -346,6 +367,7 @@ class CampaignState:
             core=core,
             replayed=n,
             dups=proj.duplicate_commits,
+            delivered=max(delivered, proj.delivered),
         )
         r = journal.append({"event": "epoch", "epoch": epoch, "ts": time.time()})
         st._durable(r.seq)
@@ -484,7 +506,12 @@ class CampaignState:
         exceed the journal's record bound. A single result too large for any record is refused:
         the core retries that item (returns its decisions)."""
         first = commits[0]
-        ev: dict[str, Any] = {"event": "committed", "token": str(first.token)}
+        ev: dict[str, Any] = {
+            "event": "committed",
+            "token": str(first.token),
+            "rank": first.rank,
+            "ts": time.time(),
+        }
         if len(commits) == 1:
             ev["work_id"], ev["result"] = first.work_id, first.result
         else:
@@ -519,21 +546,78 @@ class CampaignState:
         degraded = not self.journal.health.ok
         durable = self.journal.durable_seq
         n = items = 0
-        while n < len(pending) and (degraded or pending[n][0] <= durable):
-            seq, token, commits, cb = pending[n]
-            if seq > durable:
-                self._commits_in_memory.extend([seq] * len(commits))
-            if cb is not None:
-                for c in commits:
-                    cb(c)
-            if n + 1 == len(pending) or pending[n + 1][1] != token:
-                follow = self.core.commit_done(token)  # the dispatch's last record is delivered
-                if follow:
-                    self.apply(follow)
-            n += 1
-            items += len(commits)
-        del pending[:n]
+        try:
+            while n < len(pending) and (degraded or pending[n][0] <= durable):
+                seq, token, commits, cb = pending[n]
+                if seq > durable:
+                    self._commits_in_memory.extend([seq] * len(commits))
+                if cb is not None and not self._callback_failed:
+                    try:
+                        for c in commits:
+                            cb(c)
+                    except BaseException:
+                        # U6: this record and every later one are delivered again on the next
+                        # open; from now on nothing is handed to the callback (it failed).
+                        self._callback_failed = True
+                        raise
+                if not self._callback_failed:
+                    self._delivered = max(self._delivered, seq)
+                if n + 1 == len(pending) or pending[n + 1][1] != token:
+                    follow = self.core.commit_done(token)  # the dispatch's last record is in
+                    if follow:
+                        self.apply(follow)
+                n += 1
+                items += len(commits)
+        finally:
+            del pending[:n]
+        self._mark_delivered()
         return items
+
+    def _mark_delivered(self, *, now: bool = False) -> None:
+        """Journal the delivery point if it moved and the last mark is old enough (or ``now``)."""
+        if self._delivered <= self._delivered_marked:
+            return
+        t = time.monotonic()
+        behind = self._delivered - self._delivered_marked
+        if (
+            now
+            or t - self._delivered_at >= DELIVERY_MARK_SECONDS
+            or behind >= DELIVERY_MARK_RECORDS
+        ):
+            self.journal.append({"event": "delivered", "upto": self._delivered})
+            self._delivered_marked, self._delivered_at = self._delivered, t
+
+    @property
+    def delivered_seq(self) -> int:
+        """The delivery point (U6): every commit journaled up to this sequence number was handed
+        to the callback, which returned."""
+        return self._delivered
+
+    def redeliver(self, on_commit: Callable[[str, Any], None] | None) -> int:
+        """Hand every commit after the delivery point to ``on_commit(work_id, result)`` again,
+        in commit order (U6: at least once); call it after :meth:`open`, before dispatching.
+        ``run_master`` does. Returns how many results it delivered.
+
+        A commit is redelivered when the master crashed after it was durable but before its
+        callback returned, or when the callback raised. The callback must be idempotent by work
+        ID (an upsert keyed by work ID); see ``docs/state-format.md``.
+        """
+        from .results import read_results
+
+        n = 0
+        upto = self.journal.next_seq - 1
+        for r in read_results(self.directory, after_seq=self._delivered):
+            if r.seq > upto:
+                break
+            if on_commit is not None:
+                on_commit(r.work_id, r.result)
+            self._delivered = max(self._delivered, r.seq)
+            n += 1
+        if n:
+            log.warning("redelivered %d committed result(s) to the callback (U6)", n)
+        self._delivered = max(self._delivered, upto)  # nothing after it is a commit yet
+        self._mark_delivered(now=True)
+        return n
 
     def _durable(self, seq: int) -> bool:
         try:
@@ -548,6 +632,7 @@ class CampaignState:
         seq = self.journal.next_seq - 1
         body = {
             "journal_seq": seq,
+            "delivered_seq": self._delivered,
             "state": self._projection(),
             "stats": self.statistics().as_dict(),
         }
@@ -624,6 +709,7 @@ class CampaignState:
         try:
             try:
                 self.complete_commits(wait=True)
+                self._mark_delivered(now=True)
                 self.save_snapshot("close")
             finally:
                 self.journal.close()  # whatever failed above: no writer lock is left held
@@ -835,8 +921,10 @@ def compact_state(
     (temp file, fsync, rename, directory fsync). A crash before (2) leaves the old snapshot and the
     old journal; between (2) and (3) the new snapshot and the old journal, whose records it already
     holds (replay skips them); after (3) the new pair. Memory is bounded by the live set (the
-    projection), not the journal's size. Committed results leave the journal with it: only the
-    committed work IDs stay.
+    projection), not the journal's size. Committed results are never dropped (U6): before (2)
+    every committed record not moved yet is appended to the results journal (``results.jsonl``)
+    with its sequence number, and fsynced; a compaction interrupted after that moves nothing
+    twice.
 
     The journal is read once: the open's verifying scan hands each run of records to the fold
     (``Journal.open(visit=...)``); only if the open had to repair damage first are the records
@@ -858,15 +946,30 @@ def compact_state(
         size = os.path.getsize(jpath) if os.path.exists(jpath) else 0
         snaps, snap = _load_snapshot(d)
         base = snap.value if snap is not None else {}
-        j, proj, _n = _open_and_fold(jpath, base, progress=progress, sync="always")
+        results = None if dry_run else _ResultsMover(d)
+        try:
+            j, proj, _n = _open_and_fold(
+                jpath,
+                base,
+                progress=progress,
+                on_event=results.move if results else None,
+                sync="always",
+            )
+            if results is not None:
+                results.finish()  # durable before the state journal lets go of them
+        finally:
+            if results is not None:
+                results.close()
         with j:
             before = j.recovery.records
             last = j.next_seq - 1
             if dry_run:
                 est = len(Header(new_salt(), last + 1).frame())
                 return CompactReport(jpath, before, 0, size, est, None, True)
+            delivered = int(base.get("delivered_seq", base.get("journal_seq", -1)))
             body = {
                 "journal_seq": last,
+                "delivered_seq": max(delivered, proj.delivered),
                 "state": proj.to_snapshot(),
                 "stats": base.get("stats", {}),
             }
@@ -881,6 +984,7 @@ def _open_and_fold(
     base: Mapping[str, Any],
     *,
     progress: Callable[[int, int], None] | None = None,
+    on_event: Callable[[Mapping[str, Any], int], None] | None = None,
     **journal_kw: Any,
 ) -> tuple[Journal, Projection, int]:
     """Open the state journal and fold its records newer than the snapshot ``base`` into a
@@ -901,6 +1005,8 @@ def _open_and_fold(
             if seq > after:
                 _fold(proj, payload, path, offset=offset, seq=seq)
                 count += 1
+            if on_event is not None:
+                on_event(payload, seq)
         if progress is not None:
             progress(batch.offsets[-1], size)
 
@@ -911,10 +1017,50 @@ def _open_and_fold(
             for rec in journal.records(from_seq=after + 1):
                 _fold(proj, rec.payload, path, seq=rec.seq)
                 count += 1
+                if on_event is not None:
+                    on_event(rec.payload, rec.seq)
         except BaseException:
             journal.close()
             raise
     return journal, proj, count
+
+
+class _ResultsMover:
+    """Compaction's half of the results store: append each committed record of the state journal
+    that the results journal does not hold yet (by sequence number) to it."""
+
+    def __init__(self, d: str) -> None:
+        from .results import RESULTS_JOURNAL
+
+        self.moved = -1
+
+        def last(batch: RawBatch) -> None:
+            for payload in _decoded(batch, self.path):
+                self.moved = max(self.moved, int(payload.get("seq", -1)))
+
+        self.path = os.path.join(d, RESULTS_JOURNAL)
+        self.journal = Journal.open(
+            self.path, sync="batch", visit=last, max_record_bytes=RESULT_RECORD_BYTES
+        )
+        if self.journal.recovery.damage:  # the visit saw records before the repair
+            self.moved = max((int(r.payload["seq"]) for r in self.journal.records()), default=-1)
+
+    def move(self, ev: Mapping[str, Any], seq: int) -> None:
+        if seq > self.moved and ev.get("event") == "committed":
+            self.journal.append({**ev, "event": "result", "seq": seq})
+            self.moved = seq
+
+    def finish(self) -> None:
+        self.journal.sync_now()
+        if not self.journal.health.ok:
+            raise StorageError(
+                "the results journal could not be made durable; nothing was compacted",
+                path=self.path,
+                op="fsync",
+            )
+
+    def close(self) -> None:
+        self.journal.close()
 
 
 def _fold(

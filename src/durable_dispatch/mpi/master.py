@@ -116,7 +116,11 @@ def run_master(
         work: the work items (stable semantic IDs); on a resumed state directory known IDs are
             skipped, so pass the whole work source every time.
         state_dir: the campaign's state directory (see ``docs/state-format.md``).
-        on_commit: ``on_commit(work_id, result)``, called once a result is journaled durably.
+        on_commit: ``on_commit(work_id, result)``, called once a result is journaled durably;
+            at least once (U6): a commit whose callback did not return (a crash, an exception)
+            is delivered again when the campaign resumes, before anything is dispatched, so
+            make it idempotent by work ID (an upsert). Read every result back with
+            :func:`durable_dispatch.read_results`.
         comm: the communicator (``MPI.COMM_WORLD``); rank 0 is the master, all others workers.
         watchdog: deadlines (default: ``WatchdogConfig.from_env(os.environ)``).
         retry: retry budgets (default: ``RetryPolicy.from_env(os.environ)``).
@@ -212,6 +216,8 @@ def run_master(
     reason: str | None = None
     with CaughtSignals() as caught:
         try:
+            # U6: commits a crash or a failed callback kept from the callback come first.
+            state.redeliver(on_commit)
             state.submit(work)
             linger_until: float | None = None
             while True:

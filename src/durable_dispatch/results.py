@@ -1,0 +1,147 @@
+"""Results are user data (U6): every committed result stays readable for the campaign's life.
+
+Where a result lives: its ``committed`` record in the state journal (``events.jsonl``) holds it.
+Compaction (``durable-dispatch compact``) moves every committed result into the results journal
+(``results.jsonl``, the same checksummed format) before it empties the state journal, each with
+the sequence number of the record it came from; nothing is dropped, and a compaction interrupted
+half way moves nothing twice (it resumes after the last sequence number moved).
+
+:func:`read_results` reads both, in commit order, one entry per work ID. It is read-only: it
+takes no lock and creates nothing, so it is safe beside a running master (a record the master is
+writing at that moment is not read yet).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CommittedResult", "read_results", "RESULTS_JOURNAL", "results_of_event"]
+
+#: The results journal's file name in a state directory.
+RESULTS_JOURNAL = "results.jsonl"
+
+
+@dataclass(frozen=True)
+class CommittedResult:
+    """One committed work item and its result.
+
+    Attributes:
+        work_id: the item's stable work ID.
+        result: the value the work function returned (JSON).
+        seq: the sequence number of the state journal record that committed it (commit order).
+        token: the dispatch's token (``e<epoch>-<n>``), or None in records that lack it.
+        epoch: the master epoch it was committed in (from the token), or None.
+        rank: the worker rank that ran it, or None in records that lack it.
+        ts: when it was committed (seconds since the epoch), or None in records that lack it.
+    """
+
+    work_id: str
+    result: Any
+    seq: int
+    token: str | None = None
+    epoch: int | None = None
+    rank: int | None = None
+    ts: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``work_id`` and ``result`` first."""
+        return {
+            "work_id": self.work_id,
+            "result": self.result,
+            "seq": self.seq,
+            "token": self.token,
+            "epoch": self.epoch,
+            "rank": self.rank,
+            "ts": self.ts,
+        }
+
+
+def results_of_event(ev: Mapping[str, Any], seq: int) -> list[CommittedResult]:
+    """The results a ``committed`` event holds (one, or several for a multi-item dispatch)."""
+    token = ev.get("token")
+    epoch: int | None = None
+    if isinstance(token, str) and token.startswith("e") and "-" in token:
+        head = token[1:].split("-", 1)[0]
+        epoch = int(head) if head.isdigit() else None
+    rank, ts = ev.get("rank"), ev.get("ts")
+    if "work_ids" in ev:
+        pairs = list(zip(ev["work_ids"], ev.get("results") or [], strict=False))
+    else:
+        pairs = [(ev.get("work_id"), ev.get("result"))]
+    return [
+        CommittedResult(
+            str(wid),
+            value,
+            seq,
+            token if isinstance(token, str) else None,
+            epoch,
+            rank if type(rank) is int else None,
+            float(ts) if isinstance(ts, (int, float)) else None,
+        )
+        for wid, value in pairs
+    ]
+
+
+def read_results(
+    state_dir: str | os.PathLike[str],
+    work_ids: Iterable[str] | None = None,
+    *,
+    after_seq: int = -1,
+) -> Iterator[CommittedResult]:
+    """Every committed result of a campaign, in commit order (see the module docs).
+
+    Args:
+        state_dir: the campaign's state directory.
+        work_ids: only these work IDs (default: all).
+        after_seq: only results committed by a record after this sequence number.
+
+    Raises:
+        UsageError: not a state directory.
+        JournalCorruptError: damage in one of the journals (before their torn tails).
+    """
+    from .errors import UsageError
+    from .state import STATE_JOURNAL, is_state_dir
+
+    d = os.fspath(state_dir)
+    if not is_state_dir(d):
+        raise UsageError(f"{d} is not a durable-dispatch state directory")
+    wanted = None if work_ids is None else set(work_ids)
+    seen: set[str] = set()
+    moved = [-1]
+
+    def keep(results: list[CommittedResult]) -> Iterator[CommittedResult]:
+        for r in results:
+            if r.seq > after_seq and r.work_id not in seen:
+                if wanted is None or r.work_id in wanted:
+                    seen.add(r.work_id)
+                    yield r
+
+    def from_results_journal(after: int) -> Iterator[CommittedResult]:
+        path = os.path.join(d, RESULTS_JOURNAL)
+        if os.path.exists(path):
+            for rec in _read(path):
+                seq = int(rec.payload["seq"])
+                if seq > after:
+                    moved[0] = max(moved[0], seq)
+                    yield from keep(results_of_event(rec.payload, seq))
+
+    yield from from_results_journal(-1)
+    upto = moved[0]
+    path = os.path.join(d, STATE_JOURNAL)
+    if os.path.exists(path):
+        for rec in _read(path, from_seq=max(upto, after_seq) + 1):
+            if rec.payload.get("event") == "committed":
+                yield from keep(results_of_event(rec.payload, rec.seq))
+    # A compaction that ran while the state journal was read moved results after ``upto``
+    # into the results journal; those are read from there (nothing twice: one per work ID).
+    yield from from_results_journal(upto)
+
+
+def _read(path: str, from_seq: int = 0) -> Iterator[Any]:
+    from .state import RESULT_RECORD_BYTES
+    from .storage.journal import read_journal
+
+    return read_journal(path, from_seq=from_seq, max_record_bytes=RESULT_RECORD_BYTES)
