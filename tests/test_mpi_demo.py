@@ -79,15 +79,37 @@ def test_demo_refuses_bad_options_before_starting_mpiexec(tmp_path: Path, bad: l
     assert time.monotonic() - start < 30 and not (tmp_path / "s").exists()
 
 
-def _demo_in_background(state: Path) -> subprocess.Popen[str]:
+def _demo_in_a_terminal(state: Path) -> tuple[int, int]:
+    """Start the demo on a pseudo-terminal, as a user at a shell would: ``(pid, pty fd)``."""
+    import os
+    import pty
+
     args = ["--state-dir", str(state), "--items", "600", "--no-faults", "--json"]
-    return subprocess.Popen(
-        [sys.executable, "-m", "durable_dispatch", "demo", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its own session, the pty its controlling terminal
+        os.execv(sys.executable, [sys.executable, "-m", "durable_dispatch", "demo", *args])
+    return pid, fd
+
+
+def _read_all(fd: int, pid: int, timeout: float) -> tuple[str, int]:
+    """Everything the terminal shows until the program exits, and its exit code."""
+    import os
+    import select
+    import time
+
+    out, end = b"", time.monotonic() + timeout
+    while time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # EIO: the other side closed
+                break
+            if not data:
+                break
+            out += data
+    _, status = os.waitpid(pid, 0)
+    return out.decode(errors="replace").replace("\r\n", "\n"), os.waitstatus_to_exitcode(status)
 
 
 def _wait_for_commits(state: Path, n: int) -> None:
@@ -103,44 +125,90 @@ def _wait_for_commits(state: Path, n: int) -> None:
 
 
 @pytest.mark.parametrize("presses", [1, 2])
-def test_ctrl_c_drains_the_demo_and_a_second_one_stops_it(tmp_path: Path, presses: int) -> None:
+def test_ctrl_c_in_a_terminal_drains_the_demo_and_a_second_one_stops_it(
+    tmp_path: Path, presses: int
+) -> None:
     """Issue 15: Ctrl-C printed a KeyboardInterrupt traceback and left the mpiexec job running in
-    its own session. One Ctrl-C now drains (the summary says finished: false, nothing is in
-    flight, exit 1); a second kills the job's session (exit 130). Either way nothing is left
-    running and the state directory resumes."""
+    its own session. Ctrl-C (the byte ^C on a pseudo-terminal, so the terminal driver sends
+    SIGINT) now drains: the summary says finished: false, nothing is in flight, exit 1; a second
+    one kills the job's session (exit 130). Either way nothing is left running and the state
+    directory resumes."""
     import os
     import signal
     import time
 
-    from durable_dispatch.mpi.launcher import kill_session, pids_in_session
     from durable_dispatch.state import view_state
 
     state = tmp_path / "s"
-    proc = _demo_in_background(state)
+    pid, fd = _demo_in_a_terminal(state)
     try:
         _wait_for_commits(state, 5)
         for _ in range(presses):
-            proc.send_signal(signal.SIGINT)
+            os.write(fd, b"\x03")
             time.sleep(0.3)
-        out, err = proc.communicate(timeout=120)
-        assert "Traceback" not in err, err[-3000:]
-        if presses == 1:
-            assert proc.returncode == 1, err[-3000:]
-            summary = json.loads(out)
-            assert summary["finished"] is False and summary["lost"] > 0
-            assert summary["duplicate_commits"] == 0
-            assert not view_state(state).projection.in_flight  # drained
-        else:
-            assert proc.returncode == 130 and "resumes" in err, err[-3000:]
-        deadline = time.monotonic() + 10
-        while [p for p in pids_in_session(proc.pid) if p != os.getpid()]:
-            assert time.monotonic() < deadline, pids_in_session(proc.pid)
-            time.sleep(0.1)
+        out, code = _read_all(fd, pid, 120)
     finally:
-        if proc.poll() is None:
-            kill_session(proc)  # type: ignore[arg-type]
-            proc.communicate()
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(fd)
+    assert "Traceback" not in out, out[-3000:]
+    if presses == 1:
+        assert code == 1, out[-3000:]
+        summary = json.loads(out[out.index("{") :])
+        assert summary["finished"] is False and summary["lost"] > 0
+        assert summary["duplicate_commits"] == 0
+        assert not view_state(state).projection.in_flight  # drained
+    else:
+        assert code == 130 and "resumes" in out, out[-3000:]
+    _assert_job_gone(state)
     again = demo(state, "--no-faults", "--items", "600")  # resumes where it stopped
     assert again.returncode == 0, again.stderr[-3000:]
     s = json.loads(again.stdout)
     assert (s["lost"], s["duplicate_commits"], s["epoch"]) == (0, 0, 2)
+
+
+def test_sigterm_stops_the_demo_and_its_job_with_exit_143(tmp_path: Path) -> None:
+    """Issue 15: SIGTERM to the demo command kills its mpiexec session and exits 143, without a
+    traceback."""
+    import os
+    import signal
+
+    state = tmp_path / "s"
+    pid, fd = _demo_in_a_terminal(state)
+    try:
+        _wait_for_commits(state, 5)
+        os.kill(pid, signal.SIGTERM)
+        out, code = _read_all(fd, pid, 60)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(fd)
+    assert code == 143 and "Traceback" not in out, out[-3000:]
+    _assert_job_gone(state)
+
+
+def _assert_job_gone(state: Path) -> None:
+    """No process of the demo's job (mpiexec and its ranks name the state directory) is left."""
+    import os
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        job = [int(p) for p in os.listdir("/proc") if p.isdigit() and _in_demo_job(int(p), state)]
+        if not job:
+            return
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+
+
+def _in_demo_job(pid: int, state: Path) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return str(state).encode() in cmd and stat[0] != "Z"

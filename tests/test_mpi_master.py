@@ -8,6 +8,7 @@ session under a timeout that kills the whole session).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -228,8 +229,9 @@ if MPI.COMM_WORLD.Get_rank() == 0:
         if mode == "raise-in-callback" and len(seen) == 3:
             raise RuntimeError("the user's callback failed")
     n = 30 if mode == "slow" else 12
+    retry = (1,) if mode == "bad-retry" else None
     report = run_master([WorkItem(f"w{i}", {"x": i}) for i in range(n)], state,
-                        on_commit=on_commit, stop_timeout=5,
+                        on_commit=on_commit, stop_timeout=5, retry=retry,
                         batch=0 if mode == "bad-batch" else 1,
                         watchdog=WatchdogConfig.build(1.0), stuck_grace=2.0)
     print("REPORT", report.finished, report.reason, flush=True)
@@ -245,14 +247,31 @@ else:
 
 
 def _user_campaign(tmp_path: Path, mode: str) -> Any:
+    """Run USER_CAMPAIGN under mpiexec; it must end by itself and leave no process behind."""
     import sys
+    import time
 
-    from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+    from durable_dispatch.mpi.launcher import mpiexec_command, pids_in_session, run_mpiexec
 
     script = tmp_path / "campaign.py"
     script.write_text(USER_CAMPAIGN)
     cmd = mpiexec_command(4, [sys.executable, str(script), str(tmp_path / "state"), mode])
-    return run_mpiexec(cmd, timeout=90)
+    res = run_mpiexec(cmd, timeout=90)
+    deadline = time.monotonic() + 10
+    while pids_in_session(res.session) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pids_in_session(res.session) == [], "processes of the job outlived it"
+    return res
+
+
+def _finishes_later(tmp_path: Path) -> None:
+    """A later run on the same state directory commits every item once."""
+    from durable_dispatch.state import view_state
+
+    res = _user_campaign(tmp_path, "plain")
+    assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
+    p = view_state(tmp_path / "state").projection
+    assert len(p.committed) == 12 and p.duplicate_commits == 0
 
 
 def test_an_exception_in_on_commit_ends_the_job_and_keeps_the_commits(tmp_path: Path) -> None:
@@ -264,6 +283,7 @@ def test_an_exception_in_on_commit_ends_the_job_and_keeps_the_commits(tmp_path: 
     assert res.returncode != 0 and "the user's callback failed" in res.stderr, res.stderr[-3000:]
     with CampaignState.open(tmp_path / "state", ranks=[1]) as s:  # no lock left held
         assert len(s.core.committed()) >= 3  # what was journaled before the error stays
+    _finishes_later(tmp_path)
 
 
 def test_a_second_master_on_a_running_state_ends_the_job(tmp_path: Path) -> None:
@@ -274,6 +294,81 @@ def test_a_second_master_on_a_running_state_ends_the_job(tmp_path: Path) -> None
         res = _user_campaign(tmp_path, "plain")
     assert not res.timed_out, "the job hung after the master's error"
     assert res.returncode != 0 and "LockHeldError" in res.stderr, res.stderr[-3000:]
+    _finishes_later(tmp_path)
+
+
+def test_a_bad_retry_policy_ends_the_job_and_a_rerun_finishes(tmp_path: Path) -> None:
+    """Issue 15: retry=RetryPolicy.from_env(os.environ) was a tuple, and the job hung at the
+    first retry; a retry policy of the wrong type now ends the job at once with the reason."""
+    import time
+
+    start = time.monotonic()
+    res = _user_campaign(tmp_path, "bad-retry")
+    assert not res.timed_out and time.monotonic() - start < 15 + 10  # + mpiexec's start
+    assert res.returncode != 0 and "RetryPolicy" in res.stderr, res.stderr[-3000:]
+    _finishes_later(tmp_path)
+
+
+def test_sigterm_to_every_rank_drains_and_a_rerun_finishes(tmp_path: Path) -> None:
+    """Issue 15 (U5): a batch system's time limit sends SIGTERM to every task. The master drains
+    (no new dispatch, the work in flight commits, reason="signal"); the workers finish their item
+    and wait for STOP. Before, every rank died of the signal."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from durable_dispatch.mpi.launcher import (
+        kill_session,
+        launch_env,
+        mpiexec_command,
+        pids_in_session,
+    )
+
+    script = tmp_path / "campaign.py"
+    script.write_text(USER_CAMPAIGN)
+    cmd = mpiexec_command(4, [sys.executable, str(script), str(tmp_path / "state"), "slow"])
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=launch_env(None, quiet=True),
+        start_new_session=True,
+    )
+    try:
+        journal = tmp_path / "state" / "events.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            not journal.exists() or journal.read_bytes().count(b'"committed"') < 3
+        ):
+            time.sleep(0.05)
+        ranks = [
+            p
+            for p in pids_in_session(proc.pid)
+            if p != proc.pid and _cmdline(p).startswith(f"{sys.executable} {script}")
+        ]
+        assert len(ranks) == 4, ranks
+        for pid in ranks:
+            os.kill(pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+            proc.communicate()
+    assert "REPORT False signal" in out, out[-2000:] + err[-3000:]
+    assert not view_state(tmp_path / "state").projection.in_flight
+    res = _user_campaign(tmp_path, "slow")
+    assert "REPORT True None" in res.stdout, res.stderr[-3000:]
+    final = view_state(tmp_path / "state").projection
+    assert len(final.committed) == 30 and final.duplicate_commits == 0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def test_a_bad_argument_to_run_master_ends_the_job(tmp_path: Path) -> None:
@@ -342,3 +437,48 @@ def test_sigusr1_to_mpiexec_drains_and_a_rerun_finishes(tmp_path: Path) -> None:
     assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
     final = view_state(tmp_path / "state")
     assert len(final.projection.committed) == 30 and final.projection.duplicate_commits == 0
+
+
+SINK = Path(__file__).parent / "children" / "sink_campaign.py"
+
+
+def test_a_sigkilled_master_delivers_every_result_to_the_users_sink(tmp_path: Path) -> None:
+    """Issue 16 (U6), as a user met it: on_commit appends each result to a file; the master is
+    SIGKILLed 20 times (half of them inside the callback), with compaction between some runs.
+    The file used to end with 397 of 400 results. Now it has every work ID with its right value,
+    'durable-dispatch results' lists them all, and the record commits each work ID once."""
+    import random
+    import subprocess
+    import sys
+
+    from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+    from durable_dispatch.state import compact_state
+
+    state, sink, n = tmp_path / "state", tmp_path / "sink.txt", 1000
+    rnd = random.Random(400)
+    kills = 0
+    for run in range(20):
+        kill = f"callback:{rnd.randint(1, 40)}" if run % 2 else f"after:{rnd.uniform(0.5, 1.5)}"
+        cmd = mpiexec_command(4, [sys.executable, str(SINK), str(state), str(sink), str(n), kill])
+        res = run_mpiexec(cmd, timeout=120)
+        assert not res.timed_out, res.stderr[-3000:]
+        kills += "REPORT" not in res.stdout
+        if run % 5 == 4 and state.exists():
+            compact_state(state)
+    cmd = mpiexec_command(4, [sys.executable, str(SINK), str(state), str(sink), str(n), "none"])
+    res = run_mpiexec(cmd, timeout=120)
+    assert "REPORT True" in res.stdout, res.stderr[-3000:]
+    pairs = [line.split() for line in sink.read_text().splitlines()]
+    got = {wid: int(y) for wid, y in pairs}
+    assert got == {f"w{i:03d}": 2 * i for i in range(n)}  # every ID, its right value
+    assert all(int(y) == got[wid] for wid, y in pairs)  # redeliveries carry the same value
+    listed = subprocess.run(
+        [sys.executable, "-m", "durable_dispatch", "results", str(state), "--jsonl"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert len(listed) == n
+    assert view_state(state).projection.duplicate_commits == 0
+    assert kills >= 15, kills
+    print(f"{kills} master SIGKILLs; {len(pairs)} deliveries of {n} results")

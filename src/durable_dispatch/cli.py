@@ -25,6 +25,7 @@ from .storage.snapshot import decode_snapshot, read_snapshot_file
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the demo was stopped by a second Ctrl-C (128 + SIGINT)
+EXIT_TERMINATED = 143  # the demo was stopped by SIGTERM (128 + SIGTERM)
 _PROGRESS_MIN = 8 << 20
 #: The longest line a reading command holds in memory: the default ``max_record_bytes`` of
 #: ``Journal.open`` (S10). A longer line is reported as damage, never read whole.
@@ -457,6 +458,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         deadline = time.monotonic() + args.timeout
         interrupted = False
+
+        def terminated(signum: int, _frame: Any) -> None:
+            raise _Terminated(signum)
+
+        previous = signal.signal(signal.SIGTERM, terminated)
         try:
             while proc.poll() is None:
                 if time.monotonic() > deadline:
@@ -476,16 +482,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     print("\ninterrupted: draining (Ctrl-C again to stop at once)", file=sys.stderr)
                     proc.send_signal(signal.SIGUSR1)
                     deadline = min(deadline, time.monotonic() + 90)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, _Terminated) as e:
             kill_session(proc)  # type: ignore[arg-type]
             proc.wait()
             print(f"stopped; the state directory {state} resumes", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return EXIT_TERMINATED if isinstance(e, _Terminated) else EXIT_INTERRUPTED
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     if tty:
         _show_progress(progress_file, args.items)
         print()
     if not os.path.exists(summary_file):
-        raise _IOFailure(f"mpiexec exited with {proc.returncode} and no summary; see {log_path}")
+        raise _IOFailure(
+            f"mpiexec exited with {proc.returncode} and no summary; see {log_path}"
+            + "".join(f"\n  {line}" for line in _last_error(log_path))
+        )
     with open(summary_file, "rb") as fh:
         summary = orjson.loads(fh.read())
     shown = {k: v for k, v in summary.items() if k not in ("lost_ids",)}
@@ -497,6 +508,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _print(shown, False)
     ok = summary["lost"] == 0 and summary["duplicate_commits"] == 0 and summary.get("finished")
     return EXIT_OK if ok else EXIT_FINDING
+
+
+class _Terminated(Exception):
+    """SIGTERM reached ``durable-dispatch demo``."""
+
+
+def _last_error(log_path: str, keep: int = 8) -> list[str]:
+    """The last lines of an mpiexec log from the last traceback or error on (the master's own
+    message when it failed), at most ``keep``."""
+    try:
+        with open(log_path, errors="replace") as f:
+            lines = f.read().splitlines()[-400:]
+    except OSError:
+        return []
+    marks = [i for i, x in enumerate(lines) if x.startswith("Traceback") or "Error" in x]
+    start = marks[-1] if marks else len(lines) - keep
+    return [x for x in lines[max(0, start) :][-keep:] if x.strip()]
 
 
 def _show_progress(path: str, total: int) -> None:

@@ -184,7 +184,9 @@ def run_master(
         # U4: the workers are waiting for WORK; a master that cannot start must stop them, or
         # the job hangs forever (a second master on a running state directory, a full disk).
         log.error("master: cannot start (%s: %s); stopping the workers", type(e).__name__, e)
-        _stop_all(comm, MPI, range(1, size), {}, stop_timeout)
+        if not _stop_all(comm, MPI, range(1, size), {}, stop_timeout):
+            log.error("master: STOP could not be delivered to every worker; MPI_Abort")
+            comm.Abort(1)
         raise
     log.info(
         "master: %d workers, mode %s, watchdog %gs",
@@ -330,7 +332,11 @@ def run_master(
                 state.close()
             except Exception as e2:  # noqa: BLE001 - the first error is the one to raise
                 log.error("master: closing the state after that error failed too: %s", e2)
-            _stop_all(comm, MPI, range(1, size), lost, stop_timeout)
+            if not _stop_all(comm, MPI, range(1, size), lost, stop_timeout):
+                # Last resort: a worker that cannot take its STOP would keep rank 0 waiting in
+                # MPI_Finalize forever; the state is closed, so end the whole job now.
+                log.error("master: STOP could not be delivered to every worker; MPI_Abort")
+                comm.Abort(1)
             raise
         finally:
             state.close()
@@ -432,10 +438,12 @@ def _check_failures(
 
 def _stop_all(
     comm: Any, MPI: Any, ranks: Iterable[int], lost: dict[int, float], timeout: float
-) -> None:
-    """Send STOP to every live worker without waiting on any one of them for long."""
+) -> bool:
+    """Send STOP to every live worker without waiting on any one of them for long; False when
+    some send did not complete within ``timeout``."""
     data = P.encode({})
     reqs = []
+    failed = False
     for r in ranks:
         if r in lost:
             continue
@@ -443,6 +451,7 @@ def _stop_all(
             reqs.append(comm.Isend([data, MPI.BYTE], dest=r, tag=P.STOP))
         except MPI.Exception as e:
             log.warning("master: STOP to rank %d failed: %s", r, e)
+            failed = True
     end = time.monotonic() + timeout
     while reqs and time.monotonic() < end:
         try:
@@ -455,3 +464,4 @@ def _stop_all(
             q.Cancel()
         except MPI.Exception:
             pass
+    return not reqs and not failed
