@@ -623,3 +623,57 @@ def test_semantic_forgeries_are_typed_errors_or_folded(events: list[Any]) -> Non
         except Invalid:
             return
     Dispatcher.restore(proj.to_snapshot(), epoch=proj.epoch + 1, ranks=[1])
+
+
+def test_the_facade_loop_of_the_readme_runs_a_campaign_with_faults(tmp_path: Path) -> None:
+    """Issue 16: the shell paired every core call with state.apply(...) and had to remember
+    complete_commits(); the README's loop now calls only the facade. Silent, malformed and
+    partial workers all recover; every item commits once and the callback sees each once."""
+    import time
+
+    from durable_dispatch.core import Send
+
+    seen: list[str] = []
+    with CampaignState.open(tmp_path, ranks=(1, 2, 3), watchdog=WatchdogConfig(5)) as state:
+        state.redeliver(lambda wid, result: seen.append(wid))
+        state.submit(WorkItem(f"w{i:02d}", {"i": i}) for i in range(30))
+        now, late, turn = 0.0, [], 0
+        while not state.core.done:
+            turn += 1
+            assert turn < 5000, "the campaign did not finish"
+            for rank, token in [(r, t) for when, r, t in late if when <= now]:
+                state.on_ready(rank, token, now)
+            late = [x for x in late if x[0] > now]
+            answers = []
+            failed_send = turn == 3  # one send fails: its rank stays parked (W6)
+            while (s := state.next_send(now, 2)) is not None:
+                assert isinstance(s, Send)
+                state.sent(s.token, now, "link down" if failed_send else None)
+                ids = [w.work_id for w in s.items]
+                if failed_send:
+                    failed_send = False
+                    continue
+
+                def first(wid: str, ids: list[str] = ids) -> bool:
+                    return wid in ids and state.core.attempts(wid) == 0
+
+                if first("w05"):
+                    late.append((now + 10, s.rank, str(s.token)))  # silent: the watchdog
+                    continue
+                values = [{"done": w} for w in ids]
+                errors = {ids.index("w09"): "raised"} if first("w09") else None
+                if first("w13"):
+                    values = None  # malformed: the READY joins it
+                answers.append((s.rank, str(s.token), values, errors))
+            for rank, token, values, errors in answers:
+                state.on_results(rank, token, values, now, errors=errors)
+            for rank, token, _, _ in answers:
+                state.on_ready(rank, token, now)
+            now += 1.0
+            state.tick(now)
+            time.sleep(0.001)  # a real loop waits for messages; the group commit's fsync runs
+        state.complete_commits(wait=True)
+    assert sorted(seen) == [f"w{i:02d}" for i in range(30)]  # each delivered once
+    p = view_state(tmp_path).projection
+    assert len(p.committed) == 30 and p.duplicate_commits == 0
+    assert {"w05", "w09", "w13"} <= set(p.kinds)

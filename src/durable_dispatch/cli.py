@@ -89,7 +89,7 @@ class _Progress:
 
 
 def _kind(path: str) -> str:
-    from .state import is_state_dir
+    from .admin import is_state_dir
 
     if os.path.isdir(path):
         return "state-directory" if is_state_dir(path) else "directory"
@@ -236,8 +236,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Full checksum and structure check; never modifies anything."""
     res = _examine(args.path, count_kinds=False)
     if res["kind"] == "state-directory" and res["intact"]:
+        from .admin import view_state
         from .errors import CorruptionError
-        from .state import view_state
 
         try:  # S11: checksums passed; every event and the snapshot must match their schemas
             view_state(args.path)
@@ -262,7 +262,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     """Describe a journal, a snapshot or a state directory."""
     res = _examine(args.path, count_kinds=True)
     if res["kind"] == "state-directory":
-        from .state import view_state
+        from .admin import view_state
 
         res["state"] = view_state(args.path).summary()
     _print(res, args.json)
@@ -278,7 +278,7 @@ def _need_state_dir(path: str) -> None:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """The campaign's statistics: durable counts now, master counters as of the last snapshot."""
-    from .state import view_state
+    from .admin import view_state
 
     _need_state_dir(args.state_dir)
     v = view_state(args.state_dir)
@@ -322,7 +322,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     meter = _Meter("compacting")
     try:
         if os.path.isdir(path):
-            from .state import compact_state
+            from .admin import compact_state
 
             _need_state_dir(path)
             rep = compact_state(path, dry_run=args.dry_run, progress=meter).as_dict()
@@ -345,7 +345,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 def cmd_deferred(args: argparse.Namespace) -> int:
     """List, show, requeue or drop deferred work items of a state directory."""
-    from .state import drop_deferred, requeue_deferred
+    from .admin import drop_deferred, requeue_deferred
     from .storage.defer import DEFAULT_DEFER_NAME
     from .storage.journal import read_journal
 

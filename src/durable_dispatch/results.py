@@ -102,8 +102,9 @@ def read_results(
         UsageError: not a state directory.
         JournalCorruptError: damage in one of the journals (before their torn tails).
     """
+    from .admin import is_state_dir
     from .errors import UsageError
-    from .state import STATE_JOURNAL, is_state_dir
+    from .replay import STATE_JOURNAL
 
     d = os.fspath(state_dir)
     if not is_state_dir(d):
@@ -141,7 +142,7 @@ def read_results(
 
 
 def _read(path: str, from_seq: int = 0) -> Iterator[Any]:
-    from .state import RESULT_RECORD_BYTES
+    from .replay import RESULT_RECORD_BYTES
     from .storage.journal import read_journal
 
     return read_journal(path, from_seq=from_seq, max_record_bytes=RESULT_RECORD_BYTES)

@@ -10,6 +10,12 @@ decision of the core that changes it is journaled as a small event (``submitted`
 it; a snapshot folds the projection up to a journal sequence number. Loading = newest valid
 snapshot + replay of the journal records after it.
 
+The module is split by job: replay (the projection, the fold, the snapshot loader) is in
+``replay.py``; offline operations (view, compact, requeue, drop) are in ``admin.py``; this module
+is the live campaign. :class:`CampaignState` is also the facade the master loop calls, one
+method per thing that happened (:meth:`~CampaignState.on_ready`, ``on_results``, ``sent``,
+``tick`` ...): each asks the core and persists what it decided.
+
 Durability contract.
 
 * A commit is journaled and waited for (``wait_durable``: an fsync under ``always``/``batch``)
@@ -28,15 +34,20 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import filelock
-import orjson
-
+from .admin import (
+    CompactReport,
+    StateView,
+    _take_master_lock,
+    compact_state,
+    drop_deferred,
+    is_state_dir,
+    requeue_deferred,
+    view_state,
+)
 from .core import (
     Commit,
     Decision,
@@ -50,22 +61,25 @@ from .core import (
     WorkItem,
 )
 from .core.tokens import Token
-from .errors import (
-    JournalCorruptError,
-    LockHeldError,
-    NotDurableError,
-    RecordTooLargeError,
-    StorageDegradedError,
-    StorageError,
-)
+from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError
 from .logs import log_decisions
-from .schema import Invalid, check_event, check_state_snapshot
+from .replay import (
+    LOCK_NAME,
+    RESULT_RECORD_BYTES,
+    SNAPSHOT_NAME,
+    STATE_JOURNAL,
+    Projection,
+    _load_snapshot,
+    _open_and_fold,
+    event_work_ids,
+    replay,
+)
 from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
 from .storage import resources as _resources
-from .storage.format import Header, RawBatch, new_salt
-from .storage.snapshot import Snapshot
 
+# The offline operations (admin.py) and replay (replay.py) are re-exported here for the names
+# this module always had.
 __all__ = [
     "CampaignState",
     "CampaignStats",
@@ -82,172 +96,16 @@ __all__ = [
     "STATE_JOURNAL",
     "SNAPSHOT_NAME",
     "LOCK_NAME",
+    "RESULT_RECORD_BYTES",
 ]
 
 log = logging.getLogger("durable_dispatch.state")
 
-STATE_JOURNAL = "events.jsonl"
-SNAPSHOT_NAME = "campaign"
-LOCK_NAME = "master.lock"
 _SUBMIT_CHUNK = 512
 #: A ``delivered`` event records the delivery point between snapshots once it is this old or
 #: this many records behind: after a crash at most about that much is delivered again.
 DELIVERY_MARK_SECONDS = 0.25
 DELIVERY_MARK_RECORDS = 256
-#: A results journal record's bound: a committed record and its sequence number, with room for
-#: a state journal opened with a larger ``max_record_bytes``.
-RESULT_RECORD_BYTES = 16 << 20
-
-
-def event_work_ids(ev: Mapping[str, Any]) -> list[str]:
-    """The work IDs a journal event names: ``work_ids`` for a multi-item dispatch's
-    ``dispatched``/``committed`` record, else ``[work_id]``."""
-    ids = ev.get("work_ids")
-    return list(ids) if ids is not None else [ev["work_id"]]
-
-
-class Projection:
-    """The durable campaign state rebuilt from a snapshot and journal events (pure, no I/O).
-
-    Its :meth:`to_snapshot` is the same dict :meth:`Dispatcher.snapshot` returns, so replay can be
-    checked against the live core.
-    """
-
-    def __init__(self, snap: Mapping[str, Any] | None = None) -> None:
-        snap = snap or {}
-        self.epoch: int = int(snap.get("epoch", 0))
-        self.counter: int = int(snap.get("counter", 0))
-        self.items: dict[str, dict[str, Any]] = {}
-        self.front: deque[str] = deque()
-        self.back: dict[str, None] = {}
-        self.in_flight: dict[str, dict[str, Any]] = {}
-        self.committed: set[str] = set(snap.get("committed", ()))
-        self.deferred: dict[str, dict[str, Any]] = {}
-        self.attempts: dict[str, int] = {k: int(v) for k, v in snap.get("attempts", {}).items()}
-        self.kinds: dict[str, list[str]] = {k: list(v) for k, v in snap.get("kinds", {}).items()}
-        self.last_error: dict[str, str] = dict(snap.get("last_error", {}))
-        self.solo: set[str] = set(snap.get("solo", ()))
-        self.duplicate_commits = 0
-        #: the newest ``delivered`` event's point (U6; the snapshot body keeps it, not the state)
-        self.delivered = -1
-        for it in snap.get("frontier", ()):
-            self.items[it["work_id"]] = it
-            self.back[it["work_id"]] = None
-        for tx in snap.get("in_flight", ()):
-            w = tx["work"]
-            self.items[w["work_id"]] = w
-            self.in_flight[w["work_id"]] = {"token": tx["token"], "rank": tx["rank"]}
-        for it in snap.get("deferred", ()):
-            self.items[it["work_id"]] = it
-            self.deferred[it["work_id"]] = it
-
-    def _unqueue(self, wid: str) -> None:
-        if self.back.pop(wid, 0) is None:
-            return
-        try:
-            self.front.remove(wid)
-        except ValueError:
-            pass
-
-    def known(self, wid: str) -> bool:
-        """True when ``wid`` is pending, in flight, committed or deferred."""
-        return wid in self.items or wid in self.committed
-
-    def apply(self, ev: Mapping[str, Any]) -> None:
-        """Apply one journal event (unknown events are ignored, for forward compatibility).
-
-        Raises:
-            schema.Invalid: the event does not match its schema, or a deferral names a work item
-                the state never had (S11).
-        """
-        check_event(ev)
-        kind = ev.get("event")
-        if kind == "epoch":
-            self.epoch = int(ev["epoch"])
-            self.counter = 0
-        elif kind == "submitted":
-            for it in ev["items"]:
-                wid = it["work_id"]
-                if not self.known(wid):
-                    self.items[wid] = it
-                    self.back[wid] = None
-        elif kind == "dispatched":
-            where = {"token": ev["token"], "rank": ev["rank"]}
-            for wid in event_work_ids(ev):
-                self._unqueue(wid)
-                self.in_flight[wid] = where
-            t = Token.parse(ev["token"])
-            if t is not None and t.epoch == self.epoch:
-                self.counter = max(self.counter, t.n)
-        elif kind == "committed":
-            for wid in event_work_ids(ev):
-                if wid in self.committed:
-                    self.duplicate_commits += 1
-                    continue
-                self.in_flight.pop(wid, None)
-                self._unqueue(wid)
-                self.committed.add(wid)
-                self.items.pop(wid, None)
-                self.solo.discard(wid)
-        elif kind == "requeued":
-            wid = ev["work_id"]
-            self.in_flight.pop(wid, None)
-            self._unqueue(wid)
-            self.front.appendleft(wid)
-            if ev.get("split"):
-                self.solo.add(wid)
-            elif ev.get("source") != "master-restart":
-                self.attempts[wid] = int(ev["attempts"])
-                self.kinds.setdefault(wid, []).append(ev["kind"])
-                self.last_error[wid] = ev.get("error") or ""
-        elif kind == "deferred":
-            wid = ev["work_id"]
-            self.in_flight.pop(wid, None)
-            self._unqueue(wid)
-            item = self.items.get(wid)
-            if item is None:
-                raise Invalid("work_id", f"{wid!r} names no work item of this campaign")
-            self.deferred[wid] = item
-            self.solo.discard(wid)
-            self.attempts[wid] = int(ev["attempts"])
-            self.kinds[wid] = list(ev["kinds"])
-            self.last_error[wid] = ev.get("last_error") or ""
-        elif kind == "delivered":
-            self.delivered = max(self.delivered, int(ev["upto"]))
-        elif kind == "requeued_deferred":
-            wid = ev["work_id"]
-            if self.deferred.pop(wid, None) is not None:
-                self.attempts.pop(wid, None)
-                self.kinds.pop(wid, None)
-                self.last_error.pop(wid, None)
-                self.back[wid] = None
-
-    def to_snapshot(self) -> dict[str, Any]:
-        """The projection in :meth:`Dispatcher.snapshot` form."""
-        order = [*self.front, *self.back]
-        return {
-            "epoch": self.epoch,
-            "counter": self.counter,
-            "frontier": [self.items[w] for w in order],
-            "in_flight": [
-                {"token": v["token"], "rank": v["rank"], "work": self.items[w]}
-                for w, v in self.in_flight.items()
-            ],
-            "committed": sorted(self.committed),
-            "deferred": list(self.deferred.values()),
-            "attempts": dict(self.attempts),
-            "kinds": {k: list(v) for k, v in self.kinds.items()},
-            "last_error": dict(self.last_error),
-            "solo": sorted(self.solo),
-        }
-
-
-def replay(snapshot: Mapping[str, Any] | None, events: Iterable[Mapping[str, Any]]) -> Projection:
-    """Fold ``events`` into ``snapshot``; replay is idempotent for already-applied commits."""
-    p = Projection(snapshot)
-    for ev in events:
-        p.apply(ev)
-    return p
 
 
 @dataclass(frozen=True)
@@ -310,6 +168,7 @@ class CampaignState:
         self._delivered_marked = self._delivered
         self._delivered_at = time.monotonic()
         self._callback_failed = False
+        self._on_commit: Callable[[Commit], None] | None = None  # the facade's callback
 
     @classmethod
     def open(
@@ -499,6 +358,49 @@ class CampaignState:
             self.complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
         return out
 
+    # ---------------------------------------------------------------- the facade
+    # One call per thing that happened: each asks the core and persists what it decided, so a
+    # loop built on these cannot forget a persist step (run_master is built on them).
+    def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
+        """A READY from ``rank``; see :meth:`Dispatcher.on_ready`."""
+        return self.apply(self.core.on_ready(rank, token, now), self._on_commit)
+
+    def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
+        """A HEARTBEAT from ``rank``; see :meth:`Dispatcher.on_heartbeat`."""
+        return self.apply(self.core.on_heartbeat(rank, token, now), self._on_commit)
+
+    def on_results(
+        self,
+        rank: int,
+        token: object,
+        results: Any,
+        now: float,
+        *,
+        errors: Any = None,
+        error: Any = None,
+    ) -> list[Decision]:
+        """A RESULT from ``rank`` (see :meth:`Dispatcher.on_results`): its commits are journaled
+        at once and delivered once durable (:meth:`tick`), so the loop goes on meanwhile."""
+        out = self.core.on_results(rank, token, results, now, errors=errors, error=error)
+        return self.apply(out, self._on_commit, wait=False)
+
+    def sent(self, token: Token, now: float, error: str | None = None) -> list[Decision]:
+        """The WORK send of :meth:`next_send`'s dispatch returned (``error`` None) or failed."""
+        if error is None:
+            return self.apply(self.core.mark_dispatched(token, now), self._on_commit)
+        return self.apply(self.core.send_failed(token, now, error), self._on_commit)
+
+    def rank_lost(self, rank: int, now: float, error: str = "rank lost") -> list[Decision]:
+        """``rank`` failed (ULFM); see :meth:`Dispatcher.rank_lost`."""
+        return self.apply(self.core.rank_lost(rank, now, error), self._on_commit)
+
+    def tick(self, now: float) -> list[Decision]:
+        """The end of a turn (W3 steps 4 and 5): deliver the commits an fsync now covers, roll
+        back every READY that came without a valid RESULT, and sweep the watchdog."""
+        self.complete_commits()
+        out = self.apply(self.core.join_invalid(now), self._on_commit)
+        return out + self.apply(self.core.sweep(now), self._on_commit)
+
     def _journal_commits(
         self, commits: list[Commit], on_commit: Callable[[Commit], None] | None
     ) -> list[Decision]:
@@ -595,8 +497,9 @@ class CampaignState:
 
     def redeliver(self, on_commit: Callable[[str, Any], None] | None) -> int:
         """Hand every commit after the delivery point to ``on_commit(work_id, result)`` again,
-        in commit order (U6: at least once); call it after :meth:`open`, before dispatching.
-        ``run_master`` does. Returns how many results it delivered.
+        in commit order (U6: at least once), and make it the callback of every later commit
+        made through the facade (:meth:`on_results` ...). Call it after :meth:`open`, before
+        dispatching; ``run_master`` does. Returns how many results it delivered.
 
         A commit is redelivered when the master crashed after it was durable but before its
         callback returned, or when the callback raised. The callback must be idempotent by work
@@ -604,6 +507,7 @@ class CampaignState:
         """
         from .results import read_results
 
+        self._on_commit = (lambda c: on_commit(c.work_id, c.result)) if on_commit else None
         n = 0
         upto = self.journal.next_seq - 1
         for r in read_results(self.directory, after_seq=self._delivered):
@@ -735,421 +639,3 @@ class CampaignState:
 
 
 # --------------------------------------------------------------------- offline operations
-@dataclass(frozen=True)
-class StateView:
-    """A read-only view of a state directory, for operators (no lock taken, nothing changed).
-
-    Attributes:
-        directory: the state directory.
-        projection: the replayed durable state.
-        snapshot_generation: the snapshot replay started from (None: none yet).
-        journal_seq: the last journal sequence number folded in or replayed.
-        replayed_records: journal records replayed after the snapshot.
-        stats: the master's statistics as of the newest snapshot ({} if none).
-        master_running: True when a master holds the directory's lock.
-    """
-
-    directory: str
-    projection: Projection
-    snapshot_generation: int | None
-    journal_seq: int
-    replayed_records: int
-    stats: Mapping[str, Any]
-    master_running: bool
-
-    def summary(self) -> dict[str, Any]:
-        """Counts of the durable state, JSON-ready."""
-        p = self.projection
-        return {
-            "directory": self.directory,
-            "epoch": p.epoch,
-            "pending": len(p.front) + len(p.back),
-            "in_flight": len(p.in_flight),
-            "committed": len(p.committed),
-            "deferred": len(p.deferred),
-            "snapshot_generation": self.snapshot_generation,
-            "journal_seq": self.journal_seq,
-            "replayed_records": self.replayed_records,
-            "duplicate_commits_in_journal": p.duplicate_commits,
-            "master_running": self.master_running,
-        }
-
-
-def is_state_dir(directory: str | os.PathLike[str]) -> bool:
-    """True when ``directory`` looks like a campaign state directory."""
-    d = os.fspath(directory)
-    return os.path.isdir(d) and (
-        os.path.exists(os.path.join(d, STATE_JOURNAL))
-        or any(n.startswith(SNAPSHOT_NAME + ".") and n.endswith(".snap") for n in os.listdir(d))
-    )
-
-
-def _master_running(d: str) -> bool:
-    """True when a master holds ``d``; creates and changes nothing (S10).
-
-    A master holds a ``flock`` on ``master.lock`` (filelock's backend) and one on its state
-    journal file itself (S12, which holds when an operator deleted the lock file). A shared,
-    non-blocking ``flock`` on a read-only descriptor fails exactly while a writer holds either.
-    """
-    return any(_locked(os.path.join(d, name)) for name in (LOCK_NAME, STATE_JOURNAL))
-
-
-def _locked(path: str) -> bool:
-    """True when another open file holds an exclusive ``flock`` on ``path`` (never created)."""
-    import fcntl
-
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # also lets go of the shared flock
-    return False
-
-
-def view_state(directory: str | os.PathLike[str]) -> StateView:
-    """Replay a state directory read-only (it may have a running master).
-
-    Raises:
-        UsageError: not a state directory.
-        JournalCorruptError, SnapshotCorruptError: damage found.
-    """
-    from .errors import UsageError
-    from .storage.journal import read_journal
-
-    d = os.fspath(directory)
-    if not is_state_dir(d):
-        raise UsageError(f"{d} is not a durable-dispatch state directory")
-    _store, snap = _load_snapshot(d)
-    base = snap.value if snap is not None else {}
-    after = int(base.get("journal_seq", -1))
-    proj = Projection(base.get("state"))
-    n, last = 0, after
-    jpath = os.path.join(d, STATE_JOURNAL)
-    if os.path.exists(jpath):
-        for rec in read_journal(jpath, from_seq=after + 1):
-            _fold(proj, rec.payload, jpath, seq=rec.seq)
-            n += 1
-            last = rec.seq
-    return StateView(
-        d,
-        proj,
-        snap.generation if snap else None,
-        last,
-        n,
-        dict(base.get("stats", {})),
-        _master_running(d),
-    )
-
-
-@dataclass(frozen=True)
-class CompactReport:
-    """What a compaction did (or, with ``dry_run``, would do).
-
-    Attributes:
-        path: the journal compacted.
-        records_before: records in it before.
-        records_after: records in it after.
-        bytes_before: its size before.
-        bytes_after: its size after (estimated for a dry run: the header only, or the live set).
-        snapshot_generation: the snapshot that now holds the folded state (state directories).
-        dry_run: nothing was changed.
-    """
-
-    path: str
-    records_before: int
-    records_after: int
-    bytes_before: int
-    bytes_after: int
-    snapshot_generation: int | None
-    dry_run: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return dict(vars(self))
-
-
-def _take_master_lock(d: str, *, create: bool = False) -> filelock.BaseFileLock:
-    """Take state directory ``d``'s single-master lock (S5, S9); ``create`` makes ``d`` first."""
-    path = os.path.join(d, LOCK_NAME)
-    lock = filelock.FileLock(path, timeout=0, mode=0o600, thread_local=False)
-    try:
-        if create and not os.path.isdir(d):
-            _fs.makedirs(d)
-        lock.acquire()
-    except filelock.Timeout:
-        raise LockHeldError("a master holds this state directory", path=path) from None
-    except OSError as e:
-        # S9: without the lock nothing is read, so nothing may be changed either.
-        raise StorageError(
-            f"cannot create or lock the state directory: {e.strerror or e}; nothing was changed",
-            path=getattr(e, "filename", None) or path,
-            op="lock",
-            errno=e.errno,
-        ) from e
-    return lock
-
-
-@contextmanager
-def _master_locked(directory: str | os.PathLike[str]) -> Iterator[str]:
-    """Hold the master lock of ``directory`` for an offline operation; yields the path."""
-    d = os.fspath(directory)
-    lock = _take_master_lock(d)
-    try:
-        yield d
-    finally:
-        lock.release()
-
-
-def compact_state(
-    directory: str | os.PathLike[str],
-    *,
-    dry_run: bool = False,
-    progress: Callable[[int, int], None] | None = None,
-) -> CompactReport:
-    """Fold the state journal into a new snapshot and start a fresh journal (S6).
-
-    Order: (1) replay snapshot + journal, streaming; (2) save the folded state as a new snapshot
-    generation (atomic); (3) replace the journal by an empty one whose numbering continues
-    (temp file, fsync, rename, directory fsync). A crash before (2) leaves the old snapshot and the
-    old journal; between (2) and (3) the new snapshot and the old journal, whose records it already
-    holds (replay skips them); after (3) the new pair. Memory is bounded by the live set (the
-    projection), not the journal's size. Committed results are never dropped (U6): before (2)
-    every committed record not moved yet is appended to the results journal (``results.jsonl``)
-    with its sequence number, and fsynced; a compaction interrupted after that moves nothing
-    twice.
-
-    The journal is read once: the open's verifying scan hands each run of records to the fold
-    (``Journal.open(visit=...)``); only if the open had to repair damage first are the records
-    read again. ``progress(bytes_done, bytes_total)`` is called as the journal is read.
-
-    Raises:
-        LockHeldError: a master is running on the directory.
-        UsageError: not a state directory.
-        JournalCorruptError: the journal holds damage the open does not repair, or an intact
-            record whose payload is not JSON.
-    """
-    from .errors import UsageError
-
-    d = os.fspath(directory)
-    if not is_state_dir(d):
-        raise UsageError(f"{d} is not a durable-dispatch state directory")
-    with _master_locked(d):
-        jpath = os.path.join(d, STATE_JOURNAL)
-        size = os.path.getsize(jpath) if os.path.exists(jpath) else 0
-        snaps, snap = _load_snapshot(d)
-        base = snap.value if snap is not None else {}
-        results = None if dry_run else _ResultsMover(d)
-        try:
-            j, proj, _n = _open_and_fold(
-                jpath,
-                base,
-                progress=progress,
-                on_event=results.move if results else None,
-                sync="always",
-            )
-            if results is not None:
-                results.finish()  # durable before the state journal lets go of them
-        finally:
-            if results is not None:
-                results.close()
-        with j:
-            before = j.recovery.records
-            last = j.next_seq - 1
-            if dry_run:
-                est = len(Header(new_salt(), last + 1).frame())
-                return CompactReport(jpath, before, 0, size, est, None, True)
-            delivered = int(base.get("delivered_seq", base.get("journal_seq", -1)))
-            body = {
-                "journal_seq": last,
-                "delivered_seq": max(delivered, proj.delivered),
-                "state": proj.to_snapshot(),
-                "stats": base.get("stats", {}),
-            }
-            gen = snaps.save(body)
-            j.replace_contents([], first_seq=last + 1)
-        after_size = os.path.getsize(jpath)
-        return CompactReport(jpath, before, 0, size, after_size, gen, False)
-
-
-def _open_and_fold(
-    path: str,
-    base: Mapping[str, Any],
-    *,
-    progress: Callable[[int, int], None] | None = None,
-    on_event: Callable[[Mapping[str, Any], int], None] | None = None,
-    **journal_kw: Any,
-) -> tuple[Journal, Projection, int]:
-    """Open the state journal and fold its records newer than the snapshot ``base`` into a
-    projection; returns ``(journal, projection, records folded)``.
-
-    The journal is read once: the open's verifying scan hands each run of records to the fold
-    (``Journal.open(visit=...)``). Only when the open repaired damage are the records read again.
-    """
-    after = int(base.get("journal_seq", -1))
-    proj = Projection(base.get("state"))
-    count = 0
-    size = os.path.getsize(path) if os.path.exists(path) else 0
-
-    def fold(batch: RawBatch) -> None:
-        nonlocal count
-        rows = zip(batch.offsets, batch.seqs, _decoded(batch, path), strict=True)
-        for offset, seq, payload in rows:
-            if seq > after:
-                _fold(proj, payload, path, offset=offset, seq=seq)
-                count += 1
-            if on_event is not None:
-                on_event(payload, seq)
-        if progress is not None:
-            progress(batch.offsets[-1], size)
-
-    journal = Journal.open(path, visit=fold, **journal_kw)
-    if journal.recovery.damage:  # the fold saw records before the repair: fold what was kept
-        try:
-            proj, count = Projection(base.get("state")), 0
-            for rec in journal.records(from_seq=after + 1):
-                _fold(proj, rec.payload, path, seq=rec.seq)
-                count += 1
-                if on_event is not None:
-                    on_event(rec.payload, rec.seq)
-        except BaseException:
-            journal.close()
-            raise
-    return journal, proj, count
-
-
-class _ResultsMover:
-    """Compaction's half of the results store: append each committed record of the state journal
-    that the results journal does not hold yet (by sequence number) to it."""
-
-    def __init__(self, d: str) -> None:
-        from .results import RESULTS_JOURNAL
-
-        self.moved = -1
-
-        def last(batch: RawBatch) -> None:
-            for payload in _decoded(batch, self.path):
-                self.moved = max(self.moved, int(payload.get("seq", -1)))
-
-        self.path = os.path.join(d, RESULTS_JOURNAL)
-        self.journal = Journal.open(
-            self.path, sync="batch", visit=last, max_record_bytes=RESULT_RECORD_BYTES
-        )
-        if self.journal.recovery.damage:  # the visit saw records before the repair
-            self.moved = max((int(r.payload["seq"]) for r in self.journal.records()), default=-1)
-
-    def move(self, ev: Mapping[str, Any], seq: int) -> None:
-        if seq > self.moved and ev.get("event") == "committed":
-            self.journal.append({**ev, "event": "result", "seq": seq})
-            self.moved = seq
-
-    def finish(self) -> None:
-        self.journal.sync_now()
-        if not self.journal.health.ok:
-            raise StorageError(
-                "the results journal could not be made durable; nothing was compacted",
-                path=self.path,
-                op="fsync",
-            )
-
-    def close(self) -> None:
-        self.journal.close()
-
-
-def _fold(
-    proj: Projection, ev: Any, path: str, *, offset: int | None = None, seq: int | None = None
-) -> None:
-    """Apply one event read from ``path``; an invalid one is corruption naming where it is (S11)."""
-    try:
-        proj.apply(ev)
-    except Invalid as e:
-        where = f"offset {offset}" if offset is not None else f"sequence number {seq}"
-        raise JournalCorruptError(
-            f"invalid event at {where} (seq {seq}): {e}",
-            path=path,
-            offset=offset,
-            reason=f"invalid event: {e}",
-        ) from None
-
-
-def _load_snapshot(d: str, keep: int = 3) -> tuple[SnapshotStore, Snapshot | None]:
-    """The state directory's snapshot store and its newest valid generation (S11: a generation
-    whose body does not match its schema is passed over like a damaged one)."""
-    store = SnapshotStore(d, name=SNAPSHOT_NAME, keep=keep)
-    return store, store.load(validate=check_state_snapshot)
-
-
-def _decoded(batch: RawBatch, path: str) -> list[Any]:
-    """The payloads of a batch, decoded in one orjson call (one by one only to name damage)."""
-    try:
-        values: list[Any] = orjson.loads(b"[" + b",".join(batch.payloads) + b"]")
-        return values
-    except orjson.JSONDecodeError:
-        for off, raw in zip(batch.offsets, batch.payloads, strict=True):
-            try:
-                orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                raise JournalCorruptError(
-                    f"journal damaged at offset {off}: payload is not JSON",
-                    path=path,
-                    offset=off,
-                    reason="payload is not JSON",
-                ) from None
-        raise
-
-
-def requeue_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) -> list[str]:
-    """Put deferred items back into the frontier durably (the next master run picks them up).
-
-    Journals ``requeued_deferred`` in the state journal and resolves each item as ``requeued``
-    in the defer journal. Returns the IDs requeued.
-
-    Raises:
-        LockHeldError: a master is running. UsageError: an ID that is not deferred.
-    """
-    from .errors import UsageError
-
-    with _master_locked(directory) as d:
-        view = view_state(d)
-        ids = list(work_ids)
-        for w in ids:
-            if w not in view.projection.deferred:
-                raise UsageError(f"{w!r} is not deferred")
-        with (
-            Journal.open(os.path.join(d, STATE_JOURNAL), sync="always") as j,
-            DeferJournal.open(d) as dj,
-        ):
-            for w in ids:
-                j.append({"event": "requeued_deferred", "work_id": w})
-                if w in dj:
-                    dj.resolve(w, "requeued")
-        return ids
-
-
-def drop_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) -> list[str]:
-    """Mark deferred items as dropped in the defer journal (they are no longer listed).
-
-    The campaign state still counts them as deferred: dropping is an operator's decision not to
-    replay them, not a commit.
-
-    Raises:
-        LockHeldError: a master is running. UsageError: an ID that is not deferred.
-    """
-    from .errors import UsageError
-
-    with _master_locked(directory) as d:
-        ids = list(work_ids)
-        with DeferJournal.open(d) as dj:
-            for w in ids:
-                if w not in dj:
-                    raise UsageError(f"{w!r} is not a listed deferred item")
-            for w in ids:
-                dj.resolve(w, "dropped")
-        return ids

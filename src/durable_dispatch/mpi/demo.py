@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
-from ..state import STATE_JOURNAL, event_work_ids
+from ..replay import STATE_JOURNAL, event_work_ids
 from ..storage import Journal
 from ..storage import fs as _fs
 from .context import WorkContext
@@ -105,7 +105,7 @@ def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str
 
     with DeferJournal.open(state_dir) as d:
         deferred = {i.work_id for i in d.items()}
-    from ..state import view_state
+    from ..admin import view_state
 
     by_kind: Counter[str] = Counter()
     for kinds in view_state(state_dir).projection.kinds.values():

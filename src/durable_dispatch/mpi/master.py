@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from ..core import Commit, RetryPolicy, WatchdogConfig, WorkItem
+from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..errors import UsageError
 from ..state import CampaignState
 from . import protocol as P
@@ -197,12 +197,6 @@ def run_master(
     core = state.core
     tried = core.attempts
     wd_on = core.watchdog.enabled
-    cb = (lambda c: on_commit(c.work_id, c.result)) if on_commit else None
-
-    def committed(c: Commit) -> None:
-        if cb is not None:
-            cb(c)
-
     lost: dict[int, float] = {}
     start = time.monotonic()
     next_progress = start
@@ -252,9 +246,9 @@ def run_master(
                     body, _err = P.decode(buf)
                     token = body.get("token") if body is not None else _BAD
                     if tag == P.READY:
-                        state.apply(core.on_ready(src, token, now), committed)
+                        state.on_ready(src, token, now)
                     elif tag == P.HEARTBEAT:
-                        state.apply(core.on_heartbeat(src, token, now), committed)
+                        state.on_heartbeat(src, token, now)
                     elif tag == P.RESULT:
                         results.append((src, body, _err))
                 # 2. dispatch: persist (journal) before send; the deadline starts when it returned
@@ -278,24 +272,18 @@ def run_master(
                     try:
                         comm.Send([data, MPI.BYTE], dest=s.rank, tag=P.WORK)
                     except MPI.Exception as e:
-                        state.apply(core.send_failed(s.token, time.monotonic(), str(e)), committed)
+                        state.sent(s.token, time.monotonic(), str(e))
                         if ft:
                             _check_failures(comm, MPI, state, lost, now)
                         continue
-                    state.apply(core.mark_dispatched(s.token, time.monotonic()), committed)
+                    state.sent(s.token, time.monotonic())
                 # 3. RESULT
                 for src, body, reason in results:
                     token = body.get("token") if body is not None else _BAD
                     values, errors, err = P.read_result(body, reason)
-                    state.apply(
-                        core.on_results(src, token, values, now, errors=errors, error=err),
-                        committed,
-                        wait=False,
-                    )
-                state.complete_commits()
-                # 4. join invalid results, 5. sweep the watchdog
-                state.apply(core.join_invalid(now), committed)
-                state.apply(core.sweep(time.monotonic()), committed)
+                    state.on_results(src, token, values, now, errors=errors, error=err)
+                # 4. deliver durable commits, join invalid results, 5. sweep the watchdog
+                state.tick(time.monotonic())
                 # storage: try to get back to disk with back-off
                 if not state.journal.health.ok and now >= restore_at:
                     if state.try_restore():
@@ -433,7 +421,7 @@ def _check_failures(
             continue
         lost[r] = time.time()
         log.warning("master: rank %d failed (ULFM); rolling back its dispatch", r)
-        state.apply(state.core.rank_lost(r, now, "process failed"))
+        state.rank_lost(r, now, "process failed")
 
 
 def _stop_all(

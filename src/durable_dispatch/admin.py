@@ -1,0 +1,372 @@
+"""Offline operations on a state directory: view it, compact it, requeue or drop deferred
+items. Reading never takes a lock or creates a file (S10); changing takes the master lock, so it
+is refused while a master runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import filelock
+
+from .errors import LockHeldError, StorageError
+from .replay import (
+    LOCK_NAME,
+    RESULT_RECORD_BYTES,
+    SNAPSHOT_NAME,
+    STATE_JOURNAL,
+    Projection,
+    _decoded,
+    _fold,
+    _load_snapshot,
+    _open_and_fold,
+)
+from .storage import DeferJournal, Journal
+from .storage import fs as _fs
+from .storage.format import Header, RawBatch, new_salt
+
+__all__ = [
+    "StateView",
+    "CompactReport",
+    "view_state",
+    "is_state_dir",
+    "compact_state",
+    "requeue_deferred",
+    "drop_deferred",
+]
+
+
+@dataclass(frozen=True)
+class StateView:
+    """A read-only view of a state directory, for operators (no lock taken, nothing changed).
+
+    Attributes:
+        directory: the state directory.
+        projection: the replayed durable state.
+        snapshot_generation: the snapshot replay started from (None: none yet).
+        journal_seq: the last journal sequence number folded in or replayed.
+        replayed_records: journal records replayed after the snapshot.
+        stats: the master's statistics as of the newest snapshot ({} if none).
+        master_running: True when a master holds the directory's lock.
+    """
+
+    directory: str
+    projection: Projection
+    snapshot_generation: int | None
+    journal_seq: int
+    replayed_records: int
+    stats: Mapping[str, Any]
+    master_running: bool
+
+    def summary(self) -> dict[str, Any]:
+        """Counts of the durable state, JSON-ready."""
+        p = self.projection
+        return {
+            "directory": self.directory,
+            "epoch": p.epoch,
+            "pending": len(p.front) + len(p.back),
+            "in_flight": len(p.in_flight),
+            "committed": len(p.committed),
+            "deferred": len(p.deferred),
+            "snapshot_generation": self.snapshot_generation,
+            "journal_seq": self.journal_seq,
+            "replayed_records": self.replayed_records,
+            "duplicate_commits_in_journal": p.duplicate_commits,
+            "master_running": self.master_running,
+        }
+
+
+def is_state_dir(directory: str | os.PathLike[str]) -> bool:
+    """True when ``directory`` looks like a campaign state directory."""
+    d = os.fspath(directory)
+    return os.path.isdir(d) and (
+        os.path.exists(os.path.join(d, STATE_JOURNAL))
+        or any(n.startswith(SNAPSHOT_NAME + ".") and n.endswith(".snap") for n in os.listdir(d))
+    )
+
+
+def _master_running(d: str) -> bool:
+    """True when a master holds ``d``; creates and changes nothing (S10).
+
+    A master holds a ``flock`` on ``master.lock`` (filelock's backend) and one on its state
+    journal file itself (S12, which holds when an operator deleted the lock file). A shared,
+    non-blocking ``flock`` on a read-only descriptor fails exactly while a writer holds either.
+    """
+    return any(_locked(os.path.join(d, name)) for name in (LOCK_NAME, STATE_JOURNAL))
+
+
+def _locked(path: str) -> bool:
+    """True when another open file holds an exclusive ``flock`` on ``path`` (never created)."""
+    import fcntl
+
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # also lets go of the shared flock
+    return False
+
+
+def view_state(directory: str | os.PathLike[str]) -> StateView:
+    """Replay a state directory read-only (it may have a running master).
+
+    Raises:
+        UsageError: not a state directory.
+        JournalCorruptError, SnapshotCorruptError: damage found.
+    """
+    from .errors import UsageError
+    from .storage.journal import read_journal
+
+    d = os.fspath(directory)
+    if not is_state_dir(d):
+        raise UsageError(f"{d} is not a durable-dispatch state directory")
+    _store, snap = _load_snapshot(d)
+    base = snap.value if snap is not None else {}
+    after = int(base.get("journal_seq", -1))
+    proj = Projection(base.get("state"))
+    n, last = 0, after
+    jpath = os.path.join(d, STATE_JOURNAL)
+    if os.path.exists(jpath):
+        for rec in read_journal(jpath, from_seq=after + 1):
+            _fold(proj, rec.payload, jpath, seq=rec.seq)
+            n += 1
+            last = rec.seq
+    return StateView(
+        d,
+        proj,
+        snap.generation if snap else None,
+        last,
+        n,
+        dict(base.get("stats", {})),
+        _master_running(d),
+    )
+
+
+@dataclass(frozen=True)
+class CompactReport:
+    """What a compaction did (or, with ``dry_run``, would do).
+
+    Attributes:
+        path: the journal compacted.
+        records_before: records in it before.
+        records_after: records in it after.
+        bytes_before: its size before.
+        bytes_after: its size after (estimated for a dry run: the header only, or the live set).
+        snapshot_generation: the snapshot that now holds the folded state (state directories).
+        dry_run: nothing was changed.
+    """
+
+    path: str
+    records_before: int
+    records_after: int
+    bytes_before: int
+    bytes_after: int
+    snapshot_generation: int | None
+    dry_run: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return dict(vars(self))
+
+
+def _take_master_lock(d: str, *, create: bool = False) -> filelock.BaseFileLock:
+    """Take state directory ``d``'s single-master lock (S5, S9); ``create`` makes ``d`` first."""
+    path = os.path.join(d, LOCK_NAME)
+    lock = filelock.FileLock(path, timeout=0, mode=0o600, thread_local=False)
+    try:
+        if create and not os.path.isdir(d):
+            _fs.makedirs(d)
+        lock.acquire()
+    except filelock.Timeout:
+        raise LockHeldError("a master holds this state directory", path=path) from None
+    except OSError as e:
+        # S9: without the lock nothing is read, so nothing may be changed either.
+        raise StorageError(
+            f"cannot create or lock the state directory: {e.strerror or e}; nothing was changed",
+            path=getattr(e, "filename", None) or path,
+            op="lock",
+            errno=e.errno,
+        ) from e
+    return lock
+
+
+@contextmanager
+def _master_locked(directory: str | os.PathLike[str]) -> Iterator[str]:
+    """Hold the master lock of ``directory`` for an offline operation; yields the path."""
+    d = os.fspath(directory)
+    lock = _take_master_lock(d)
+    try:
+        yield d
+    finally:
+        lock.release()
+
+
+def compact_state(
+    directory: str | os.PathLike[str],
+    *,
+    dry_run: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> CompactReport:
+    """Fold the state journal into a new snapshot and start a fresh journal (S6).
+
+    Order: (1) replay snapshot + journal, streaming; (2) save the folded state as a new snapshot
+    generation (atomic); (3) replace the journal by an empty one whose numbering continues
+    (temp file, fsync, rename, directory fsync). A crash before (2) leaves the old snapshot and the
+    old journal; between (2) and (3) the new snapshot and the old journal, whose records it already
+    holds (replay skips them); after (3) the new pair. Memory is bounded by the live set (the
+    projection), not the journal's size. Committed results are never dropped (U6): before (2)
+    every committed record not moved yet is appended to the results journal (``results.jsonl``)
+    with its sequence number, and fsynced; a compaction interrupted after that moves nothing
+    twice.
+
+    The journal is read once: the open's verifying scan hands each run of records to the fold
+    (``Journal.open(visit=...)``); only if the open had to repair damage first are the records
+    read again. ``progress(bytes_done, bytes_total)`` is called as the journal is read.
+
+    Raises:
+        LockHeldError: a master is running on the directory.
+        UsageError: not a state directory.
+        JournalCorruptError: the journal holds damage the open does not repair, or an intact
+            record whose payload is not JSON.
+    """
+    from .errors import UsageError
+
+    d = os.fspath(directory)
+    if not is_state_dir(d):
+        raise UsageError(f"{d} is not a durable-dispatch state directory")
+    with _master_locked(d):
+        jpath = os.path.join(d, STATE_JOURNAL)
+        size = os.path.getsize(jpath) if os.path.exists(jpath) else 0
+        snaps, snap = _load_snapshot(d)
+        base = snap.value if snap is not None else {}
+        results = None if dry_run else _ResultsMover(d)
+        try:
+            j, proj, _n = _open_and_fold(
+                jpath,
+                base,
+                progress=progress,
+                on_event=results.move if results else None,
+                sync="always",
+            )
+            if results is not None:
+                results.finish()  # durable before the state journal lets go of them
+        finally:
+            if results is not None:
+                results.close()
+        with j:
+            before = j.recovery.records
+            last = j.next_seq - 1
+            if dry_run:
+                est = len(Header(new_salt(), last + 1).frame())
+                return CompactReport(jpath, before, 0, size, est, None, True)
+            delivered = int(base.get("delivered_seq", base.get("journal_seq", -1)))
+            body = {
+                "journal_seq": last,
+                "delivered_seq": max(delivered, proj.delivered),
+                "state": proj.to_snapshot(),
+                "stats": base.get("stats", {}),
+            }
+            gen = snaps.save(body)
+            j.replace_contents([], first_seq=last + 1)
+        after_size = os.path.getsize(jpath)
+        return CompactReport(jpath, before, 0, size, after_size, gen, False)
+
+
+class _ResultsMover:
+    """Compaction's half of the results store: append each committed record of the state journal
+    that the results journal does not hold yet (by sequence number) to it."""
+
+    def __init__(self, d: str) -> None:
+        from .results import RESULTS_JOURNAL
+
+        self.moved = -1
+
+        def last(batch: RawBatch) -> None:
+            for payload in _decoded(batch, self.path):
+                self.moved = max(self.moved, int(payload.get("seq", -1)))
+
+        self.path = os.path.join(d, RESULTS_JOURNAL)
+        self.journal = Journal.open(
+            self.path, sync="batch", visit=last, max_record_bytes=RESULT_RECORD_BYTES
+        )
+        if self.journal.recovery.damage:  # the visit saw records before the repair
+            self.moved = max((int(r.payload["seq"]) for r in self.journal.records()), default=-1)
+
+    def move(self, ev: Mapping[str, Any], seq: int) -> None:
+        if seq > self.moved and ev.get("event") == "committed":
+            self.journal.append({**ev, "event": "result", "seq": seq})
+            self.moved = seq
+
+    def finish(self) -> None:
+        self.journal.sync_now()
+        if not self.journal.health.ok:
+            raise StorageError(
+                "the results journal could not be made durable; nothing was compacted",
+                path=self.path,
+                op="fsync",
+            )
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+def requeue_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) -> list[str]:
+    """Put deferred items back into the frontier durably (the next master run picks them up).
+
+    Journals ``requeued_deferred`` in the state journal and resolves each item as ``requeued``
+    in the defer journal. Returns the IDs requeued.
+
+    Raises:
+        LockHeldError: a master is running. UsageError: an ID that is not deferred.
+    """
+    from .errors import UsageError
+
+    with _master_locked(directory) as d:
+        view = view_state(d)
+        ids = list(work_ids)
+        for w in ids:
+            if w not in view.projection.deferred:
+                raise UsageError(f"{w!r} is not deferred")
+        with (
+            Journal.open(os.path.join(d, STATE_JOURNAL), sync="always") as j,
+            DeferJournal.open(d) as dj,
+        ):
+            for w in ids:
+                j.append({"event": "requeued_deferred", "work_id": w})
+                if w in dj:
+                    dj.resolve(w, "requeued")
+        return ids
+
+
+def drop_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) -> list[str]:
+    """Mark deferred items as dropped in the defer journal (they are no longer listed).
+
+    The campaign state still counts them as deferred: dropping is an operator's decision not to
+    replay them, not a commit.
+
+    Raises:
+        LockHeldError: a master is running. UsageError: an ID that is not deferred.
+    """
+    from .errors import UsageError
+
+    with _master_locked(directory) as d:
+        ids = list(work_ids)
+        with DeferJournal.open(d) as dj:
+            for w in ids:
+                if w not in dj:
+                    raise UsageError(f"{w!r} is not a listed deferred item")
+            for w in ids:
+                dj.resolve(w, "dropped")
+        return ids
