@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from durable_dispatch.core import (
     Classification,
@@ -665,3 +667,24 @@ def test_retry_policy_knows_every_kind_and_refuses_the_unchargeable_one() -> Non
     RetryPolicy(per_kind={k: 0 for k in FAILURE_KINDS})
     with pytest.raises(Exception, match="unknown failure kind 'master-restart'"):
         RetryPolicy(per_kind={"master-restart": 1})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "discard", "pop"]), st.integers(0, 6))))
+def test_idle_ranks_hand_out_the_lowest_idle_rank_like_min_of_a_set(ops: list) -> None:
+    """Issue 17: reserve took min() of the idle set, O(ranks) per dispatch; the heap that
+    replaces it must give the same rank every time."""
+    from durable_dispatch.core.dispatcher import _IdleRanks
+
+    idle, ref = _IdleRanks(), set()
+    for op, rank in ops:
+        if op == "add":
+            idle.add(rank)
+            ref.add(rank)
+        elif op == "discard":
+            idle.discard(rank)
+            ref.discard(rank)
+        elif ref:
+            assert idle.pop_lowest() == min(ref)
+            ref.discard(min(ref))
+        assert len(idle) == len(ref) and sorted(idle) == sorted(ref)
