@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +28,7 @@ from durable_dispatch.core import (
     WorkStatus,
 )
 from durable_dispatch.errors import UsageError
+from durable_dispatch.mpi import protocol
 
 
 def make(
@@ -445,7 +449,7 @@ def test_a_multi_item_dispatch_has_one_token_and_a_deadline_for_all_its_items() 
     d.submit([WorkItem("a", timeout=3.0), WorkItem("b"), WorkItem("c", timeout=4.0), WorkItem("e")])
     s = d.reserve(0.0, max_items=3)
     assert isinstance(s, Send) and [w.work_id for w in s.items] == ["a", "b", "c"]
-    assert s.work.work_id == "a"
+    assert s.items[0].work_id == "a"  # Send.work refuses a multi-item dispatch (issue 21)
     d.mark_dispatched(s.token, 0.0)
     tx = d.transaction(s.token)
     assert tx is not None and tx.deadline == 3.0 + 4.0 + 10.0  # own timeouts + watchdog once
@@ -688,3 +692,78 @@ def test_idle_ranks_hand_out_the_lowest_idle_rank_like_min_of_a_set(ops: list) -
             assert idle.pop_lowest() == min(ref)
             ref.discard(min(ref))
         assert len(idle) == len(ref) and sorted(idle) == sorted(ref)
+
+
+# ------------------------------------------------------------------ message fuzzing
+FUZZED: dict[str, int] = {}
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    msgs=st.lists(
+        st.tuples(
+            st.sampled_from(["RESULT", "READY", "HEARTBEAT"]),
+            st.integers(-3, 6),
+            st.one_of(json_values, st.sampled_from(["e1-1", "e1-2", "e0-1", "e1-99"])),
+            st.booleans(),
+        ),
+        max_size=25,
+    ),
+    wire=st.binary(max_size=60),
+)
+def _message_classifier_never_raises(msgs: list[Any], wire: bytes) -> None:
+    FUZZED["wire"] = FUZZED.get("wire", 0) + 1
+    body, err = protocol.decode(wire)
+    assert (body is None) != (err is None)
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(5), ranks=(1, 2))
+    d.submit([WorkItem("a"), WorkItem("b")])
+    for _ in range(2):
+        s = d.reserve(0.0)
+        assert isinstance(s, Send)
+        d.mark_dispatched(s.token, 0.0)
+    commits = 0
+    for kind, rank, token, valid in msgs:
+        if kind == "RESULT":
+            out = d.on_result(rank, token, {"x": 1}, 1.0, valid=valid)
+            for c in out:
+                if type(c).__name__ == "Commit":
+                    commits += 1
+                    d.commit_done(c.token)  # type: ignore[attr-defined]
+        elif kind == "READY":
+            d.on_ready(rank, token, 1.0)
+        else:
+            d.on_heartbeat(rank, token, 1.0)
+        d.join_invalid(1.0)
+        d.sweep(2.0 if valid else 10.0)
+    st_ = d.statistics()
+    assert st_.commits == commits <= 2
+    assert st_.duplicate_commits_ignored == 0
+    assert not math.isnan(st_.watchdog_seconds)
+
+
+def test_message_classifier_never_raises() -> None:
+    """Any sequence of RESULT, READY and HEARTBEAT with any token from any rank, and any wire
+    bytes, is classified without an exception and never commits twice (moved here from
+    test_format.py: it tests the dispatcher; issue 21)."""
+    before = FUZZED.get("wire", 0)
+    _message_classifier_never_raises()
+    assert FUZZED["wire"] - before >= 100
+
+
+def test_send_work_refuses_a_multi_item_dispatch_instead_of_dropping_items() -> None:
+    """Issue 21: Send.work silently returned the first item of a multi-item dispatch."""
+    d = make(3, ranks=(1, 2))
+    one = d.reserve(0.0)
+    assert isinstance(one, Send) and one.work.work_id == "w0"
+    many = d.reserve(0.0, max_items=2)
+    assert isinstance(many, Send) and len(many.items) == 2
+    with pytest.raises(UsageError, match="use Send.items"):
+        _ = many.work

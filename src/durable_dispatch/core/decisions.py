@@ -138,7 +138,16 @@ class Send(Decision):
 
     @property
     def work(self) -> WorkItem:
-        """The first work item (the only one in a one-item dispatch)."""
+        """The work item of a one-item dispatch.
+
+        Raises:
+            UsageError: a multi-item dispatch (use :attr:`items`: returning the first item
+                would silently drop the others; issue 21).
+        """
+        if len(self.items) != 1:
+            from ..errors import UsageError
+
+            raise UsageError(f"{self.token} carries {len(self.items)} items: use Send.items")
         return self.items[0]
 
 
