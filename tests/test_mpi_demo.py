@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -79,16 +81,26 @@ def test_demo_refuses_bad_options_before_starting_mpiexec(tmp_path: Path, bad: l
     assert time.monotonic() - start < 30 and not (tmp_path / "s").exists()
 
 
-def _demo_in_a_terminal(state: Path) -> tuple[int, int]:
-    """Start the demo on a pseudo-terminal, as a user at a shell would: ``(pid, pty fd)``."""
+@contextlib.contextmanager
+def _demo_in_a_terminal(state: Path) -> Iterator[tuple[int, int]]:
+    """The demo on a pseudo-terminal, as a user at a shell starts it: yields ``(pid, pty fd)``
+    and kills it (if still there) and closes the terminal after."""
     import os
     import pty
+    import signal
 
     args = ["--state-dir", str(state), "--items", "600", "--no-faults", "--json"]
     pid, fd = pty.fork()
     if pid == 0:  # the child: its own session, the pty its controlling terminal
         os.execv(sys.executable, [sys.executable, "-m", "durable_dispatch", "demo", *args])
-    return pid, fd
+    try:
+        yield pid, fd
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(fd)
 
 
 def _read_all(fd: int, pid: int, timeout: float) -> tuple[str, int]:
@@ -134,25 +146,17 @@ def test_ctrl_c_in_a_terminal_drains_the_demo_and_a_second_one_stops_it(
     one kills the job's session (exit 130). Either way nothing is left running and the state
     directory resumes."""
     import os
-    import signal
     import time
 
     from durable_dispatch.state import view_state
 
     state = tmp_path / "s"
-    pid, fd = _demo_in_a_terminal(state)
-    try:
+    with _demo_in_a_terminal(state) as (pid, fd):
         _wait_for_commits(state, 5)
         for _ in range(presses):
             os.write(fd, b"\x03")
             time.sleep(0.3)
         out, code = _read_all(fd, pid, 120)
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.close(fd)
     assert "Traceback" not in out, out[-3000:]
     if presses == 1:
         assert code == 1, out[-3000:]
@@ -176,17 +180,10 @@ def test_sigterm_stops_the_demo_and_its_job_with_exit_143(tmp_path: Path) -> Non
     import signal
 
     state = tmp_path / "s"
-    pid, fd = _demo_in_a_terminal(state)
-    try:
+    with _demo_in_a_terminal(state) as (pid, fd):
         _wait_for_commits(state, 5)
         os.kill(pid, signal.SIGTERM)
         out, code = _read_all(fd, pid, 60)
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.close(fd)
     assert code == 143 and "Traceback" not in out, out[-3000:]
     _assert_job_gone(state)
 

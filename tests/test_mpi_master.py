@@ -314,35 +314,13 @@ def test_sigterm_to_every_rank_drains_and_a_rerun_finishes(tmp_path: Path) -> No
     (no new dispatch, the work in flight commits, reason="signal"); the workers finish their item
     and wait for STOP. Before, every rank died of the signal."""
     import signal
-    import subprocess
     import sys
-    import time
 
-    from durable_dispatch.mpi.launcher import (
-        kill_session,
-        launch_env,
-        mpiexec_command,
-        pids_in_session,
-    )
+    from durable_dispatch.mpi.launcher import kill_session, pids_in_session
 
-    script = tmp_path / "campaign.py"
-    script.write_text(USER_CAMPAIGN)
-    cmd = mpiexec_command(4, [sys.executable, str(script), str(tmp_path / "state"), "slow"])
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=launch_env(None, quiet=True),
-        start_new_session=True,
-    )
+    proc, script = _start_user_campaign(tmp_path, "slow")
     try:
-        journal = tmp_path / "state" / "events.jsonl"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (
-            not journal.exists() or journal.read_bytes().count(b'"committed"') < 3
-        ):
-            time.sleep(0.05)
+        _wait_for_commits(tmp_path / "state", 3)
         ranks = [
             p
             for p in pids_in_session(proc.pid)
@@ -362,6 +340,37 @@ def test_sigterm_to_every_rank_drains_and_a_rerun_finishes(tmp_path: Path) -> No
     assert "REPORT True None" in res.stdout, res.stderr[-3000:]
     final = view_state(tmp_path / "state").projection
     assert len(final.committed) == 30 and final.duplicate_commits == 0
+
+
+def _start_user_campaign(tmp_path: Path, mode: str) -> tuple[Any, Path]:
+    """USER_CAMPAIGN under mpiexec in its own session, running in the background."""
+    import subprocess
+    import sys
+
+    from durable_dispatch.mpi.launcher import launch_env, mpiexec_command
+
+    script = tmp_path / "campaign.py"
+    script.write_text(USER_CAMPAIGN)
+    cmd = mpiexec_command(4, [sys.executable, str(script), str(tmp_path / "state"), mode])
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=launch_env(None, quiet=True),
+        start_new_session=True,
+    )
+    return proc, script
+
+
+def _wait_for_commits(state: Path, n: int) -> None:
+    import time
+
+    journal, deadline = state / "events.jsonl", time.monotonic() + 60
+    while time.monotonic() < deadline and (
+        not journal.exists() or journal.read_bytes().count(b'"committed"') < n
+    ):
+        time.sleep(0.05)
 
 
 def _cmdline(pid: int) -> str:
@@ -397,31 +406,12 @@ def test_sigusr1_to_mpiexec_drains_and_a_rerun_finishes(tmp_path: Path) -> None:
     every rank) used to kill every rank. The master drains: no new dispatch, the work in flight
     commits, run_master returns reason="signal"; the workers wait for STOP. A rerun finishes."""
     import signal
-    import subprocess
-    import sys
-    import time
 
-    from durable_dispatch.mpi.launcher import kill_session, launch_env, mpiexec_command
-    from durable_dispatch.state import view_state
+    from durable_dispatch.mpi.launcher import kill_session
 
-    script = tmp_path / "campaign.py"
-    script.write_text(USER_CAMPAIGN)
-    cmd = mpiexec_command(4, [sys.executable, str(script), str(tmp_path / "state"), "slow"])
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=launch_env(None, quiet=True),
-        start_new_session=True,
-    )
+    proc, _script = _start_user_campaign(tmp_path, "slow")
     try:
-        journal = tmp_path / "state" / "events.jsonl"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (
-            not journal.exists() or journal.read_bytes().count(b'"committed"') < 3
-        ):
-            time.sleep(0.05)
+        _wait_for_commits(tmp_path / "state", 3)
         proc.send_signal(signal.SIGUSR1)
         out, err = proc.communicate(timeout=60)
     finally:
