@@ -34,6 +34,10 @@ def work(payload: dict[str, Any], ctx: WorkContext) -> Any:
         os._exit(3)
     if what == "raise":
         raise ValueError("bad input")
+    if what == "close-pipes":  # alive, but deaf and mute to its worker
+        os.closerange(3, 1024)
+        while True:
+            time.sleep(3600)
     if what == "memory":
         return len(bytearray(1 << 30))
     if what == "beat":
@@ -252,3 +256,11 @@ def test_a_dispatch_of_several_items_fails_as_a_whole_at_its_shared_deadline(run
     out, whole = runner.run(items, time.monotonic() + 1.0, 1.0, lambda: False, lambda: None)
     assert whole is not None and whole.kind == "timeout" and "b:" in (whole.reason or "")
     assert [o.kind for o in out] in ([], [None])  # a's result may not have been sent yet
+
+
+def test_a_child_that_closes_its_pipes_is_killed_and_replaced_not_waited_for(
+    runner: Any,
+) -> None:
+    out, _ = _run(runner, _item("w1", do="close-pipes"))
+    assert out.kind == "crash" and "closed its pipe" in (out.reason or ""), out
+    assert _run(runner, _item("w2"))[0].kind is None

@@ -19,10 +19,13 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import time
 from pathlib import Path
 
 __all__ = ["kill_group", "become_subreaper", "die_with_parent", "kill_descendants"]
 
+#: The longest :func:`kill_descendants` waits to reap what it killed.
+REAP_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -102,10 +105,21 @@ def kill_descendants(root: int | None = None) -> list[int]:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    for pid in found:
-        if parents.get(pid) == me:
+    # Reap this process's own children (re-parented orphans among them), but never wait long:
+    # a process stuck in the kernel (an NFS wait) dies later and stays a zombie until then.
+    mine = [pid for pid in found if parents.get(pid) == me]
+    end = time.monotonic() + REAP_SECONDS
+    while mine:
+        left = []
+        for pid in mine:
             try:
-                os.waitpid(pid, 0)
+                done, _ = os.waitpid(pid, os.WNOHANG)
             except (ChildProcessError, OSError):
-                pass  # reaped elsewhere (a Popen object of its own)
+                continue  # reaped elsewhere (a Popen object of its own)
+            if done == 0:
+                left.append(pid)
+        mine = left
+        if not mine or time.monotonic() > end:
+            break
+        time.sleep(0.005)
     return found

@@ -26,6 +26,7 @@ even when the results of the items before it were not sent yet.
 from __future__ import annotations
 
 import functools
+import logging
 import mmap
 import os
 import pickle
@@ -48,6 +49,7 @@ from .context import CHILD_MARKER, run_items
 
 __all__ = ["IsolatedRunner", "IsolationError", "CHILD_MARKER", "child_environment"]
 
+log = logging.getLogger("durable_dispatch.mpi")
 _LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PRTE_")
 _START_TIMEOUT = 120.0
 _PROGRESS = struct.Struct("=qq")  # the job number and the index of the item the child runs
@@ -138,9 +140,13 @@ class _Child:
         return f"it exited with code {code} (its error output is above)"
 
     def kill(self) -> None:
-        """Kill the child's group and every descendant left, and close the pipes."""
+        """Kill the child's group and every descendant left, and close the pipes (bounded: a
+        child stuck in the kernel is left to die later)."""
         processes.kill_group(self.proc.pid)
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout=processes.REAP_SECONDS)
+        except subprocess.TimeoutExpired:
+            log.warning("isolated child %d did not die at once; not waiting", self.proc.pid)
         processes.kill_descendants()
         self.close()
 
@@ -324,9 +330,14 @@ class IsolatedRunner:
             self._child = None
 
     def _died(self, child: _Child, item: dict[str, Any]) -> ItemOutcome:
-        code = child.proc.wait()
+        try:
+            code: int | None = child.proc.wait(timeout=processes.REAP_SECONDS)
+        except subprocess.TimeoutExpired:
+            code = None  # alive, but it closed its end of the pipe: of no use any more
         self._kill()
-        if code < 0:
+        if code is None:
+            why = "closed its pipe to the worker (it was killed)"
+        elif code < 0:
             why = f"killed by {_signal_name(code)}"
         else:
             why = f"exited with code {code}"
