@@ -667,7 +667,8 @@ def test_retry_policy_knows_every_kind_and_refuses_the_unchargeable_one() -> Non
     from durable_dispatch.core.config import FAILURE_KINDS, WORKER_FAILURE_KINDS
 
     assert set(WORKER_FAILURE_KINDS) <= set(FAILURE_KINDS)
-    assert {"timeout", "error", "crash", "result-too-large", "rank-lost"} <= set(FAILURE_KINDS)
+    assert {"timeout", "error", "crash", "result-too-large", "lost-rank"} <= set(FAILURE_KINDS)
+    assert RetryPolicy(per_kind={"rank-lost": 3}).retries_for("lost-rank") == 3  # the old name
     RetryPolicy(per_kind={k: 0 for k in FAILURE_KINDS})
     with pytest.raises(Exception, match="unknown failure kind 'master-restart'"):
         RetryPolicy(per_kind={"master-restart": 1})

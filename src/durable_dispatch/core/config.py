@@ -44,9 +44,11 @@ DEFAULT_ENV_NAMES = {
 WORKER_FAILURE_KINDS = ("timeout", "error", "crash", "result-too-large", "malformed-result")
 #: Failure kinds the retry ledger knows, each with its own budget in :class:`RetryPolicy`: the
 #: worker's, and the master's own findings (``missing-result``: READY without a RESULT;
-#: ``send-failure``; ``rank-lost``). A rollback after a master restart (``master-restart``) is
-#: never charged, so it has no budget.
-FAILURE_KINDS = (*WORKER_FAILURE_KINDS, "missing-result", "send-failure", "rank-lost")
+#: ``send-failure``; ``lost-rank``: the rank failed, ULFM). A rollback after a master restart
+#: (``master-restart``) is never charged, so it has no budget.
+FAILURE_KINDS = (*WORKER_FAILURE_KINDS, "missing-result", "send-failure", "lost-rank")
+#: Earlier names of failure kinds, still accepted in ``RetryPolicy(per_kind=...)``.
+KIND_ALIASES = {"rank-lost": "lost-rank"}
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,9 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ConfigurationError(f"retries must be an integer >= 0, got {self.retries!r}")
+        if any(k in KIND_ALIASES for k in self.per_kind):
+            renamed = {KIND_ALIASES.get(k, k): v for k, v in self.per_kind.items()}
+            object.__setattr__(self, "per_kind", renamed)
         for k, v in self.per_kind.items():
             if k not in FAILURE_KINDS:
                 raise ConfigurationError(f"unknown failure kind {k!r}; use one of {FAILURE_KINDS}")

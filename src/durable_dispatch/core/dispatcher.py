@@ -608,7 +608,7 @@ class Dispatcher:
         tx = self._current.get(rank)
         self._c["ranks_lost"] += 1
         if tx is not None and tx.state in (TxState.PREPARING, TxState.DISPATCHED):
-            out += self._rollback(tx, SOURCE_RANK_LOST, "rank-lost", error, park=False)
+            out += self._rollback(tx, SOURCE_RANK_LOST, "lost-rank", error, park=False)
         self._current.pop(rank, None)
         self._ranks.discard(rank)
         self._idle.discard(rank)
