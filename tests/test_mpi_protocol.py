@@ -9,8 +9,7 @@ import pytest
 
 from durable_dispatch.core import ItemFailure
 from durable_dispatch.mpi import protocol as P
-from durable_dispatch.mpi.context import WorkContext, call_work_function
-from durable_dispatch.mpi.isolation import ItemOutcome
+from durable_dispatch.mpi.context import ItemOutcome, WorkContext, call_work_function
 from durable_dispatch.mpi.worker import result_message
 
 
@@ -43,7 +42,7 @@ def test_a_result_body_that_cannot_be_read_gives_a_reason_never_an_exception(
 
 def _outcomes(fn: Any, payloads: list[Any], max_result: int = 1 << 20) -> list[ItemOutcome]:
     ctx = WorkContext("w", 0, None, 1.0)
-    return [ItemOutcome(*call_work_function(fn, "payload", p, ctx, max_result)) for p in payloads]
+    return [call_work_function(fn, "payload", p, ctx, max_result) for p in payloads]
 
 
 def _work(p: dict[str, Any]) -> Any:

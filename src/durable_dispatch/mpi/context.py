@@ -16,6 +16,7 @@ import orjson
 
 __all__ = [
     "WorkContext",
+    "ItemOutcome",
     "CALL_MODES",
     "call_work_function",
     "run_items",
@@ -67,12 +68,21 @@ class WorkContext:
         self._send_beat()
 
 
+@dataclass(slots=True)
+class ItemOutcome:
+    """One item's outcome: its result as JSON (``raw``), or a failure ``kind`` and ``reason``."""
+
+    raw: bytes | None
+    kind: str | None = None
+    reason: str | None = None
+
+
 def call_work_function(
     fn: Callable[..., Any], mode: str, payload: Any, ctx: WorkContext, max_result: int
-) -> tuple[bytes | None, str | None, str | None]:
-    """Run ``fn`` on one payload: ``(result JSON, None, None)``, or ``(None, kind, reason)`` for a
-    function that raised (``error``), a value JSON cannot hold (``malformed-result``) or one
-    over ``max_result`` bytes (``result-too-large``). Never raises."""
+) -> ItemOutcome:
+    """Run ``fn`` on one payload: its result JSON, or the failure of a function that raised
+    (``error``), of a value JSON cannot hold (``malformed-result``) or of one over
+    ``max_result`` bytes (``result-too-large``). Never raises."""
     try:
         if mode == "context":
             value = fn(payload, ctx)
@@ -81,14 +91,16 @@ def call_work_function(
         else:
             value = fn(payload)
     except BaseException as e:  # noqa: BLE001 - the master learns of it as this item's error
-        return None, "error", f"{type(e).__name__}: {e}"
+        return ItemOutcome(None, "error", f"{type(e).__name__}: {e}")
     try:
         raw = orjson.dumps(value)
     except TypeError as e:  # orjson.JSONEncodeError
-        return None, "malformed-result", f"result is not JSON-serializable: {e}"
+        return ItemOutcome(None, "malformed-result", f"result is not JSON-serializable: {e}")
     if len(raw) > max_result:
-        return None, "result-too-large", f"result of {len(raw)} bytes is over {max_result}"
-    return raw, None, None
+        return ItemOutcome(
+            None, "result-too-large", f"result of {len(raw)} bytes is over {max_result}"
+        )
+    return ItemOutcome(raw)
 
 
 def run_items(
@@ -100,7 +112,7 @@ def run_items(
     beat: Callable[[], None],
     max_result: int,
     started: Callable[[int], None] | None = None,
-) -> Iterator[tuple[bytes | None, str | None, str | None]]:
+) -> Iterator[ItemOutcome]:
     """Run a dispatch's items in order (see :func:`call_work_function`), yielding each outcome;
     the items share the dispatch's deadline, which each one's heartbeats push for the next.
     ``started(index)`` is called before each item."""

@@ -37,7 +37,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -45,7 +44,7 @@ import orjson
 
 from .. import processes
 from ..errors import IsolationError
-from .context import CHILD_MARKER, run_items
+from .context import CHILD_MARKER, ItemOutcome, run_items
 
 __all__ = ["IsolatedRunner", "IsolationError", "CHILD_MARKER", "child_environment"]
 
@@ -69,15 +68,6 @@ def _signal_name(code: int) -> str:
         return signal.Signals(-code).name
     except ValueError:
         return f"signal {-code}"
-
-
-@dataclass
-class ItemOutcome:
-    """One item's outcome from a runner: its result JSON, or a failure kind and reason."""
-
-    raw: bytes | None
-    kind: str | None = None
-    reason: str | None = None
 
 
 class _Child:
@@ -401,13 +391,13 @@ def _child_main(argv: list[str]) -> int:
 
         beat = functools.partial(send, b"B")
         lease = float(job["lease"])
-        for raw, kind, reason in run_items(
+        for o in run_items(
             fn, mode, job["items"], job["deadline"], lease, beat, max_result, started
         ):
-            if raw is not None:
-                pending.append(_pack(b"R", raw))
+            if o.raw is not None:
+                pending.append(_pack(b"R", o.raw))
             else:
-                pending.append(_pack(b"E", orjson.dumps({"kind": kind, "reason": reason})))
+                pending.append(_pack(b"E", orjson.dumps({"kind": o.kind, "reason": o.reason})))
             if time.monotonic() - flushed >= _FLUSH_SECONDS:
                 send(b"".join(pending))
                 pending.clear()

@@ -184,9 +184,7 @@ def run_master(
         # U4: the workers are waiting for WORK; a master that cannot start must stop them, or
         # the job hangs forever (a second master on a running state directory, a full disk).
         log.error("master: cannot start (%s: %s); stopping the workers", type(e).__name__, e)
-        if not _stop_all(comm, MPI, range(1, size), {}, stop_timeout):
-            log.error("master: STOP could not be delivered to every worker; MPI_Abort")
-            comm.Abort(1)
+        _stop_or_abort(comm, MPI, range(1, size), {}, stop_timeout)
         raise
     log.info(
         "master: %d workers, mode %s, watchdog %gs",
@@ -320,11 +318,7 @@ def run_master(
                 state.close()
             except Exception as e2:  # noqa: BLE001 - the first error is the one to raise
                 log.error("master: closing the state after that error failed too: %s", e2)
-            if not _stop_all(comm, MPI, range(1, size), lost, stop_timeout):
-                # Last resort: a worker that cannot take its STOP would keep rank 0 waiting in
-                # MPI_Finalize forever; the state is closed, so end the whole job now.
-                log.error("master: STOP could not be delivered to every worker; MPI_Abort")
-                comm.Abort(1)
+            _stop_or_abort(comm, MPI, range(1, size), lost, stop_timeout)
             raise
         finally:
             state.close()
@@ -396,7 +390,7 @@ def _refuse(message: str, comm: Any, stop_timeout: float) -> NoReturn:
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         comm = comm or mpi.COMM_WORLD
         log.error("master: %s; stopping the workers", message)
-        _stop_all(comm, mpi, range(1, comm.Get_size()), {}, stop_timeout)
+        _stop_or_abort(comm, mpi, range(1, comm.Get_size()), {}, stop_timeout)
     raise UsageError(message)
 
 
@@ -422,6 +416,17 @@ def _check_failures(
         lost[r] = time.time()
         log.warning("master: rank %d failed (ULFM); rolling back its dispatch", r)
         state.rank_lost(r, now, "process failed")
+
+
+def _stop_or_abort(
+    comm: Any, MPI: Any, ranks: Iterable[int], lost: dict[int, float], timeout: float
+) -> None:
+    """On an error on rank 0 (U4): STOP to every worker; if one cannot be delivered, MPI_Abort,
+    because a worker that never takes its STOP keeps rank 0 waiting in MPI_Finalize forever.
+    The caller closed the state first."""
+    if not _stop_all(comm, MPI, ranks, lost, timeout):
+        log.error("master: STOP could not be delivered to every worker; MPI_Abort")
+        comm.Abort(1)
 
 
 def _stop_all(

@@ -31,8 +31,8 @@ import orjson
 
 from ..errors import UsageError
 from . import protocol as P
-from .context import CHILD_MARKER, MAX_RESULT_BYTES, WorkContext, run_items
-from .isolation import IsolatedRunner, ItemOutcome, StopRequested
+from .context import CHILD_MARKER, MAX_RESULT_BYTES, ItemOutcome, WorkContext, run_items
+from .isolation import IsolatedRunner, StopRequested
 from .signals import CaughtSignals
 
 __all__ = ["run_worker", "WorkContext"]
@@ -98,10 +98,7 @@ class _InProcessRunner:
         while True:
             items, deadline, lease, box, finished = self.jobs.get()
             beat = functools.partial(self.beats.put, 1)
-            for outcome in run_items(
-                self.fn, self.mode, items, deadline, lease, beat, self.max_result
-            ):
-                box.append(ItemOutcome(*outcome))
+            box.extend(run_items(self.fn, self.mode, items, deadline, lease, beat, self.max_result))
             finished.set()
 
     def run(
