@@ -111,7 +111,7 @@ def read_results(
         raise UsageError(f"{d} is not a durable-dispatch state directory")
     wanted = None if work_ids is None else set(work_ids)
     seen: set[str] = set()
-    moved = [-1]
+    moved = -1  # the greatest state-journal sequence number the results journal holds
 
     def keep(results: list[CommittedResult]) -> Iterator[CommittedResult]:
         for r in results:
@@ -121,16 +121,17 @@ def read_results(
                     yield r
 
     def from_results_journal(after: int) -> Iterator[CommittedResult]:
+        nonlocal moved
         path = os.path.join(d, RESULTS_JOURNAL)
         if os.path.exists(path):
             for rec in _read(path):
                 seq = int(rec.payload["seq"])
                 if seq > after:
-                    moved[0] = max(moved[0], seq)
+                    moved = max(moved, seq)
                     yield from keep(results_of_event(rec.payload, seq))
 
     yield from from_results_journal(-1)
-    upto = moved[0]
+    upto = moved
     path = os.path.join(d, STATE_JOURNAL)
     if os.path.exists(path):
         for rec in _read(path, from_seq=max(upto, after_seq) + 1):
