@@ -13,6 +13,8 @@ PUBLIC_MODULES = [
     "durable_dispatch.storage",
     "durable_dispatch.testing",
     "durable_dispatch.core",
+    "durable_dispatch.core.events",
+    "durable_dispatch.core.ledger",
     "durable_dispatch.logs",
     "durable_dispatch.mpi",
     "durable_dispatch.commands",

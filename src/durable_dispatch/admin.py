@@ -13,13 +13,14 @@ from typing import Any
 
 import filelock
 
+from .core.events import RequeuedDeferred, encode
+from .core.ledger import Ledger
 from .errors import LockHeldError, StorageError
 from .replay import (
     LOCK_NAME,
     RESULT_RECORD_BYTES,
     SNAPSHOT_NAME,
     STATE_JOURNAL,
-    Projection,
     _decoded,
     _fold,
     _load_snapshot,
@@ -46,7 +47,7 @@ class StateView:
 
     Attributes:
         directory: the state directory.
-        projection: the replayed durable state.
+        projection: the replayed durable state (the ledger the live core keeps).
         snapshot_generation: the snapshot replay started from (None: none yet).
         journal_seq: the last journal sequence number folded in or replayed.
         replayed_records: journal records replayed after the snapshot.
@@ -55,7 +56,7 @@ class StateView:
     """
 
     directory: str
-    projection: Projection
+    projection: Ledger
     snapshot_generation: int | None
     journal_seq: int
     replayed_records: int
@@ -68,7 +69,7 @@ class StateView:
         return {
             "directory": self.directory,
             "epoch": p.epoch,
-            "pending": len(p.front) + len(p.back),
+            "pending": len(p.frontier),
             "in_flight": len(p.in_flight),
             "committed": len(p.committed),
             "deferred": len(p.deferred),
@@ -135,7 +136,7 @@ def view_state(directory: str | os.PathLike[str]) -> StateView:
     _store, snap = _load_snapshot(d)
     base = snap.value if snap is not None else {}
     after = int(base.get("journal_seq", -1))
-    proj = Projection(base.get("state"))
+    proj = Ledger.from_snapshot(base.get("state"))
     n, last = 0, after
     jpath = os.path.join(d, STATE_JOURNAL)
     if os.path.exists(jpath):
@@ -344,7 +345,7 @@ def requeue_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str])
             DeferJournal.open(d) as dj,
         ):
             for w in ids:
-                j.append({"event": "requeued_deferred", "work_id": w})
+                j.append(encode(RequeuedDeferred(w)))
                 if w in dj:
                     dj.resolve(w, "requeued")
         return ids

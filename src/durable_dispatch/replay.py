@@ -5,27 +5,26 @@ read through it.
 A state directory holds the snapshots ``campaign.<generation>.snap``, the state journal
 ``events.jsonl``, the results journal ``results.jsonl``, the defer journal and the master lock.
 Loading = the newest valid snapshot + the journal records after it, each checked against its
-schema (S11) and folded into a :class:`Projection`.
+schema (S11) and folded into a :class:`~durable_dispatch.core.ledger.Ledger`, the same model the
+live dispatcher keeps (issue 16: there is no second one here).
 """
 
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
 
-from .core.tokens import Token
+from .core.ledger import Ledger
 from .errors import JournalCorruptError
-from .schema import Invalid, check_event, check_state_snapshot
+from .schema import Invalid, check_state_snapshot
 from .storage import Journal, SnapshotStore
 from .storage.format import RawBatch
 from .storage.snapshot import Snapshot
 
 __all__ = [
-    "Projection",
     "replay",
     "event_work_ids",
     "STATE_JOURNAL",
@@ -49,148 +48,17 @@ def event_work_ids(ev: Mapping[str, Any]) -> list[str]:
     return list(ids) if ids is not None else [ev["work_id"]]
 
 
-class Projection:
-    """The durable campaign state rebuilt from a snapshot and journal events (pure, no I/O).
+def replay(snapshot: Mapping[str, Any] | None, events: Iterable[Mapping[str, Any]]) -> Ledger:
+    """Fold the journal records ``events`` into the snapshot state ``snapshot`` (a snapshot body's
+    ``state``, or None); replay is idempotent for already-applied commits.
 
-    Its :meth:`to_snapshot` is the same dict :meth:`Dispatcher.snapshot` returns, so replay can be
-    checked against the live core.
+    Raises:
+        schema.Invalid: a record does not match its schema (S11).
     """
-
-    def __init__(self, snap: Mapping[str, Any] | None = None) -> None:
-        snap = snap or {}
-        self.epoch: int = int(snap.get("epoch", 0))
-        self.counter: int = int(snap.get("counter", 0))
-        self.items: dict[str, dict[str, Any]] = {}
-        self.front: deque[str] = deque()
-        self.back: dict[str, None] = {}
-        self.in_flight: dict[str, dict[str, Any]] = {}
-        self.committed: set[str] = set(snap.get("committed", ()))
-        self.deferred: dict[str, dict[str, Any]] = {}
-        self.attempts: dict[str, int] = {k: int(v) for k, v in snap.get("attempts", {}).items()}
-        self.kinds: dict[str, list[str]] = {k: list(v) for k, v in snap.get("kinds", {}).items()}
-        self.last_error: dict[str, str] = dict(snap.get("last_error", {}))
-        self.solo: set[str] = set(snap.get("solo", ()))
-        self.duplicate_commits = 0
-        #: the newest ``delivered`` event's point (U6; the snapshot body keeps it, not the state)
-        self.delivered = -1
-        for it in snap.get("frontier", ()):
-            self.items[it["work_id"]] = it
-            self.back[it["work_id"]] = None
-        for tx in snap.get("in_flight", ()):
-            w = tx["work"]
-            self.items[w["work_id"]] = w
-            self.in_flight[w["work_id"]] = {"token": tx["token"], "rank": tx["rank"]}
-        for it in snap.get("deferred", ()):
-            self.items[it["work_id"]] = it
-            self.deferred[it["work_id"]] = it
-
-    def _unqueue(self, wid: str) -> None:
-        if self.back.pop(wid, 0) is None:
-            return
-        try:
-            self.front.remove(wid)
-        except ValueError:
-            pass
-
-    def known(self, wid: str) -> bool:
-        """True when ``wid`` is pending, in flight, committed or deferred."""
-        return wid in self.items or wid in self.committed
-
-    def apply(self, ev: Mapping[str, Any]) -> None:
-        """Apply one journal event (unknown events are ignored, for forward compatibility).
-
-        Raises:
-            schema.Invalid: the event does not match its schema, or a deferral names a work item
-                the state never had (S11).
-        """
-        check_event(ev)
-        kind = ev.get("event")
-        if kind == "epoch":
-            self.epoch = int(ev["epoch"])
-            self.counter = 0
-        elif kind == "submitted":
-            for it in ev["items"]:
-                wid = it["work_id"]
-                if not self.known(wid):
-                    self.items[wid] = it
-                    self.back[wid] = None
-        elif kind == "dispatched":
-            where = {"token": ev["token"], "rank": ev["rank"]}
-            for wid in event_work_ids(ev):
-                self._unqueue(wid)
-                self.in_flight[wid] = where
-            t = Token.parse(ev["token"])
-            if t is not None and t.epoch == self.epoch:
-                self.counter = max(self.counter, t.n)
-        elif kind == "committed":
-            for wid in event_work_ids(ev):
-                if wid in self.committed:
-                    self.duplicate_commits += 1
-                    continue
-                self.in_flight.pop(wid, None)
-                self._unqueue(wid)
-                self.committed.add(wid)
-                self.items.pop(wid, None)
-                self.solo.discard(wid)
-        elif kind == "requeued":
-            wid = ev["work_id"]
-            self.in_flight.pop(wid, None)
-            self._unqueue(wid)
-            self.front.appendleft(wid)
-            if ev.get("split"):
-                self.solo.add(wid)
-            elif ev.get("source") != "master-restart":
-                self.attempts[wid] = int(ev["attempts"])
-                self.kinds.setdefault(wid, []).append(ev["kind"])
-                self.last_error[wid] = ev.get("error") or ""
-        elif kind == "deferred":
-            wid = ev["work_id"]
-            self.in_flight.pop(wid, None)
-            self._unqueue(wid)
-            item = self.items.get(wid)
-            if item is None:
-                raise Invalid("work_id", f"{wid!r} names no work item of this campaign")
-            self.deferred[wid] = item
-            self.solo.discard(wid)
-            self.attempts[wid] = int(ev["attempts"])
-            self.kinds[wid] = list(ev["kinds"])
-            self.last_error[wid] = ev.get("last_error") or ""
-        elif kind == "delivered":
-            self.delivered = max(self.delivered, int(ev["upto"]))
-        elif kind == "requeued_deferred":
-            wid = ev["work_id"]
-            if self.deferred.pop(wid, None) is not None:
-                self.attempts.pop(wid, None)
-                self.kinds.pop(wid, None)
-                self.last_error.pop(wid, None)
-                self.back[wid] = None
-
-    def to_snapshot(self) -> dict[str, Any]:
-        """The projection in :meth:`Dispatcher.snapshot` form."""
-        order = [*self.front, *self.back]
-        return {
-            "epoch": self.epoch,
-            "counter": self.counter,
-            "frontier": [self.items[w] for w in order],
-            "in_flight": [
-                {"token": v["token"], "rank": v["rank"], "work": self.items[w]}
-                for w, v in self.in_flight.items()
-            ],
-            "committed": sorted(self.committed),
-            "deferred": list(self.deferred.values()),
-            "attempts": dict(self.attempts),
-            "kinds": {k: list(v) for k, v in self.kinds.items()},
-            "last_error": dict(self.last_error),
-            "solo": sorted(self.solo),
-        }
-
-
-def replay(snapshot: Mapping[str, Any] | None, events: Iterable[Mapping[str, Any]]) -> Projection:
-    """Fold ``events`` into ``snapshot``; replay is idempotent for already-applied commits."""
-    p = Projection(snapshot)
+    led = Ledger.from_snapshot(snapshot)
     for ev in events:
-        p.apply(ev)
-    return p
+        led.apply_record(ev)
+    return led
 
 
 def _open_and_fold(
@@ -200,15 +68,15 @@ def _open_and_fold(
     progress: Callable[[int, int], None] | None = None,
     on_event: Callable[[Mapping[str, Any], int], None] | None = None,
     **journal_kw: Any,
-) -> tuple[Journal, Projection, int]:
+) -> tuple[Journal, Ledger, int]:
     """Open the state journal and fold its records newer than the snapshot ``base`` into a
-    projection; returns ``(journal, projection, records folded)``.
+    ledger; returns ``(journal, ledger, records folded)``.
 
     The journal is read once: the open's verifying scan hands each run of records to the fold
     (``Journal.open(visit=...)``). Only when the open repaired damage are the records read again.
     """
     after = int(base.get("journal_seq", -1))
-    proj = Projection(base.get("state"))
+    proj = Ledger.from_snapshot(base.get("state"))
     count = 0
     size = os.path.getsize(path) if os.path.exists(path) else 0
 
@@ -227,7 +95,7 @@ def _open_and_fold(
     journal = Journal.open(path, visit=fold, **journal_kw)
     if journal.recovery.damage:  # the fold saw records before the repair: fold what was kept
         try:
-            proj, count = Projection(base.get("state")), 0
+            proj, count = Ledger.from_snapshot(base.get("state")), 0
             for rec in journal.records(from_seq=after + 1):
                 _fold(proj, rec.payload, path, seq=rec.seq)
                 count += 1
@@ -240,11 +108,11 @@ def _open_and_fold(
 
 
 def _fold(
-    proj: Projection, ev: Any, path: str, *, offset: int | None = None, seq: int | None = None
+    proj: Ledger, ev: Any, path: str, *, offset: int | None = None, seq: int | None = None
 ) -> None:
     """Apply one event read from ``path``; an invalid one is corruption naming where it is (S11)."""
     try:
-        proj.apply(ev)
+        proj.apply_record(ev)
     except Invalid as e:
         where = f"offset {offset}" if offset is not None else f"sequence number {seq}"
         raise JournalCorruptError(

@@ -69,8 +69,17 @@ def _item(v: Any) -> bool:
     )
 
 
+def _token(v: Any) -> bool:
+    """A dispatch token's wire form, ``e<epoch>-<n>``."""
+    from .core.tokens import Token
+
+    return type(v) is str and Token.parse(v) is not None
+
+
 def _in_flight(v: Any) -> bool:
-    return type(v) is dict and _str(v.get("token")) and _int(v.get("rank")) and _item(v.get("work"))
+    return (
+        type(v) is dict and _token(v.get("token")) and _int(v.get("rank")) and _item(v.get("work"))
+    )
 
 
 def _dict_of(check: Check) -> Check:
@@ -80,6 +89,7 @@ def _dict_of(check: Check) -> Check:
 _WHY: dict[Check, str] = {
     _int: "not an integer",
     _str: "not a string",
+    _token: "not a dispatch token (e<epoch>-<n>)",
     _num_or_none: "not a number or null",
     _str_or_none: "not a string or null",
     _int_or_none: "not an integer or null",
@@ -91,7 +101,7 @@ _WHY: dict[Check, str] = {
 _EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "epoch": ({"epoch": _int}, {"ts": _num_or_none}),
     "submitted": ({"items": _list_of(_item)}, {}),
-    "dispatched": ({"token": _str, "rank": _int}, {}),
+    "dispatched": ({"token": _token, "rank": _int}, {}),
     "committed": ({}, {"token": _str_or_none, "rank": _int}),
     "requeued": (
         {"work_id": _str},

@@ -60,6 +60,8 @@ from .core import (
     WatchdogConfig,
     WorkItem,
 )
+from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
+from .core.ledger import Ledger
 from .core.tokens import Token
 from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError
 from .logs import log_decisions
@@ -68,7 +70,6 @@ from .replay import (
     RESULT_RECORD_BYTES,
     SNAPSHOT_NAME,
     STATE_JOURNAL,
-    Projection,
     _load_snapshot,
     _open_and_fold,
     event_work_ids,
@@ -83,7 +84,7 @@ from .storage import resources as _resources
 __all__ = [
     "CampaignState",
     "CampaignStats",
-    "Projection",
+    "Ledger",
     "StateView",
     "CompactReport",
     "replay",
@@ -106,6 +107,16 @@ _SUBMIT_CHUNK = 512
 #: this many records behind: after a crash at most about that much is delivered again.
 DELIVERY_MARK_SECONDS = 0.25
 DELIVERY_MARK_RECORDS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingCommit:
+    """A ``committed`` record journaled but not yet delivered (a group commit in progress)."""
+
+    seq: int  # its journal sequence number
+    token: Token  # the dispatch it belongs to
+    commits: list[Commit]  # the Commits it holds
+    callback: Callable[[Commit], None] | None  # who gets them once an fsync covers the record
 
 
 @dataclass(frozen=True)
@@ -153,11 +164,9 @@ class CampaignState:
         self._replayed: int = kw["replayed"]
         self._dups: int = kw["dups"]
         self._commits_in_memory: list[int] = []
-        # (journal seq, token, its Commits in that record, callback): one entry per record; the
-        # records of one dispatch are next to each other (several only when one would be too big)
-        self._pending_commits: list[
-            tuple[int, Token, list[Commit], Callable[[Commit], None] | None]
-        ] = []
+        # one entry per ``committed`` record; the records of one dispatch are next to each other
+        # (several only when one would be too big)
+        self._pending_commits: list[_PendingCommit] = []
         self._snapshot_failures = 0
         self._closed = False
         self._filesystem = _fs.filesystem()
@@ -206,7 +215,7 @@ class CampaignState:
             defer = DeferJournal.open(d)
             epoch = proj.epoch + 1
             core, restarts = Dispatcher.restore(
-                proj.to_snapshot(), epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks
+                proj, epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks
             )
         except BaseException:
             for opened in (journal, defer):
@@ -228,7 +237,7 @@ class CampaignState:
             dups=proj.duplicate_commits,
             delivered=max(delivered, proj.delivered),
         )
-        r = journal.append({"event": "epoch", "epoch": epoch, "ts": time.time()})
+        r = journal.append(encode(EpochStarted(epoch, time.time())))
         st._durable(r.seq)
         st.apply(restarts)
         st.save_snapshot(f"start of epoch {epoch}")
@@ -250,7 +259,7 @@ class CampaignState:
                 seen.add(i.work_id)
         for k in range(0, len(new), _SUBMIT_CHUNK):
             chunk = new[k : k + _SUBMIT_CHUNK]
-            self.journal.append({"event": "submitted", "items": [i.to_json() for i in chunk]})
+            self.journal.append(encode(Submitted(tuple(chunk))))
         return self.core.submit(new)
 
     def next_send(self, now: float, max_items: int = 1) -> Send | None:
@@ -272,12 +281,7 @@ class CampaignState:
     def record_send(self, send: Send) -> None:
         """Journal a dispatch before its WORK is sent (persist before you send): one record for
         all its items."""
-        ev: dict[str, Any] = {"event": "dispatched", "token": str(send.token), "rank": send.rank}
-        if len(send.items) == 1:
-            ev["work_id"] = send.items[0].work_id
-        else:
-            ev["work_ids"] = [w.work_id for w in send.items]
-        self.journal.append(ev)
+        self._journal_event_of(send)
 
     def apply(
         self,
@@ -309,31 +313,10 @@ class CampaignState:
                     refused += self._journal_commits(group, on_commit)
                     group = []
             elif isinstance(d, Requeue):
-                ev = {
-                    "event": "requeued",
-                    "token": str(d.token),
-                    "work_id": d.work_id,
-                    "source": d.source,
-                    "kind": d.kind,
-                    "attempts": d.attempts,
-                    "error": d.error,
-                }
-                if d.split:
-                    ev["split"] = True
-                self.journal.append(ev)
+                self._journal_event_of(d)
             elif isinstance(d, Defer):
                 w = d.work
-                self.journal.append(
-                    {
-                        "event": "deferred",
-                        "token": str(d.token),
-                        "work_id": w.work_id,
-                        "source": d.source,
-                        "attempts": d.attempts,
-                        "kinds": list(d.kinds),
-                        "last_error": d.last_error,
-                    }
-                )
+                self._journal_event_of(d)
                 try:
                     rec = self.defer.defer(
                         w.work_id,
@@ -357,6 +340,13 @@ class CampaignState:
             # Wait only for commits this call journaled; earlier ones complete when durable.
             self.complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
         return out
+
+    def _journal_event_of(self, d: Decision) -> None:
+        """Journal the event the core applied to its ledger for decision ``d`` (one encoding:
+        replay decodes it into the same ledger change)."""
+        ev = of_decision(d)
+        assert ev is not None, d
+        self.journal.append(encode(ev))
 
     # ---------------------------------------------------------------- the facade
     # One call per thing that happened: each asks the core and persists what it decided, so a
@@ -408,19 +398,15 @@ class CampaignState:
         exceed the journal's record bound. A single result too large for any record is refused:
         the core retries that item (returns its decisions)."""
         first = commits[0]
-        ev: dict[str, Any] = {
-            "event": "committed",
-            "token": str(first.token),
-            "rank": first.rank,
-            "ts": time.time(),
-        }
-        if len(commits) == 1:
-            ev["work_id"], ev["result"] = first.work_id, first.result
-        else:
-            ev["work_ids"] = [c.work_id for c in commits]
-            ev["results"] = [c.result for c in commits]
+        ev = Committed(
+            first.token,
+            first.rank,
+            tuple(c.work_id for c in commits),
+            tuple(c.result for c in commits),
+            time.time(),
+        )
         try:
-            r = self.journal.append(ev)
+            r = self.journal.append(encode(ev))
         except RecordTooLargeError as e:
             if len(commits) > 1:
                 half = len(commits) // 2
@@ -429,7 +415,7 @@ class CampaignState:
                 )
             log.error("result of %s cannot be journaled: %s", first.work_id, e)
             return self.core.commit_refused(first.token, first.work_id, f"result too large: {e}")
-        self._pending_commits.append((r.seq, first.token, commits, on_commit))
+        self._pending_commits.append(_PendingCommit(r.seq, first.token, commits, on_commit))
         return []
 
     def complete_commits(self, *, wait: bool = False) -> int:
@@ -444,32 +430,32 @@ class CampaignState:
         if not pending:
             return 0
         if wait:
-            self._durable(pending[-1][0])
+            self._durable(pending[-1].seq)
         degraded = not self.journal.health.ok
         durable = self.journal.durable_seq
         n = items = 0
         try:
-            while n < len(pending) and (degraded or pending[n][0] <= durable):
-                seq, token, commits, cb = pending[n]
-                if seq > durable:
-                    self._commits_in_memory.extend([seq] * len(commits))
-                if cb is not None and not self._callback_failed:
+            while n < len(pending) and (degraded or pending[n].seq <= durable):
+                p = pending[n]
+                if p.seq > durable:
+                    self._commits_in_memory.extend([p.seq] * len(p.commits))
+                if p.callback is not None and not self._callback_failed:
                     try:
-                        for c in commits:
-                            cb(c)
+                        for c in p.commits:
+                            p.callback(c)
                     except BaseException:
                         # U6: this record and every later one are delivered again on the next
                         # open; from now on nothing is handed to the callback (it failed).
                         self._callback_failed = True
                         raise
                 if not self._callback_failed:
-                    self._delivered = max(self._delivered, seq)
-                if n + 1 == len(pending) or pending[n + 1][1] != token:
-                    follow = self.core.commit_done(token)  # the dispatch's last record is in
+                    self._delivered = max(self._delivered, p.seq)
+                if n + 1 == len(pending) or pending[n + 1].token != p.token:
+                    follow = self.core.commit_done(p.token)  # the dispatch's last record is in
                     if follow:
                         self.apply(follow)
                 n += 1
-                items += len(commits)
+                items += len(p.commits)
         finally:
             del pending[:n]
         self._mark_delivered()
@@ -486,7 +472,9 @@ class CampaignState:
             or t - self._delivered_at >= DELIVERY_MARK_SECONDS
             or behind >= DELIVERY_MARK_RECORDS
         ):
-            self.journal.append({"event": "delivered", "upto": self._delivered})
+            mark = Delivered(self._delivered)
+            self.journal.append(encode(mark))
+            self.core.ledger.apply(mark)
             self._delivered_marked, self._delivered_at = self._delivered, t
 
     @property
@@ -558,13 +546,8 @@ class CampaignState:
         committed, as a replay of the journal would count them. Without this, a snapshot taken
         between a commit's record and its delivery would fold that record in as in flight, and a
         restart would run the work again and record a second commit."""
-        state = self.core.snapshot()
-        if self._pending_commits:
-            done = {c.work_id for _, _, commits, _ in self._pending_commits for c in commits}
-            state["in_flight"] = [t for t in state["in_flight"] if t["work"]["work_id"] not in done]
-            state["committed"] = sorted(done.union(state["committed"]))
-            state["solo"] = [w for w in state["solo"] if w not in done]
-        return state
+        done = {c.work_id for p in self._pending_commits for c in p.commits}
+        return self.core.snapshot(committing=done)
 
     def try_restore(self) -> bool:
         """Try to make memory-only records durable again (journal, defer journal)."""

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         WorkItem,
     )
     from .dispatcher import Dispatcher, DispatchStats, Transaction, TxState, WorkStatus
+    from .ledger import Ledger
     from .tokens import Token
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "Dispatcher",
     "DispatchStats",
     "ItemFailure",
+    "Ledger",
     "Park",
     "parse_watchdog_seconds",
     "PersistSnapshot",
@@ -66,6 +68,7 @@ __getattr__, __dir__ = lazy_exports(
         "Dispatcher": ".dispatcher",
         "DispatchStats": ".dispatcher",
         "ItemFailure": ".decisions",
+        "Ledger": ".ledger",
         "Park": ".decisions",
         "parse_watchdog_seconds": ".config",
         "PersistSnapshot": ".decisions",

@@ -65,6 +65,8 @@ from .decisions import (
     Send,
     WorkItem,
 )
+from .events import Committed, EpochStarted, Event, RequeuedDeferred, Submitted, of_decision
+from .ledger import Ledger
 from .tokens import Token
 
 __all__ = ["Dispatcher", "TxState", "Transaction", "DispatchStats", "WorkStatus"]
@@ -163,6 +165,11 @@ class DispatchStats:
 class Dispatcher:
     """The dispatch state machine. See the module docs for the turn order.
 
+    Its durable state is a :class:`~durable_dispatch.core.ledger.Ledger` (:attr:`ledger`), changed
+    only by the events of its decisions (``events.of_decision``), which the shell journals: replay
+    folds the same events into the same model. The rest (ranks, transactions, leases, deadlines,
+    counters) lives only in memory (W2).
+
     Args:
         epoch: this master run's epoch (from durable state; increases at every start).
         watchdog: deadlines (``WatchdogConfig()`` by default).
@@ -179,7 +186,6 @@ class Dispatcher:
     ) -> None:
         if not isinstance(epoch, int) or epoch < 0:
             raise UsageError(f"epoch must be an integer >= 0, got {epoch!r}")
-        self.epoch = epoch
         for name, value, want in (
             ("watchdog", watchdog, WatchdogConfig),
             ("retry", retry, RetryPolicy),
@@ -190,22 +196,14 @@ class Dispatcher:
                 )
         self.watchdog = watchdog or WatchdogConfig()
         self.retry = retry or RetryPolicy()
-        self._counter = 0
-        self._frontier: deque[WorkItem] = deque()
-        self._pending: set[str] = set()
-        self._committed: set[str] = set()
-        self._deferred: dict[str, WorkItem] = {}
-        self._attempts: dict[str, int] = {}
-        self._solo: set[str] = set()  # failed in a multi-item dispatch: dispatched alone now
-        self._kinds: dict[str, list[str]] = {}
-        self._last_error: dict[str, str] = {}
+        #: the durable facts (frontier, in flight, committed, deferred, failures, solo marks)
+        self.ledger = Ledger(epoch)
         self._ranks: set[int] = set()
         self._idle = _IdleRanks()
         self._parked: dict[int, Token] = {}
         self._current: dict[int, Transaction] = {}  # rank -> its transaction
         self._by_token: dict[Token, Transaction] = {}
         self._open: dict[str, Transaction] = {}  # wire form -> open transaction (fast lookup)
-        self._in_flight: dict[str, Token] = {}  # work_id -> token
         self._leases: dict[tuple[str, str], Token] = {}
         self._retired: dict[int, deque[Token]] = {}
         self._heap: list[tuple[float, Token]] = []
@@ -216,6 +214,22 @@ class Dispatcher:
         self._malformed: Counter[str] = Counter()
         for r in ranks:
             self.add_rank(r)
+
+    @property
+    def epoch(self) -> int:
+        """This master run's epoch."""
+        return self.ledger.epoch
+
+    def _record(self, d: Decision) -> Decision:
+        """Apply the durable event of decision ``d`` to the ledger (the shell journals the same
+        event); returns ``d``."""
+        ev = of_decision(d)
+        assert ev is not None, d
+        self.ledger.apply(ev)
+        return d
+
+    def _apply(self, ev: Event) -> None:
+        self.ledger.apply(ev)
 
     # ----------------------------------------------------------------- set-up
     def add_rank(self, rank: int) -> None:
@@ -234,16 +248,17 @@ class Dispatcher:
             UsageError: a work ID that is already pending, in flight, committed or deferred
                 (a work ID lives in exactly one place).
         """
-        n = 0
-        for item in items:
+        new = tuple(items)
+        seen: set[str] = set()
+        for item in new:
             if not isinstance(item, WorkItem) or not isinstance(item.work_id, str):
                 raise UsageError(f"expected a WorkItem with a str work_id, got {item!r}")
-            if self.status(item.work_id) is not None:
-                raise UsageError(f"work ID {item.work_id!r} is already {self.status(item.work_id)}")
-            self._frontier.append(item)
-            self._pending.add(item.work_id)
-            n += 1
-        return n
+            wid = item.work_id
+            if wid in seen or self.ledger.known(wid):
+                raise UsageError(f"work ID {wid!r} is already {self.status(wid) or 'PENDING'}")
+            seen.add(wid)
+        self._apply(Submitted(new))
+        return len(new)
 
     # --------------------------------------------------------------- dispatch
     def reserve(self, now: float, max_items: int = 1) -> Send | PersistSnapshot | None:
@@ -265,24 +280,27 @@ class Dispatcher:
             raise UsageError(f"max_items must be an integer >= 1, got {max_items!r}")
         if self._snapshot_required is not None:
             return PersistSnapshot(self._snapshot_required)
-        if not self._idle or not self._frontier:
+        ledger = self.ledger
+        if not self._idle or not ledger.frontier:
             return None
-        first = self._take_free_item()
+        first = self._first_free_item()
         if first is None:
             return None
         rank = self._idle.pop_lowest()
-        self._counter += 1
-        token = Token(self.epoch, self._counter)
+        token = Token(self.epoch, ledger.counter + 1)
         self._lease(first, token)
         items = [first]
-        if max_items > 1 and first.work_id not in self._solo:
-            frontier = self._frontier
-            while len(items) < max_items and frontier:
-                head = frontier[0]
-                if head.work_id in self._solo or (head.leases and not self._leases_free(head)):
+        if max_items > 1 and first.work_id not in ledger.solo:
+            # the items that follow at the head of the frontier (none when ``first`` was found
+            # behind a head whose lease is taken: that head stops the run at once)
+            for wid in ledger.frontier:
+                if len(items) == max_items:
                     break
-                frontier.popleft()
-                self._pending.discard(head.work_id)
+                if wid == first.work_id:
+                    continue
+                head = ledger.items[wid]
+                if wid in ledger.solo or (head.leases and not self._leases_free(head)):
+                    break
                 self._lease(head, token)
                 items.append(head)
         tx = Transaction(token, rank, tuple(items))
@@ -291,27 +309,27 @@ class Dispatcher:
         self._open[str(token)] = tx
         self._c["dispatches"] += 1
         self._c["dispatched_items"] += len(items)
-        return Send(rank, token, tx.items)
+        send = Send(rank, token, tx.items)
+        self._record(send)
+        return send
 
     def _leases_free(self, item: WorkItem) -> bool:
         return all((k, v) not in self._leases for k, v in item.leases.items())
 
     def _lease(self, item: WorkItem, token: Token) -> None:
-        self._in_flight[item.work_id] = token
         for k, v in item.leases.items():
             self._leases[(k, v)] = token
 
-    def _take_free_item(self) -> WorkItem | None:
-        head = self._frontier[0]
+    def _first_free_item(self) -> WorkItem | None:
+        """The first frontier item whose leases are free (it stays in the frontier until the
+        dispatch's event takes it out)."""
+        items = self.ledger.items
+        head = items[self.ledger.frontier.head()]  # type: ignore[index]
         if not head.leases:
-            self._frontier.popleft()
-            self._pending.discard(head.work_id)
             return head
-        for i, item in enumerate(self._frontier):
-            if self._leases_free(item):
-                del self._frontier[i]
-                self._pending.discard(item.work_id)
-                return item
+        for wid in self.ledger.frontier:
+            if self._leases_free(items[wid]):
+                return items[wid]
         return None
 
     def mark_dispatched(self, token: Token, now: float) -> list[Decision]:
@@ -471,7 +489,7 @@ class Dispatcher:
             bad = errors.get(i) if errors else None
             if bad is not None:
                 failed.append((item, _failure(bad, "error")))
-            elif item.work_id in self._committed:
+            elif item.work_id in self.ledger.committed:
                 dups.append(item)
             else:
                 keep.append(item)
@@ -501,9 +519,7 @@ class Dispatcher:
         if tx.state is not TxState.COMMITTING:
             raise UsageError(f"{token} is {tx.state.value}, not COMMITTING")
         tx.state = TxState.CLOSED
-        for item in tx.items:
-            self._committed.add(item.work_id)
-            self._solo.discard(item.work_id)
+        self._apply(Committed(token, tx.rank, tuple(w.work_id for w in tx.items)))
         self._c["commits"] += len(tx.items)
         self._release_leases(tx)
         return self._finish_if_done(tx)
@@ -618,7 +634,7 @@ class Dispatcher:
     # ------------------------------------------------ deferral bookkeeping
     def defer_recorded(self, work_id: str, persisted: bool) -> None:
         """Report the outcome of a :class:`Defer`: on disk, or held in memory after a fault."""
-        if work_id not in self._deferred:
+        if work_id not in self.ledger.deferred:
             raise UsageError(f"{work_id!r} is not deferred")
         self._c["protocol_deferred_dispatches" if persisted else "deferred_in_memory"] += 1
 
@@ -630,14 +646,9 @@ class Dispatcher:
 
     def requeue_deferred(self, work_id: str) -> None:
         """Put a deferred item back at the end of the frontier (an operator's decision)."""
-        item = self._deferred.pop(work_id, None)
-        if item is None:
+        if work_id not in self.ledger.deferred:
             raise UsageError(f"{work_id!r} is not deferred")
-        self._attempts.pop(work_id, None)
-        self._kinds.pop(work_id, None)
-        self._last_error.pop(work_id, None)
-        self._frontier.append(item)
-        self._pending.add(work_id)
+        self._apply(RequeuedDeferred(work_id))
 
     # ----------------------------------------------------------- internals
     def _tx(self, token: Token) -> Transaction:
@@ -669,7 +680,7 @@ class Dispatcher:
             self._release_item(item, tx.token)
 
     def _release_item(self, item: WorkItem, token: Token) -> None:
-        self._in_flight.pop(item.work_id, None)
+        """``item`` no longer holds its leases (its ledger entry moves with its event)."""
         for k, v in item.leases.items():
             if self._leases.get((k, v)) == token:
                 del self._leases[(k, v)]
@@ -721,8 +732,9 @@ class Dispatcher:
         if len(tx.items) == 1:
             out.append(self._recover(tx.items[0], tx.token, source, kind, error))
         else:  # which item failed is unknown: each goes back uncharged, to run alone (W5)
-            back = [self._split(w, tx.token, source, kind, error) for w in reversed(tx.items)]
-            out += reversed(back)  # the frontier keeps the dispatch's order
+            # last item first: each goes to the front, so the frontier keeps the dispatch's
+            # order (and replay, applying the journaled events in this order, gets the same)
+            out += [self._split(w, tx.token, source, kind, error) for w in reversed(tx.items)]
         self._snapshot_required = f"rollback of {tx.token} ({source})"
         out.append(PersistSnapshot(self._snapshot_required))
         return out
@@ -731,52 +743,44 @@ class Dispatcher:
         """Requeue one item of a failed multi-item dispatch at the front, uncharged; from now on
         it is dispatched alone, where a failure is charged to it."""
         wid = item.work_id
-        self._frontier.appendleft(item)
-        self._pending.add(wid)
-        self._solo.add(wid)
         self._c["batch_splits"] += 1
-        return Requeue(wid, token, source, kind, self._attempts.get(wid, 0), error, split=True)
+        attempts = self.ledger.attempts.get(wid, 0)
+        return self._record(Requeue(wid, token, source, kind, attempts, error, split=True))
 
     def _recover(
         self, item: WorkItem, token: Token, source: str, kind: str, error: str
     ) -> Decision:
         """The shared retry path (W5): requeue at the front, or defer after the budget."""
         wid = item.work_id
+        ledger = self.ledger
         if source == SOURCE_MASTER_RESTART:
             self._c["master_restart_rollbacks"] += 1
-            self._frontier.appendleft(item)
-            self._pending.add(wid)
-            return Requeue(wid, token, source, kind, self._attempts.get(wid, 0))
-        n = self._attempts.get(wid, 0) + 1
-        self._attempts[wid] = n
-        self._kinds.setdefault(wid, []).append(kind)
-        self._last_error[wid] = error
+            return self._record(Requeue(wid, token, source, kind, ledger.attempts.get(wid, 0)))
+        n = ledger.attempts.get(wid, 0) + 1
         if n <= self.retry.retries_for(kind):
-            self._frontier.appendleft(item)
-            self._pending.add(wid)
             self._c["protocol_requeued_dispatches"] += 1
-            return Requeue(wid, token, source, kind, n, error)
-        self._deferred[wid] = item
-        self._solo.discard(wid)
-        return Defer(item, token, source, n, tuple(self._kinds[wid]), error)
+            return self._record(Requeue(wid, token, source, kind, n, error))
+        kinds = (*ledger.kinds.get(wid, ()), kind)
+        return self._record(Defer(item, token, source, n, kinds, error))
 
     # ------------------------------------------------------------- queries
     def status(self, work_id: str) -> WorkStatus | None:
         """Where ``work_id`` is, or None if the core never saw it."""
-        if work_id in self._committed:
+        ledger = self.ledger
+        if work_id in ledger.committed:
             return WorkStatus.COMMITTED
-        if work_id in self._in_flight:
+        if work_id in ledger.in_flight:
             return WorkStatus.IN_FLIGHT
-        if work_id in self._deferred:
+        if work_id in ledger.deferred:
             return WorkStatus.DEFERRED
-        if work_id in self._pending:
+        if work_id in ledger.frontier:
             return WorkStatus.PENDING
         return None
 
     @property
     def done(self) -> bool:
         """True when nothing is pending or in flight (everything committed or deferred)."""
-        return not self._frontier and not self._in_flight
+        return not self.ledger.frontier and not self.ledger.in_flight
 
     @property
     def snapshot_required(self) -> bool:
@@ -797,7 +801,7 @@ class Dispatcher:
 
     def in_flight(self) -> dict[str, Token]:
         """Work ID -> token of every open transaction."""
-        return dict(self._in_flight)
+        return {w: t for w, (t, _) in self.ledger.in_flight.items()}
 
     def transaction(self, token: Token) -> Transaction | None:
         """The open transaction with ``token`` (for inspection; do not mutate)."""
@@ -809,19 +813,19 @@ class Dispatcher:
 
     def committed(self) -> frozenset[str]:
         """Committed work IDs."""
-        return frozenset(self._committed)
+        return frozenset(self.ledger.committed)
 
     def deferred(self) -> dict[str, WorkItem]:
         """Deferred work items by work ID."""
-        return dict(self._deferred)
+        return dict(self.ledger.deferred)
 
     def pending(self) -> list[str]:
         """Pending work IDs in frontier order."""
-        return [i.work_id for i in self._frontier]
+        return list(self.ledger.frontier)
 
     def attempts(self, work_id: str) -> int:
         """Failures charged to ``work_id`` so far."""
-        return self._attempts.get(work_id, 0)
+        return self.ledger.attempts.get(work_id, 0)
 
     def statistics(self) -> DispatchStats:
         """An immutable snapshot of every counter and gauge."""
@@ -850,49 +854,35 @@ class Dispatcher:
             parked_ready_other_token=c["parked_ready_other_token"],
             parked_ranks_now=len(self._parked),
             idle_ranks_now=len(self._idle),
-            in_flight_now=len(self._in_flight),
-            pending_now=len(self._frontier),
-            deferred_now=len(self._deferred),
+            in_flight_now=len(self.ledger.in_flight),
+            pending_now=len(self.ledger.frontier),
+            deferred_now=len(self.ledger.deferred),
             watchdog_enabled=self.watchdog.enabled,
             watchdog_seconds=self.watchdog.seconds,
             config_corrections=len(self.watchdog.corrections),
         )
 
     # ------------------------------------------------------ durable state
-    def snapshot(self) -> dict[str, Any]:
-        """The durable part of the state as a JSON-ready dict (deadlines are never saved, W2).
+    def snapshot(self, committing: Iterable[str] = ()) -> dict[str, Any]:
+        """The durable part of the state as a JSON-ready dict (deadlines are never saved, W2):
+        :meth:`Ledger.to_snapshot <durable_dispatch.core.ledger.Ledger.to_snapshot>`.
 
         In-flight dispatches are saved with their work so that :meth:`restore` can roll them back.
         """
-        return {
-            "epoch": self.epoch,
-            "counter": self._counter,
-            "frontier": [i.to_json() for i in self._frontier],
-            "in_flight": [
-                {"token": str(tx.token), "rank": tx.rank, "work": w.to_json()}
-                for tx in self._by_token.values()
-                if tx.state in (TxState.PREPARING, TxState.DISPATCHED, TxState.COMMITTING)
-                for w in tx.items
-            ],
-            "committed": sorted(self._committed),
-            "deferred": [i.to_json() for i in self._deferred.values()],
-            "attempts": dict(self._attempts),
-            "kinds": {k: list(v) for k, v in self._kinds.items()},
-            "last_error": dict(self._last_error),
-            "solo": sorted(self._solo),
-        }
+        return self.ledger.to_snapshot(frozenset(committing))
 
     @classmethod
     def restore(
         cls,
-        state: Mapping[str, Any],
+        state: Mapping[str, Any] | Ledger,
         *,
         epoch: int,
         watchdog: WatchdogConfig | None = None,
         retry: RetryPolicy | None = None,
         ranks: Iterable[int] = (),
     ) -> tuple[Dispatcher, list[Decision]]:
-        """Rebuild a core from :meth:`snapshot` output for a new master ``epoch``.
+        """Rebuild a core for a new master ``epoch`` from :meth:`snapshot` output or from a
+        ledger that replay built (which it takes over).
 
         Every dispatch that was in flight is rolled back to the front of the frontier without
         charging a retry (the fault was the master's); its token's epoch is older than ``epoch``,
@@ -901,28 +891,16 @@ class Dispatcher:
         Raises:
             UsageError: ``epoch`` is not greater than the saved one.
         """
-        if epoch <= int(state.get("epoch", 0)):
-            raise UsageError(f"new epoch {epoch} must be greater than {state.get('epoch')}")
+        ledger = state if isinstance(state, Ledger) else Ledger.from_snapshot(state)
+        if epoch <= ledger.epoch:
+            raise UsageError(f"new epoch {epoch} must be greater than {ledger.epoch}")
         d = cls(epoch, watchdog, retry, ranks)
-        d._committed = set(state.get("committed", ()))
-        for it in state.get("deferred", ()):
-            w = WorkItem.from_json(it)
-            d._deferred[w.work_id] = w
-        d._attempts = {k: int(v) for k, v in state.get("attempts", {}).items()}
-        d._kinds = {k: list(v) for k, v in state.get("kinds", {}).items()}
-        d._last_error = dict(state.get("last_error", {}))
-        d._solo = set(state.get("solo", ()))
-        for it in state.get("frontier", ()):
-            w = WorkItem.from_json(it)
-            d._frontier.append(w)
-            d._pending.add(w.work_id)
+        d.ledger = ledger
+        ledger.apply(EpochStarted(epoch))
         out: list[Decision] = []
-        for tx in reversed(state.get("in_flight", ())):
-            w = WorkItem.from_json(tx["work"])
-            token = Token.parse(tx["token"]) or Token(0, 0)
-            if w.work_id in d._committed or w.work_id in d._pending:
-                continue
-            out.append(d._recover(w, token, SOURCE_MASTER_RESTART, "master-restart", "restart"))
+        for wid, (token, _rank) in reversed(list(ledger.in_flight.items())):
+            item = ledger.items[wid]
+            out.append(d._recover(item, token, SOURCE_MASTER_RESTART, "master-restart", "restart"))
         return d, out
 
 

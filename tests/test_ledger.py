@@ -1,0 +1,202 @@
+"""The ledger and its events (issue 16): one model of the durable facts, one encoding per event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from durable_dispatch.core import Dispatcher, RetryPolicy, WatchdogConfig, WorkItem
+from durable_dispatch.core.decisions import Defer, Requeue, Send
+from durable_dispatch.core.events import (
+    Committed,
+    Deferred,
+    Delivered,
+    Dispatched,
+    EpochStarted,
+    Requeued,
+    RequeuedDeferred,
+    Submitted,
+    decode,
+    encode,
+    of_decision,
+)
+from durable_dispatch.core.ledger import Frontier, Ledger
+from durable_dispatch.core.tokens import Token
+from durable_dispatch.schema import Invalid
+
+T1, T2 = Token(1, 1), Token(1, 2)
+EVENTS = [
+    EpochStarted(3, 1.5),
+    Submitted((WorkItem("a", {"x": 1}, 2.0, {"t": "k"}, ("in",), True), WorkItem("b"))),
+    Dispatched(T1, 4, ("a",)),
+    Dispatched(T2, 5, ("a", "b")),
+    Committed(T1, 4, ("a",), ({"r": 1},), 9.0),
+    Committed(T2, 5, ("a", "b"), (1, [2]), None),
+    Requeued("a", T1, "watchdog-timeout", "timeout", 2, "deadline passed"),
+    Requeued("a", T2, "rank-lost", "lost-rank", 0, "", split=True),
+    Requeued("a", T2, "master-restart", "master-restart", 0, ""),
+    Deferred("a", T1, "invalid-result", 3, ("error", "crash"), "boom"),
+    RequeuedDeferred("a"),
+    Delivered(41),
+]
+
+
+@pytest.mark.parametrize("ev", EVENTS, ids=lambda e: type(e).__name__)
+def test_every_event_decodes_to_itself(ev: Any) -> None:
+    assert decode(encode(ev)) == ev
+
+
+def test_an_event_of_a_later_version_decodes_to_none_and_a_bad_one_is_invalid() -> None:
+    assert decode({"event": "from-the-future", "x": 1}) is None
+    for rec, field in [
+        ({"event": "dispatched", "token": "t1", "rank": 1, "work_id": "a"}, "token"),
+        ({"event": "dispatched", "token": "e1-1", "rank": "1", "work_id": "a"}, "rank"),
+        ({"event": "committed", "token": "e1-1"}, "work_id"),
+        ({"event": "deferred", "work_id": "a", "attempts": 1}, "kinds"),
+        ([], "(record)"),
+    ]:
+        with pytest.raises(Invalid) as ei:
+            decode(rec)
+        assert ei.value.field == field
+
+
+def test_the_event_of_a_decision_is_the_one_the_core_applied() -> None:
+    item = WorkItem("a")
+    assert of_decision(Send(1, T1, (item,))) == Dispatched(T1, 1, ("a",))
+    req = Requeue("a", T1, "watchdog-timeout", "timeout", 1, "late", split=True)
+    assert of_decision(req) == Requeued("a", T1, "watchdog-timeout", "timeout", 1, "late", True)
+    d = Defer(item, T1, "invalid-result", 2, ("error", "error"), "boom")
+    assert of_decision(d) == Deferred("a", T1, "invalid-result", 2, ("error", "error"), "boom")
+    assert of_decision("not a decision") is None
+
+
+def test_the_frontier_keeps_order_and_removes_anywhere() -> None:
+    f = Frontier()
+    for w in "bcd":
+        f.append(w)
+    f.appendleft("a")
+    assert list(f) == ["a", "b", "c", "d"] and f.head() == "a" and len(f) == 4
+    f.remove("c")  # from the middle
+    f.remove("a")  # the head
+    f.remove("zzz")  # not there: nothing happens
+    assert list(f) == ["b", "d"] and "c" not in f and "b" in f
+    f.remove("b")
+    f.remove("d")
+    assert not f and f.head() is None
+
+
+def test_a_work_id_is_in_one_place_through_every_event() -> None:
+    led = Ledger(1)
+    led.apply(Submitted((WorkItem("a"), WorkItem("b"))))
+    led.apply(Submitted((WorkItem("a", "resubmitted"),)))  # known: ignored
+    assert list(led.frontier) == ["a", "b"] and led.items["a"].payload is None
+    led.apply(Dispatched(T1, 3, ("a", "b")))
+    assert not led.frontier and led.in_flight == {"a": (T1, 3), "b": (T1, 3)}
+    assert led.counter == 1
+    led.apply(Requeued("b", T1, "watchdog-timeout", "timeout", 0, "", split=True))
+    led.apply(Requeued("a", T1, "watchdog-timeout", "timeout", 0, "", split=True))
+    assert list(led.frontier) == ["a", "b"] and led.solo == {"a", "b"} and not led.attempts
+    led.apply(Dispatched(T2, 3, ("a",)))
+    led.apply(Deferred("a", T2, "watchdog-timeout", 1, ("timeout",), "deadline passed"))
+    assert set(led.deferred) == {"a"} and "a" not in led.solo and led.attempts == {"a": 1}
+    led.apply(RequeuedDeferred("a"))
+    assert list(led.frontier) == ["b", "a"] and not led.deferred and not led.attempts
+    led.apply(Committed(T2, 3, ("a",)))
+    led.apply(Committed(T2, 3, ("a",)))  # a second commit of a work ID is counted, ignored
+    assert led.committed == {"a"} and "a" not in led.items and led.duplicate_commits == 1
+    assert list(led.frontier) == ["b"]
+    led.apply(Delivered(7))
+    led.apply(Delivered(5))
+    assert led.delivered == 7
+    led.apply(EpochStarted(2))
+    assert led.epoch == 2 and led.counter == 0
+
+
+def test_a_requeue_or_deferral_of_an_unknown_work_id_is_invalid() -> None:
+    led = Ledger(1)
+    led.apply(Submitted((WorkItem("a"),)))
+    led.apply(Committed(T1, 1, ("a",)))
+    for ev in (
+        Requeued("zzz", T1, "watchdog-timeout", "timeout", 1, ""),
+        Requeued("a", T1, "watchdog-timeout", "timeout", 1, ""),  # committed: not open
+        Deferred("zzz", T1, "watchdog-timeout", 1, ("timeout",), ""),
+    ):
+        with pytest.raises(Invalid):
+            led.apply(ev)
+
+
+def test_a_snapshot_round_trips_and_drops_an_in_flight_entry_that_is_elsewhere() -> None:
+    led = Ledger(1)
+    led.apply(Submitted(tuple(WorkItem(w, w) for w in "abcd")))
+    led.apply(Dispatched(T1, 2, ("a", "b")))
+    led.apply(Committed(T1, 2, ("a",)))
+    snap = led.to_snapshot()
+    assert Ledger.from_snapshot(snap) == led
+    assert led.to_snapshot(committing={"b"})["committed"] == ["a", "b"]
+    snap["in_flight"].append({"token": "e1-3", "rank": 2, "work": WorkItem("c").to_json()})
+    back = Ledger.from_snapshot(snap)  # c is pending: the pending fact wins
+    assert "c" in back.frontier and "c" not in back.in_flight
+    snap["in_flight"][-1]["token"] = "not-a-token"
+    with pytest.raises(Invalid):
+        Ledger.from_snapshot(snap)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.sampled_from(["send", "send3", "ok", "fail", "ready", "sweep", "tick", "lost"]),
+        max_size=80,
+    ),
+    ranks=st.integers(1, 40),
+)
+def test_replaying_the_cores_events_rebuilds_its_ledger(ops: list[str], ranks: int) -> None:
+    """The core's decisions, encoded and decoded as the shell and replay do, rebuild its ledger
+    exactly, at every step (the in-memory twin of the journal test in test_state.py)."""
+    d = Dispatcher(1, WatchdogConfig(10), RetryPolicy(1), ranks=range(1, ranks + 1))
+    items = [WorkItem(f"w{i}", i) for i in range(12)]
+    d.submit(items)
+    records = [encode(EpochStarted(1)), encode(Submitted(tuple(items)))]
+
+    def journal(out: list[Any]) -> None:
+        for x in out:
+            ev = of_decision(x)
+            if ev is not None:
+                records.append(encode(ev))
+
+    now, sent = 0.0, []
+    for op in ops:
+        if op in ("send", "send3"):
+            x = d.reserve(now, 3 if op == "send3" else 1)
+            if x is not None and not isinstance(x, Send):
+                d.snapshot_persisted()
+                x = d.reserve(now, 3 if op == "send3" else 1)
+            if isinstance(x, Send):
+                journal([x])
+                d.mark_dispatched(x.token, now)
+                sent.append(x)
+        elif op in ("ok", "fail") and sent:
+            x = sent[-1]
+            errors = {0: "raised"} if op == "fail" else None
+            out = d.on_results(x.rank, str(x.token), [1] * len(x.items), now, errors=errors)
+            journal(out)
+            for c in [o for o in out if type(o).__name__ == "Commit"][-1:]:
+                wids = tuple(o.work_id for o in out if type(o).__name__ == "Commit")
+                records.append(encode(Committed(c.token, c.rank, wids, (1,) * len(wids))))
+                d.commit_done(c.token)
+        elif op == "ready" and sent:
+            x = sent.pop()
+            journal(d.on_ready(x.rank, str(x.token), now))
+            journal(d.join_invalid(now))
+        elif op == "sweep":
+            journal(d.sweep(now))
+        elif op == "lost" and d.live_ranks():
+            journal(d.rank_lost(d.live_ranks()[-1], now))
+        else:
+            now += 7.0
+        replayed = Ledger()
+        for rec in records:
+            replayed.apply_record(rec)
+        assert replayed == d.ledger
