@@ -643,7 +643,7 @@ def test_a_one_item_dispatch_the_worker_failed_is_joined_with_its_kind(kind: str
 
     d = make(1, ranks=(1,), retry=RetryPolicy(1))
     s = dispatch(d, 0.0)
-    assert d.on_results(1, str(s.token), None, 1.0, error=ItemFailure(kind, "why")) == []
+    assert d.on_results(1, str(s.token), None, 1.0, failure=ItemFailure(kind, "why")) == []
     assert d.statistics().malformed == {}
     d.on_ready(1, str(s.token), 1.0)
     (r, p) = d.join_invalid(1.0)
@@ -655,7 +655,7 @@ def test_a_plain_string_error_is_kind_error_and_a_whole_message_one_is_malformed
     d = make(2, ranks=(1, 2), retry=RetryPolicy(1))
     a, b = dispatch(d, 0.0), dispatch(d, 0.0)
     d.on_results(a.rank, str(a.token), [None], 1.0, errors={0: "boom"})
-    (q,) = d.on_results(b.rank, str(b.token), None, 1.0, error="not JSON")
+    (q,) = d.on_results(b.rank, str(b.token), None, 1.0, failure="not JSON")
     assert isinstance(q, Quarantine) and q.classification is Classification.MALFORMED
     for s in (a, b):
         d.on_ready(s.rank, str(s.token), 1.0)
@@ -672,27 +672,6 @@ def test_retry_policy_knows_every_kind_and_refuses_the_unchargeable_one() -> Non
     RetryPolicy(per_kind={k: 0 for k in FAILURE_KINDS})
     with pytest.raises(Exception, match="unknown failure kind 'master-restart'"):
         RetryPolicy(per_kind={"master-restart": 1})
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["add", "discard", "pop"]), st.integers(0, 6))))
-def test_idle_ranks_hand_out_the_lowest_idle_rank_like_min_of_a_set(ops: list) -> None:
-    """Issue 17: reserve took min() of the idle set, O(ranks) per dispatch; the heap that
-    replaces it must give the same rank every time."""
-    from durable_dispatch.core.dispatcher import _IdleRanks
-
-    idle, ref = _IdleRanks(), set()
-    for op, rank in ops:
-        if op == "add":
-            idle.add(rank)
-            ref.add(rank)
-        elif op == "discard":
-            idle.discard(rank)
-            ref.discard(rank)
-        elif ref:
-            assert idle.pop_lowest() == min(ref)
-            ref.discard(min(ref))
-        assert len(idle) == len(ref) and sorted(idle) == sorted(ref)
 
 
 # ------------------------------------------------------------------ message fuzzing
@@ -768,3 +747,57 @@ def test_send_work_refuses_a_multi_item_dispatch_instead_of_dropping_items() -> 
     assert isinstance(many, Send) and len(many.items) == 2
     with pytest.raises(UsageError, match="use Send.items"):
         _ = many.work
+
+
+# ------------------------------------------------------------ structure (issue 21)
+def test_a_transaction_changes_state_only_through_the_transition_table() -> None:
+    """One table of allowed transitions and one _advance that raises on any other; no other
+    code assigns a transaction's state."""
+    import inspect
+
+    from durable_dispatch.core import dispatcher as mod
+
+    assert inspect.getsource(mod).count(".state = ") == 1  # the one in _advance
+    d = Dispatcher(1, WatchdogConfig(10), ranks=(1,))
+    d.submit([WorkItem("a")])
+    s = d.reserve(0.0)
+    assert isinstance(s, Send)
+    with pytest.raises(UsageError, match="is PREPARING, not COMMITTING"):
+        d.commit_done(s.token)
+    d.mark_dispatched(s.token, 0.0)
+    with pytest.raises(UsageError, match="is DISPATCHED, not PREPARING"):
+        d.mark_dispatched(s.token, 1.0)
+    d.on_result(1, str(s.token), "r", 1.0)
+    d.commit_done(s.token)
+    with pytest.raises(UsageError, match="is CLOSED, not COMMITTING"):
+        d.commit_done(s.token)  # a second commit_done
+    d.on_ready(1, str(s.token), 1.0)
+    with pytest.raises(UsageError, match="no open transaction"):
+        d.commit_done(s.token)  # CLOSED and READY seen: it left the open set
+    finals = {to for (_, _), to in mod._TX_TRANSITIONS.items()} - {
+        frm for frm, _ in mod._TX_TRANSITIONS
+    }
+    assert finals == {mod.TxState.CLOSED, mod.TxState.ROLLED_BACK}
+
+
+def test_every_counter_is_a_statistic_and_duplicates_are_reported() -> None:
+    """The counters are a dataclass whose fields are DispatchStats fields (a mistyped name
+    fails); duplicate READYs and RESULTs used to be counted under keys no statistic showed."""
+    from dataclasses import fields
+
+    from durable_dispatch.core import dispatcher as mod
+
+    stats = {f.name for f in fields(mod.DispatchStats)}
+    assert {f.name for f in fields(mod._Counters)} <= stats
+    d = Dispatcher(1, WatchdogConfig(10), ranks=(1,))
+    d.submit([WorkItem("a")])
+    s = d.reserve(0.0)
+    assert isinstance(s, Send)
+    d.mark_dispatched(s.token, 0.0)
+    d.on_result(1, str(s.token), "r", 1.0)
+    d.on_result(1, str(s.token), "r", 1.0)
+    d.on_ready(1, str(s.token), 1.0)
+    d.on_ready(1, str(s.token), 1.0)
+    assert d.statistics().duplicate == {"RESULT": 1, "READY": 1}
+    with pytest.raises(AttributeError):
+        d._n.dispatchs += 1  # type: ignore[attr-defined]

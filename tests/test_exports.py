@@ -15,6 +15,8 @@ PUBLIC_MODULES = [
     "durable_dispatch.core",
     "durable_dispatch.core.events",
     "durable_dispatch.core.ledger",
+    "durable_dispatch.core.ranks",
+    "durable_dispatch.core.watchdog",
     "durable_dispatch.logs",
     "durable_dispatch.mpi",
     "durable_dispatch.commands",

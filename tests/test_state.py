@@ -410,7 +410,7 @@ def test_a_snapshot_during_a_group_commit_keeps_the_journaled_commits(
         s.apply(core.mark_dispatched(bad.token, 0.0))
         values = [1] * len(good.items)
         s.apply(core.on_results(good.rank, str(good.token), values, 0.0), wait=False)
-        s.apply(core.on_results(bad.rank, str(bad.token), None, 0.0, error="garbled"))
+        s.apply(core.on_results(bad.rank, str(bad.token), None, 0.0, failure="garbled"))
         s.apply(core.on_ready(bad.rank, str(bad.token), 0.0))
         # The rollback writes its snapshot while the commit is still in progress (journaled, not
         # delivered); the commit is delivered right after it, and a crash may come before any

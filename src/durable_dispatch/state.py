@@ -367,11 +367,12 @@ class CampaignState:
         now: float,
         *,
         errors: Any = None,
-        error: Any = None,
+        failure: Any = None,
     ) -> list[Decision]:
-        """A RESULT from ``rank`` (see :meth:`Dispatcher.on_results`): its commits are journaled
-        at once and delivered once durable (:meth:`tick`), so the loop goes on meanwhile."""
-        out = self.core.on_results(rank, token, results, now, errors=errors, error=error)
+        """A RESULT from ``rank`` (see :meth:`Dispatcher.on_results`): ``errors`` names the items
+        the worker could not do, ``failure`` why the whole dispatch failed. Its commits are
+        journaled at once and delivered once durable (:meth:`tick`), so the loop goes on."""
+        out = self.core.on_results(rank, token, results, now, errors=errors, failure=failure)
         return self.apply(out, self._on_commit, wait=False)
 
     def sent(self, token: Token, now: float, error: str | None = None) -> list[Decision]:

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
         Send,
         WorkItem,
     )
-    from .dispatcher import Dispatcher, DispatchStats, Transaction, TxState, WorkStatus
+    from .dispatcher import Dispatcher, DispatchStats, Transaction, TxEvent, TxState, WorkStatus
     from .ledger import Ledger
+    from .ranks import RankState
     from .tokens import Token
 
 __all__ = [
@@ -45,12 +46,14 @@ __all__ = [
     "parse_watchdog_seconds",
     "PersistSnapshot",
     "Quarantine",
+    "RankState",
     "Release",
     "Requeue",
     "RetryPolicy",
     "Send",
     "Token",
     "Transaction",
+    "TxEvent",
     "TxState",
     "WatchdogConfig",
     "WorkItem",
@@ -73,12 +76,14 @@ __getattr__, __dir__ = lazy_exports(
         "parse_watchdog_seconds": ".config",
         "PersistSnapshot": ".decisions",
         "Quarantine": ".decisions",
+        "RankState": ".ranks",
         "Release": ".decisions",
         "Requeue": ".decisions",
         "RetryPolicy": ".config",
         "Send": ".decisions",
         "Token": ".tokens",
         "Transaction": ".dispatcher",
+        "TxEvent": ".dispatcher",
         "TxState": ".dispatcher",
         "WatchdogConfig": ".config",
         "WorkItem": ".decisions",

@@ -33,16 +33,23 @@ an otherwise good RESULT is charged at once and the rest commit.
 Ordering assumption: messages from one rank arrive in the order it sent them (the MPI shell receives
 with ``ANY_TAG``, which MPI's non-overtaking rule orders per sender), so when the turn's join step
 sees a current READY without a RESULT, the RESULT is missing, not late.
+Reading order. This module is the states and their transitions (:class:`TxState`, the table
+``_TX_TRANSITIONS`` and :func:`_advance`, the only code that changes a transaction's state), the
+counters, then :class:`Dispatcher`: set-up, dispatch, messages, join and sweep, and the two shared
+paths every failure takes (:meth:`Dispatcher._roll_back` and :meth:`Dispatcher._retry_or_defer`).
+A rank's state (idle, busy, parked, lost) is :class:`~durable_dispatch.core.ranks.RankState` in
+:mod:`ranks <durable_dispatch.core.ranks>`; the watchdog's deadlines are a
+:class:`~durable_dispatch.core.watchdog.DeadlineHeap`; the durable facts are a
+:class:`~durable_dispatch.core.ledger.Ledger`.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import UsageError
 from .config import WORKER_FAILURE_KINDS, RetryPolicy, WatchdogConfig
@@ -67,15 +74,27 @@ from .decisions import (
 )
 from .events import Committed, EpochStarted, Event, RequeuedDeferred, Submitted, of_decision
 from .ledger import Ledger
+from .ranks import Ranks, RankState
 from .tokens import Token
+from .watchdog import DeadlineHeap
 
-__all__ = ["Dispatcher", "TxState", "Transaction", "DispatchStats", "WorkStatus"]
+__all__ = [
+    "Dispatcher",
+    "TxState",
+    "TxEvent",
+    "Transaction",
+    "DispatchStats",
+    "WorkStatus",
+    "RankState",
+]
 
-_RETIRED_KEEP = 64  # retired tokens remembered per rank, to tell stale from unowned
+
+_D = TypeVar("_D", bound=Decision)
 
 
+# ---------------------------------------------------------------------------------- states
 class TxState(str, Enum):
-    """The life of one reservation transaction."""
+    """The life of one reservation transaction (see ``_TX_TRANSITIONS``)."""
 
     PREPARING = "PREPARING"
     DISPATCHED = "DISPATCHED"
@@ -85,6 +104,48 @@ class TxState(str, Enum):
 
     def __repr__(self) -> str:
         return self.value
+
+
+class TxEvent(str, Enum):
+    """What happens to a transaction."""
+
+    SENT = "SENT"  # the WORK send returned (mark_dispatched)
+    READY = "READY"  # a current READY came before the send was reported
+    RESULT = "RESULT"  # a current, valid RESULT: its good items are being journaled
+    COMMITTED = "COMMITTED"  # the shell journaled its commits (commit_done)
+    EMPTIED = "EMPTIED"  # every item left it (failed, refused or already committed)
+    ROLLED_BACK = "ROLLED_BACK"  # timeout, send failure, invalid result or lost rank (W4)
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+#: (state, event) -> next state; any other pair is illegal. A transaction is open in PREPARING,
+#: DISPATCHED and COMMITTING; CLOSED and ROLLED_BACK are final.
+_TX_TRANSITIONS: dict[tuple[TxState, TxEvent], TxState] = {
+    (TxState.PREPARING, TxEvent.SENT): TxState.DISPATCHED,
+    (TxState.PREPARING, TxEvent.READY): TxState.DISPATCHED,  # the send evidently completed
+    (TxState.PREPARING, TxEvent.RESULT): TxState.COMMITTING,
+    (TxState.DISPATCHED, TxEvent.RESULT): TxState.COMMITTING,
+    (TxState.COMMITTING, TxEvent.COMMITTED): TxState.CLOSED,
+    (TxState.COMMITTING, TxEvent.EMPTIED): TxState.CLOSED,
+    (TxState.PREPARING, TxEvent.ROLLED_BACK): TxState.ROLLED_BACK,
+    (TxState.DISPATCHED, TxEvent.ROLLED_BACK): TxState.ROLLED_BACK,
+}
+
+
+def _advance(tx: Transaction, event: TxEvent) -> None:
+    """The one place a transaction's state changes.
+
+    Raises:
+        UsageError: ``event`` is not allowed in ``tx``'s state (the shell reported something
+            out of order, such as ``commit_done`` for a dispatch that is not committing).
+    """
+    to = _TX_TRANSITIONS.get((tx.state, event))
+    if to is None:
+        allowed = " or ".join(s.value for s, e in _TX_TRANSITIONS if e is event)
+        raise UsageError(f"{tx.token} is {tx.state.value}, not {allowed} ({event.value})")
+    tx.state = to
 
 
 class WorkStatus(str, Enum):
@@ -116,15 +177,64 @@ class Transaction:
     failure: ItemFailure | None = None  # why its RESULT failed; the READY then rolls it back
 
 
+# -------------------------------------------------------------------------------- counters
+@dataclass(slots=True)
+class _Counters:
+    """The core's counters; each field is the :class:`DispatchStats` field of the same name (a
+    mistyped name is an AttributeError, not a counter that silently stays zero)."""
+
+    dispatches: int = 0
+    dispatched_items: int = 0
+    commits: int = 0
+    dispatch_watchdog_timeouts: int = 0
+    watchdog_worker_recoveries: int = 0
+    protocol_requeued_dispatches: int = 0
+    protocol_deferred_dispatches: int = 0
+    deferred_in_memory: int = 0
+    invalid_result_rollbacks: int = 0
+    batch_splits: int = 0
+    send_failures: int = 0
+    ranks_lost: int = 0
+    master_restart_rollbacks: int = 0
+    duplicate_commits_ignored: int = 0
+    heartbeats: int = 0
+    parked_ready_missing: int = 0
+    parked_ready_malformed: int = 0
+    parked_ready_other_token: int = 0
+    # by message kind ("RESULT", "READY", "HEARTBEAT"), one per Classification not CURRENT
+    stale: Counter[str] = field(default_factory=Counter)
+    unowned: Counter[str] = field(default_factory=Counter)
+    malformed: Counter[str] = field(default_factory=Counter)
+    duplicate: Counter[str] = field(default_factory=Counter)
+
+    def by_class(self, cls: Classification) -> Counter[str]:
+        """The by-message-kind counter of a classification."""
+        return {
+            Classification.STALE: self.stale,
+            Classification.UNOWNED: self.unowned,
+            Classification.MALFORMED: self.malformed,
+            Classification.DUPLICATE: self.duplicate,
+        }[cls]
+
+    def values(self) -> dict[str, Any]:
+        """Every counter by name (by-kind counters as plain dicts)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = dict(v) if isinstance(v, Counter) else v
+        return out
+
+
 @dataclass(frozen=True)
 class DispatchStats:
     """An immutable snapshot of the core's counters (all zero in a campaign with no faults,
     except the work counters ``dispatches`` and ``commits`` and the gauges).
 
-    Counters by message kind (``stale``, ``unowned``, ``malformed``) are dicts keyed
-    ``"RESULT"``, ``"READY"``, ``"HEARTBEAT"``. ``dispatches`` counts WORK messages (tokens),
-    ``dispatched_items`` the work items they carried, ``commits`` committed work items, and
-    ``batch_splits`` items requeued uncharged because their multi-item dispatch failed as a whole.
+    Counters by message kind (``stale``, ``unowned``, ``malformed``, ``duplicate``) are dicts
+    keyed ``"RESULT"``, ``"READY"``, ``"HEARTBEAT"``. ``dispatches`` counts WORK messages
+    (tokens), ``dispatched_items`` the work items they carried, ``commits`` committed work items,
+    and ``batch_splits`` items requeued uncharged because their multi-item dispatch failed as a
+    whole. The ``*_now`` fields are gauges.
     """
 
     dispatches: int = 0
@@ -145,6 +255,7 @@ class DispatchStats:
     stale: Mapping[str, int] = field(default_factory=dict)
     unowned: Mapping[str, int] = field(default_factory=dict)
     malformed: Mapping[str, int] = field(default_factory=dict)
+    duplicate: Mapping[str, int] = field(default_factory=dict)
     parked_ready_missing: int = 0
     parked_ready_malformed: int = 0
     parked_ready_other_token: int = 0
@@ -162,6 +273,7 @@ class DispatchStats:
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(self).items()}
 
 
+# ------------------------------------------------------------------------------ the core
 class Dispatcher:
     """The dispatch state machine. See the module docs for the turn order.
 
@@ -198,20 +310,12 @@ class Dispatcher:
         self.retry = retry or RetryPolicy()
         #: the durable facts (frontier, in flight, committed, deferred, failures, solo marks)
         self.ledger = Ledger(epoch)
-        self._ranks: set[int] = set()
-        self._idle = _IdleRanks()
-        self._parked: dict[int, Token] = {}
-        self._current: dict[int, Transaction] = {}  # rank -> its transaction
-        self._by_token: dict[Token, Transaction] = {}
-        self._open: dict[str, Transaction] = {}  # wire form -> open transaction (fast lookup)
+        self._ranks: Ranks[Transaction] = Ranks()
+        self._open: dict[str, Transaction] = {}  # wire form of the token -> open transaction
         self._leases: dict[tuple[str, str], Token] = {}
-        self._retired: dict[int, deque[Token]] = {}
-        self._heap: list[tuple[float, Token]] = []
+        self._deadlines = DeadlineHeap()
         self._snapshot_required: str | None = None
-        self._c: Counter[str] = Counter()
-        self._stale: Counter[str] = Counter()
-        self._unowned: Counter[str] = Counter()
-        self._malformed: Counter[str] = Counter()
+        self._n = _Counters()
         for r in ranks:
             self.add_rank(r)
 
@@ -220,33 +324,21 @@ class Dispatcher:
         """This master run's epoch."""
         return self.ledger.epoch
 
-    def _record(self, d: Decision) -> Decision:
-        """Apply the durable event of decision ``d`` to the ledger (the shell journals the same
-        event); returns ``d``."""
-        ev = of_decision(d)
-        assert ev is not None, d
-        self.ledger.apply(ev)
-        return d
-
-    def _apply(self, ev: Event) -> None:
-        self.ledger.apply(ev)
-
     # ----------------------------------------------------------------- set-up
     def add_rank(self, rank: int) -> None:
         """Make ``rank`` a worker that starts idle."""
         if not isinstance(rank, int) or rank < 0:
             raise UsageError(f"rank must be an integer >= 0, got {rank!r}")
-        if rank in self._ranks:
+        if self._ranks.is_live(rank):
             raise UsageError(f"rank {rank} was already added")
         self._ranks.add(rank)
-        self._idle.add(rank)
 
     def submit(self, items: Iterable[WorkItem]) -> int:
         """Append work items to the back of the frontier; returns how many were added.
 
         Raises:
             UsageError: a work ID that is already pending, in flight, committed or deferred
-                (a work ID lives in exactly one place).
+                (a work ID lives in exactly one place), or twice in ``items``; nothing is added.
         """
         new = tuple(items)
         seen: set[str] = set()
@@ -281,12 +373,12 @@ class Dispatcher:
         if self._snapshot_required is not None:
             return PersistSnapshot(self._snapshot_required)
         ledger = self.ledger
-        if not self._idle or not ledger.frontier:
+        rank = self._ranks.lowest_idle()
+        if rank is None or not ledger.frontier:
             return None
         first = self._first_free_item()
         if first is None:
             return None
-        rank = self._idle.pop_lowest()
         token = Token(self.epoch, ledger.counter + 1)
         self._lease(first, token)
         items = [first]
@@ -304,21 +396,11 @@ class Dispatcher:
                 self._lease(head, token)
                 items.append(head)
         tx = Transaction(token, rank, tuple(items))
-        self._current[rank] = tx
-        self._by_token[token] = tx
+        self._ranks.start(rank, tx)
         self._open[str(token)] = tx
-        self._c["dispatches"] += 1
-        self._c["dispatched_items"] += len(items)
-        send = Send(rank, token, tx.items)
-        self._record(send)
-        return send
-
-    def _leases_free(self, item: WorkItem) -> bool:
-        return all((k, v) not in self._leases for k, v in item.leases.items())
-
-    def _lease(self, item: WorkItem, token: Token) -> None:
-        for k, v in item.leases.items():
-            self._leases[(k, v)] = token
+        self._n.dispatches += 1
+        self._n.dispatched_items += len(items)
+        return self._record(Send(rank, token, tx.items))
 
     def _first_free_item(self) -> WorkItem | None:
         """The first frontier item whose leases are free (it stays in the frontier until the
@@ -332,15 +414,26 @@ class Dispatcher:
                 return items[wid]
         return None
 
+    def _leases_free(self, item: WorkItem) -> bool:
+        return all((k, v) not in self._leases for k, v in item.leases.items())
+
+    def _lease(self, item: WorkItem, token: Token) -> None:
+        for k, v in item.leases.items():
+            self._leases[(k, v)] = token
+
+    def _unlease(self, item: WorkItem, token: Token) -> None:
+        """``item`` no longer holds its leases (its ledger entry moves with its event)."""
+        for k, v in item.leases.items():
+            if self._leases.get((k, v)) == token:
+                del self._leases[(k, v)]
+
     def mark_dispatched(self, token: Token, now: float) -> list[Decision]:
         """The WORK send for ``token`` returned: the deadline starts now (W1)."""
-        tx = self._tx(token)
-        if tx.state is not TxState.PREPARING:
-            raise UsageError(f"{token} is {tx.state.value}, not PREPARING")
-        tx.state = TxState.DISPATCHED
+        tx = self._open_tx(token)
+        _advance(tx, TxEvent.SENT)
         if self.watchdog.enabled:
             tx.deadline = now + self.allowed_seconds(tx.items)
-            heapq.heappush(self._heap, (tx.deadline, token))
+            self._deadlines.push(tx.deadline, token)
         return []
 
     def allowed_seconds(self, items: Sequence[WorkItem]) -> float:
@@ -352,59 +445,70 @@ class Dispatcher:
 
     def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
         """The WORK send for ``token`` failed: the same compensation path as a timeout (W4)."""
-        tx = self._tx(token)
+        tx = self._open_tx(token)
         if tx.state is not TxState.PREPARING:
             raise UsageError(f"{token} is {tx.state.value}, not PREPARING")
-        self._c["send_failures"] += 1
-        return self._rollback(tx, SOURCE_SEND_FAILURE, "send-failure", error, park=True)
+        self._n.send_failures += 1
+        return self._roll_back(tx, SOURCE_SEND_FAILURE, "send-failure", error, RankState.PARKED)
 
     def snapshot_persisted(self) -> None:
         """The shell wrote the snapshot a :class:`PersistSnapshot` asked for."""
         self._snapshot_required = None
 
     # -------------------------------------------------------------- messages
+    def _resolve(self, rank: int, token: object, message: str) -> Transaction | list[Decision]:
+        """The one token resolver: the transaction ``rank`` currently runs under the wire
+        ``token``, or the :class:`Quarantine` of a message that names none (unowned, malformed,
+        stale). The caller checks the transaction's state."""
+        tx = self._open.get(token) if type(token) is str else None
+        if tx is not None and tx.rank == rank:
+            return tx  # the fast path: an exact wire match
+        if not self._ranks.is_live(rank):
+            return self._quarantine(rank, message, Classification.UNOWNED, "unknown rank")
+        t = Token.parse(token)
+        if t is None:
+            reason = "bad heartbeat" if message == "HEARTBEAT" else "bad token"
+            return self._quarantine(rank, message, Classification.MALFORMED, reason)
+        tx = self._ranks.current(rank)
+        if tx is not None and tx.token == t:
+            return tx
+        return self._classify_not_current(rank, t, message)
+
     def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
         """A READY arrived from ``rank`` carrying ``token`` (any wire value; None if absent)."""
         tx = self._open.get(token) if type(token) is str else None
-        if tx is not None and tx.rank == rank:
-            return self._current_ready(tx)
-        if rank not in self._ranks:
-            return self._quarantine(rank, "READY", Classification.UNOWNED, "unknown rank")
-        t = Token.parse(token)
-        retired = self._parked.get(rank)
-        if retired is not None:
-            if t == retired:
-                del self._parked[rank]
-                self._idle.add(rank)
-                self._c["watchdog_worker_recoveries"] += 1
-                return [Release(rank, retired)]
-            if token is None:
-                self._c["parked_ready_missing"] += 1
-                return self._quarantine(rank, "READY", Classification.MALFORMED, "parked: no token")
-            if t is None:
-                self._c["parked_ready_malformed"] += 1
-                return self._quarantine(
-                    rank, "READY", Classification.MALFORMED, "parked: malformed"
-                )
-            self._c["parked_ready_other_token"] += 1
-            return self._quarantine(rank, "READY", Classification.STALE, "parked: other token")
-        if t is None:
+        if (tx is None or tx.rank != rank) and self._ranks.is_live(rank):
+            if self._ranks.state(rank) is RankState.PARKED:
+                return self._parked_ready(rank, token)
             if token is None:
                 return []  # a worker announcing itself at start (no token yet)
-            return self._quarantine(rank, "READY", Classification.MALFORMED, "bad token")
-        tx = self._current.get(rank)
-        if tx is not None and tx.token == t:
-            return self._current_ready(tx)
-        return self._classify_old(rank, t, "READY")
-
-    def _current_ready(self, tx: Transaction) -> list[Decision]:
+        found = self._resolve(rank, token, "READY")
+        if not isinstance(found, Transaction):
+            return found
+        tx = found
         if tx.ready_seen:
             return self._quarantine(tx.rank, "READY", Classification.DUPLICATE, "second READY")
         tx.ready_seen = True
         if tx.state is TxState.PREPARING:
-            # The send evidently completed; never time out a generation that said READY.
-            tx.state = TxState.DISPATCHED
-        return self._finish_if_done(tx)
+            _advance(tx, TxEvent.READY)  # never time out a generation that said READY
+        return self._free_rank_if_done(tx)
+
+    def _parked_ready(self, rank: int, token: object) -> list[Decision]:
+        """A READY from a parked rank: only its exact retired token releases it (W6, W7)."""
+        retired = self._ranks.parked_token(rank)
+        t = Token.parse(token)
+        if t == retired:
+            released = self._ranks.release(rank)
+            self._n.watchdog_worker_recoveries += 1
+            return [Release(rank, released)]
+        if token is None:
+            self._n.parked_ready_missing += 1
+            return self._quarantine(rank, "READY", Classification.MALFORMED, "parked: no token")
+        if t is None:
+            self._n.parked_ready_malformed += 1
+            return self._quarantine(rank, "READY", Classification.MALFORMED, "parked: malformed")
+        self._n.parked_ready_other_token += 1
+        return self._quarantine(rank, "READY", Classification.STALE, "parked: other token")
 
     def on_result(
         self,
@@ -422,7 +526,7 @@ class Dispatcher:
         Only a current RESULT with a valid payload commits (it returns :class:`Commit`). The same
         as :meth:`on_results` with ``[result]``.
         """
-        return self.on_results(rank, token, [result] if valid else None, now, error=error)
+        return self.on_results(rank, token, [result] if valid else None, now, failure=error)
 
     def on_results(
         self,
@@ -432,11 +536,13 @@ class Dispatcher:
         now: float,
         *,
         errors: Mapping[int, str | ItemFailure] | None = None,
-        error: str | ItemFailure | None = None,
+        failure: str | ItemFailure | None = None,
     ) -> list[Decision]:
-        """A RESULT: ``results`` holds one entry per item of the dispatch, in its order; None (with
-        ``error``) when the message as a whole is invalid or the worker failed the whole dispatch
-        (an :class:`ItemFailure` such as a ``timeout``; a plain string is ``malformed-result``).
+        """A RESULT: ``results`` holds one entry per item of the dispatch, in its order.
+
+        ``results`` is None (with ``failure``) when the message as a whole is invalid or the
+        worker failed the whole dispatch: an :class:`ItemFailure` such as a ``timeout``; a plain
+        string is ``malformed-result``.
 
         ``errors`` maps the index of each item the worker could not do to an
         :class:`ItemFailure` (a plain string is kind ``error``: the function failed); a kind the
@@ -447,45 +553,25 @@ class Dispatcher:
         dispatch, fail as a whole: the READY that follows rolls back the whole dispatch with
         that kind (:meth:`join_invalid`).
         """
-        tx = self._open.get(token) if type(token) is str else None
-        if tx is None or tx.rank != rank:
-            if rank not in self._ranks:
-                return self._quarantine(rank, "RESULT", Classification.UNOWNED, "unknown rank")
-            t = Token.parse(token)
-            if t is None:
-                return self._quarantine(rank, "RESULT", Classification.MALFORMED, "bad token")
-            tx = self._current.get(rank)
-            if tx is None or tx.token != t:
-                return self._classify_old(rank, t, "RESULT")
+        found = self._resolve(rank, token, "RESULT")
+        if not isinstance(found, Transaction):
+            return found
+        tx = found
         if tx.state in (TxState.COMMITTING, TxState.CLOSED):
             return self._quarantine(rank, "RESULT", Classification.DUPLICATE, "second RESULT")
-        items = tx.items
-        malformed = "malformed-result"
-        failure: ItemFailure | None
-        if results is None:
-            failure = _failure(error or "malformed result payload", malformed)
-        elif len(results) != len(items):
-            failure = ItemFailure(
-                malformed, f"{len(results)} result(s) for a dispatch of {len(items)} item(s)"
-            )
-        elif errors and not all(type(i) is int and 0 <= i < len(items) for i in errors):
-            failure = ItemFailure(malformed, f"an error entry names no item of the {len(items)}")
-        elif errors and len(items) == 1:
-            failure = _failure(errors[0], "error")  # failed alone: the READY joins it (W3)
-        else:
-            failure = None
-        if failure is not None:
-            tx.failure = failure
-            if failure.kind == malformed:
-                return self._quarantine(rank, "RESULT", Classification.MALFORMED, failure.reason)
+        whole = _whole_failure(len(tx.items), results, errors, failure)
+        if whole is not None:
+            tx.failure = whole
+            if whole.kind == "malformed-result":
+                return self._quarantine(rank, "RESULT", Classification.MALFORMED, whole.reason)
             return []  # the worker said why it failed: the READY that follows rolls it back
         assert results is not None
-        tx.state = TxState.COMMITTING
+        _advance(tx, TxEvent.RESULT)
         out: list[Decision] = []
         keep: list[WorkItem] = []
         failed: list[tuple[WorkItem, ItemFailure]] = []
         dups: list[WorkItem] = []
-        for i, (item, value) in enumerate(zip(items, results, strict=True)):
+        for i, (item, value) in enumerate(zip(tx.items, results, strict=True)):
             bad = errors.get(i) if errors else None
             if bad is not None:
                 failed.append((item, _failure(bad, "error")))
@@ -496,33 +582,35 @@ class Dispatcher:
                 out.append(Commit(rank, tx.token, item.work_id, value))
         if failed or dups:  # those items leave the dispatch now
             for item in (*(w for w, _ in failed), *dups):
-                self._release_item(item, tx.token)
+                self._unlease(item, tx.token)
             tx.items = tuple(keep)
         for item, bad in failed:
-            self._c["invalid_result_rollbacks"] += 1
-            out.append(self._recover(item, tx.token, SOURCE_INVALID_RESULT, bad.kind, bad.reason))
+            self._n.invalid_result_rollbacks += 1
+            out.append(
+                self._retry_or_defer(item, tx.token, SOURCE_INVALID_RESULT, bad.kind, bad.reason)
+            )
         if failed:
-            self._snapshot_required = f"items of {tx.token} failed ({SOURCE_INVALID_RESULT})"
-            out.append(PersistSnapshot(self._snapshot_required))
+            out.append(
+                self._require_snapshot(f"items of {tx.token} failed ({SOURCE_INVALID_RESULT})")
+            )
         for _ in dups:
-            self._c["duplicate_commits_ignored"] += 1
+            self._n.duplicate_commits_ignored += 1
             out += self._quarantine(
                 rank, "RESULT", Classification.DUPLICATE, "work ID already committed"
             )
         if not keep:
-            tx.state = TxState.CLOSED
-        return out + self._finish_if_done(tx)  # READY already seen: the rank is free now
+            _advance(tx, TxEvent.EMPTIED)
+        return out + self._free_rank_if_done(tx)  # READY already seen: the rank is free now
 
     def commit_done(self, token: Token) -> list[Decision]:
         """The shell journaled the :class:`Commit` for ``token``: the work ID is committed."""
-        tx = self._tx(token)
-        if tx.state is not TxState.COMMITTING:
-            raise UsageError(f"{token} is {tx.state.value}, not COMMITTING")
-        tx.state = TxState.CLOSED
+        tx = self._open_tx(token)
+        _advance(tx, TxEvent.COMMITTED)
         self._apply(Committed(token, tx.rank, tuple(w.work_id for w in tx.items)))
-        self._c["commits"] += len(tx.items)
-        self._release_leases(tx)
-        return self._finish_if_done(tx)
+        self._n.commits += len(tx.items)
+        for item in tx.items:
+            self._unlease(item, token)
+        return self._free_rank_if_done(tx)
 
     def commit_refused(self, token: Token, work_id: str, error: str) -> list[Decision]:
         """The shell could not journal the :class:`Commit` of ``work_id`` (its result is too large
@@ -533,38 +621,38 @@ class Dispatcher:
         Raises:
             UsageError: ``token`` is not COMMITTING, or ``work_id`` is not one of its items.
         """
-        tx = self._tx(token)
+        tx = self._open_tx(token)
         if tx.state is not TxState.COMMITTING:
             raise UsageError(f"{token} is {tx.state.value}, not COMMITTING")
         item = next((w for w in tx.items if w.work_id == work_id), None)
         if item is None:
             raise UsageError(f"{work_id!r} is not committing under {token}")
-        self._release_item(item, token)
+        self._unlease(item, token)
         tx.items = tuple(w for w in tx.items if w is not item)
-        self._c["invalid_result_rollbacks"] += 1
-        out = [self._recover(item, token, SOURCE_INVALID_RESULT, "result-too-large", error)]
-        self._snapshot_required = f"commit of {work_id} under {token} refused"
-        out.append(PersistSnapshot(self._snapshot_required))
+        self._n.invalid_result_rollbacks += 1
+        out = [
+            self._retry_or_defer(item, token, SOURCE_INVALID_RESULT, "result-too-large", error),
+            self._require_snapshot(f"commit of {work_id} under {token} refused"),
+        ]
         if not tx.items:
-            tx.state = TxState.CLOSED
-            out += self._finish_if_done(tx)
+            _advance(tx, TxEvent.EMPTIED)
+            out += self._free_rank_if_done(tx)
         return out
 
     def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
         """A HEARTBEAT: a current one pushes the deadline to ``now + lease``."""
-        t = Token.parse(token)
-        if rank not in self._ranks or t is None:
-            kind = Classification.UNOWNED if rank not in self._ranks else Classification.MALFORMED
-            return self._quarantine(rank, "HEARTBEAT", kind, "bad heartbeat")
-        tx = self._current.get(rank)
-        if tx is None or tx.token != t or tx.state is not TxState.DISPATCHED:
-            return self._classify_old(rank, t, "HEARTBEAT")
-        self._c["heartbeats"] += 1
+        found = self._resolve(rank, token, "HEARTBEAT")
+        if not isinstance(found, Transaction):
+            return found
+        tx = found
+        if tx.state is not TxState.DISPATCHED or self._ranks.current(rank) is not tx:
+            return self._classify_not_current(rank, tx.token, "HEARTBEAT")
+        self._n.heartbeats += 1
         if self.watchdog.enabled:
             deadline = now + self.watchdog.lease
             if tx.deadline is None or deadline > tx.deadline:
                 tx.deadline = deadline
-                heapq.heappush(self._heap, (deadline, t))
+                self._deadlines.push(deadline, tx.token)
         return []
 
     # ------------------------------------------------------- join and sweep
@@ -575,13 +663,13 @@ class Dispatcher:
         the shared retry path with ``source=invalid-result`` and the rank goes back to idle.
         """
         out: list[Decision] = []
-        for rank in sorted(self._current):
-            tx = self._current[rank]
+        busy = self._ranks.busy()
+        for rank in sorted(busy):
+            tx = busy[rank]
             if tx.ready_seen and tx.state is TxState.DISPATCHED:
                 f = tx.failure or ItemFailure("missing-result", "READY without RESULT")
-                kind, err = f.kind, f.reason
-                self._c["invalid_result_rollbacks"] += 1
-                out += self._rollback(tx, SOURCE_INVALID_RESULT, kind, err, park=False)
+                self._n.invalid_result_rollbacks += 1
+                out += self._roll_back(tx, SOURCE_INVALID_RESULT, f.kind, f.reason, RankState.IDLE)
         return out
 
     def expired(self, now: float) -> list[tuple[int, Token]]:
@@ -590,45 +678,39 @@ class Dispatcher:
         Generations whose current READY was already seen are not included (W3). Cost: O(1) when
         nothing expired, O(k log n) for k expired entries.
         """
-        heap = self._heap
-        popped: list[tuple[float, Token]] = []
         out: list[tuple[int, Token]] = []
-        while heap and heap[0][0] <= now:
-            deadline, token = heapq.heappop(heap)
-            tx = self._by_token.get(token)
-            if tx is None or tx.state is not TxState.DISPATCHED or tx.deadline != deadline:
-                continue  # a stale heap entry: closed, rolled back, or extended by a heartbeat
-            if popped and popped[-1] == (deadline, token):
-                continue  # the same entry twice (equal entries pop next to each other)
-            popped.append((deadline, token))
+        for token in self._deadlines.due(now, self._deadline_stands):
+            tx = self._open[str(token)]
             if not tx.ready_seen:
                 out.append((tx.rank, token))
-        for entry in popped:
-            heapq.heappush(heap, entry)
         return sorted(out)
+
+    def _deadline_stands(self, token: Token, deadline: float) -> bool:
+        tx = self._open.get(str(token))
+        return tx is not None and tx.state is TxState.DISPATCHED and tx.deadline == deadline
 
     def sweep(self, now: float) -> list[Decision]:
         """Roll back every expired dispatch and park its rank (W3 step 5, W4, W6)."""
         out: list[Decision] = []
         for _rank, token in self.expired(now):
-            tx = self._by_token[token]
-            self._c["dispatch_watchdog_timeouts"] += 1
-            out += self._rollback(tx, SOURCE_WATCHDOG, "timeout", "deadline passed", park=True)
+            tx = self._open[str(token)]
+            self._n.dispatch_watchdog_timeouts += 1
+            out += self._roll_back(
+                tx, SOURCE_WATCHDOG, "timeout", "deadline passed", RankState.PARKED
+            )
         return out
 
     def rank_lost(self, rank: int, now: float, error: str = "rank lost") -> list[Decision]:
         """The runtime reported ``rank`` dead (ULFM): roll back its dispatch now, drop the rank."""
-        if rank not in self._ranks:
+        if not self._ranks.is_live(rank):
             raise UsageError(f"unknown rank {rank}")
         out: list[Decision] = []
-        tx = self._current.get(rank)
-        self._c["ranks_lost"] += 1
+        tx = self._ranks.current(rank)
+        self._n.ranks_lost += 1
         if tx is not None and tx.state in (TxState.PREPARING, TxState.DISPATCHED):
-            out += self._rollback(tx, SOURCE_RANK_LOST, "lost-rank", error, park=False)
-        self._current.pop(rank, None)
-        self._ranks.discard(rank)
-        self._idle.discard(rank)
-        self._parked.pop(rank, None)
+            out += self._roll_back(tx, SOURCE_RANK_LOST, "lost-rank", error, RankState.LOST)
+        else:
+            self._ranks.lose(rank)
         return out
 
     # ------------------------------------------------ deferral bookkeeping
@@ -636,13 +718,16 @@ class Dispatcher:
         """Report the outcome of a :class:`Defer`: on disk, or held in memory after a fault."""
         if work_id not in self.ledger.deferred:
             raise UsageError(f"{work_id!r} is not deferred")
-        self._c["protocol_deferred_dispatches" if persisted else "deferred_in_memory"] += 1
+        if persisted:
+            self._n.protocol_deferred_dispatches += 1
+        else:
+            self._n.deferred_in_memory += 1
 
     def defer_persisted_later(self, count: int = 1) -> None:
         """``count`` deferrals held in memory were since written durably (after a restore)."""
-        count = min(count, self._c["deferred_in_memory"])
-        self._c["deferred_in_memory"] -= count
-        self._c["protocol_deferred_dispatches"] += count
+        count = min(count, self._n.deferred_in_memory)
+        self._n.deferred_in_memory -= count
+        self._n.protocol_deferred_dispatches += count
 
     def requeue_deferred(self, work_id: str) -> None:
         """Put a deferred item back at the end of the frontier (an operator's decision)."""
@@ -650,9 +735,83 @@ class Dispatcher:
             raise UsageError(f"{work_id!r} is not deferred")
         self._apply(RequeuedDeferred(work_id))
 
+    # ------------------------------------------- the paths every failure takes
+    def _roll_back(
+        self, tx: Transaction, source: str, kind: str, error: str, then: RankState
+    ) -> list[Decision]:
+        """The one compensation path: timeout, invalid result, send failure, rank lost (W4, S8).
+
+        The rank goes to ``then``: PARKED (timeout, send failure: only its exact READY proves
+        the old generation over), IDLE (it said READY) or LOST.
+        """
+        _advance(tx, TxEvent.ROLLED_BACK)
+        for item in tx.items:
+            self._unlease(item, tx.token)
+        del self._open[str(tx.token)]
+        out: list[Decision] = []
+        if then is RankState.PARKED:
+            self._ranks.park(tx.rank, tx.token)
+            out.append(Park(tx.rank, tx.token, source))
+        elif then is RankState.IDLE:
+            self._ranks.finish(tx.rank, tx.token)
+        else:
+            self._ranks.lose(tx.rank)
+        if len(tx.items) == 1:
+            out.append(self._retry_or_defer(tx.items[0], tx.token, source, kind, error))
+        else:  # which item failed is unknown: each goes back uncharged, to run alone (W5)
+            # last item first: each goes to the front, so the frontier keeps the dispatch's
+            # order (and replay, applying the journaled events in this order, gets the same)
+            out += [
+                self._requeue_alone(w, tx.token, source, kind, error) for w in reversed(tx.items)
+            ]
+        out.append(self._require_snapshot(f"rollback of {tx.token} ({source})"))
+        return out
+
+    def _requeue_alone(
+        self, item: WorkItem, token: Token, source: str, kind: str, error: str
+    ) -> Decision:
+        """Requeue one item of a failed multi-item dispatch at the front, uncharged; from now on
+        it is dispatched alone, where a failure is charged to it."""
+        wid = item.work_id
+        self._n.batch_splits += 1
+        attempts = self.ledger.attempts.get(wid, 0)
+        return self._record(Requeue(wid, token, source, kind, attempts, error, split=True))
+
+    def _retry_or_defer(
+        self, item: WorkItem, token: Token, source: str, kind: str, error: str
+    ) -> Decision:
+        """The shared retry path (W5): requeue at the front, or defer after the budget."""
+        wid = item.work_id
+        ledger = self.ledger
+        if source == SOURCE_MASTER_RESTART:
+            self._n.master_restart_rollbacks += 1
+            return self._record(Requeue(wid, token, source, kind, ledger.attempts.get(wid, 0)))
+        n = ledger.attempts.get(wid, 0) + 1
+        if n <= self.retry.retries_for(kind):
+            self._n.protocol_requeued_dispatches += 1
+            return self._record(Requeue(wid, token, source, kind, n, error))
+        kinds = (*ledger.kinds.get(wid, ()), kind)
+        return self._record(Defer(item, token, source, n, kinds, error))
+
+    def _require_snapshot(self, reason: str) -> PersistSnapshot:
+        """No dispatch until the shell persisted a snapshot (S8)."""
+        self._snapshot_required = reason
+        return PersistSnapshot(reason)
+
     # ----------------------------------------------------------- internals
-    def _tx(self, token: Token) -> Transaction:
-        tx = self._by_token.get(token)
+    def _record(self, d: _D) -> _D:
+        """Apply the durable event of decision ``d`` to the ledger (the shell journals the same
+        event); returns ``d``."""
+        ev = of_decision(d)
+        assert ev is not None, d
+        self.ledger.apply(ev)
+        return d
+
+    def _apply(self, ev: Event) -> None:
+        self.ledger.apply(ev)
+
+    def _open_tx(self, token: Token) -> Transaction:
+        tx = self._open.get(str(token))
         if tx is None:
             raise UsageError(f"no open transaction has token {token}")
         return tx
@@ -660,32 +819,17 @@ class Dispatcher:
     def _quarantine(
         self, rank: int, message: str, cls: Classification, reason: str
     ) -> list[Decision]:
-        if cls is Classification.STALE:
-            self._stale[message] += 1
-        elif cls is Classification.UNOWNED:
-            self._unowned[message] += 1
-        elif cls is Classification.MALFORMED:
-            self._malformed[message] += 1
-        else:
-            self._c[f"duplicate_{message.lower()}"] += 1
+        self._n.by_class(cls)[message] += 1
         return [Quarantine(rank, message, cls, reason)]
 
-    def _classify_old(self, rank: int, t: Token, message: str) -> list[Decision]:
-        if t.epoch < self.epoch or t in self._retired.get(rank, ()):
+    def _classify_not_current(self, rank: int, t: Token, message: str) -> list[Decision]:
+        """A well-formed token that names no current transaction of ``rank``: stale when it is
+        older (an earlier epoch, or retired by the rank), else unowned."""
+        if t.epoch < self.epoch or self._ranks.retired(rank, t):
             return self._quarantine(rank, message, Classification.STALE, "older token")
         return self._quarantine(rank, message, Classification.UNOWNED, "no transaction owns it")
 
-    def _release_leases(self, tx: Transaction) -> None:
-        for item in tx.items:
-            self._release_item(item, tx.token)
-
-    def _release_item(self, item: WorkItem, token: Token) -> None:
-        """``item`` no longer holds its leases (its ledger entry moves with its event)."""
-        for k, v in item.leases.items():
-            if self._leases.get((k, v)) == token:
-                del self._leases[(k, v)]
-
-    def _finish_if_done(self, tx: Transaction) -> list[Decision]:
+    def _free_rank_if_done(self, tx: Transaction) -> list[Decision]:
         """A generation whose READY was seen frees its rank as soon as its result was accepted.
 
         The endpoint is free even while the commit is still being made durable (``COMMITTING``):
@@ -694,74 +838,11 @@ class Dispatcher:
         """
         if not tx.ready_seen or tx.state not in (TxState.COMMITTING, TxState.CLOSED):
             return []
-        if self._current.get(tx.rank) is tx:
-            self._detach(tx)
-            if tx.rank in self._ranks and tx.rank not in self._parked:
-                self._idle.add(tx.rank)
+        if self._ranks.current(tx.rank) is tx:
+            self._ranks.finish(tx.rank, tx.token)
         if tx.state is TxState.CLOSED:
-            self._drop(tx)
+            self._open.pop(str(tx.token), None)
         return []
-
-    def _detach(self, tx: Transaction) -> None:
-        """The rank no longer runs ``tx``: later messages with its token are stale."""
-        if self._current.get(tx.rank) is tx:
-            del self._current[tx.rank]
-            self._retired.setdefault(tx.rank, deque(maxlen=_RETIRED_KEEP)).append(tx.token)
-
-    def _drop(self, tx: Transaction) -> None:
-        self._by_token.pop(tx.token, None)
-        self._open.pop(str(tx.token), None)
-
-    def _forget(self, tx: Transaction) -> None:
-        self._detach(tx)
-        self._drop(tx)
-
-    def _rollback(
-        self, tx: Transaction, source: str, kind: str, error: str, *, park: bool
-    ) -> list[Decision]:
-        """The one compensation path: timeout, invalid result, send failure, rank lost (W4, S8)."""
-        tx.state = TxState.ROLLED_BACK
-        self._release_leases(tx)
-        self._forget(tx)
-        out: list[Decision] = []
-        if park:
-            self._parked[tx.rank] = tx.token
-            out.append(Park(tx.rank, tx.token, source))
-        elif tx.rank in self._ranks and source != SOURCE_RANK_LOST:
-            self._idle.add(tx.rank)
-        if len(tx.items) == 1:
-            out.append(self._recover(tx.items[0], tx.token, source, kind, error))
-        else:  # which item failed is unknown: each goes back uncharged, to run alone (W5)
-            # last item first: each goes to the front, so the frontier keeps the dispatch's
-            # order (and replay, applying the journaled events in this order, gets the same)
-            out += [self._split(w, tx.token, source, kind, error) for w in reversed(tx.items)]
-        self._snapshot_required = f"rollback of {tx.token} ({source})"
-        out.append(PersistSnapshot(self._snapshot_required))
-        return out
-
-    def _split(self, item: WorkItem, token: Token, source: str, kind: str, error: str) -> Decision:
-        """Requeue one item of a failed multi-item dispatch at the front, uncharged; from now on
-        it is dispatched alone, where a failure is charged to it."""
-        wid = item.work_id
-        self._c["batch_splits"] += 1
-        attempts = self.ledger.attempts.get(wid, 0)
-        return self._record(Requeue(wid, token, source, kind, attempts, error, split=True))
-
-    def _recover(
-        self, item: WorkItem, token: Token, source: str, kind: str, error: str
-    ) -> Decision:
-        """The shared retry path (W5): requeue at the front, or defer after the budget."""
-        wid = item.work_id
-        ledger = self.ledger
-        if source == SOURCE_MASTER_RESTART:
-            self._c["master_restart_rollbacks"] += 1
-            return self._record(Requeue(wid, token, source, kind, ledger.attempts.get(wid, 0)))
-        n = ledger.attempts.get(wid, 0) + 1
-        if n <= self.retry.retries_for(kind):
-            self._c["protocol_requeued_dispatches"] += 1
-            return self._record(Requeue(wid, token, source, kind, n, error))
-        kinds = (*ledger.kinds.get(wid, ()), kind)
-        return self._record(Defer(item, token, source, n, kinds, error))
 
     # ------------------------------------------------------------- queries
     def status(self, work_id: str) -> WorkStatus | None:
@@ -789,15 +870,19 @@ class Dispatcher:
 
     def live_ranks(self) -> list[int]:
         """Every worker rank not lost (idle, busy or parked), sorted."""
-        return sorted(self._ranks)
+        return self._ranks.live()
 
     def idle_ranks(self) -> list[int]:
         """Idle ranks, sorted."""
-        return sorted(self._idle)
+        return self._ranks.idle()
 
     def parked_ranks(self) -> dict[int, Token]:
         """Parked ranks and the exact token that releases each."""
-        return dict(self._parked)
+        return self._ranks.parked()
+
+    def rank_state(self, rank: int) -> RankState | None:
+        """Where ``rank`` is (idle, busy, parked, lost), or None for a rank never added."""
+        return self._ranks.state(rank)
 
     def in_flight(self) -> dict[str, Token]:
         """Work ID -> token of every open transaction."""
@@ -805,7 +890,7 @@ class Dispatcher:
 
     def transaction(self, token: Token) -> Transaction | None:
         """The open transaction with ``token`` (for inspection; do not mutate)."""
-        return self._by_token.get(token)
+        return self._open.get(str(token))
 
     def lease_holder(self, table: str, key: str) -> Token | None:
         """The token holding side-table entry ``table[key]``, or None."""
@@ -829,31 +914,10 @@ class Dispatcher:
 
     def statistics(self) -> DispatchStats:
         """An immutable snapshot of every counter and gauge."""
-        c = self._c
         return DispatchStats(
-            dispatches=c["dispatches"],
-            dispatched_items=c["dispatched_items"],
-            commits=c["commits"],
-            dispatch_watchdog_timeouts=c["dispatch_watchdog_timeouts"],
-            watchdog_worker_recoveries=c["watchdog_worker_recoveries"],
-            protocol_requeued_dispatches=c["protocol_requeued_dispatches"],
-            protocol_deferred_dispatches=c["protocol_deferred_dispatches"],
-            deferred_in_memory=c["deferred_in_memory"],
-            invalid_result_rollbacks=c["invalid_result_rollbacks"],
-            batch_splits=c["batch_splits"],
-            send_failures=c["send_failures"],
-            ranks_lost=c["ranks_lost"],
-            master_restart_rollbacks=c["master_restart_rollbacks"],
-            duplicate_commits_ignored=c["duplicate_commits_ignored"],
-            heartbeats=c["heartbeats"],
-            stale=dict(self._stale),
-            unowned=dict(self._unowned),
-            malformed=dict(self._malformed),
-            parked_ready_missing=c["parked_ready_missing"],
-            parked_ready_malformed=c["parked_ready_malformed"],
-            parked_ready_other_token=c["parked_ready_other_token"],
-            parked_ranks_now=len(self._parked),
-            idle_ranks_now=len(self._idle),
+            **self._n.values(),
+            parked_ranks_now=self._ranks.count(RankState.PARKED),
+            idle_ranks_now=self._ranks.count(RankState.IDLE),
             in_flight_now=len(self.ledger.in_flight),
             pending_now=len(self.ledger.frontier),
             deferred_now=len(self.ledger.deferred),
@@ -900,8 +964,30 @@ class Dispatcher:
         out: list[Decision] = []
         for wid, (token, _rank) in reversed(list(ledger.in_flight.items())):
             item = ledger.items[wid]
-            out.append(d._recover(item, token, SOURCE_MASTER_RESTART, "master-restart", "restart"))
+            restart = SOURCE_MASTER_RESTART
+            out.append(d._retry_or_defer(item, token, restart, "master-restart", "restart"))
         return d, out
+
+
+def _whole_failure(
+    n: int,
+    results: Sequence[Any] | None,
+    errors: Mapping[int, str | ItemFailure] | None,
+    failure: str | ItemFailure | None,
+) -> ItemFailure | None:
+    """Why a RESULT for a dispatch of ``n`` items fails as a whole, or None when its good items
+    can commit: no results (the worker's ``failure``, else a malformed payload), entries that do
+    not match the dispatch, or the one item of a one-item dispatch failed."""
+    malformed = "malformed-result"
+    if results is None:
+        return _failure(failure or "malformed result payload", malformed)
+    if len(results) != n:
+        return ItemFailure(malformed, f"{len(results)} result(s) for a dispatch of {n} item(s)")
+    if errors and not all(type(i) is int and 0 <= i < n for i in errors):
+        return ItemFailure(malformed, f"an error entry names no item of the {n}")
+    if errors and n == 1:
+        return _failure(errors[0], "error")  # failed alone: the READY joins it (W3)
+    return None
 
 
 def _failure(given: str | ItemFailure, kind: str) -> ItemFailure:
@@ -912,43 +998,3 @@ def _failure(given: str | ItemFailure, kind: str) -> ItemFailure:
     if given.kind not in WORKER_FAILURE_KINDS:
         return ItemFailure("malformed-result", f"unknown failure kind {given.kind!r}: {given}")
     return given
-
-
-class _IdleRanks:
-    """The idle ranks, lowest first in O(log n): a set, and a heap with lazy deletion (a rank
-    discarded from the set stays in the heap until it reaches the top). ``reserve`` used to take
-    ``min()`` of a set: O(ranks) per dispatch, 5.3x slower at 10,000 ranks than at 8."""
-
-    __slots__ = ("_set", "_heap")
-
-    def __init__(self) -> None:
-        self._set: set[int] = set()
-        self._heap: list[int] = []
-
-    def add(self, rank: int) -> None:
-        if rank not in self._set:
-            self._set.add(rank)
-            heapq.heappush(self._heap, rank)
-
-    def discard(self, rank: int) -> None:
-        self._set.discard(rank)
-
-    def pop_lowest(self) -> int:
-        """Remove and return the lowest idle rank (there must be one)."""
-        heap = self._heap
-        while True:
-            rank = heapq.heappop(heap)
-            if rank in self._set:
-                if heap and heap[0] == rank:  # pushed twice (added, discarded, added)
-                    continue
-                self._set.discard(rank)
-                return rank
-
-    def __contains__(self, rank: object) -> bool:
-        return rank in self._set
-
-    def __len__(self) -> int:
-        return len(self._set)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._set)

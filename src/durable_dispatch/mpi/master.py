@@ -278,8 +278,8 @@ def run_master(
                 # 3. RESULT
                 for src, body, reason in results:
                     token = body.get("token") if body is not None else _BAD
-                    values, errors, err = P.read_result(body, reason)
-                    state.on_results(src, token, values, now, errors=errors, error=err)
+                    values, errors, failure = P.read_result(body, reason)
+                    state.on_results(src, token, values, now, errors=errors, failure=failure)
                 # 4. deliver durable commits, join invalid results, 5. sweep the watchdog
                 state.tick(time.monotonic())
                 # storage: try to get back to disk with back-off

@@ -1,0 +1,54 @@
+"""The watchdog's deadlines: a heap of ``(deadline, token)``, earliest first (pure, no clock).
+
+A dispatch's deadline is pushed when its send returned (W1) and again when a HEARTBEAT extends
+it; an entry is never removed when its dispatch ends or its deadline moves. Instead the owner
+says, for each entry that comes due, whether it is still current (lazy deletion), so a sweep
+with nothing due costs O(1) at any number of dispatches in flight, and k due entries cost
+O(k log n).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from .tokens import Token
+
+__all__ = ["DeadlineHeap"]
+
+
+class DeadlineHeap:
+    """Deadlines by token, earliest first; stale entries are skipped when they come due."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, Token]] = []
+
+    def push(self, deadline: float, token: Token) -> None:
+        """``token``'s dispatch must end by ``deadline`` (a later push for the same token
+        supersedes an earlier one once ``current`` says so)."""
+        heapq.heappush(self._heap, (deadline, token))
+
+    def due(self, now: float, current: Callable[[Token, float], bool]) -> list[Token]:
+        """The tokens whose current deadline is at or before ``now``, earliest first.
+
+        ``current(token, deadline)`` says whether an entry still stands (its dispatch is open
+        and this is its deadline); entries that do not are dropped. Entries that do stay in the
+        heap: this is a query, and the owner ends those dispatches (which makes them stale).
+        """
+        heap = self._heap
+        popped: list[tuple[float, Token]] = []
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            if not current(entry[1], entry[0]):
+                continue  # a stale entry: closed, rolled back, or extended by a heartbeat
+            if popped and popped[-1] == entry:
+                continue  # the same entry twice (equal entries pop next to each other)
+            popped.append(entry)
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return [token for _, token in popped]
+
+    def __len__(self) -> int:
+        return len(self._heap)

@@ -1,0 +1,81 @@
+"""Worker ranks and their states (issue 21): one registry, one place that changes a state."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from durable_dispatch.core import Dispatcher, WatchdogConfig, WorkItem
+from durable_dispatch.core.ranks import Ranks, RankState, _IdleRanks
+from durable_dispatch.core.tokens import Token
+from durable_dispatch.errors import UsageError
+
+T1, T2 = Token(1, 1), Token(1, 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "discard", "pop"]), st.integers(0, 6))))
+def test_idle_ranks_hand_out_the_lowest_idle_rank_like_min_of_a_set(ops: list) -> None:
+    """Issue 17: reserve took min() of the idle set, O(ranks) per dispatch; the heap that
+    replaces it must give the same rank every time."""
+    idle, ref = _IdleRanks(), set()
+    for op, rank in ops:
+        if op == "add":
+            idle.add(rank)
+            ref.add(rank)
+        elif op == "discard":
+            idle.discard(rank)
+            ref.discard(rank)
+        else:
+            assert idle.lowest() == (min(ref) if ref else None)
+            if ref:
+                idle.discard(min(ref))
+                ref.discard(min(ref))
+        assert len(idle) == len(ref) and sorted(idle) == sorted(ref)
+
+
+def test_a_rank_moves_only_along_the_diagram() -> None:
+    r: Ranks[str] = Ranks()
+    r.add(1)
+    r.add(2)
+    assert r.state(1) is RankState.IDLE and r.lowest_idle() == 1 and r.state(9) is None
+    r.start(1, "tx1")
+    assert r.state(1) is RankState.BUSY and r.current(1) == "tx1" and r.lowest_idle() == 2
+    r.park(1, T1)
+    assert r.state(1) is RankState.PARKED and r.parked() == {1: T1} and r.current(1) is None
+    assert r.retired(1, T1) and not r.retired(1, T2)
+    assert r.release(1) == T1 and r.state(1) is RankState.IDLE and not r.parked()
+    r.start(1, "tx2")
+    r.finish(1, T2)
+    assert r.state(1) is RankState.IDLE and r.retired(1, T2)
+    r.lose(2)
+    assert r.state(2) is RankState.LOST and r.live() == [1] and r.idle() == [1]
+    assert r.count(RankState.LOST) == 1 and r.count(RankState.IDLE) == 1
+    for illegal in (
+        lambda: r.park(1, T1),  # IDLE -> PARKED: only a busy rank's dispatch is rolled back
+        lambda: r.finish(1, T1),  # IDLE -> IDLE
+        lambda: r.release(2),  # LOST: not parked
+        lambda: r.start(2, "tx"),  # LOST -> BUSY
+        lambda: r.add(1),  # IDLE -> IDLE
+    ):
+        with pytest.raises((UsageError, KeyError)):
+            illegal()
+    r.add(2)  # a lost rank may be added again
+    assert r.state(2) is RankState.IDLE
+
+
+def test_the_core_reports_each_ranks_state() -> None:
+    d = Dispatcher(1, WatchdogConfig(10), ranks=(1, 2, 3))
+    d.submit([WorkItem("a"), WorkItem("b")])
+    a = d.reserve(0.0)
+    b = d.reserve(0.0)
+    d.mark_dispatched(a.token, 0.0)
+    d.mark_dispatched(b.token, 0.0)
+    assert [d.rank_state(r) for r in (1, 2, 3)] == [RankState.BUSY] * 2 + [RankState.IDLE]
+    d.sweep(20.0)
+    assert d.rank_state(1) is RankState.PARKED and d.rank_state(2) is RankState.PARKED
+    d.rank_lost(3, 20.0)
+    assert d.rank_state(3) is RankState.LOST and d.rank_state(4) is None
+    d.on_ready(1, str(a.token), 21.0)
+    assert d.rank_state(1) is RankState.IDLE

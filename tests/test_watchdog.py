@@ -1,0 +1,41 @@
+"""The watchdog's deadline heap (issue 21: its own module, lazy deletion)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from durable_dispatch.core.tokens import Token
+from durable_dispatch.core.watchdog import DeadlineHeap
+
+
+def test_only_current_deadlines_come_due_and_they_stay_until_the_owner_ends_them() -> None:
+    h = DeadlineHeap()
+    current = {Token(1, 1): 5.0, Token(1, 2): 9.0, Token(1, 3): 3.0}
+    for t, dl in current.items():
+        h.push(dl, t)
+    h.push(4.0, Token(1, 2))  # an older deadline of 1-2, superseded by 9.0: stale
+    stands = lambda t, dl: current.get(t) == dl  # noqa: E731
+    assert h.due(2.0, stands) == []
+    assert h.due(6.0, stands) == [Token(1, 3), Token(1, 1)]  # earliest first
+    assert h.due(6.0, stands) == [Token(1, 3), Token(1, 1)]  # a query: still there
+    del current[Token(1, 3)]  # its dispatch ended
+    assert h.due(10.0, stands) == [Token(1, 1), Token(1, 2)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.floats(0, 100, allow_nan=False)), max_size=40),
+    st.floats(0, 100, allow_nan=False),
+)
+def test_due_is_every_current_deadline_at_or_before_now(
+    pushes: list[tuple[int, float]], now: float
+) -> None:
+    h = DeadlineHeap()
+    current: dict[Token, float] = {}
+    for n, dl in pushes:
+        h.push(dl, Token(1, n))
+        current[Token(1, n)] = dl  # the newest push is the current deadline
+    got = h.due(now, lambda t, dl: current.get(t) == dl)
+    want = sorted((dl, t) for t, dl in current.items() if dl <= now)
+    assert got == [t for _, t in want]
