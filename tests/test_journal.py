@@ -709,3 +709,22 @@ def test_a_symlink_at_the_lock_path_is_refused_and_its_target_untouched(tmp_path
         Journal.open(path)
     assert ei.value.errno == errno.ELOOP  # type: ignore[attr-defined]
     assert target.read_bytes() == b"keep me\n" and file_mode(target) == 0o644
+
+
+def test_wait_durable_with_a_timeout_flushes_once_then_gives_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``timeout=0`` used to raise TimeoutError before trying a single flush, so 'do not wait'
+    meant 'fail' even on a healthy disk. Now it flushes once; TimeoutError comes only when a
+    flush returned and the record is still not durable (another thread's group commit holds it,
+    simulated here by a flush that does nothing)."""
+    with Journal.open(tmp_path / "j.jsonl", sync="never") as j:
+        seq = j.append({"a": 1}).seq
+        j.wait_durable(seq, timeout=0)
+        assert j.durable_seq >= seq
+        seq = j.append({"a": 2}).seq
+        monkeypatch.setattr(j, "_flush", lambda sync: True)
+        with pytest.raises(TimeoutError):
+            j.wait_durable(seq, timeout=0.05)
+        monkeypatch.undo()
+        j.wait_durable(seq)

@@ -49,3 +49,13 @@ def test_a_hung_job_is_killed_whole_at_the_timeout(tmp_path: Path) -> None:
     time.sleep(0.5)
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+def test_a_missing_mpiexec_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FileNotFoundError, the builtin for it (docs/errors.md), naming the extra to install.
+    The Open MPI wheel cannot be uninstalled here, so its finder is replaced."""
+    from durable_dispatch.mpi import launcher
+
+    monkeypatch.setattr(launcher, "find_mpiexec", lambda: None)
+    with pytest.raises(FileNotFoundError, match=r"durable-dispatch\[mpi\]"):
+        launcher.mpiexec_command(2, ["true"])

@@ -1,10 +1,13 @@
 """The whole exception hierarchy of durable-dispatch.
 
-Every error the library raises on purpose derives from :class:`DurableDispatchError`. The tree
-splits *caller misuse* (:class:`UsageError`, :class:`ConfigurationError`) from *the world
-misbehaving*: a corrupt file (:class:`CorruptionError` and its subclasses), a disk that refuses
-writes (:class:`StorageError`), another process holding a lock (:class:`LockHeldError`), or a
-worker sending a bad message (:class:`ProtocolError`).
+Every error the library raises on purpose derives from :class:`DurableDispatchError`, except two
+builtins raised where the builtin is the right name (``TimeoutError`` from
+``Journal.wait_durable(timeout=)``, ``FileNotFoundError`` when there is no ``mpiexec``). The tree
+splits *caller misuse* (:class:`UsageError` and below) from *the world misbehaving*: data too
+large for a record (:class:`RecordTooLargeError`), a corrupt file (:class:`CorruptionError` and
+its subclasses), a disk that refuses writes (:class:`StorageError`), another process holding a
+lock (:class:`LockHeldError`). ``docs/errors.md`` lists what raises each, when, and the test
+that shows it.
 
 Every error keeps the facts it is about as read-only attributes (``path``, ``offset``, ``rank``,
 ``errno`` ...), renders them in ``str()``, and pickles (errors cross MPI and process pipes): each
@@ -164,8 +167,11 @@ class SnapshotCorruptError(CorruptionError):
     """
 
 
-class RecordTooLargeError(UsageError):
+class RecordTooLargeError(DurableDispatchError, ValueError):
     """An appended record is larger than the journal's ``max_record_bytes``. Nothing was written.
+
+    Not a :class:`UsageError`: the data decides, not the call (a worker's result can be too
+    large; the campaign state catches this and retries that item as ``result-too-large``).
 
     Attributes:
         size: the encoded size in bytes.
@@ -228,18 +234,21 @@ class StorageError(DurableDispatchError, OSError):
 
     @errno.setter
     def errno(self, value: int | None) -> None:
-        # OSError.__init__ machinery may assign; keep the facts authoritative.
-        pass
+        # code that fills in an OSError's fields after building it (``e.errno = ...``)
+        self._facts["errno"] = value
 
     @property
     def strerror(self) -> str | None:
-        """The OS message for ``errno``."""
+        """The OS message for ``errno`` (or the one assigned)."""
+        given = self._facts.get("strerror")
+        if given is not None:
+            return str(given)
         e = self.errno
         return os.strerror(e) if e is not None else None
 
     @strerror.setter
     def strerror(self, value: str | None) -> None:
-        pass
+        self._facts["strerror"] = value
 
     @property
     def filename(self) -> str | None:
@@ -248,7 +257,7 @@ class StorageError(DurableDispatchError, OSError):
 
     @filename.setter
     def filename(self, value: Any) -> None:
-        pass
+        self._facts["path"] = _fmt_path(value)
 
 
 class StorageDegradedError(StorageError):
@@ -299,8 +308,10 @@ class LockHeldError(DurableDispatchError):
 class ProtocolError(DurableDispatchError):
     """A peer (a worker rank) sent a message that breaks the protocol.
 
-    The master never raises this at its loop: it counts and quarantines such messages. It is raised
-    by strict decoding helpers and carries ``rank`` and ``reason``.
+    Not raised by this version (kept so that code catching it keeps working): the master
+    classifies every such message (stale, unowned, malformed, duplicate), counts it in
+    ``DispatchStats`` and goes on, and a worker ignores a WORK message it cannot read. It
+    carries ``rank`` and ``reason``.
     """
 
     def __init__(self, message: str, *, rank: int | None = None, reason: str | None = None) -> None:

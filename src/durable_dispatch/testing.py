@@ -135,12 +135,12 @@ class FaultInjector:
             The rule (its ``calls`` and ``fired`` counters show what happened).
 
         Raises:
-            ValueError: an unknown operation name or a non-positive ``nth``.
+            UsageError: an unknown operation name or a non-positive ``nth`` (a ValueError).
         """
         if op != "*" and op not in _fs.OPERATIONS:
-            raise ValueError(f"unknown fs operation {op!r}; use one of {_fs.OPERATIONS}")
+            raise UsageError(f"unknown fs operation {op!r}; use one of {_fs.OPERATIONS}")
         if nth is not None and nth < 1:
-            raise ValueError("nth counts from 1")
+            raise UsageError("nth counts from 1")
         rule = FaultRule(op, err, path, nth, from_nth)
         with self._lock:
             self.rules.append(rule)
@@ -295,9 +295,9 @@ def run_lying_worker(
             for w in items:
                 lie = faults(str(w.get("work_id")), int(w.get("attempt", 0)))
                 if lie is not None and lie not in WORKER_LIES:
-                    raise ValueError(f"unknown lie {lie!r}; use one of {WORKER_LIES}")
+                    raise UsageError(f"unknown lie {lie!r}; use one of {WORKER_LIES}")
                 if isolate and lie in function_lies:
-                    raise ValueError(f"the lie {lie!r} of the function needs isolate=False")
+                    raise UsageError(f"the lie {lie!r} of the function needs isolate=False")
                 plan[str(w.get("work_id"))] = lie
             if "crash" in plan.values():
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -873,10 +873,12 @@ class Journal:
 
         Raises:
             NotDurableError: the record is held in memory after a disk fault.
-            TimeoutError: ``timeout`` seconds passed first (only possible under lock contention).
+            TimeoutError: ``timeout`` seconds passed, after at least one flush, and the record is
+                still not durable (only possible while another thread's group commit holds it).
             UsageError: ``seq`` was never appended.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        flushed = False
         while True:
             with self._lock:
                 if seq >= self._next_seq or seq < 0:
@@ -891,8 +893,9 @@ class Journal:
                         errno=self._health.errno,
                         pending=len(self._memory),
                     )
-            if deadline is not None and time.monotonic() > deadline:
+            if flushed and deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"record {seq} not durable within {timeout} s")
+            flushed = True
             if not self._flush(sync=True):
                 with self._lock:
                     if self._durable_seq >= seq:
