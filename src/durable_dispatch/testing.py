@@ -25,6 +25,10 @@ installed :class:`FaultInjector` that is removed after the test.
 :func:`run_lying_worker` is a worker built on the public worker loop that lies to the master on
 purpose, for tests of the master's rules (a hang, a late answer, a malformed RESULT ...).
 
+:class:`LocalWorkers` runs a campaign's work function in-process, as the workers would, so
+``run_master`` runs without ``mpiexec``: a user's test of a campaign, and the loop's own test of
+its turn order (W3).
+
 Operations: ``open`` (file creation and opening for write, directory creation), ``write``,
 ``fsync``, ``dir-fsync``, ``replace``, ``close``, ``truncate``, ``unlink``, ``read``.
 """
@@ -35,6 +39,7 @@ import errno as _errno
 import fnmatch
 import os
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -53,6 +58,7 @@ __all__ = [
     "StorageLeftOpenWarning",
     "run_lying_worker",
     "WORKER_LIES",
+    "LocalWorkers",
 ]
 
 #: The operations a read-only filesystem refuses.
@@ -328,3 +334,110 @@ def run_lying_worker(
         poll=poll,
         hooks=Lies(),
     )
+
+
+class LocalWorkers:
+    """A :class:`~durable_dispatch.mpi.transport.Transport` whose workers run in this process:
+    test a campaign (its work function, its callback, its resume) with no ``mpiexec``::
+
+        from durable_dispatch import run_master
+        from durable_dispatch.testing import LocalWorkers
+
+        report = run_master(items, tmp_path / "state", on_commit, comm=LocalWorkers(fn, 3))
+
+    Each WORK is answered as ``run_worker(fn)`` answers it (one RESULT with an entry per item;
+    a function that raised is an item error of kind ``error``), then READY; both arrive at the
+    master's next receive, in that order, as MPI's non-overtaking rule delivers them. Each
+    worker announces itself first with a READY without a token. The work runs when the WORK is
+    sent, in the master's thread: no hang or crash is isolated (use ``mpiexec`` for those).
+
+    Args:
+        fn: ``fn(payload) -> result``; ``fn(payload, ctx)`` with ``context=True``.
+        workers: how many worker ranks (1 .. workers; the master is rank 0).
+        context: pass a ``WorkContext`` to ``fn``.
+        answer: ``answer(rank, token, work_ids)`` may return False to leave a WORK unanswered
+            (a hung worker: the watchdog parks its rank), or ``"result-only"`` to send the
+            RESULT without its READY; anything else answers normally.
+
+    Attributes:
+        log: every call the master made, in order: ``("receive", [(rank, TAG), ...])``,
+            ``("send", rank, "WORK", token)``, ``("stop", [ranks])`` (receives that found
+            nothing are not logged).
+    """
+
+    def __init__(
+        self,
+        fn: Any,
+        workers: int = 3,
+        *,
+        context: bool = False,
+        answer: Any = None,
+    ) -> None:
+        from collections import deque
+
+        from .mpi import protocol as P
+
+        if type(workers) is not int or workers < 1:
+            raise UsageError(f"workers must be an integer >= 1, got {workers!r}")
+        self._P = P
+        self.fn, self.mode, self.answer = fn, "context" if context else "payload", answer
+        self.size = workers + 1
+        self.ulfm = False
+        self.log: list[tuple[Any, ...]] = []
+        self.stopped: list[int] = []
+        self._inbox: deque[tuple[int, int, bytes]] = deque(
+            (r, P.READY, P.encode({"token": None})) for r in range(1, self.size)
+        )
+
+    def receive(self, limit: int) -> list[tuple[int, int, bytes]]:
+        """The messages the workers sent since the last call, up to ``limit``, in order."""
+        out: list[tuple[int, int, bytes]] = []
+        while self._inbox and len(out) < limit:
+            out.append(self._inbox.popleft())
+        if out:
+            self.log.append(("receive", [(r, self._P.TAG_NAMES[t]) for r, t, _ in out]))
+        return out
+
+    def send(self, rank: int, tag: int, data: bytes) -> str | None:
+        """Take a WORK to ``rank``: run its items now and queue the RESULT and READY."""
+        import orjson
+
+        from .mpi.context import MAX_RESULT_BYTES, run_items
+        from .mpi.worker import result_message
+
+        P = self._P
+        if not 1 <= rank < self.size:
+            return f"no rank {rank}"
+        body = orjson.loads(data)
+        token = body.get("token")
+        self.log.append(("send", rank, P.TAG_NAMES.get(tag, str(tag)), token))
+        if tag != P.WORK:
+            return None
+        items = body.get("items") or []
+        how = self.answer(rank, token, [w.get("work_id") for w in items]) if self.answer else None
+        if how is False:
+            return None
+        seconds = body.get("seconds")
+        deadline = time.monotonic() + seconds if isinstance(seconds, (int, float)) else None
+        lease = float(body.get("lease") or 0.0)
+        outcomes = list(
+            run_items(self.fn, self.mode, items, deadline, lease, lambda: None, MAX_RESULT_BYTES)
+        )
+        self._inbox.append((rank, P.RESULT, result_message(token, outcomes, None)))
+        if how != "result-only":
+            self._inbox.append((rank, P.READY, P.encode({"token": token})))
+        return None
+
+    def failed_ranks(self) -> list[int]:
+        """Never any (no ULFM here)."""
+        return []
+
+    def stop(self, ranks: Any, data: bytes, tag: int, timeout: float) -> bool:
+        """STOP to ``ranks``: recorded in :attr:`stopped` and the log."""
+        self.stopped = sorted(ranks)
+        self.log.append(("stop", self.stopped))
+        return True
+
+    def abort(self, code: int) -> None:
+        """A real job would end here; in a test that is a failure of its own."""
+        raise RuntimeError(f"the master aborted the job (code {code})")

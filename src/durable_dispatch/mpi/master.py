@@ -1,4 +1,8 @@
-"""The master loop: a thin mpi4py shell around the dispatch core and the durable campaign state.
+"""The master loop: a thin shell around the dispatch core and the durable campaign state.
+
+It talks to the workers through a :class:`~durable_dispatch.mpi.transport.Transport`: MPI
+(:class:`~durable_dispatch.mpi.transport.MpiTransport`) in a job, or
+``durable_dispatch.testing.LocalWorkers`` in a test.
 
 Each turn follows W3: (1) drain messages and hand every READY and HEARTBEAT to the core,
 (2) dispatch (journal the dispatch, send WORK, report the send's outcome), (3) hand every RESULT
@@ -30,17 +34,12 @@ from ..state import CampaignState
 from . import protocol as P
 from .context import CHILD_MARKER
 from .signals import CaughtSignals
+from .transport import MpiTransport, Transport, ulfm_mode
 
 __all__ = ["run_master", "MasterReport", "ulfm_mode", "finish"]
 
 log = logging.getLogger("durable_dispatch.mpi")
 _BAD = object()  # stands for a message body that did not decode
-
-
-def ulfm_mode(comm: Any) -> bool:
-    """True when the runtime provides ULFM failure notification for this job."""
-    enabled = os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
-    return enabled and hasattr(comm, "Get_failed") and hasattr(comm, "Ack_failed")
 
 
 def finish(comm: Any = None, code: int = 0) -> None:
@@ -122,6 +121,8 @@ def run_master(
             make it idempotent by work ID (an upsert). Read every result back with
             :func:`durable_dispatch.read_results`.
         comm: the communicator (``MPI.COMM_WORLD``); rank 0 is the master, all others workers.
+            Or a :class:`~durable_dispatch.mpi.transport.Transport`, such as
+            ``durable_dispatch.testing.LocalWorkers(fn)`` to test a campaign in-process.
         watchdog: deadlines (default: ``WatchdogConfig.from_env(os.environ)``).
         retry: retry budgets (default: ``RetryPolicy.from_env(os.environ)``).
         sync: the state journal's sync policy.
@@ -162,11 +163,8 @@ def run_master(
         )
     if type(batch) is not int or batch < 1:
         _refuse(f"batch must be an integer >= 1, got {batch!r}", comm, stop_timeout)
-    from mpi4py import MPI
-
-    comm = comm or MPI.COMM_WORLD
-    comm.Set_errhandler(MPI.ERRORS_RETURN)
-    ft = ulfm_mode(comm)
+    link: Transport = comm if isinstance(comm, Transport) else MpiTransport(comm)
+    ft = link.ulfm
     if watchdog is None:
         watchdog = WatchdogConfig.from_env(os.environ)
         for c in watchdog.corrections:
@@ -175,7 +173,7 @@ def run_master(
         retry = RetryPolicy.from_env(os.environ)
     for c in retry.corrections if isinstance(retry, RetryPolicy) else ():
         log.warning("configuration: %s", c)
-    size = comm.Get_size()
+    size = link.size
     try:
         state = CampaignState.open(
             state_dir, sync=sync, watchdog=watchdog, retry=retry, ranks=range(1, size)
@@ -184,7 +182,7 @@ def run_master(
         # U4: the workers are waiting for WORK; a master that cannot start must stop them, or
         # the job hangs forever (a second master on a running state directory, a full disk).
         log.error("master: cannot start (%s: %s); stopping the workers", type(e).__name__, e)
-        _stop_or_abort(comm, MPI, range(1, size), {}, stop_timeout)
+        _stop_or_abort(link, range(1, size), {}, stop_timeout)
         raise
     log.info(
         "master: %d workers, mode %s, watchdog %gs",
@@ -199,7 +197,6 @@ def run_master(
     start = time.monotonic()
     next_progress = start
     restore_at, backoff = 0.0, 0.5
-    status = MPI.Status()
     idle_sleep = 0.0
     stopping = _Stopping(
         start,
@@ -225,19 +222,9 @@ def run_master(
                 if reason is not None:
                     break
                 # -- drain everything that arrived (never blocking on one rank)
-                msgs: list[tuple[int, int, bytearray]] = []
-                try:
-                    while len(msgs) < 4096 and comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
-                        src, tag = status.Get_source(), status.Get_tag()
-                        buf = bytearray(status.Get_count(MPI.BYTE))
-                        comm.Recv([buf, MPI.BYTE], source=src, tag=tag)
-                        msgs.append((src, tag, buf))
-                except MPI.Exception as e:
-                    if not ft:
-                        raise
-                    log.warning("master: receive reported %s", e)
+                msgs = link.receive(4096)
                 if ft:
-                    _check_failures(comm, MPI, state, lost, now)
+                    _check_failures(link, state, lost, now)
                 # 1. READY and HEARTBEAT
                 results = []
                 for src, tag, buf in msgs:
@@ -267,14 +254,10 @@ def run_master(
                             "lease": core.watchdog.lease,
                         }
                     )
-                    try:
-                        comm.Send([data, MPI.BYTE], dest=s.rank, tag=P.WORK)
-                    except MPI.Exception as e:
-                        state.sent(s.token, time.monotonic(), str(e))
-                        if ft:
-                            _check_failures(comm, MPI, state, lost, now)
-                        continue
-                    state.sent(s.token, time.monotonic())
+                    error = link.send(s.rank, P.WORK, data)
+                    state.sent(s.token, time.monotonic(), error)
+                    if error is not None and ft:
+                        _check_failures(link, state, lost, now)
                 # 3. RESULT
                 for src, body, reason in results:
                     token = body.get("token") if body is not None else _BAD
@@ -297,7 +280,7 @@ def run_master(
                     idle_sleep = min(0.001, idle_sleep * 2 or 0.00002)
                     time.sleep(idle_sleep)
             state.complete_commits(wait=True)
-            _stop_all(comm, MPI, range(1, size), lost, stop_timeout)
+            _stop_all(link, range(1, size), lost, stop_timeout)
             report = MasterReport(
                 stats=state.statistics().as_dict(),
                 mode="ulfm" if ft else "no-ulfm",
@@ -318,7 +301,7 @@ def run_master(
                 state.close()
             except Exception as e2:  # noqa: BLE001 - the first error is the one to raise
                 log.error("master: closing the state after that error failed too: %s", e2)
-            _stop_or_abort(comm, MPI, range(1, size), lost, stop_timeout)
+            _stop_or_abort(link, range(1, size), lost, stop_timeout)
             raise
         finally:
             state.close()
@@ -382,36 +365,26 @@ class _Stopping:
 
 
 def _refuse(message: str, comm: Any, stop_timeout: float) -> NoReturn:
-    """A bad argument, found before anything started: stop the workers if MPI is running (they
-    wait for WORK, and would keep the job alive forever, U4), then raise ``UsageError``."""
+    """A bad argument, found before anything started: stop the workers if they are running
+    (they wait for WORK, and would keep the job alive forever, U4), then raise ``UsageError``."""
     import sys
 
+    link: Transport | None = comm if isinstance(comm, Transport) else None
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        comm = comm or mpi.COMM_WORLD
+    if link is None and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        link = MpiTransport(comm)
+    if link is not None:
         log.error("master: %s; stopping the workers", message)
-        _stop_or_abort(comm, mpi, range(1, comm.Get_size()), {}, stop_timeout)
+        _stop_or_abort(link, range(1, link.size), {}, stop_timeout)
     raise UsageError(message)
 
 
 def _check_failures(
-    comm: Any, MPI: Any, state: CampaignState, lost: dict[int, float], now: float
+    link: Transport, state: CampaignState, lost: dict[int, float], now: float
 ) -> None:
-    """ULFM: roll back the dispatch of every newly failed rank, acknowledge, exclude it."""
-    try:
-        group = comm.Get_failed()
-    except MPI.Exception as e:
-        log.warning("master: failure query failed: %s", e)
-        return
-    n = group.Get_size()
-    if n == 0:
-        group.Free()
-        return
-    ranks = MPI.Group.Translate_ranks(group, list(range(n)), comm.Get_group())
-    group.Free()
-    comm.Ack_failed()
-    for r in ranks:
-        if r is None or r < 0 or r in lost or r == 0:
+    """ULFM: roll back the dispatch of every newly failed rank and exclude it."""
+    for r in link.failed_ranks():
+        if r in lost or r == 0:
             continue
         lost[r] = time.time()
         log.warning("master: rank %d failed (ULFM); rolling back its dispatch", r)
@@ -419,42 +392,20 @@ def _check_failures(
 
 
 def _stop_or_abort(
-    comm: Any, MPI: Any, ranks: Iterable[int], lost: dict[int, float], timeout: float
+    link: Transport, ranks: Iterable[int], lost: dict[int, float], timeout: float
 ) -> None:
-    """On an error on rank 0 (U4): STOP to every worker; if one cannot be delivered, MPI_Abort,
-    because a worker that never takes its STOP keeps rank 0 waiting in MPI_Finalize forever.
-    The caller closed the state first."""
-    if not _stop_all(comm, MPI, ranks, lost, timeout):
+    """On an error on rank 0 (U4): STOP to every worker; if one cannot be delivered, abort the
+    job (MPI_Abort), because a worker that never takes its STOP keeps rank 0 waiting in
+    MPI_Finalize forever. The caller closed the state first."""
+    if not _stop_all(link, ranks, lost, timeout):
         log.error("master: STOP could not be delivered to every worker; MPI_Abort")
-        comm.Abort(1)
+        link.abort(1)
 
 
 def _stop_all(
-    comm: Any, MPI: Any, ranks: Iterable[int], lost: dict[int, float], timeout: float
+    link: Transport, ranks: Iterable[int], lost: dict[int, float], timeout: float
 ) -> bool:
     """Send STOP to every live worker without waiting on any one of them for long; False when
     some send did not complete within ``timeout``."""
-    data = P.encode({})
-    reqs = []
-    failed = False
-    for r in ranks:
-        if r in lost:
-            continue
-        try:
-            reqs.append(comm.Isend([data, MPI.BYTE], dest=r, tag=P.STOP))
-        except MPI.Exception as e:
-            log.warning("master: STOP to rank %d failed: %s", r, e)
-            failed = True
-    end = time.monotonic() + timeout
-    while reqs and time.monotonic() < end:
-        try:
-            reqs = [q for q in reqs if not q.Test()]
-        except MPI.Exception:
-            break
-        time.sleep(0.001)
-    for q in reqs:
-        try:
-            q.Cancel()
-        except MPI.Exception:
-            pass
-    return not reqs and not failed
+    live = [r for r in ranks if r not in lost]
+    return link.stop(live, P.encode({}), P.STOP, timeout)

@@ -1,0 +1,157 @@
+"""How the master loop talks to its workers: the :class:`Transport` it needs, and the MPI one.
+
+The master loop (``run_master``) never calls MPI itself: it drains messages, sends WORK, asks for
+failed ranks and stops the workers through a transport. :class:`MpiTransport` is the real one
+(mpi4py, ``ANY_SOURCE``/``ANY_TAG``, non-blocking); ``durable_dispatch.testing.LocalWorkers`` runs
+the workers' function in-process, so a campaign, and the loop's turn order (W3), can be tested
+without ``mpiexec``. Pass either as ``run_master(..., comm=...)``; an mpi4py communicator is
+wrapped in an :class:`MpiTransport`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["Transport", "MpiTransport", "Message", "ulfm_mode"]
+
+log = logging.getLogger("durable_dispatch.mpi")
+
+#: ``(source rank, tag, body bytes)``
+Message = tuple[int, int, bytes | bytearray]
+
+
+def ulfm_mode(comm: Any) -> bool:
+    """True when the runtime provides ULFM failure notification for this job."""
+    enabled = os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
+    return enabled and hasattr(comm, "Get_failed") and hasattr(comm, "Ack_failed")
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """What the master loop needs from its communicator.
+
+    Attributes:
+        size: the number of ranks, the master (rank 0) included.
+        ulfm: True when the runtime reports failed ranks (:meth:`failed_ranks`).
+    """
+
+    size: int
+    ulfm: bool
+
+    def receive(self, limit: int) -> list[Message]:
+        """Every message that has arrived, up to ``limit``, in arrival order; never blocks.
+        Messages of one source keep the order it sent them in."""
+        ...
+
+    def send(self, rank: int, tag: int, data: bytes) -> str | None:
+        """Send ``data`` to ``rank``; returns None once the send returned, or why it failed."""
+        ...
+
+    def failed_ranks(self) -> list[int]:
+        """Ranks the runtime reported failed since the last call (always [] without ULFM)."""
+        ...
+
+    def stop(self, ranks: Iterable[int], data: bytes, tag: int, timeout: float) -> bool:
+        """Send ``data`` to each of ``ranks`` without waiting on any one for long; False when
+        some send did not complete within ``timeout``."""
+        ...
+
+    def abort(self, code: int) -> None:
+        """End the whole job now (``MPI_Abort``)."""
+        ...
+
+
+class MpiTransport:
+    """:class:`Transport` over an mpi4py communicator (``MPI.COMM_WORLD`` by default).
+
+    Errors are returned, not raised (``MPI.ERRORS_RETURN``), so that a dead rank under ULFM is
+    a failed send the loop handles, not an exception that ends rank 0.
+    """
+
+    def __init__(self, comm: Any = None) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.size: int = self.comm.Get_size()
+        self.ulfm: bool = ulfm_mode(self.comm)
+        self._status = MPI.Status()
+
+    def receive(self, limit: int) -> list[Message]:
+        """See :meth:`Transport.receive`. Under ULFM a failed receive is logged (the failed
+        rank shows in :meth:`failed_ranks`); without it, it is raised."""
+        MPI, comm, status = self.MPI, self.comm, self._status
+        msgs: list[Message] = []
+        try:
+            while len(msgs) < limit and comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+                src, tag = status.Get_source(), status.Get_tag()
+                buf = bytearray(status.Get_count(MPI.BYTE))
+                comm.Recv([buf, MPI.BYTE], source=src, tag=tag)
+                msgs.append((src, tag, buf))
+        except MPI.Exception as e:
+            if not self.ulfm:
+                raise
+            log.warning("master: receive reported %s", e)
+        return msgs
+
+    def send(self, rank: int, tag: int, data: bytes) -> str | None:
+        """See :meth:`Transport.send`."""
+        try:
+            self.comm.Send([data, self.MPI.BYTE], dest=rank, tag=tag)
+        except self.MPI.Exception as e:
+            return str(e)
+        return None
+
+    def failed_ranks(self) -> list[int]:
+        """See :meth:`Transport.failed_ranks`: ``Comm.Get_failed``, then ``Ack_failed``."""
+        if not self.ulfm:
+            return []
+        MPI, comm = self.MPI, self.comm
+        try:
+            group = comm.Get_failed()
+        except MPI.Exception as e:
+            log.warning("master: failure query failed: %s", e)
+            return []
+        n = group.Get_size()
+        if n == 0:
+            group.Free()
+            return []
+        ranks = MPI.Group.Translate_ranks(group, list(range(n)), comm.Get_group())
+        group.Free()
+        comm.Ack_failed()
+        return [r for r in ranks if r is not None and r >= 0]
+
+    def stop(self, ranks: Iterable[int], data: bytes, tag: int, timeout: float) -> bool:
+        """See :meth:`Transport.stop`: one ``Isend`` each, tested until ``timeout``, then the
+        ones not done are cancelled."""
+        MPI = self.MPI
+        reqs = []
+        failed = False
+        for r in ranks:
+            try:
+                reqs.append(self.comm.Isend([data, MPI.BYTE], dest=r, tag=tag))
+            except MPI.Exception as e:
+                log.warning("master: STOP to rank %d failed: %s", r, e)
+                failed = True
+        end = time.monotonic() + timeout
+        while reqs and time.monotonic() < end:
+            try:
+                reqs = [q for q in reqs if not q.Test()]
+            except MPI.Exception:
+                break
+            time.sleep(0.001)
+        for q in reqs:
+            try:
+                q.Cancel()
+            except MPI.Exception:
+                pass
+        return not reqs and not failed
+
+    def abort(self, code: int) -> None:
+        """``MPI_Abort`` of the whole job."""
+        self.comm.Abort(code)

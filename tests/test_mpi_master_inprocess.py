@@ -1,0 +1,129 @@
+"""run_master's loop in-process, driven by LocalWorkers (issue 21): the turn order (W3) has a fast
+test, and a campaign can be tested without mpiexec. The same loop under a real mpiexec is in
+test_mpi_master.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_dispatch import CampaignState, WatchdogConfig, WorkItem
+from durable_dispatch.mpi import run_master
+from durable_dispatch.state import view_state
+from durable_dispatch.testing import LocalWorkers
+
+STEPS = ("on_ready", "on_heartbeat", "next_send", "sent", "on_results", "tick")
+
+
+def _logged(monkeypatch: pytest.MonkeyPatch, log: list[tuple[Any, ...]]) -> None:
+    """Log each facade call the loop makes, in the transport's log, so one list shows the
+    messages, the sends and the loop's steps in the order they happened."""
+    for name in STEPS:
+        real = getattr(CampaignState, name)
+
+        def wrapped(self: Any, *a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            out = _real(self, *a, **kw)
+            if _name != "next_send" or out is not None:
+                log.append((_name,))
+            return out
+
+        monkeypatch.setattr(CampaignState, name, wrapped)
+
+
+def _turns(log: list[tuple[Any, ...]]) -> list[list[str]]:
+    turns, cur = [], []
+    for entry in log:
+        cur.append(entry[0])
+        if entry[0] == "tick":
+            turns.append(cur)
+            cur = []
+    return turns
+
+
+def test_each_turn_takes_readies_then_dispatches_then_results_then_joins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W3: (1) every READY and HEARTBEAT of the drain, (2) dispatch, (3) every RESULT, (4, 5)
+    join and sweep. A RESULT and its READY arrive in one drain (the worker sends them in that
+    order): the READY is seen first but the rank is freed only by the RESULT after the
+    dispatch step, so nothing is ever joined as a missing result, and the rank gets its next
+    work in the next turn."""
+    workers = LocalWorkers(lambda p: p * 2, workers=3)
+    _logged(monkeypatch, workers.log)
+    got: dict[str, int] = {}
+    items = [WorkItem(f"w{i:02d}", i) for i in range(30)]
+    report = run_master(items, tmp_path / "state", got.__setitem__, comm=workers, linger=0)
+    assert report.finished and got == {f"w{i:02d}": 2 * i for i in range(30)}
+    core = report.stats["core"]
+    assert core["commits"] == 30 and core["invalid_result_rollbacks"] == 0
+    assert workers.log[-1] == ("stop", [1, 2, 3])
+    turns = _turns(workers.log)
+    assert len(turns) >= 10
+    for steps in turns:
+        first = {s: steps.index(s) for s in reversed(steps)}
+        last = {s: i for i, s in enumerate(steps)}
+        if "on_ready" in steps and "send" in steps:
+            assert last["on_ready"] < first["send"], steps  # 1 before 2
+        if "send" in steps and "on_results" in steps:
+            assert last["send"] < first["on_results"], steps  # 2 before 3
+        if "receive" in steps:
+            assert first["receive"] == 0, steps  # the drain opens the turn
+        assert steps[-1] == "tick"
+    # a rank freed by a RESULT is sent new work only in a later turn (never inside its own)
+    for steps, nxt in zip(turns, turns[1:], strict=False):
+        if "on_results" in steps:
+            assert "send" not in steps[steps.index("on_results") :]
+            assert "send" in nxt or "on_results" not in nxt
+
+
+def test_a_hung_worker_is_parked_and_its_work_moves(tmp_path: Path) -> None:
+    """A worker that never answers its first WORK: the watchdog moves the item to another rank
+    and parks the silent one; every item commits once."""
+    silent = {"w03"}
+
+    def answer(rank: int, token: str, work_ids: list[str]) -> bool:
+        hang = bool(silent.intersection(work_ids))
+        silent.difference_update(work_ids)
+        return not hang
+
+    workers = LocalWorkers(lambda p: p, workers=2, answer=answer)
+    items = [WorkItem(f"w{i:02d}", i) for i in range(8)]
+    report = run_master(
+        items, tmp_path / "state", comm=workers, watchdog=WatchdogConfig(0.3), linger=0
+    )
+    assert report.finished
+    assert report.stats["core"]["dispatch_watchdog_timeouts"] == 1
+    assert report.stats["core"]["parked_ranks_now"] == 1
+    view = view_state(tmp_path / "state")
+    assert view.projection.committed == {i.work_id for i in items}
+    assert view.projection.duplicate_commits == 0
+
+
+def test_a_function_that_raises_is_retried_then_deferred(tmp_path: Path) -> None:
+    def fn(p: int) -> int:
+        if p == 5:
+            raise ValueError("five")
+        return p
+
+    from durable_dispatch import RetryPolicy
+
+    workers = LocalWorkers(fn, workers=2)
+    items = [WorkItem(f"w{i}", i) for i in range(8)]
+    report = run_master(items, tmp_path / "state", comm=workers, retry=RetryPolicy(2), linger=0)
+    assert report.finished
+    view = view_state(tmp_path / "state")
+    assert set(view.projection.deferred) == {"w5"}
+    assert view.projection.kinds["w5"] == ["error"] * 3
+    assert len(view.projection.committed) == 7
+
+
+def test_bad_workers_argument_and_no_mpi_is_loaded(tmp_path: Path) -> None:
+    from durable_dispatch.errors import UsageError
+
+    with pytest.raises(UsageError):
+        LocalWorkers(lambda p: p, workers=0)
+    run_master([WorkItem("a", 1)], tmp_path / "s", comm=LocalWorkers(lambda p: p), linger=0)
+    assert "mpi4py.MPI" not in sys.modules or sys.modules["mpi4py.MPI"].Is_initialized() is False
