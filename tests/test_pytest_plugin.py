@@ -69,7 +69,9 @@ def run_user_module(tmp_path: Path, body: str, *args: str) -> tuple[int, str, st
     env = dict(os.environ, DD_VERDICT=str(verdict), DD_SENTINELS=str(sentinels))
     env.pop("PYTEST_ADDOPTS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rw", *args],
+        # the module is a scripted sequence of tests (each relies on the one before): in order
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+        + ["-rw", *args],
         cwd=work,
         env=env,
         capture_output=True,
