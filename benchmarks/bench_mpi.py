@@ -10,7 +10,9 @@ Runs, one after another in this one invocation, on 1 master + 3 workers with tri
 and prints tasks/s, the ratios (targets: ours >= 5x futures, ours >= 0.3x bare), our per-task
 time in microseconds, and the ULFM kill-to-rollback latency measured by the demo campaign.
 "ours" runs twice: with one item per dispatch (``batch=1``) and with ``--batch`` items per
-dispatch (default 64: one token, one WORK message and one journal record each way per 64 items),
+dispatch (default 64: one token, one WORK message and one journal record each way per 64
+items), once more with ``batch="auto"`` (sized from measured item durations; it should reach
+the batch=64 row without being told),
 and twice more with ``run_worker(isolate=True)`` (the function in a supervised child process),
 which prints the price of isolation per item (targets: at most +100 us with batch 1, at most
 1.5x the time per item with batch 64).
@@ -70,7 +72,7 @@ def role_bare(n: int) -> None:
             comm.send(trivial(x), dest=0, tag=2)
 
 
-def role_ours(n: int, state_dir: str, batch: int, isolate: bool = False) -> None:
+def role_ours(n: int, state_dir: str, batch: int | str, isolate: bool = False) -> None:
     from mpi4py import MPI
 
     from durable_dispatch.core import RetryPolicy, WatchdogConfig, WorkItem
@@ -89,7 +91,8 @@ def role_ours(n: int, state_dir: str, batch: int, isolate: bool = False) -> None
         )
         el = time.perf_counter() - t
         assert rep.finished and rep.stats["core"]["commits"] == n
-        print(json.dumps({"role": "ours", "tasks_per_s": n / el}), flush=True)
+        mean = n / rep.stats["core"]["dispatches"]
+        print(json.dumps({"role": "ours", "tasks_per_s": n / el, "items_per_dispatch": mean}))
     else:
         run_worker(trivial, poll=0.0001, isolate=isolate)
 
@@ -168,13 +171,14 @@ def main() -> int:
     ap.add_argument("--role", choices=["bare", "ours", "futures"])
     ap.add_argument("--state-dir")
     ap.add_argument("--batch", type=int, default=64, help="items per dispatch for 'ours batched'")
+    ap.add_argument("--auto", action="store_true", help="role ours: run_master(batch='auto')")
     ap.add_argument("--isolate", action="store_true", help="role ours: run_worker(isolate=True)")
     a = ap.parse_args()
     if a.role == "bare":
         role_bare(a.tasks)
         return 0
     if a.role == "ours":
-        role_ours(a.tasks, a.state_dir, a.batch, a.isolate)
+        role_ours(a.tasks, a.state_dir, "auto" if a.auto else a.batch, a.isolate)
         return 0
     if a.role == "futures":
         role_futures(a.tasks, a.batch)
@@ -195,6 +199,7 @@ def main() -> int:
                 ("batched", a.batch, []),
                 ("isolated", 1, ["--isolate"]),
                 ("isolated-batched", a.batch, ["--isolate"]),
+                ("auto", 1, ["--auto"]),
             ):
                 state = ["--state-dir", os.path.join(tmp, f"{name}-{k}"), "--batch", str(batch)]
                 role = [py, me, "--role", "ours", *tasks, *state, *iso]
@@ -207,6 +212,7 @@ def main() -> int:
                 runs[name] = run(mpiexec_command(n, [py, "-m", "mpi4py.futures", *fut]))
             for name, r in runs.items():
                 best[name] = max(best.get(name, 0.0), float(r["tasks_per_s"]))  # type: ignore[arg-type]
+            auto_mean = float(runs["auto"]["items_per_dispatch"])  # type: ignore[arg-type]
         ceilings = {
             batch: max(ceiling_without_mpi(a.tasks, a.workers, batch) for _ in range(a.repeat))
             for batch in (1, a.batch)
@@ -261,6 +267,12 @@ def main() -> int:
             f"  price of isolation     = {1e6 / o - 1e6 / p:+6.1f} us per task, "
             f"{p / o:.2f}x the time per task (targets: batch 1 <= +100 us, batch {k} <= 1.5x)"
         )
+    o = best["auto"]
+    line("ours: run_master(batch='auto')", o)
+    print(
+        f"  / batch={k}               = {o / best['batched']:6.2f}  (target: about 1; "
+        f"{auto_mean:.1f} items per dispatch on average, ramp-up included)"
+    )
     lat = demo.get("kill_to_rollback_seconds", {})
     for rank, sec in lat.items():  # type: ignore[union-attr]
         print(f"ULFM kill-to-rollback latency (rank {rank}): {float(sec) * 1000:.1f} ms")

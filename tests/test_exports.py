@@ -15,6 +15,7 @@ PUBLIC_MODULES = [
     "durable_dispatch.core",
     "durable_dispatch.core.events",
     "durable_dispatch.core.ledger",
+    "durable_dispatch.core.batching",
     "durable_dispatch.core.ranks",
     "durable_dispatch.core.watchdog",
     "durable_dispatch.logs",

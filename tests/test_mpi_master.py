@@ -473,3 +473,37 @@ def test_a_sigkilled_master_delivers_every_result_to_the_users_sink(tmp_path: Pa
     assert view_state(state).projection.duplicate_commits == 0
     assert kills >= runs * 3 // 4, kills
     print(f"{kills} master SIGKILLs; {len(pairs)} deliveries of {n} results")
+
+
+def test_batch_auto_on_sixteen_ranks_batches_trivial_items_and_sends_slow_ones_alone(
+    tmp_path: Path,
+) -> None:
+    """Issue 17: batch="auto" under a real mpiexec with 16 ranks (oversubscribed on this
+    machine): every item commits once with its right value, the 40 slow items that come first
+    (80 ms, over the 50 ms target) each go alone, and the trivial ones share dispatches."""
+    import json
+    import sys
+
+    from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+
+    child = Path(__file__).parent / "children" / "auto_batch_campaign.py"
+    n = 3000
+    cmd = mpiexec_command(16, [sys.executable, str(child), str(tmp_path / "state"), str(n)])
+    res = run_mpiexec(cmd, timeout=240)
+    assert not res.timed_out, res.stderr[-3000:]
+    line = next((x for x in res.stdout.splitlines() if x.startswith("REPORT ")), None)
+    assert line is not None, res.stdout[-2000:] + res.stderr[-3000:]
+    rep = json.loads(line[len("REPORT ") :])
+    assert rep["finished"] and rep["right"] and rep["commits"] == n + 40
+    assert rep["dispatches"] < n / 4, rep  # trivial items went many per dispatch
+    assert rep["duplicate_commits_ignored"] == 0 and rep["batch_splits"] == 0
+    p = view_state(tmp_path / "state").projection
+    assert len(p.committed) == n + 40 and p.duplicate_commits == 0
+    from durable_dispatch.storage.journal import read_journal
+
+    sizes = [
+        len(r.payload.get("work_ids") or [r.payload["work_id"]])
+        for r in read_journal(tmp_path / "state" / "events.jsonl")
+        if r.payload.get("event") == "dispatched"
+    ]
+    assert sizes[:40] == [1] * 40 and max(sizes) > 8, sizes[:80]

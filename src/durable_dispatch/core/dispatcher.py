@@ -52,6 +52,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from ..errors import UsageError
+from .batching import BatchSizer
 from .config import WORKER_FAILURE_KINDS, RetryPolicy, WatchdogConfig
 from .decisions import (
     SOURCE_INVALID_RESULT,
@@ -175,6 +176,7 @@ class Transaction:
     deadline: float | None = None
     ready_seen: bool = False
     failure: ItemFailure | None = None  # why its RESULT failed; the READY then rolls it back
+    sent_at: float | None = None  # when its send returned (for batch="auto")
 
 
 # -------------------------------------------------------------------------------- counters
@@ -264,6 +266,7 @@ class DispatchStats:
     in_flight_now: int = 0
     pending_now: int = 0
     deferred_now: int = 0
+    auto_batch_now: int = 1
     watchdog_enabled: bool = True
     watchdog_seconds: float = 0.0
     config_corrections: int = 0
@@ -316,6 +319,7 @@ class Dispatcher:
         self._deadlines = DeadlineHeap()
         self._snapshot_required: str | None = None
         self._n = _Counters()
+        self._sizer = BatchSizer()
         for r in ranks:
             self.add_rank(r)
 
@@ -431,10 +435,18 @@ class Dispatcher:
         """The WORK send for ``token`` returned: the deadline starts now (W1)."""
         tx = self._open_tx(token)
         _advance(tx, TxEvent.SENT)
+        tx.sent_at = now
         if self.watchdog.enabled:
             tx.deadline = now + self.allowed_seconds(tx.items)
             self._deadlines.push(tx.deadline, token)
         return []
+
+    def auto_batch(self) -> int:
+        """How many items the next dispatch should carry under ``batch="auto"``: sized from the
+        measured time per item so that a dispatch lasts about 50 ms and stays within a quarter
+        of the watchdog's deadline, from 1 up to 64 (the rule: :mod:`~durable_dispatch.core.
+        batching`)."""
+        return self._sizer.size(self.watchdog.seconds if self.watchdog.enabled else None)
 
     def allowed_seconds(self, items: Sequence[WorkItem]) -> float:
         """A dispatch's time: its items' own timeouts added up, plus the watchdog's seconds once
@@ -567,6 +579,8 @@ class Dispatcher:
             return []  # the worker said why it failed: the READY that follows rolls it back
         assert results is not None
         _advance(tx, TxEvent.RESULT)
+        if tx.sent_at is not None:
+            self._sizer.observe(len(tx.items), now - tx.sent_at)
         out: list[Decision] = []
         keep: list[WorkItem] = []
         failed: list[tuple[WorkItem, ItemFailure]] = []
@@ -921,6 +935,7 @@ class Dispatcher:
             in_flight_now=len(self.ledger.in_flight),
             pending_now=len(self.ledger.frontier),
             deferred_now=len(self.ledger.deferred),
+            auto_batch_now=self.auto_batch(),
             watchdog_enabled=self.watchdog.enabled,
             watchdog_seconds=self.watchdog.seconds,
             config_corrections=len(self.watchdog.corrections),

@@ -105,7 +105,7 @@ def run_master(
     max_seconds: float | None = None,
     stop_timeout: float = 10.0,
     linger: float = 2.0,
-    batch: int = 1,
+    batch: int | str = 1,
     stuck_grace: float | None = None,
     drain_seconds: float = 60.0,
 ) -> MasterReport:
@@ -140,6 +140,9 @@ def run_master(
             is its items' timeouts added up (the watchdog's seconds once for items without
             one), so keep ``batch`` x task time well under the watchdog, or send heartbeats. If a
             multi-item dispatch fails as a whole, its items are retried alone, uncharged.
+            ``"auto"`` sizes each dispatch from the measured time per item: about 50 ms of work
+            and at most a quarter of the watchdog's deadline, 1 to 64 items, starting at 1 and
+            at most doubling (``Dispatcher.auto_batch``); tasks of 50 ms or more go alone.
         stuck_grace: when work remains and every live worker is parked (each hung, or too slow
             to send its exact READY), wait this long (default: the watchdog's seconds, at least
             5) for one to come back, then stop with ``reason="every worker parked"`` instead of
@@ -153,16 +156,16 @@ def run_master(
         A :class:`MasterReport`.
 
     Raises:
-        UsageError: ``batch`` is not an integer >= 1, or this runs inside an isolated child
-            (see ``run_worker(isolate=True)``).
+        UsageError: ``batch`` is not an integer >= 1 nor ``"auto"``, or this runs inside an
+            isolated child (see ``run_worker(isolate=True)``).
     """
     if os.environ.get(CHILD_MARKER):
         raise UsageError(
             "run_master was called inside an isolated child: the campaign script runs its MPI "
             "part when imported; put it under 'if __name__ == \"__main__\":'"
         )
-    if type(batch) is not int or batch < 1:
-        _refuse(f"batch must be an integer >= 1, got {batch!r}", comm, stop_timeout)
+    if batch != "auto" and (type(batch) is not int or batch < 1):
+        _refuse(f"batch must be an integer >= 1 or 'auto', got {batch!r}", comm, stop_timeout)
     link: Transport = comm if isinstance(comm, Transport) else MpiTransport(comm)
     ft = link.ulfm
     if watchdog is None:
@@ -192,6 +195,7 @@ def run_master(
     )
     core = state.core
     tried = core.attempts
+    k: Callable[[], int] = core.auto_batch if batch == "auto" else (lambda: int(batch))
     wd_on = core.watchdog.enabled
     lost: dict[int, float] = {}
     start = time.monotonic()
@@ -237,7 +241,7 @@ def run_master(
                     elif tag == P.RESULT:
                         results.append((src, body, _err))
                 # 2. dispatch: persist (journal) before send; the deadline starts when it returned
-                while not stopping.draining and (s := state.next_send(now, batch)) is not None:
+                while not stopping.draining and (s := state.next_send(now, k())) is not None:
                     data = P.encode(
                         {
                             "token": str(s.token),
