@@ -315,3 +315,70 @@ def test_reading_commands_create_nothing(tmp_path: Path) -> None:
     with CampaignState.open(d, ranks=(1,)):  # a running master is still seen
         assert json.loads(run("stats", str(d), "--json").stdout)["state"]["master_running"]
     assert not json.loads(run("stats", str(d), "--json").stdout)["state"]["master_running"]
+
+
+# ------------------------------------------------------------- conventions (issue 18)
+def _error_of(out: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    body = json.loads(out.stdout)
+    assert set(body) == {"error"} and set(body["error"]) == {"type", "message", "exit_code"}
+    assert body["error"]["exit_code"] == out.returncode
+    return body["error"]
+
+
+def test_every_subcommands_error_paths_exit_right_and_speak_json(tmp_path: Path) -> None:
+    """Usage errors exit 2, findings 1; with --json every error is one JSON object on stdout
+    of one shape, and nothing else is printed there."""
+    state = tmp_path / "state"
+    from durable_dispatch import CampaignState, WorkItem
+
+    with CampaignState.open(state, ranks=[1]) as s:
+        s.submit([WorkItem("w1")])
+    code = tmp_path / "code.py"
+    code.write_text("print('hello')\n")
+    cases = [
+        (["stats", "/nonexistent"], 2, "no such directory"),
+        (["stats", str(code)], 2, "not a directory"),
+        (["results", "/nonexistent"], 2, "no such directory"),
+        (["verify", str(code)], 2, "not a journal"),
+        (["inspect", str(code)], 2, "not a journal"),
+        (["verify", "/nonexistent"], 2, "no such file"),
+        (["compact", "/nonexistent"], 2, "no such file"),
+        (["deferred", "show", str(state)], 2, "exactly one work ID"),
+        (["deferred", "requeue", str(state)], 2, "at least one work ID"),
+        (["deferred", "drop", str(state)], 2, "at least one work ID"),
+        (["deferred", "show", str(state), "w-none"], 1, "is not deferred"),
+        (["deferred", "requeue", str(state), "w-none"], 2, "is not deferred"),
+        (["deferred", "list", str(tmp_path)], 2, "not a durable-dispatch state directory"),
+    ]
+    for argv, rc, words in cases:
+        out = run(*argv, "--json")
+        assert out.returncode == rc, (argv, out.stdout, out.stderr)
+        err = _error_of(out)
+        assert words in str(err["message"]), (argv, err)
+        text = run(*argv)
+        assert text.returncode == rc and text.stdout == "" and words in text.stderr, argv
+
+
+def test_text_output_has_no_python_reprs_and_help_shows_defaults(tmp_path: Path) -> None:
+    from durable_dispatch import CampaignState, RetryPolicy, WorkItem
+
+    state = tmp_path / "state"
+    with CampaignState.open(state, ranks=[1], retry=RetryPolicy(0)) as s:
+        s.submit([WorkItem("w1")])
+        x = s.next_send(0.0)
+        assert x is not None
+        s.sent(x.token, 0.0)
+        s.on_results(1, str(x.token), None, 0.0, failure="garbled")
+        s.on_ready(1, str(x.token), 0.0)
+        s.tick(0.0)
+    listed = run("deferred", "list", str(state))
+    assert listed.returncode == 0 and "w1" in listed.stdout
+    for bad in ("None", "['", "{'", "True", "False"):
+        assert bad not in listed.stdout, listed.stdout
+    verified = run("verify", str(state))
+    assert verified.returncode == 0 and "None" not in verified.stdout, verified.stdout
+    assert json.loads(run("verify", str(state), "--json").stdout)["records"] > 0
+    for cmd in ("verify", "inspect", "compact", "results", "stats", "deferred", "demo"):
+        shown = run(cmd, "--help").stdout
+        assert "Example:" in shown, cmd
+        assert "(default:" in shown, cmd

@@ -95,7 +95,20 @@ def _kind(path: str) -> str:
         return "state-directory" if is_state_dir(path) else "directory"
     if path.endswith(".snap"):
         return "snapshot"
+    if not path.endswith(".jsonl") and not _looks_like_a_journal(path):
+        raise _IOFailure(f"{path}: not a journal (.jsonl), a snapshot (.snap) or a state directory")
     return "journal"
+
+
+def _looks_like_a_journal(path: str) -> bool:
+    """A file of another name is a journal when its first bytes start a journal header (so a
+    ``.py`` file is a wrong argument, exit 2, not a damaged journal, exit 1)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return True  # let the reader report why it cannot be read
+    return head.startswith(b'{"v":') or head == b""
 
 
 def _examine_file(path: str, count_kinds: bool) -> dict[str, Any]:
@@ -225,10 +238,23 @@ def _print(obj: Any, as_json: bool) -> None:
                     f"{'file':<30} {f['path']} ({f['kind']}, "
                     f"{'intact' if f['intact'] else 'DAMAGED'})"
                 )
-        elif isinstance(v, dict) and v and k not in ("stale", "unowned", "malformed"):
+        elif isinstance(v, dict) and v and k not in ("stale", "unowned", "malformed", "duplicate"):
             _print({f"{k}.{kk}": vv for kk, vv in v.items()}, False)
         else:
-            print(f"{k:<30} {v}")
+            print(f"{k:<30} {_text(v)}")
+
+
+def _text(v: Any) -> str:
+    """A value for people: no Python reprs (lists joined, mappings as k=v, None as -)."""
+    if v is None:
+        return "-"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_text(x) for x in v) if v else "(none)"
+    if isinstance(v, dict):
+        return ", ".join(f"{kk}={_text(vv)}" for kk, vv in v.items()) if v else "(none)"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v)
 
 
 # ---------------------------------------------------------------------------------- commands
@@ -245,11 +271,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
             res["intact"] = False
             res["damage"] = [{"path": e.path, "offset": e.offset, "reason": e.reason or str(e)}]
     first = res["damage"][0] if res["damage"] else None
+    records = res.get("records")
+    if records is None and "files" in res:  # a state directory: the records of its journals
+        records = sum(f.get("records") or 0 for f in res["files"])
     summary = {
         "path": res["path"],
         "kind": res["kind"],
         "intact": res["intact"],
-        "records": res.get("records"),
+        "records": records,
         "first_bad_offset": first["offset"] if first else None,
         "first_bad_file": first.get("path", res["path"]) if first else None,
         "problem": first["reason"] if first else None,
@@ -270,6 +299,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _need_state_dir(path: str) -> None:
+    if not os.path.exists(path):
+        raise _IOFailure(f"{path}: no such directory")
     if not os.path.isdir(path):
         raise _IOFailure(f"{path}: not a directory")
     if _kind(path) != "state-directory":
@@ -385,8 +416,7 @@ def cmd_deferred(args: argparse.Namespace) -> int:
         raise UsageError("deferred show takes exactly one work ID")
     item = live.get(args.ids[0])
     if item is None:  # a finding about the state, not a wrong call
-        print(f"Error: {args.ids[0]!r} is not deferred", file=sys.stderr)
-        return EXIT_FINDING
+        return _error(args, LookupError(f"{args.ids[0]!r} is not deferred"), EXIT_FINDING)
     _print(item, args.json)
     return EXIT_OK
 
@@ -553,7 +583,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, fn: Any, helptext: str, example: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=helptext, description=helptext, epilog=f"Example: {example}")
+        sp = sub.add_parser(
+            name,
+            help=helptext,
+            description=helptext,
+            epilog=f"Example: {example}",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
         sp.add_argument("--json", action="store_true", help="machine-readable output")
         sp.set_defaults(func=fn)
         return sp
@@ -610,6 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the summary checks that no work was lost and none was committed twice. Ctrl-C drains "
         "(a second Ctrl-C stops at once). Running it again resumes.",
         epilog="Example: durable-dispatch demo --ranks 4 --json",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     dp.add_argument("--state-dir", default="dd-demo-state", help="state directory")
     dp.add_argument("-n", "--ranks", type=int, default=4, help="MPI ranks (1 master + workers)")
@@ -642,11 +679,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (_IOFailure, UsageError) as e:  # a wrong call of the command is a usage error
-        print(f"Error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return _error(args, e, EXIT_USAGE)
     except DurableDispatchError as e:
-        print(f"Error: {e}", file=sys.stderr)
-        return EXIT_FINDING
+        return _error(args, e, EXIT_FINDING)
     except OSError as e:
+        return _error(args, e, EXIT_USAGE)
+
+
+def _error(args: argparse.Namespace, e: BaseException, code: int) -> int:
+    """Report an error: ``Error: ...`` on stderr, or with ``--json`` one object on stdout of a
+    stable shape, ``{"error": {"type", "message", "exit_code"}}``; returns ``code``."""
+    if getattr(args, "json", False):
+        names: dict[type[BaseException], str] = {_IOFailure: "UsageError", LookupError: "NotFound"}
+        kind = names.get(type(e), type(e).__name__)
+        body = {"error": {"type": kind, "message": str(e), "exit_code": code}}
+        sys.stdout.write(orjson.dumps(body).decode() + "\n")
+    else:
         print(f"Error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    return code
