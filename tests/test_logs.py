@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,34 @@ def test_each_decision_is_logged_exactly_when_its_level_is_on() -> None:
         log_decisions(samples, lg)
         fields = [decision_fields(d) for d in samples]
         assert keep.events == [ev for ev, level, _f in fields if level >= threshold], threshold
+
+
+def test_the_library_prints_nothing_unless_the_program_configures_logging(tmp_path: Path) -> None:
+    """Issue 18: park and requeue warnings printed through Python's last-resort handler in any
+    program that used the library. The library's logger has a NullHandler now (the logging
+    HOWTO's rule); a program that configures logging still gets every record."""
+    import subprocess
+    import sys
+
+    campaign = f"""
+import logging, sys
+if sys.argv[1] == "configured":
+    logging.basicConfig(level=logging.WARNING, format="%(name)s %(message)s")
+from durable_dispatch import CampaignState, WatchdogConfig, WorkItem
+with CampaignState.open({str(tmp_path)!r} + "/" + sys.argv[1], ranks=[1],
+                        watchdog=WatchdogConfig(1)) as s:
+    s.submit([WorkItem("w1")])
+    x = s.next_send(0.0)
+    s.sent(x.token, 0.0)
+    s.tick(5.0)  # the deadline passed: park and requeue, logged as warnings
+print("done")
+"""
+    quiet = subprocess.run(
+        [sys.executable, "-c", campaign, "plain"], capture_output=True, text=True, check=True
+    )
+    assert quiet.stdout == "done\n" and quiet.stderr == "", quiet.stderr
+    loud = subprocess.run(
+        [sys.executable, "-c", campaign, "configured"], capture_output=True, text=True, check=True
+    )
+    assert "durable_dispatch.dispatch park" in loud.stderr, loud.stderr
+    assert "durable_dispatch.dispatch requeue" in loud.stderr, loud.stderr

@@ -127,3 +127,68 @@ def test_bad_workers_argument_and_no_mpi_is_loaded(tmp_path: Path) -> None:
         LocalWorkers(lambda p: p, workers=0)
     run_master([WorkItem("a", 1)], tmp_path / "s", comm=LocalWorkers(lambda p: p), linger=0)
     assert "mpi4py.MPI" not in sys.modules or sys.modules["mpi4py.MPI"].Is_initialized() is False
+
+
+PROGRESS_CAMPAIGN = """
+import sys, time
+from durable_dispatch import WorkItem
+from durable_dispatch.mpi import run_master
+from durable_dispatch.testing import LocalWorkers
+
+def work(p):
+    time.sleep(0.01)
+    return p
+
+items = [WorkItem(f"w{i}", i) for i in range(40)]
+r = run_master(items, sys.argv[1], comm=LocalWorkers(work, 2), progress=True,
+               progress_interval=0.05, linger=0)
+sys.stderr.write("AFTER\\n")
+print("REPORT", r.finished)
+"""
+
+
+def test_progress_true_draws_on_a_terminal_and_ends_its_line(tmp_path: Path) -> None:
+    """Issue 18: run_master(progress=True) shows a progress line on rank 0's stderr when it is
+    a terminal (a pty here), redrawn in place and ended with a newline; nothing when it is not
+    a terminal."""
+    import os
+    import pty
+    import subprocess
+
+    script = tmp_path / "c.py"
+    script.write_text(PROGRESS_CAMPAIGN)
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / "s1")],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(follower)
+        follower = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    text = seen.decode(errors="replace")
+    assert b"REPORT True" in out
+    assert "\rcommitted " in text and "\x1b[K" in text, text
+    assert text.count("\r") >= 2  # redrawn in place
+    last = text.rindex("committed ")
+    assert "committed 40" in text[last:] and text.rstrip("\r\n").endswith("AFTER"), text[-200:]
+    assert "\nAFTER" in text.replace("\r\n", "\n")  # the line was ended before what follows
+    plain = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "s2")], capture_output=True, text=True
+    )
+    assert "REPORT True" in plain.stdout and plain.stderr == "AFTER\n", plain.stderr

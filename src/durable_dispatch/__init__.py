@@ -3,10 +3,15 @@
 Only re-exports live here; see the README for the tour and ``docs/`` for the details. The names are
 loaded on first use (PEP 562), so a process that needs one part (a worker rank, the command line
 on a journal file) does not pay for the others.
+
+The library logs under the ``durable_dispatch`` logger, which has a ``NullHandler`` (the logging
+HOWTO's rule for libraries): nothing is printed unless the program configures logging
+(``logging.basicConfig()``); the ``durable-dispatch`` command and the demo do, for people.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_exports
@@ -55,6 +60,8 @@ __all__ = [
     "Snapshot",
     "SnapshotStore",
 ]
+
+logging.getLogger("durable_dispatch").addHandler(logging.NullHandler())
 
 __getattr__, __dir__ = lazy_exports(
     __name__,

@@ -671,6 +671,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")  # the library's warnings
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import os
 import random
 import sys
@@ -156,6 +157,7 @@ def _write_json(path: str, obj: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point under mpiexec."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")  # for people
     ap = argparse.ArgumentParser(prog="durable_dispatch.mpi.demo")
     ap.add_argument("state_dir")
     ap.add_argument("--items", type=int, default=80)

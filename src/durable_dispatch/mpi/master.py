@@ -100,7 +100,7 @@ def run_master(
     watchdog: WatchdogConfig | None = None,
     retry: RetryPolicy | None = None,
     sync: str = "batch",
-    progress: Callable[[dict[str, Any]], None] | None = None,
+    progress: Callable[[dict[str, Any]], None] | bool | None = None,
     progress_interval: float = 0.5,
     max_seconds: float | None = None,
     stop_timeout: float = 10.0,
@@ -126,7 +126,10 @@ def run_master(
         watchdog: deadlines (default: ``WatchdogConfig.from_env(os.environ)``).
         retry: retry budgets (default: ``RetryPolicy.from_env(os.environ)``).
         sync: the state journal's sync policy.
-        progress: called with the stats dict every ``progress_interval`` seconds.
+        progress: called with the stats dict every ``progress_interval`` seconds; or True
+            for a progress line on rank 0's standard error when it is a terminal (committed,
+            left, in flight, deferred, parked, rate and ETA), ended cleanly at the end; off
+            when standard error is not a terminal (a batch job's log).
         max_seconds: give up after this long (the state directory resumes later).
         stop_timeout: how long to wait for STOP messages to be delivered at the end.
         linger: once all work is done, keep serving for up to this many seconds while ranks are
@@ -200,6 +203,15 @@ def run_master(
     lost: dict[int, float] = {}
     start = time.monotonic()
     next_progress = start
+    line = None
+    if progress is True:
+        import sys
+
+        from ..progress import terminal_progress
+
+        progress = line = terminal_progress(sys.stderr)
+    elif progress is False:
+        progress = None
     restore_at, backoff = 0.0, 0.5
     idle_sleep = 0.0
     stopping = _Stopping(
@@ -308,6 +320,8 @@ def run_master(
             _stop_or_abort(link, range(1, size), lost, stop_timeout)
             raise
         finally:
+            if line is not None:
+                line.close()
             state.close()
     return report
 
