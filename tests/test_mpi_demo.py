@@ -76,8 +76,9 @@ def test_demo_refuses_bad_options_before_starting_mpiexec(tmp_path: Path, bad: l
     import time
 
     start = time.monotonic()
-    out = demo(tmp_path / "s", *bad)
-    assert out.returncode == 2 and "must be" in out.stderr, out.stderr
+    out = demo(tmp_path / "s", *bad)  # with --json: the error is JSON on stdout (issue 18)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "must be" in json.loads(out.stdout)["error"]["message"], out.stdout
     assert time.monotonic() - start < 30 and not (tmp_path / "s").exists()
 
 
