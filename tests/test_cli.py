@@ -191,7 +191,16 @@ def test_every_command_has_help_and_docs() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     names = sorted(sub.choices)  # type: ignore[union-attr]
-    assert names == ["compact", "deferred", "demo", "inspect", "results", "stats", "verify"]
+    assert names == [
+        "compact",
+        "deferred",
+        "demo",
+        "inspect",
+        "results",
+        "stats",
+        "verify",
+        "watch",
+    ]
     docs = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
     for name in names:
         out = run(name, "--help")
@@ -382,3 +391,106 @@ def test_text_output_has_no_python_reprs_and_help_shows_defaults(tmp_path: Path)
         shown = run(cmd, "--help").stdout
         assert "Example:" in shown, cmd
         assert "(default:" in shown, cmd
+
+
+# ------------------------------------------------------------------ watch (issue 18)
+LIVE_CAMPAIGN = """
+import sys, time
+from durable_dispatch import WorkItem
+from durable_dispatch.mpi import run_master
+from durable_dispatch.testing import LocalWorkers
+
+def work(p):
+    time.sleep(0.05)
+    if p == 3:
+        raise ValueError("three")
+    return p
+
+items = [WorkItem(f"w{i}", i) for i in range(int(sys.argv[2]))]
+open(sys.argv[1] + ".started", "w").close()
+r = run_master(items, sys.argv[1], comm=LocalWorkers(work, 2), linger=0)
+print("REPORT", r.finished, flush=True)
+"""
+
+
+def _live_campaign(tmp_path: Path, n: int) -> tuple[subprocess.Popen[str], Path]:
+    import time
+
+    script = tmp_path / "live.py"
+    script.write_text(LIVE_CAMPAIGN)
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(state), str(n)], stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait for the first published statistics
+        if list(state.glob("master-stats.*.snap")) if state.exists() else []:
+            break
+        time.sleep(0.05)
+    return proc, state
+
+
+def test_stats_and_watch_beside_a_running_master_say_how_old_their_figures_are(
+    tmp_path: Path,
+) -> None:
+    """Issue 18: 'stats' beside a running master showed 'committed: 10' next to
+    'master_stats.core.commits: 0' without saying how old either was. The master now publishes
+    its statistics every 2 s; 'stats' and 'watch --once --json' show them with their age and
+    agree with each other."""
+    proc, state = _live_campaign(tmp_path, 200)
+    try:
+        stats = json.loads(run("stats", str(state), "--json").stdout)
+        frame = json.loads(run("watch", str(state), "--once", "--json").stdout)
+        assert stats["live"]["running"] is True and frame["master_running"] is True
+        assert 0 <= stats["live"]["age_seconds"] < 10 and frame["heartbeat_age_seconds"] < 10
+        assert stats["master_stats_age_seconds"] is not None
+        assert frame["committed"] >= stats["state"]["committed"]  # read after it
+        assert frame["pending"] + frame["in_flight"] + frame["committed"] + frame["deferred"] == (
+            200
+        )
+        assert not frame["ended"] and not frame["finished"]
+    finally:
+        out, _ = proc.communicate(timeout=120)
+    assert "REPORT True" in out
+    done = json.loads(run("watch", str(state), "--once", "--json").stdout)
+    assert done["finished"] and done["committed"] + done["deferred"] == 200
+    assert done["failures_by_kind"] == {"error": 2}  # w3 raised on each of its 2 tries (1 retry)
+    assert json.loads(run("stats", str(state), "--json").stdout)["live"]["running"] is False
+
+
+def test_watch_draws_in_a_terminal_until_the_campaign_ends(tmp_path: Path) -> None:
+    """The live view on a pseudo-terminal: frames redrawn from the top of the screen while the
+    master runs; it exits by itself (0) when the campaign ends, its last frame FINISHED."""
+    import os
+    import pty
+
+    proc, state = _live_campaign(tmp_path, 60)
+    leader, follower = pty.openpty()
+    try:
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "durable_dispatch", "watch", str(state), "--interval", "0.2"],
+            stdout=follower,
+            stderr=follower,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(follower)
+        follower = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert watcher.wait(timeout=60) == 0
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+        proc.communicate(timeout=120)
+    text = seen.decode(errors="replace")
+    assert text.count("\x1b[H\x1b[J") >= 2, text[-500:]  # redrawn in place
+    last = text[text.rindex("\x1b[H\x1b[J") :]
+    assert "FINISHED" in last and "committed" in last, last

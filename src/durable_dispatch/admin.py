@@ -6,9 +6,10 @@ is refused while a master runs.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import filelock
@@ -17,6 +18,7 @@ from .core.events import RequeuedDeferred, encode
 from .core.ledger import Ledger
 from .errors import LockHeldError, StorageError
 from .replay import (
+    LIVE_STATS_NAME,
     LOCK_NAME,
     RESULT_RECORD_BYTES,
     SNAPSHOT_NAME,
@@ -53,6 +55,9 @@ class StateView:
         replayed_records: journal records replayed after the snapshot.
         stats: the master's statistics as of the newest snapshot ({} if none).
         master_running: True when a master holds the directory's lock.
+        live: the master's newest published statistics (``ts``, ``running``, ``pid``, ``host``,
+            ``stats``; {} if none), written every few seconds while it runs and at its close.
+        snapshot_ts: when the newest snapshot (and so :attr:`stats`) was written, or None.
     """
 
     directory: str
@@ -62,6 +67,16 @@ class StateView:
     replayed_records: int
     stats: Mapping[str, Any]
     master_running: bool
+    live: Mapping[str, Any] = field(default_factory=dict)
+    snapshot_ts: float | None = None  # wall-clock time the newest snapshot was written
+
+    def live_age(self, now: float | None = None) -> float | None:
+        """Seconds since the master published :attr:`live` (wall clock: the master's host and
+        this one must agree on the time), or None when it never did."""
+        ts = self.live.get("ts")
+        if not isinstance(ts, (int, float)):
+            return None
+        return max(0.0, (time.time() if now is None else now) - ts)
 
     def summary(self) -> dict[str, Any]:
         """Counts of the durable state, JSON-ready."""
@@ -152,7 +167,23 @@ def view_state(directory: str | os.PathLike[str]) -> StateView:
         n,
         dict(base.get("stats", {})),
         _master_running(d),
+        _live_stats(d),
+        base.get("ts") if isinstance(base.get("ts"), (int, float)) else None,
     )
+
+
+def _live_stats(d: str) -> dict[str, Any]:
+    """The newest published statistics of the master, or {} (damage is not an error here: they
+    are a display, and the next publication replaces them)."""
+    from .errors import DurableDispatchError
+    from .storage import SnapshotStore
+
+    try:
+        snap = SnapshotStore(d, name=LIVE_STATS_NAME, keep=2).load()
+    except DurableDispatchError:
+        return {}
+    value = snap.value if snap is not None else None
+    return dict(value) if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True)

@@ -308,13 +308,131 @@ def _need_state_dir(path: str) -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    """The campaign's statistics: durable counts now, master counters as of the last snapshot."""
+    """The campaign's statistics: the durable counts now, the master's published statistics
+    with their age, and its counters as of the last snapshot with theirs."""
     from .admin import view_state
 
     _need_state_dir(args.state_dir)
     v = view_state(args.state_dir)
-    _print({"state": v.summary(), "master_stats": v.stats}, args.json)
+    _print(_stats_of(v), args.json)
     return EXIT_OK
+
+
+def _age(ts: Any) -> float | None:
+    import time
+
+    return round(max(0.0, time.time() - ts), 1) if isinstance(ts, (int, float)) else None
+
+
+def _stats_of(v: Any) -> dict[str, Any]:
+    live = v.live
+    return {
+        "state": v.summary(),
+        "live": {
+            "age_seconds": _age(live.get("ts")),
+            "running": bool(live.get("running")) and v.master_running,
+            "host": live.get("host"),
+            "pid": live.get("pid"),
+            "stats": live.get("stats", {}),
+        },
+        "master_stats_age_seconds": _age(v.snapshot_ts),
+        "master_stats": v.stats,
+    }
+
+
+def watch_frame(v: Any, previous: tuple[float, int] | None = None) -> dict[str, Any]:
+    """One frame of ``watch``: the durable counts, the master's live figures and their age,
+    rate and ETA (from the previous frame's ``(time, committed)``, else since the master
+    started), failures by kind, and whether the campaign has ended."""
+    import time
+
+    summary = v.summary()
+    live = v.live
+    core = dict(live.get("stats", {}).get("core", {}))
+    now = time.time()
+    committed, pending, in_flight = summary["committed"], summary["pending"], summary["in_flight"]
+    rate = None
+    if previous is not None and now > previous[0]:
+        rate = (committed - previous[1]) / (now - previous[0])
+    elif isinstance(live.get("started"), (int, float)) and live.get("ts", 0) > live["started"]:
+        rate = core.get("commits", 0) / (live["ts"] - live["started"])
+    kinds: dict[str, int] = {}
+    for ks in v.projection.kinds.values():
+        for k in ks:
+            kinds[k] = kinds.get(k, 0) + 1
+    left = pending + in_flight
+    running = v.master_running
+    return {
+        "committed": committed,
+        "pending": pending,
+        "in_flight": in_flight,
+        "deferred": summary["deferred"],
+        "rate_per_s": round(rate, 2) if rate is not None else None,
+        "eta_seconds": round(left / rate) if rate and left else None,
+        "parked_ranks": core.get("parked_ranks_now"),
+        "lost_ranks": core.get("ranks_lost"),
+        "timeouts": core.get("dispatch_watchdog_timeouts"),
+        "failures_by_kind": dict(sorted(kinds.items())),
+        "storage": (live.get("stats", {}).get("journal_health") or {}).get("state"),
+        "master_running": running,
+        "heartbeat_age_seconds": _age(live.get("ts")),
+        "epoch": summary["epoch"],
+        "ended": not running,
+        "finished": not running and left == 0,
+    }
+
+
+def _watch_text(path: str, f: dict[str, Any]) -> list[str]:
+    who = "master running" if f["master_running"] else "no master running"
+    age = f["heartbeat_age_seconds"]
+    rate = f"{f['rate_per_s']:,.1f}/s" if f["rate_per_s"] is not None else "-"
+    eta = f"{f['eta_seconds']:,}s" if f["eta_seconds"] is not None else "-"
+    kinds = ", ".join(f"{k} {n}" for k, n in f["failures_by_kind"].items()) or "none"
+    return [
+        f"durable-dispatch watch {path}   epoch {f['epoch']}, {who}"
+        + (f", statistics {age:.1f}s old" if age is not None else ""),
+        f"committed {f['committed']}   pending {f['pending']}   in flight {f['in_flight']}   "
+        f"deferred {f['deferred']}",
+        f"rate {rate}   ETA {eta}",
+        f"ranks parked {_text(f['parked_ranks'])}   lost {_text(f['lost_ranks'])}   "
+        f"timeouts {_text(f['timeouts'])}",
+        f"failures by kind: {kinds}",
+        f"storage {_text(f['storage'])}"
+        + ("   FINISHED" if f["finished"] else "   ENDED" if f["ended"] else ""),
+    ]
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """A live view of a campaign, read-only and safe beside the master (see docs/cli.md)."""
+    import time
+
+    from .admin import view_state
+
+    _need_state_dir(args.state_dir)
+    if args.interval <= 0:
+        raise UsageError(f"--interval must be > 0, got {args.interval}")
+    tty = sys.stdout.isatty() and not args.json
+    previous: tuple[float, int] | None = None
+    drawn = False
+    try:
+        while True:
+            frame = watch_frame(view_state(args.state_dir), previous)
+            previous = (time.time(), frame["committed"])
+            if args.json:
+                sys.stdout.write(orjson.dumps(frame).decode() + "\n")
+            else:
+                lines = _watch_text(args.state_dir, frame)
+                sys.stdout.write(("\x1b[H\x1b[J" if tty else "") + "\n".join(lines) + "\n")
+                drawn = True
+            sys.stdout.flush()
+            if args.once or frame["ended"]:
+                return EXIT_OK
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        if tty and drawn:
+            sys.stdout.flush()
 
 
 def cmd_results(args: argparse.Namespace) -> int:
@@ -628,6 +746,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--jsonl", action="store_true", help="one JSON object per line")
     sp = add("stats", cmd_stats, "the campaign's statistics", "durable-dispatch stats state/")
     sp.add_argument("state_dir", help="a state directory")
+    sp = add(
+        "watch",
+        cmd_watch,
+        "a live view of a campaign (read-only, safe beside the master); ends with the master",
+        "durable-dispatch watch state/ --interval 5",
+    )
+    sp.add_argument("state_dir", help="a state directory")
+    sp.add_argument("--once", action="store_true", help="show one frame and exit")
+    sp.add_argument("--interval", type=float, default=2.0, help="seconds between frames")
     sp = add(
         "deferred",
         cmd_deferred,

@@ -29,12 +29,15 @@ __all__ = [
     "event_work_ids",
     "STATE_JOURNAL",
     "SNAPSHOT_NAME",
+    "LIVE_STATS_NAME",
     "LOCK_NAME",
     "RESULT_RECORD_BYTES",
 ]
 
 STATE_JOURNAL = "events.jsonl"
 SNAPSHOT_NAME = "campaign"
+#: the master's live statistics: ``master-stats.<generation>.snap`` (see ``CampaignState.tick``)
+LIVE_STATS_NAME = "master-stats"
 LOCK_NAME = "master.lock"
 #: A results journal record's bound: a committed record and its sequence number, with room for
 #: a state journal opened with a larger ``max_record_bytes``.

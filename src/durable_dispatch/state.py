@@ -66,6 +66,7 @@ from .core.tokens import Token
 from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError
 from .logs import log_decisions
 from .replay import (
+    LIVE_STATS_NAME,
     LOCK_NAME,
     RESULT_RECORD_BYTES,
     SNAPSHOT_NAME,
@@ -107,6 +108,9 @@ _SUBMIT_CHUNK = 512
 #: this many records behind: after a crash at most about that much is delivered again.
 DELIVERY_MARK_SECONDS = 0.25
 DELIVERY_MARK_RECORDS = 256
+#: The master publishes its statistics (``master-stats.*.snap``) at most this often, from
+#: ``tick``, so that ``durable-dispatch stats`` and ``watch`` show current figures with their age.
+STATS_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +182,9 @@ class CampaignState:
         self._delivered_at = time.monotonic()
         self._callback_failed = False
         self._on_commit: Callable[[Commit], None] | None = None  # the facade's callback
+        self._live = SnapshotStore(directory, name=LIVE_STATS_NAME, keep=2)
+        self._live_at = -STATS_SECONDS  # monotonic time of the last publication
+        self._opened_at = time.time()
 
     @classmethod
     def open(
@@ -390,7 +397,33 @@ class CampaignState:
         back every READY that came without a valid RESULT, and sweep the watchdog."""
         self.complete_commits()
         out = self.apply(self.core.join_invalid(now), self._on_commit)
-        return out + self.apply(self.core.sweep(now), self._on_commit)
+        out += self.apply(self.core.sweep(now), self._on_commit)
+        self.publish_statistics()
+        return out
+
+    def publish_statistics(self, *, running: bool = True, force: bool = False) -> bool:
+        """Write the statistics for readers (``durable-dispatch stats`` and ``watch``), at most
+        every :data:`STATS_SECONDS` unless ``force``: one small atomic file, so a reader beside
+        the master sees current figures and how old they are. Returns True when written; a
+        disk that refuses is not an error (the campaign goes on)."""
+        t = time.monotonic()
+        if not force and t - self._live_at < STATS_SECONDS:
+            return False
+        self._live_at = t
+        body = {
+            "ts": time.time(),
+            "running": running,
+            "pid": os.getpid(),
+            "host": os.uname().nodename,
+            "started": self._opened_at,
+            "stats": self.statistics().as_dict(),
+        }
+        try:
+            self._live.save(body)
+        except StorageDegradedError as e:
+            log.warning("statistics not published: %s", e)
+            return False
+        return True
 
     def _journal_commits(
         self, commits: list[Commit], on_commit: Callable[[Commit], None] | None
@@ -528,6 +561,7 @@ class CampaignState:
             "delivered_seq": self._delivered,
             "state": self._projection(),
             "stats": self.statistics().as_dict(),
+            "ts": time.time(),
         }
         ok = True
         try:
@@ -599,6 +633,7 @@ class CampaignState:
                 self.complete_commits(wait=True)
                 self._mark_delivered(now=True)
                 self.save_snapshot("close")
+                self.publish_statistics(running=False, force=True)
             finally:
                 self.journal.close()  # whatever failed above: no writer lock is left held
         finally:
