@@ -507,3 +507,42 @@ def test_batch_auto_on_sixteen_ranks_batches_trivial_items_and_sends_slow_ones_a
         if r.payload.get("event") == "dispatched"
     ]
     assert sizes[:40] == [1] * 40 and max(sizes) > 8, sizes[:80]
+
+
+def test_watch_once_json_beside_a_running_mpiexec_campaign_matches_stats(tmp_path: Path) -> None:
+    """Issue 18: beside a real mpiexec campaign, 'watch --once --json' and 'stats --json' read
+    the same campaign: the master is running, its published statistics are fresh, the counts
+    agree (watch is read after stats), and every item is in one place."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from durable_dispatch.mpi.launcher import kill_session
+
+    def cli(*args: str) -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, "-m", "durable_dispatch", *args], capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+    proc, _script = _start_user_campaign(tmp_path, "slow")
+    state = tmp_path / "state"
+    try:
+        _wait_for_commits(state, 3)
+        deadline = time.monotonic() + 30
+        while not list(state.glob("master-stats.*.snap")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stats = cli("stats", str(state), "--json")
+        frame = cli("watch", str(state), "--once", "--json")
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+        proc.communicate()
+    assert stats["live"]["running"] is True and frame["master_running"] is True
+    assert stats["live"]["age_seconds"] < 10 and frame["heartbeat_age_seconds"] < 10
+    assert stats["state"]["committed"] <= frame["committed"] < 30
+    assert stats["state"]["epoch"] == frame["epoch"]
+    total = frame["committed"] + frame["pending"] + frame["in_flight"] + frame["deferred"]
+    assert total == 30
