@@ -196,6 +196,7 @@ def test_every_command_has_help_and_docs() -> None:
         "deferred",
         "demo",
         "inspect",
+        "report",
         "results",
         "stats",
         "verify",

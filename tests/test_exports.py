@@ -22,6 +22,8 @@ PUBLIC_MODULES = [
     "durable_dispatch.mpi",
     "durable_dispatch.commands",
     "durable_dispatch.results",
+    "durable_dispatch.report",
+    "durable_dispatch.progress",
 ]
 
 

@@ -402,6 +402,16 @@ def _watch_text(path: str, f: dict[str, Any]) -> list[str]:
     ]
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the campaign's report page (read-only on the state directory)."""
+    from .report import write_report
+
+    _need_state_dir(args.state_dir)
+    series = write_report(args.state_dir, args.output)
+    _print({"output": args.output, **series["totals"]}, args.json)
+    return EXIT_OK
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     """A live view of a campaign, read-only and safe beside the master (see docs/cli.md)."""
     import time
@@ -746,6 +756,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--jsonl", action="store_true", help="one JSON object per line")
     sp = add("stats", cmd_stats, "the campaign's statistics", "durable-dispatch stats state/")
     sp.add_argument("state_dir", help="a state directory")
+    sp = add(
+        "report",
+        cmd_report,
+        "write one self-contained HTML page about the campaign's life (inline SVG, no network)",
+        "durable-dispatch report state/ -o report.html",
+    )
+    sp.add_argument("state_dir", help="a state directory")
+    sp.add_argument("-o", "--output", default="report.html", help="the page to write")
     sp = add(
         "watch",
         cmd_watch,

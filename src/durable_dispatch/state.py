@@ -350,10 +350,11 @@ class CampaignState:
 
     def _journal_event_of(self, d: Decision) -> None:
         """Journal the event the core applied to its ledger for decision ``d`` (one encoding:
-        replay decodes it into the same ledger change)."""
+        replay decodes it into the same ledger change), with the wall-clock time it happened
+        (``ts``: informational, for ``durable-dispatch report``; replay ignores it)."""
         ev = of_decision(d)
         assert ev is not None, d
-        self.journal.append(encode(ev))
+        self.journal.append({**encode(ev), "ts": time.time()})
 
     # ---------------------------------------------------------------- the facade
     # One call per thing that happened: each asks the core and persists what it decided, so a
