@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_dispatch.core import Dispatcher, WatchdogConfig, WorkItem
+from durable_dispatch.core import Dispatcher, Send, WatchdogConfig, WorkItem
 from durable_dispatch.core.ranks import Ranks, RankState, _IdleRanks
 from durable_dispatch.core.tokens import Token
 from durable_dispatch.errors import UsageError
@@ -79,3 +79,23 @@ def test_the_core_reports_each_ranks_state() -> None:
     assert d.rank_state(3) is RankState.LOST and d.rank_state(4) is None
     d.on_ready(1, str(a.token), 21.0)
     assert d.rank_state(1) is RankState.IDLE
+
+
+def test_in_flight_counts_items_and_busy_ranks_count_ranks() -> None:
+    """Issue 18: the demo's line said 'in flight 4' with 3 workers: in_flight_now counts items
+    (here a dispatch of 3 on one rank, and an item whose commit is being made durable while its
+    rank works on the next); busy_ranks_now counts ranks and never exceeds them."""
+    d = Dispatcher(1, WatchdogConfig(10), ranks=(1, 2))
+    d.submit(WorkItem(f"w{i}") for i in range(6))
+    a = d.reserve(0.0, 3)
+    assert isinstance(a, Send)
+    d.mark_dispatched(a.token, 0.0)
+    st = d.statistics()
+    assert (st.in_flight_now, st.busy_ranks_now) == (3, 1)
+    d.on_results(1, str(a.token), [1, 2, 3], 1.0)  # committing: not yet commit_done
+    d.on_ready(1, str(a.token), 1.0)  # the rank is free while the group commit runs
+    b = d.reserve(1.0)
+    c = d.reserve(1.0)
+    assert isinstance(b, Send) and isinstance(c, Send)
+    st = d.statistics()
+    assert st.in_flight_now == 5 and st.busy_ranks_now == 2  # 5 items, 2 ranks

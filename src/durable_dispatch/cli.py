@@ -693,8 +693,9 @@ def _show_progress(path: str, total: int) -> None:
         return
     c = st.get("core", {})
     line = (
-        f"committed {c.get('commits', 0)}/{total}  in flight {c.get('in_flight_now', 0)}  "
-        f"parked ranks {c.get('parked_ranks_now', 0)}  deferred {c.get('deferred_now', 0)}  "
+        f"committed {c.get('commits', 0)}/{total}  in flight {c.get('in_flight_now', 0)} items "
+        f"on {c.get('busy_ranks_now', 0)} busy ranks  parked ranks {c.get('parked_ranks_now', 0)}  "
+        f"deferred {c.get('deferred_now', 0)}  "
         f"timeouts {c.get('dispatch_watchdog_timeouts', 0)}"
     )
     sys.stdout.write("\r" + line.ljust(100))

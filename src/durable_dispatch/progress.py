@@ -23,7 +23,7 @@ def progress_text(stats: Mapping[str, Any], rate: float | None) -> str:
     parts = [
         f"committed {done}",
         f"left {left}",
-        f"in flight {core.get('in_flight_now', 0)} items",
+        f"in flight {core.get('in_flight_now', 0)} items on {core.get('busy_ranks_now', 0)} ranks",
         f"deferred {core.get('deferred_now', 0)}",
         f"parked {core.get('parked_ranks_now', 0)}",
     ]

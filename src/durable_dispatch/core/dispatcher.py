@@ -236,7 +236,9 @@ class DispatchStats:
     keyed ``"RESULT"``, ``"READY"``, ``"HEARTBEAT"``. ``dispatches`` counts WORK messages
     (tokens), ``dispatched_items`` the work items they carried, ``commits`` committed work items,
     and ``batch_splits`` items requeued uncharged because their multi-item dispatch failed as a
-    whole. The ``*_now`` fields are gauges.
+    whole. The ``*_now`` fields are gauges: ``in_flight_now`` counts work *items* in flight
+    (a multi-item dispatch's items, and items whose commit is still being made durable while
+    their rank already took new work), ``busy_ranks_now`` the ranks running a dispatch.
     """
 
     dispatches: int = 0
@@ -263,6 +265,7 @@ class DispatchStats:
     parked_ready_other_token: int = 0
     parked_ranks_now: int = 0
     idle_ranks_now: int = 0
+    busy_ranks_now: int = 0
     in_flight_now: int = 0
     pending_now: int = 0
     deferred_now: int = 0
@@ -932,6 +935,7 @@ class Dispatcher:
             **self._n.values(),
             parked_ranks_now=self._ranks.count(RankState.PARKED),
             idle_ranks_now=self._ranks.count(RankState.IDLE),
+            busy_ranks_now=self._ranks.count(RankState.BUSY),
             in_flight_now=len(self.ledger.in_flight),
             pending_now=len(self.ledger.frontier),
             deferred_now=len(self.ledger.deferred),
