@@ -91,7 +91,8 @@ def test_the_plotted_series_equal_what_the_journal_says(tmp_path: Path) -> None:
     assert s["failures_by_kind"] == dict(sorted(facts["kinds"].items()))
     assert len(s["epochs"]) == facts["epochs"] >= 1 and s["in_flight"][-1] == 0  # all ended
     assert all(a <= b for a, b in zip(s["committed"], s["committed"][1:], strict=False))
-    assert min(s["in_flight"]) >= 0
+    assert min(s["in_flight"]) >= 0 and min(s["parked"]) >= 0
+    assert max(s["parked"]) >= 1 and max(s["parked"]) <= 3  # silent workers parked their ranks
     assert set(s["ranks"]) == {"1", "2", "3"}
     assert sum(r["dispatches"] for r in s["ranks"].values()) > 0
     assert all(0.0 <= r["utilisation"] <= 1.0 for r in s["ranks"].values())
@@ -108,7 +109,7 @@ def test_the_command_writes_one_self_contained_page(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     page = out.read_text()
-    assert page.count("<svg") == 4 and "<script" not in page
+    assert page.count("<svg") == 4 and "<script" not in page and "parked" in page
     for far in ("http://", "https://", "src=", "@import"):
         assert far not in page  # nothing from the network, no file beside it
 

@@ -60,6 +60,7 @@ def report_series(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
     Keys: ``start``/``end`` (wall-clock seconds), ``times`` (bucket ends), ``committed``
     (cumulative work items committed at each bucket end), ``in_flight`` (items in flight),
+    ``parked`` (ranks parked, until their next dispatch),
     ``timeouts`` and ``deferred`` (cumulative), ``epochs`` (``[epoch, ts]``), ``failures_by_kind``
     (failures charged or not, by kind, from requeues and deferrals), ``ranks`` (rank ->
     ``{"dispatches", "busy_seconds", "utilisation"}``), ``slowest`` (the 10 slowest items:
@@ -88,6 +89,7 @@ def report_series(directory: str | os.PathLike[str]) -> dict[str, Any]:
             "times": [],
             "committed": [],
             "in_flight": [],
+            "parked": [],
             "timeouts": [],
             "deferred": [],
             "epochs": [],
@@ -111,14 +113,21 @@ def report_series(directory: str | os.PathLike[str]) -> dict[str, Any]:
     done: set[str] = set()
     slow: list[tuple[float, str, int]] = []
     token_of: dict[str, tuple[float, int, int]] = {}  # token -> (time, rank, items open)
+    parked_now: set[int] = set()
+    parked: list[tuple[float, int]] = []
     for ts, p in events:
         kind = p.get("event")
         if kind == "epoch":
             epochs.append([p.get("epoch"), ts])
+            parked.extend((ts, -1) for _ in parked_now)  # a new master starts every rank idle
+            parked_now.clear()
         elif kind == "dispatched":
             ids = _ids(p)
             rank = int(p.get("rank", -1))
             dispatches[rank] += 1
+            if rank in parked_now:  # released by its exact READY some time before this
+                parked_now.discard(rank)
+                parked.append((ts, -1))
             for w in ids:
                 sent[w] = (ts, rank)
             flight.append((ts, len(ids)))
@@ -137,6 +146,11 @@ def report_series(directory: str | os.PathLike[str]) -> dict[str, Any]:
             w = str(p.get("work_id"))
             if p.get("source") == "watchdog-timeout":
                 timeouts.append(ts)
+            if p.get("source") in ("watchdog-timeout", "send-failure") and w in sent:
+                rank = sent[w][1]  # the rolled-back dispatch parked its rank
+                if rank not in parked_now:
+                    parked_now.add(rank)
+                    parked.append((ts, 1))
             if kind == "deferred":
                 deferred.append(ts)
                 ks = p.get("kinds") or []
@@ -163,6 +177,7 @@ def report_series(directory: str | os.PathLike[str]) -> dict[str, Any]:
         "committed": _cumulative(times, committed_at),
         "in_flight": _cumulative(times, flight),
         "timeouts": _cumulative(times, [(t, 1) for t in timeouts]),
+        "parked": _cumulative(times, parked),
         "deferred": _cumulative(times, [(t, 1) for t in deferred]),
         "epochs": epochs,
         "failures_by_kind": dict(sorted(kinds.items())),
@@ -212,6 +227,7 @@ _COLORS = {
     "in_flight": "#e08a1e",
     "timeouts": "#c0392b",
     "deferred": "#7d3c98",
+    "parked": "#27ae60",
 }
 
 
@@ -312,7 +328,9 @@ def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str
         "runs (epochs, the dashed lines).</p>",
         _line_chart(series, ["committed", "deferred"], "Committed and deferred over time"),
         _line_chart(
-            series, ["in_flight", "timeouts"], "In flight, and timeouts (each parks its rank)"
+            series,
+            ["in_flight", "timeouts", "parked"],
+            "In flight, timeouts and parked ranks (until their next dispatch)",
         ),
         _bars(failures, "Failures by kind"),
         _bars(ranks, "Per-rank utilisation (busy time over the campaign's span)"),
