@@ -301,3 +301,38 @@ class Ext4Image:
                 subprocess.run(["losetup", "-d", self.device], capture_output=True, check=False)
                 self.device = ""
             self.image.unlink(missing_ok=True)
+
+
+def on_a_terminal(
+    argv: list[str], *, stdout_too: bool = False, timeout: float = 120.0
+) -> tuple[int, str, bytes]:
+    """Run ``argv`` with its stderr (and, with ``stdout_too``, its stdout) on a fresh
+    pseudo-terminal; returns ``(exit code, what the terminal showed, the piped stdout)``."""
+    import pty
+    import subprocess
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=follower if stdout_too else subprocess.PIPE,
+            stderr=follower,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(follower)
+        follower = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    return proc.returncode, seen.decode(errors="replace"), out or b""

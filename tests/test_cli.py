@@ -266,28 +266,11 @@ def test_compaction_killed_at_random_points_loses_nothing(tmp_path: Path) -> Non
 
 def _stderr_on_a_terminal(*args: str) -> str:
     """Run the command with standard error on a pseudo-terminal; returns what it wrote there."""
-    import os
-    import pty
+    from .helpers import on_a_terminal
 
-    master, slave = pty.openpty()
-    p = subprocess.Popen(
-        [sys.executable, "-m", "durable_dispatch", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=slave,
-    )
-    os.close(slave)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        out += chunk
-    assert p.wait(timeout=120) == 0
-    os.close(master)
-    return out.decode(errors="replace")
+    rc, shown, _ = on_a_terminal([sys.executable, "-m", "durable_dispatch", *args])
+    assert rc == 0
+    return shown
 
 
 def test_compact_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
@@ -462,36 +445,15 @@ def test_stats_and_watch_beside_a_running_master_say_how_old_their_figures_are(
 def test_watch_draws_in_a_terminal_until_the_campaign_ends(tmp_path: Path) -> None:
     """The live view on a pseudo-terminal: frames redrawn from the top of the screen while the
     master runs; it exits by itself (0) when the campaign ends, its last frame FINISHED."""
-    import os
-    import pty
+    from .helpers import on_a_terminal
 
     proc, state = _live_campaign(tmp_path, 60)
-    leader, follower = pty.openpty()
     try:
-        watcher = subprocess.Popen(
-            [sys.executable, "-m", "durable_dispatch", "watch", str(state), "--interval", "0.2"],
-            stdout=follower,
-            stderr=follower,
-            stdin=subprocess.DEVNULL,
-        )
-        os.close(follower)
-        follower = -1
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-        assert watcher.wait(timeout=60) == 0
+        watch = [sys.executable, "-m", "durable_dispatch", "watch", str(state), "--interval", "0.2"]
+        rc, text, _ = on_a_terminal(watch, stdout_too=True, timeout=60)
+        assert rc == 0
     finally:
-        os.close(leader)
-        if follower >= 0:
-            os.close(follower)
         proc.communicate(timeout=120)
-    text = seen.decode(errors="replace")
     assert text.count("\x1b[H\x1b[J") >= 2, text[-500:]  # redrawn in place
     last = text[text.rindex("\x1b[H\x1b[J") :]
     assert "FINISHED" in last and "committed" in last, last

@@ -151,37 +151,13 @@ def test_progress_true_draws_on_a_terminal_and_ends_its_line(tmp_path: Path) -> 
     """Issue 18: run_master(progress=True) shows a progress line on rank 0's stderr when it is
     a terminal (a pty here), redrawn in place and ended with a newline; nothing when it is not
     a terminal."""
-    import os
-    import pty
     import subprocess
+
+    from .helpers import on_a_terminal
 
     script = tmp_path / "c.py"
     script.write_text(PROGRESS_CAMPAIGN)
-    leader, follower = pty.openpty()
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path / "s1")],
-            stdout=subprocess.PIPE,
-            stderr=follower,
-            stdin=subprocess.DEVNULL,
-        )
-        os.close(follower)
-        follower = -1
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        os.close(leader)
-        if follower >= 0:
-            os.close(follower)
-    text = seen.decode(errors="replace")
+    _rc, text, out = on_a_terminal([sys.executable, str(script), str(tmp_path / "s1")])
     assert b"REPORT True" in out
     assert "\rcommitted " in text and "\x1b[K" in text, text
     assert text.count("\r") >= 2  # redrawn in place
