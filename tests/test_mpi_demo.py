@@ -83,14 +83,17 @@ def test_demo_refuses_bad_options_before_starting_mpiexec(tmp_path: Path, bad: l
 
 
 @contextlib.contextmanager
-def _demo_in_a_terminal(state: Path) -> Iterator[tuple[int, int]]:
+def _demo_in_a_terminal(
+    state: Path, ms: float = 40.0, items: int = 600
+) -> Iterator[tuple[int, int]]:
     """The demo on a pseudo-terminal, as a user at a shell starts it: yields ``(pid, pty fd)``
     and kills it (if still there) and closes the terminal after."""
     import os
     import pty
     import signal
 
-    args = ["--state-dir", str(state), "--items", "600", "--no-faults", "--json"]
+    args = ["--state-dir", str(state), "--items", str(items), "--no-faults", "--json"]
+    args += ["--ms", str(ms)]
     pid, fd = pty.fork()
     if pid == 0:  # the child: its own session, the pty its controlling terminal
         os.execv(sys.executable, [sys.executable, "-m", "durable_dispatch", "demo", *args])
@@ -152,8 +155,11 @@ def test_ctrl_c_in_a_terminal_drains_the_demo_and_a_second_one_stops_it(
     from durable_dispatch.state import view_state
 
     state = tmp_path / "s"
-    with _demo_in_a_terminal(state) as (pid, fd):
-        _wait_for_commits(state, 5)
+    # With two presses 12 items take 1.5 s each, so that the drain the first one starts is still
+    # on when the second arrives (with 40 ms items it could end first: exit 1, not 130).
+    long = presses == 2
+    with _demo_in_a_terminal(state, 1500.0 if long else 40.0, 12 if long else 600) as (pid, fd):
+        _wait_for_commits(state, 5 if presses == 1 else 2)
         for _ in range(presses):
             os.write(fd, b"\x03")
             time.sleep(0.3)

@@ -564,7 +564,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ):
         if value < low:
             raise UsageError(f"{name} must be at least {low}, got {value}")
-    for name, value in (("--watchdog", args.watchdog), ("--timeout", args.timeout)):
+    for name, value in (
+        ("--watchdog", args.watchdog),
+        ("--timeout", args.timeout),
+        ("--ms", args.ms),
+    ):
         if not value > 0 or value != value or value == float("inf"):
             raise UsageError(f"{name} must be a positive number of seconds, got {value}")
     state = os.path.abspath(args.state_dir)
@@ -595,6 +599,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         str(args.seed),
         "--watchdog",
         str(args.watchdog),
+        "--ms",
+        str(args.ms),
         "--batch",
         str(args.batch),
         "--progress-file",
@@ -809,6 +815,7 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--seed", type=int, default=7, help="fault plan seed")
     dp.add_argument("--watchdog", type=float, default=2.0, help="watchdog seconds")
     dp.add_argument("--batch", type=int, default=1, help="work items per dispatch")
+    dp.add_argument("--ms", type=float, default=40.0, help="milliseconds each work item takes")
     dp.add_argument("--timeout", type=float, default=600.0, help="give up after this long")
     dp.add_argument("--json", action="store_true", help="machine-readable output")
     dp.set_defaults(func=cmd_demo)

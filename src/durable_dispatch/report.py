@@ -356,8 +356,10 @@ def write_report(directory: str | os.PathLike[str], out: str | os.PathLike[str])
     d = os.fspath(directory)
     series = report_series(d)
     page = render_report(series, "durable-dispatch campaign", os.path.abspath(d))
+    from .storage import fs
+
     tmp = os.fspath(out) + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(page)
-    os.replace(tmp, out)
+    fs.replace(tmp, os.fspath(out))  # every rename goes through the fs seam
     return series
