@@ -423,7 +423,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise UsageError(f"--interval must be > 0, got {args.interval}")
     tty = sys.stdout.isatty() and not args.json
     previous: tuple[float, int] | None = None
-    drawn = False
     try:
         while True:
             frame = watch_frame(view_state(args.state_dir), previous)
@@ -433,16 +432,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
             else:
                 lines = _watch_text(args.state_dir, frame)
                 sys.stdout.write(("\x1b[H\x1b[J" if tty else "") + "\n".join(lines) + "\n")
-                drawn = True
             sys.stdout.flush()
             if args.once or frame["ended"]:
                 return EXIT_OK
             time.sleep(args.interval)
     except KeyboardInterrupt:
         return EXIT_OK
-    finally:
-        if tty and drawn:
-            sys.stdout.flush()
 
 
 def cmd_results(args: argparse.Namespace) -> int:

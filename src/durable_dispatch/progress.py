@@ -32,7 +32,7 @@ def progress_text(stats: Mapping[str, Any], rate: float | None) -> str:
         if left:
             parts.append(f"eta {left / rate:,.0f}s")
     health = stats.get("journal_health", {})
-    if health and health.get("state") not in (None, "ok", "OK"):
+    if health.get("state", "OK") != "OK":
         parts.append(f"storage {health.get('state')}")
     return "  ".join(parts)
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .core.tokens import Token
+
 __all__ = ["Invalid", "check_event", "check_defer_record", "check_state_snapshot"]
 
 Check = Callable[[Any], bool]
@@ -70,9 +72,8 @@ def _item(v: Any) -> bool:
 
 
 def _token(v: Any) -> bool:
-    """A dispatch token's wire form, ``e<epoch>-<n>``."""
-    from .core.tokens import Token
-
+    """A dispatch token's wire form, ``e<epoch>-<n>`` (a snapshot's in-flight entries; a
+    ``dispatched`` event's token is parsed, and so checked, once, by ``events.decode``)."""
     return type(v) is str and Token.parse(v) is not None
 
 
@@ -101,7 +102,7 @@ _WHY: dict[Check, str] = {
 _EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "epoch": ({"epoch": _int}, {"ts": _num_or_none}),
     "submitted": ({"items": _list_of(_item)}, {}),
-    "dispatched": ({"token": _token, "rank": _int}, {}),
+    "dispatched": ({"token": _str, "rank": _int}, {}),
     "committed": ({}, {"token": _str_or_none, "rank": _int}),
     "requeued": (
         {"work_id": _str},
