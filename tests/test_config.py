@@ -80,6 +80,42 @@ def test_build_and_direct_construction() -> None:
     assert WatchdogConfig(10).lease == 10
 
 
+@pytest.mark.parametrize(
+    "kw,name",
+    [
+        ({"quantile": 0}, "quantile"),
+        ({"quantile": 1}, "quantile"),
+        ({"quantile": 1.5}, "quantile"),
+        ({"quantile": "0.9"}, "quantile"),
+        ({"multiple": 0.5}, "multiple"),
+        ({"multiple": math.inf}, "multiple"),
+        ({"floor": 0}, "floor"),
+        ({"floor": -1.0}, "floor"),
+        ({"floor": math.nan}, "floor"),
+        ({"min_samples": 0}, "min_samples"),
+        ({"min_samples": 2.0}, "min_samples"),
+        ({"min_samples": 1001}, "min_samples"),
+    ],
+)
+def test_the_adaptive_rule_refuses_bad_settings_by_name(kw: dict, name: str) -> None:
+    with pytest.raises(ConfigurationError, match=name) as e:
+        WatchdogConfig(60, quantile=kw.pop("quantile", 0.99), **kw)
+    assert e.value.name == name
+
+
+def test_the_adaptive_rule_from_the_environment() -> None:
+    q = DEFAULT_ENV_NAMES["quantile"]
+    cfg = WatchdogConfig.from_env({q: "0.99"})
+    assert cfg.quantile == 0.99 and cfg.adaptive and cfg.seconds == 120 and not cfg.corrections
+    for bad in ("2", "often", "0"):
+        cfg = WatchdogConfig.from_env({q: bad})
+        assert cfg.quantile is None and not cfg.adaptive
+        assert [(c.name, c.given, c.used) for c in cfg.corrections] == [(q, bad, None)]
+    off = WatchdogConfig.from_env({q: "0.9", DEFAULT_ENV_NAMES["watchdog"]: "0"})
+    assert off.quantile == 0.9 and not off.adaptive  # a disabled watchdog has no deadline to fit
+    assert not WatchdogConfig(60).adaptive
+
+
 def test_retry_policy() -> None:
     p = RetryPolicy(2, {"timeout": 0})
     assert p.retries_for("timeout") == 0 and p.retries_for("malformed-result") == 2

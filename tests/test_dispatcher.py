@@ -379,6 +379,101 @@ def test_per_item_timeout_overrides_the_default() -> None:
     assert d.expired(1.0) == [(a.rank, a.token)]
 
 
+# The adaptive rule (issue 19) ------------------------------------------------------------------
+def adaptive(ranks: tuple[int, ...] = (1,), **kw: Any) -> Dispatcher:
+    cfg = {"quantile": 0.5, "multiple": 4.0, "floor": 0.5, "min_samples": 3, **kw}
+    return Dispatcher(epoch=1, watchdog=WatchdogConfig(100, **cfg), ranks=ranks)
+
+
+def run_for(d: Dispatcher, now: float, seconds: float, item: WorkItem | None = None) -> float:
+    """Submit (unless given) and run one item that takes ``seconds``; the time it ended."""
+    d.submit([item or WorkItem(f"m{now}")])
+    s = dispatch(d, now)
+    finish(d, s, now + seconds)
+    return now + seconds
+
+
+def test_adaptive_deadline_is_the_cap_until_measured_then_a_multiple_of_the_quantile() -> None:
+    d = adaptive()
+    now = 0.0
+    for took in (1.0, 2.0):
+        now = run_for(d, now, took)
+        assert d.deadline_seconds() == 100  # fewer than min_samples: the fixed deadline
+    now = run_for(d, now, 3.0)
+    assert d.deadline_seconds() == 4 * 2.0  # 4 x the median of 1, 2, 3
+    assert d.statistics().watchdog_deadline_now == 8.0
+    d.submit([WorkItem("hangs")])
+    s = dispatch(d, now)
+    assert d.expired(now + 7.9) == []
+    assert d.expired(now + 8.0) == [(1, s.token)]  # 8 s, not the 100 s cap
+    rq = [x for x in d.sweep(now + 8.0) if isinstance(x, Requeue)]
+    assert [x.kind for x in rq] == ["timeout"]
+
+
+def test_adaptive_deadline_keeps_within_floor_and_cap_and_follows_the_window() -> None:
+    d = adaptive(floor=0.5)
+    now = 0.0
+    for _ in range(3):
+        now = run_for(d, now, 0.001)
+    assert d.deadline_seconds() == 0.5  # 4 ms fitted: the floor
+    for _ in range(5):
+        now = run_for(d, now, 40.0)
+    assert d.deadline_seconds() == 100  # 160 s fitted: the cap
+    assert adaptive().lease_seconds() == 100
+
+
+def test_adaptive_rule_leaves_own_timeouts_alone_and_does_not_measure_them() -> None:
+    d = adaptive()
+    now = 0.0
+    for _ in range(5):
+        now = run_for(d, now, 50.0, WorkItem(f"own{now}", timeout=60.0))
+    assert d.deadline_seconds() == 100  # nothing measured: every item had its own timeout
+    for _ in range(3):
+        now = run_for(d, now, 1.0)
+    assert d.allowed_seconds([WorkItem("own", timeout=60.0)]) == 60.0
+    assert d.allowed_seconds([WorkItem("a"), WorkItem("b")]) == 8.0  # 4 s for each
+    assert d.allowed_seconds([WorkItem("x")] * 30) == 100  # never more than the cap in all
+    assert d.allowed_seconds([WorkItem("own", timeout=60.0), WorkItem("a")]) == 64.0
+
+
+def test_adaptive_heartbeat_lease_is_the_fitted_deadline_unless_one_is_configured() -> None:
+    d = adaptive()
+    now = 0.0
+    for _ in range(3):
+        now = run_for(d, now, 1.0)
+    d.submit([WorkItem("beats")])
+    s = dispatch(d, now)
+    assert d.lease_seconds() == 4.0
+    d.on_heartbeat(1, str(s.token), now + 3.0)
+    assert d.expired(now + 6.9) == []
+    assert d.expired(now + 7.0) == [(1, s.token)]  # pushed to heartbeat + 4 s
+    fixed = adaptive(heartbeat_lease=30.0)
+    assert fixed.lease_seconds() == 30.0
+
+
+def test_adaptive_first_fit_tightens_dispatches_sent_under_the_cap_unless_they_beat() -> None:
+    d = adaptive(ranks=(1, 2, 3))
+    d.submit([WorkItem("hang"), WorkItem("alive")])
+    hang, alive = dispatch(d, 0.0), dispatch(d, 0.0)  # both under the 100 s cap
+    d.on_heartbeat(alive.rank, str(alive.token), 0.5)  # pushed to 100.5: it said it is alive
+    now = 0.0
+    for _ in range(3):
+        now = run_for(d, now, 1.0)  # the third measurement fits 4 s
+    assert d.expired(3.9) == []
+    assert d.expired(4.0) == [(hang.rank, hang.token)]  # sent at 0: 0 + 4 s, not 100 s
+    assert d.expired(100.0) == [(hang.rank, hang.token)]
+    assert d.expired(100.5) == [(hang.rank, hang.token), (alive.rank, alive.token)]
+
+
+def test_the_fixed_rule_is_unchanged_by_measurements() -> None:
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(100), ranks=(1,))
+    now = 0.0
+    for _ in range(30):
+        now = run_for(d, now, 0.01)
+    assert d.deadline_seconds() == 100 and d.lease_seconds() == 100
+    assert d.allowed_seconds([WorkItem("a"), WorkItem("b")]) == 100
+
+
 # W9 --------------------------------------------------------------------------------------------
 def test_w9_disabled_watchdog_never_expires_and_says_so() -> None:
     d = Dispatcher(epoch=1, watchdog=WatchdogConfig.build(0), ranks=(1,))

@@ -102,6 +102,27 @@ def test_a_hung_worker_is_parked_and_its_work_moves(tmp_path: Path) -> None:
     assert view.projection.duplicate_commits == 0
 
 
+def test_the_adaptive_watchdog_recovers_a_hang_long_before_its_cap(tmp_path: Path) -> None:
+    silent = {"w30"}  # after enough measured dispatches for the fitted deadline to hold
+
+    def answer(rank: int, token: str, work_ids: list[str]) -> bool:
+        hang = bool(silent.intersection(work_ids))
+        silent.difference_update(work_ids)
+        return not hang
+
+    workers = LocalWorkers(lambda p: p, workers=2, answer=answer)
+    items = [WorkItem(f"w{i:02d}", i) for i in range(40)]
+    wd = WatchdogConfig(3600, quantile=0.9, min_samples=5, floor=0.2)
+    report = run_master(
+        items, tmp_path / "state", comm=workers, watchdog=wd, linger=0, max_seconds=120
+    )
+    assert report.finished, report.reason  # the fixed rule would have waited an hour
+    core = report.stats["core"]
+    assert core["dispatch_watchdog_timeouts"] == 1
+    assert core["watchdog_seconds"] == 3600 and core["watchdog_deadline_now"] == 0.2
+    assert view_state(tmp_path / "state").projection.kinds["w30"] == ["timeout"]
+
+
 def test_a_function_that_raises_is_retried_then_deferred(tmp_path: Path) -> None:
     def fn(p: int) -> int:
         if p == 5:

@@ -1,12 +1,16 @@
-"""The watchdog's deadline heap (issue 21: its own module, lazy deletion)."""
+"""The watchdog's deadline heap (issue 21: its own module, lazy deletion) and the adaptive
+rule's window of task times (issue 19)."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from durable_dispatch.core.tokens import Token
-from durable_dispatch.core.watchdog import DeadlineHeap
+from durable_dispatch.core.watchdog import DeadlineHeap, QuantileWindow
 
 
 def test_only_current_deadlines_come_due_and_they_stay_until_the_owner_ends_them() -> None:
@@ -39,3 +43,38 @@ def test_due_is_every_current_deadline_at_or_before_now(
     got = h.due(now, lambda t, dl: current.get(t) == dl)
     want = sorted((dl, t) for t, dl in current.items() if dl <= now)
     assert got == [t for _, t in want]
+
+
+# The adaptive rule's window (issue 19) -------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=60),
+    st.integers(1, 20),
+    st.floats(0.01, 1.0),
+)
+def test_quantile_window_is_the_nearest_rank_quantile_of_its_last_values(
+    values: list[float], size: int, q: float
+) -> None:
+    w = QuantileWindow(size)
+    for v in values:
+        w.add(v)
+    kept = sorted(values[-size:])
+    assert len(w) == len(kept)
+    assert w.quantile(q) == kept[max(0, math.ceil(q * len(kept)) - 1)]
+    assert w.quantile(1.0) == kept[-1]
+
+
+def test_quantile_window_refuses_what_has_no_quantile() -> None:
+    w = QuantileWindow(3)
+    with pytest.raises(ValueError, match="no measurements"):
+        w.quantile(0.5)
+    w.add(float("nan"))  # a clock that went wrong is not a measurement
+    assert len(w) == 0
+    w.add(2.0)
+    for q in (0.0, 1.5, -1.0):
+        with pytest.raises(ValueError, match="within"):
+            w.quantile(q)
+    for size in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="size"):
+            QuantileWindow(size)  # type: ignore[arg-type]
+    assert QuantileWindow(1).size == 1

@@ -24,17 +24,21 @@ __all__ = [
     "Correction",
     "parse_watchdog_seconds",
     "WATCHDOG_MAX",
+    "ADAPTIVE_WINDOW",
     "DEFAULT_ENV_NAMES",
     "FAILURE_KINDS",
     "WORKER_FAILURE_KINDS",
 ]
 
 WATCHDOG_MAX = 86400.0
+#: The adaptive rule measures the last this many dispatches (``WatchdogConfig.quantile``).
+ADAPTIVE_WINDOW = 1000
 #: Default environment variable names read by :meth:`WatchdogConfig.from_env`.
 DEFAULT_ENV_NAMES = {
     "watchdog": "DURABLE_DISPATCH_WATCHDOG_SEC",
     "task_timeout": "DURABLE_DISPATCH_TASK_TIMEOUT",
     "heartbeat_lease": "DURABLE_DISPATCH_HEARTBEAT_LEASE_SEC",
+    "quantile": "DURABLE_DISPATCH_WATCHDOG_QUANTILE",
     "retries": "DURABLE_DISPATCH_PROTOCOL_RETRIES",
 }
 #: Failure kinds a worker may report for an item (U2; see docs/protocol.md, "Failure kinds"):
@@ -132,15 +136,41 @@ def _parse_positive(value: object, default: float, name: str) -> tuple[float, li
 class WatchdogConfig:
     """Dispatch deadlines.
 
+    The fixed rule (the default): an item without its own ``timeout`` gets ``seconds``. The
+    adaptive rule (``quantile`` set): once ``min_samples`` dispatches have succeeded, it gets
+    ``multiple`` times the ``quantile`` of the task times measured so far (the last 1,000
+    successful dispatches of items without a timeout of their own, from the WORK send to its
+    RESULT, divided by its items), never less than ``floor`` and never more than ``seconds``;
+    until then, ``seconds``. When it first fits, a dispatch still in flight under the cap gets
+    the fitted deadline too (unless a heartbeat extended it); an isolating worker was told the
+    cap with that WORK, so its rank is parked until the worker kills the function there, while
+    its item goes to another rank at once. Only successes are measured: an item the watchdog
+    killed has no time to measure, so keep ``multiple`` well above 1.
+    ``WatchdogConfig(120, quantile=0.99)`` follows task times of any scale with no tuning, and
+    hangs cost a few task times instead of two minutes
+    (docs/experiments.md measures both rules). Deadlines are never saved (W2): a resumed master
+    measures again, starting from ``seconds``.
+
     Attributes:
-        seconds: the default deadline after a WORK send returned (0: the watchdog is disabled).
-        heartbeat_lease: how far a current HEARTBEAT pushes the deadline (defaults to ``seconds``).
+        seconds: the deadline after a WORK send returned (0: the watchdog is disabled); under the
+            adaptive rule, the first deadline and the cap.
+        heartbeat_lease: how far a current HEARTBEAT pushes the deadline (defaults to the
+            deadline an item gets now: ``seconds``, or the adaptive deadline).
         corrections: every correction made while building this config (see :class:`Correction`).
+        quantile: the adaptive rule's quantile of task time, in (0, 1) (None: the fixed rule).
+        multiple: the adaptive deadline in multiples of that quantile (>= 1).
+        floor: the adaptive deadline's lower bound in seconds (> 0; timer jitter, a child's start
+            and a busy master must never look like a hang).
+        min_samples: measured dispatches before the adaptive rule takes over (>= 1).
     """
 
     seconds: float = 120.0
     heartbeat_lease: float | None = None
     corrections: tuple[Correction, ...] = ()
+    quantile: float | None = None
+    multiple: float = 3.0
+    floor: float = 1.0
+    min_samples: int = 20
 
     def __post_init__(self) -> None:
         if not (isinstance(self.seconds, (int, float)) and 0 <= self.seconds <= WATCHDOG_MAX):
@@ -157,6 +187,27 @@ class WatchdogConfig:
                 f"heartbeat_lease must be within (0, {WATCHDOG_MAX:g}], got {lease!r}",
                 name="heartbeat_lease",
             )
+        q = self.quantile
+        if q is not None and not (isinstance(q, (int, float)) and 0 < q < 1):
+            raise ConfigurationError(f"quantile must be within (0, 1), got {q!r}", name="quantile")
+        for name, value, low in (("multiple", self.multiple, 1.0), ("floor", self.floor, 0.0)):
+            if not (isinstance(value, (int, float)) and value >= low and math.isfinite(value)):
+                raise ConfigurationError(
+                    f"{name} must be a number >= {low:g}, got {value!r}", name=name
+                )
+        if self.floor == 0:
+            raise ConfigurationError("floor must be > 0 seconds, got 0", name="floor")
+        if type(self.min_samples) is not int or not 1 <= self.min_samples <= ADAPTIVE_WINDOW:
+            raise ConfigurationError(
+                f"min_samples must be an integer within 1..{ADAPTIVE_WINDOW}, got "
+                f"{self.min_samples!r}",
+                name="min_samples",
+            )
+
+    @property
+    def adaptive(self) -> bool:
+        """True under the adaptive rule (``quantile`` set and the watchdog enabled)."""
+        return self.quantile is not None and self.enabled
 
     @property
     def enabled(self) -> bool:
@@ -193,7 +244,8 @@ class WatchdogConfig:
         Args:
             env: the variables.
             names: override :data:`DEFAULT_ENV_NAMES` keys ``watchdog``, ``task_timeout``,
-                ``heartbeat_lease``.
+                ``heartbeat_lease``, ``quantile`` (the adaptive rule; a value outside (0, 1)
+                is a correction to the fixed rule).
         """
         n = {**DEFAULT_ENV_NAMES, **(names or {})}
         task, corr = _parse_positive(env.get(n["task_timeout"]), 0.0, n["task_timeout"])
@@ -208,7 +260,17 @@ class WatchdogConfig:
                 used = s if s > 0 else None
                 corr.append(Correction(n["heartbeat_lease"], raw, used, "out of range"))
                 lease = used
-        return cls(s, lease, tuple(corr))
+        quantile: float | None = None
+        raw = env.get(n["quantile"])
+        if raw is not None:
+            try:
+                quantile = float(raw)
+            except ValueError:
+                quantile = None
+            if quantile is None or not 0 < quantile < 1:
+                corr.append(Correction(n["quantile"], raw, None, "not within (0, 1)"))
+                quantile = None
+        return cls(s, lease, tuple(corr), quantile=quantile)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 
 from ..errors import UsageError
 from .batching import BatchSizer
-from .config import WORKER_FAILURE_KINDS, RetryPolicy, WatchdogConfig
+from .config import ADAPTIVE_WINDOW, WORKER_FAILURE_KINDS, RetryPolicy, WatchdogConfig
 from .decisions import (
     SOURCE_INVALID_RESULT,
     SOURCE_MASTER_RESTART,
@@ -77,7 +77,7 @@ from .events import Committed, EpochStarted, Event, RequeuedDeferred, Submitted,
 from .ledger import Ledger
 from .ranks import Ranks, RankState
 from .tokens import Token
-from .watchdog import DeadlineHeap
+from .watchdog import DeadlineHeap, QuantileWindow
 
 __all__ = [
     "Dispatcher",
@@ -177,6 +177,7 @@ class Transaction:
     ready_seen: bool = False
     failure: ItemFailure | None = None  # why its RESULT failed; the READY then rolls it back
     sent_at: float | None = None  # when its send returned (for batch="auto")
+    beaten: bool = False  # a current HEARTBEAT extended its deadline
 
 
 # -------------------------------------------------------------------------------- counters
@@ -272,6 +273,7 @@ class DispatchStats:
     auto_batch_now: int = 1
     watchdog_enabled: bool = True
     watchdog_seconds: float = 0.0
+    watchdog_deadline_now: float = 0.0
     config_corrections: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -323,6 +325,7 @@ class Dispatcher:
         self._snapshot_required: str | None = None
         self._n = _Counters()
         self._sizer = BatchSizer()
+        self._task_times = QuantileWindow(ADAPTIVE_WINDOW)  # the adaptive rule's measurements
         for r in ranks:
             self.add_rank(r)
 
@@ -452,11 +455,35 @@ class Dispatcher:
         return self._sizer.size(self.watchdog.seconds if self.watchdog.enabled else None)
 
     def allowed_seconds(self, items: Sequence[WorkItem]) -> float:
-        """A dispatch's time: its items' own timeouts added up, plus the watchdog's seconds once
-        if any item has none (one item: its timeout, or the watchdog's seconds). The shell sends
-        it with the WORK, so that an isolating worker kills the work at the same deadline."""
+        """A dispatch's time: its items' own timeouts added up, plus, if any item has none, the
+        watchdog's seconds once (one item: its timeout, or the watchdog's seconds); under the
+        adaptive rule, :meth:`deadline_seconds` for each item without one, at most the
+        watchdog's seconds in all. The shell sends it with the WORK, so that an isolating worker
+        kills the work at the same deadline."""
         own = [w.timeout for w in items if w.timeout is not None]
-        return sum(own) + (self.watchdog.seconds if len(own) < len(items) else 0.0)
+        rest = len(items) - len(own)
+        if not rest:
+            return sum(own)
+        if self.watchdog.adaptive:
+            return sum(own) + min(self.watchdog.seconds, rest * self.deadline_seconds())
+        return sum(own) + self.watchdog.seconds
+
+    def deadline_seconds(self) -> float:
+        """The deadline an item without its own timeout gets now: the watchdog's seconds, or
+        under the adaptive rule (``WatchdogConfig.quantile``) ``multiple`` x the measured
+        ``quantile`` of task time, within ``floor`` .. ``seconds``, once ``min_samples``
+        dispatches succeeded."""
+        wd = self.watchdog
+        if not wd.adaptive or len(self._task_times) < wd.min_samples:
+            return wd.seconds
+        fitted = wd.multiple * self._task_times.quantile(wd.quantile or 1.0)
+        return min(wd.seconds, max(wd.floor, fitted))
+
+    def lease_seconds(self) -> float:
+        """How far a HEARTBEAT pushes a deadline now: the configured lease, or the deadline an
+        item gets now (:meth:`deadline_seconds`). The shell sends it with the WORK."""
+        lease = self.watchdog.heartbeat_lease
+        return lease if lease is not None else self.deadline_seconds()
 
     def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
         """The WORK send for ``token`` failed: the same compensation path as a timeout (W4)."""
@@ -584,6 +611,10 @@ class Dispatcher:
         _advance(tx, TxEvent.RESULT)
         if tx.sent_at is not None:
             self._sizer.observe(len(tx.items), now - tx.sent_at)
+            if all(w.timeout is None for w in tx.items):  # what the adaptive deadline governs
+                self._task_times.add((now - tx.sent_at) / len(tx.items))
+                if self.watchdog.adaptive and len(self._task_times) == self.watchdog.min_samples:
+                    self._fit_open_deadlines()
         out: list[Decision] = []
         keep: list[WorkItem] = []
         failed: list[tuple[WorkItem, ItemFailure]] = []
@@ -666,11 +697,25 @@ class Dispatcher:
             return self._classify_not_current(rank, tx.token, "HEARTBEAT")
         self._n.heartbeats += 1
         if self.watchdog.enabled:
-            deadline = now + self.watchdog.lease
+            deadline = now + self.lease_seconds()
             if tx.deadline is None or deadline > tx.deadline:
                 tx.deadline = deadline
+                tx.beaten = True
                 self._deadlines.push(deadline, tx.token)
         return []
+
+    def _fit_open_deadlines(self) -> None:
+        """The adaptive rule has just fitted its first deadline: a dispatch sent under the cap
+        gets the fitted deadline too (counted from its send), so a hang early in a campaign is
+        recovered at a few task times, not at the cap. One whose heartbeat extended it keeps
+        its deadline (it said it is alive). Once per master, O(dispatches in flight)."""
+        for tx in self._ranks.busy().values():
+            if tx.state is not TxState.DISPATCHED or tx.beaten or tx.sent_at is None:
+                continue
+            fitted = tx.sent_at + self.allowed_seconds(tx.items)
+            if tx.deadline is not None and fitted < tx.deadline:
+                tx.deadline = fitted
+                self._deadlines.push(fitted, tx.token)
 
     # ------------------------------------------------------- join and sweep
     def join_invalid(self, now: float) -> list[Decision]:
@@ -942,6 +987,7 @@ class Dispatcher:
             auto_batch_now=self.auto_batch(),
             watchdog_enabled=self.watchdog.enabled,
             watchdog_seconds=self.watchdog.seconds,
+            watchdog_deadline_now=self.deadline_seconds() if self.watchdog.enabled else 0.0,
             config_corrections=len(self.watchdog.corrections),
         )
 

@@ -267,7 +267,7 @@ def run_master(
                             ],
                             # an isolating worker kills the work at the same deadline
                             "seconds": core.allowed_seconds(s.items) if wd_on else None,
-                            "lease": core.watchdog.lease,
+                            "lease": core.lease_seconds(),
                         }
                     )
                     error = link.send(s.rank, P.WORK, data)
