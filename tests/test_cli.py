@@ -433,6 +433,7 @@ def test_stats_and_watch_beside_a_running_master_say_how_old_their_figures_are(
             200
         )
         assert not frame["ended"] and not frame["finished"]
+        assert frame["deadline_seconds"] > 0  # the deadline an item gets now (issue 19)
     finally:
         out, _ = proc.communicate(timeout=120)
     assert "REPORT True" in out

@@ -38,11 +38,22 @@ WORK = [f"w{i}" for i in range(6)]
 
 
 class DispatchMachine(RuleBasedStateMachine):
-    @initialize(retries=st.integers(0, 2), seconds=st.sampled_from([0.0, 5.0, 10.0]))
-    def setup(self, retries: int, seconds: float) -> None:
+    @initialize(
+        retries=st.integers(0, 2),
+        seconds=st.sampled_from([0.0, 5.0, 10.0]),
+        adaptive=st.booleans(),
+    )
+    def setup(self, retries: int, seconds: float, adaptive: bool) -> None:
+        # The adaptive rule (issue 19) moves deadlines, never the invariants.
+        fit = {"quantile": 0.5, "multiple": 2.0, "floor": 0.5, "min_samples": 2}
+        wd = (
+            WatchdogConfig(seconds, **fit)
+            if adaptive
+            else WatchdogConfig(seconds, heartbeat_lease=7.0 if seconds else None)
+        )
         self.d = Dispatcher(
             epoch=1,
-            watchdog=WatchdogConfig(seconds, heartbeat_lease=7.0 if seconds else None),
+            watchdog=wd,
             retry=RetryPolicy(retries),
             ranks=RANKS,
         )

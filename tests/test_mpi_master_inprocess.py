@@ -79,17 +79,22 @@ def test_each_turn_takes_readies_then_dispatches_then_results_then_joins(
             assert "send" in nxt or "on_results" not in nxt
 
 
-def test_a_hung_worker_is_parked_and_its_work_moves(tmp_path: Path) -> None:
-    """A worker that never answers its first WORK: the watchdog moves the item to another rank
-    and parks the silent one; every item commits once."""
-    silent = {"w03"}
+def _silent_once(silent: set[str]) -> Any:
+    """A LocalWorkers ``answer`` hook: the first WORK carrying one of ``silent`` is never answered
+    (a hung worker)."""
 
     def answer(rank: int, token: str, work_ids: list[str]) -> bool:
         hang = bool(silent.intersection(work_ids))
         silent.difference_update(work_ids)
         return not hang
 
-    workers = LocalWorkers(lambda p: p, workers=2, answer=answer)
+    return answer
+
+
+def test_a_hung_worker_is_parked_and_its_work_moves(tmp_path: Path) -> None:
+    """A worker that never answers its first WORK: the watchdog moves the item to another rank
+    and parks the silent one; every item commits once."""
+    workers = LocalWorkers(lambda p: p, workers=2, answer=_silent_once({"w03"}))
     items = [WorkItem(f"w{i:02d}", i) for i in range(8)]
     report = run_master(
         items, tmp_path / "state", comm=workers, watchdog=WatchdogConfig(0.3), linger=0
@@ -103,14 +108,8 @@ def test_a_hung_worker_is_parked_and_its_work_moves(tmp_path: Path) -> None:
 
 
 def test_the_adaptive_watchdog_recovers_a_hang_long_before_its_cap(tmp_path: Path) -> None:
-    silent = {"w30"}  # after enough measured dispatches for the fitted deadline to hold
-
-    def answer(rank: int, token: str, work_ids: list[str]) -> bool:
-        hang = bool(silent.intersection(work_ids))
-        silent.difference_update(work_ids)
-        return not hang
-
-    workers = LocalWorkers(lambda p: p, workers=2, answer=answer)
+    # w30 comes after enough measured dispatches for the fitted deadline to hold
+    workers = LocalWorkers(lambda p: p, workers=2, answer=_silent_once({"w30"}))
     items = [WorkItem(f"w{i:02d}", i) for i in range(40)]
     wd = WatchdogConfig(3600, quantile=0.9, min_samples=5, floor=0.2)
     report = run_master(

@@ -372,6 +372,7 @@ def watch_frame(v: Any, previous: tuple[float, int] | None = None) -> dict[str, 
         "parked_ranks": core.get("parked_ranks_now"),
         "lost_ranks": core.get("ranks_lost"),
         "timeouts": core.get("dispatch_watchdog_timeouts"),
+        "deadline_seconds": core.get("watchdog_deadline_now"),
         "failures_by_kind": dict(sorted(kinds.items())),
         "storage": (live.get("stats", {}).get("journal_health") or {}).get("state"),
         "master_running": running,
@@ -395,7 +396,7 @@ def _watch_text(path: str, f: dict[str, Any]) -> list[str]:
         f"deferred {f['deferred']}",
         f"rate {rate}   ETA {eta}",
         f"ranks parked {_text(f['parked_ranks'])}   lost {_text(f['lost_ranks'])}   "
-        f"timeouts {_text(f['timeouts'])}",
+        f"timeouts {_text(f['timeouts'])}   deadline {_text(f['deadline_seconds'])}s",
         f"failures by kind: {kinds}",
         f"storage {_text(f['storage'])}"
         + ("   FINISHED" if f["finished"] else "   ENDED" if f["ended"] else ""),

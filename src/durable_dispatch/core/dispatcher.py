@@ -239,7 +239,9 @@ class DispatchStats:
     and ``batch_splits`` items requeued uncharged because their multi-item dispatch failed as a
     whole. The ``*_now`` fields are gauges: ``in_flight_now`` counts work *items* in flight
     (a multi-item dispatch's items, and items whose commit is still being made durable while
-    their rank already took new work), ``busy_ranks_now`` the ranks running a dispatch.
+    their rank already took new work), ``busy_ranks_now`` the ranks running a dispatch, and
+    ``watchdog_deadline_now`` the deadline an item without its own timeout gets now (the
+    watchdog's seconds, or the adaptive rule's fitted deadline; 0 when the watchdog is off).
     """
 
     dispatches: int = 0
