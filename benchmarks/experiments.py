@@ -425,18 +425,20 @@ def run_group1(s: Setup, cell: Cell, seed: int, tmp: str) -> dict[str, Any]:
     if cell.adaptive:
         wd = ADAPTIVE
     name = f"g1-s{cell.sigma}-h{cell.hang}-{cell.label}-{seed}"
-    cfg = _campaign_cfg(
-        tmp,
-        name,
-        items,
-        ranks=s.workers + 1,
-        watchdog=wd,
-        retries=s.retries,
-        budget=s.budget,
-    )
-    code, out = _wait(_launch(cfg, ulfm=False), s.budget + 90)
-    if code != 0 or not os.path.exists(cfg["out"]):
-        raise SystemExit(f"campaign {name} failed (exit {code}):\n{out[-3000:]}")
+    for attempt in range(LAUNCH_TRIES):
+        cfg = _campaign_cfg(
+            tmp,
+            f"{name}-try{attempt}",
+            items,
+            ranks=s.workers + 1,
+            watchdog=wd,
+            retries=s.retries,
+            budget=s.budget,
+        )
+        code, out = _wait(_launch(cfg, ulfm=False), s.budget + 90)
+        if code == 0 and os.path.exists(cfg["out"]):
+            break
+        _launch_failed(name, cfg, code, out, attempt)
     rep = json.loads(Path(cfg["out"]).read_text())
     m = account(
         attempts_of(_journal_records(cfg["state"])),
@@ -449,8 +451,58 @@ def run_group1(s: Setup, cell: Cell, seed: int, tmp: str) -> dict[str, Any]:
         seconds=rep["seconds"],
         parked=rep["parked"],
         seed=seed,
+        launch_retries=attempt,
     )
     return m
+
+
+#: ``mpiexec`` launches per campaign: Open MPI's runtime sometimes fails to start at all ("The
+#: PMIx server's listener thread failed to start", exit 213), before any rank ran. Such a launch
+#: is retried in a fresh directory and counted (``launch_retries``); any other failure ends the
+#: run.
+LAUNCH_TRIES = 3
+
+
+def _launch_failed(name: str, cfg: Mapping[str, Any], code: int | None, out: str, n: int) -> None:
+    """A campaign did not end as it should: retry only if its master never started."""
+    started = Path(cfg["pids"], "started").exists()
+    if started or n + 1 >= LAUNCH_TRIES:
+        raise SystemExit(f"campaign {name} failed (exit {code}):\n{out[-3000:]}")
+    print(f"campaign {name}: the MPI runtime did not start (exit {code}); again", flush=True)
+
+
+def _with_kills(
+    cfg: dict[str, Any],
+    ulfm: bool,
+    victims: Sequence[int],
+    moments: Sequence[float],
+    killed: dict[int, float],
+) -> tuple[int | None, str]:
+    """Run a campaign and SIGKILL ``victims`` at ``moments`` after its master started (none if
+    it never starts); ``killed``: rank -> ``time.time()`` just before its kill."""
+    proc = _launch(cfg, ulfm)
+    done = threading.Event()
+
+    def killer() -> None:
+        started = Path(cfg["pids"], "started")
+        while not started.exists():
+            if done.wait(0.01):
+                return  # the job ended before its master started: nothing to kill
+        t0 = time.time()
+        for rank, at in zip(victims, moments, strict=True):
+            if done.wait(max(0.0, t0 + at - time.time())):
+                return
+            pid = int(Path(cfg["pids"], f"{rank}.pid").read_text())
+            killed[rank] = time.time()
+            os.kill(pid, signal.SIGKILL)
+
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    try:
+        return _wait(proc, cfg["budget"] + 90)
+    finally:
+        done.set()
+        th.join(5)
 
 
 def run_group2(s: Setup, seed: int, tmp: str, ulfm: bool) -> dict[str, Any]:
@@ -473,37 +525,30 @@ def run_group2(s: Setup, seed: int, tmp: str, ulfm: bool) -> dict[str, Any]:
     victims = rnd.sample(range(1, s.kill_workers + 1), s.kills if ulfm else 1)
     moments = sorted(rnd.uniform(0.2, 0.7) * ideal for _ in victims)
     name = f"g2-{'ulfm' if ulfm else 'noulfm'}-{seed}"
-    cfg = _campaign_cfg(
-        tmp,
-        name,
-        items,
-        ranks=s.kill_workers + 1,
-        watchdog=60.0,
-        retries=s.retries,
-        budget=s.budget * 3,
-        isolate=False,
-    )
-    proc = _launch(cfg, ulfm)
-    killed: dict[int, float] = {}
-
-    def killer() -> None:
-        started = Path(cfg["pids"], "started")
-        give_up = time.time() + 60
-        while not started.exists() and time.time() < give_up:
-            time.sleep(0.01)
-        t0 = time.time()
-        for rank, at in zip(victims, moments, strict=True):
-            time.sleep(max(0.0, t0 + at - time.time()))
-            pid = int(Path(cfg["pids"], f"{rank}.pid").read_text())
-            killed[rank] = time.time()
-            os.kill(pid, signal.SIGKILL)
-
-    th = threading.Thread(target=killer, daemon=True)
-    th.start()
-    code, out = _wait(proc, cfg["budget"] + 90)
-    th.join(5)
-    job_end = time.time()
-    result: dict[str, Any] = {"seed": seed, "ulfm": ulfm, "killed": len(killed), "exit": code}
+    for attempt in range(LAUNCH_TRIES):
+        cfg = _campaign_cfg(
+            tmp,
+            f"{name}-try{attempt}",
+            items,
+            ranks=s.kill_workers + 1,
+            watchdog=60.0,
+            retries=s.retries,
+            budget=s.budget * 3,
+            isolate=False,
+        )
+        killed: dict[int, float] = {}
+        code, out = _with_kills(cfg, ulfm, victims, moments, killed)
+        job_end = time.time()
+        if Path(cfg["pids"], "started").exists():
+            break
+        _launch_failed(name, cfg, code, out, attempt)
+    result: dict[str, Any] = {
+        "seed": seed,
+        "ulfm": ulfm,
+        "killed": len(killed),
+        "exit": code,
+        "launch_retries": attempt,
+    }
     if ulfm:
         if code != 0 or not os.path.exists(cfg["out"]):
             raise SystemExit(f"campaign {name} failed (exit {code}):\n{out[-3000:]}")
@@ -516,11 +561,13 @@ def run_group2(s: Setup, seed: int, tmp: str, ulfm: bool) -> dict[str, Any]:
     else:
         result["job_ended"] = code != 0
         result["kill_to_job_end"] = job_end - min(killed.values()) if killed else None
-        again = dict(cfg, ranks=s.kill_workers + 1)
         t = time.monotonic()
-        code2, out2 = _wait(_launch(again, ulfm=False), cfg["budget"] + 90)
-        if code2 != 0 or not os.path.exists(cfg["out"]):
-            raise SystemExit(f"restart of {name} failed (exit {code2}):\n{out2[-3000:]}")
+        for attempt in range(LAUNCH_TRIES):  # the same command again, on the same directory
+            Path(cfg["pids"], "started").unlink(missing_ok=True)
+            code2, out2 = _wait(_launch(cfg, ulfm=False), cfg["budget"] + 90)
+            if code2 == 0 and os.path.exists(cfg["out"]):
+                break
+            _launch_failed(f"restart of {name}", cfg, code2, out2, attempt)
         rep = json.loads(Path(cfg["out"]).read_text())
         result["restart_seconds"] = time.monotonic() - t
         result["finished"] = rep["finished"]
@@ -530,8 +577,10 @@ def run_group2(s: Setup, seed: int, tmp: str, ulfm: bool) -> dict[str, Any]:
     return result
 
 
-def sweep(s: Setup, quick: bool, cell_only: bool, log: Any) -> dict[str, Any]:
-    """Run both groups; the raw results."""
+def sweep(s: Setup, cell_only: bool, log: Any, progress_path: str | None = None) -> dict[str, Any]:
+    """Run both groups; the raw results. With ``progress_path`` each campaign's row is appended
+    there as it ends (JSON lines), and the rows already there are kept, not run again: a sweep
+    that stopped resumes."""
     if cell_only:
         cells = [Cell(1.0, 0.1, 8.0), Cell(1.0, 0.1, None, adaptive=True)]
         seeds, kill_seeds = [0], [0]
@@ -539,12 +588,30 @@ def sweep(s: Setup, quick: bool, cell_only: bool, log: Any) -> dict[str, Any]:
         cells = [Cell(sg, h, m) for sg in s.sigmas for h in s.hangs for m in s.multiples]
         cells += [Cell(sg, h, None, adaptive=True) for sg in s.sigmas for h in s.hangs]
         seeds, kill_seeds = list(range(s.seeds)), list(range(s.kill_seeds))
+    done: dict[str, dict[str, Any]] = {}
+    if progress_path and os.path.exists(progress_path):
+        for line in Path(progress_path).read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[row["key"]] = row["row"]
+        log(f"resuming: {len(done)} campaigns already in {progress_path}")
+
+    def run_once(key: str, fn: Any) -> dict[str, Any]:
+        if key in done:
+            return done[key]
+        row: dict[str, Any] = fn()
+        if progress_path:
+            with open(progress_path, "a") as f:
+                f.write(json.dumps({"key": key, "row": row}) + "\n")
+        return row
+
     out: dict[str, Any] = {"setup": asdict(s), "group1": [], "group2": []}
     with tempfile.TemporaryDirectory(prefix="dd-exp-") as tmp:
         for c in cells:
             for seed in seeds:
                 t = time.monotonic()
-                m = run_group1(s, c, seed, tmp)
+                key = json.dumps(["g1", asdict(c), seed], sort_keys=True)
+                m = run_once(key, lambda c=c, seed=seed: run_group1(s, c, seed, tmp))
                 out["group1"].append({"cell": asdict(c), **m})
                 log(
                     f"group 1 sigma={c.sigma} hang={c.hang} watchdog={c.label} seed={seed}: "
@@ -554,7 +621,8 @@ def sweep(s: Setup, quick: bool, cell_only: bool, log: Any) -> dict[str, Any]:
                 )
         for ulfm in (True, False):
             for seed in kill_seeds:
-                r = run_group2(s, seed, tmp, ulfm)
+                key = json.dumps(["g2", ulfm, seed])
+                r = run_once(key, lambda ulfm=ulfm, seed=seed: run_group2(s, seed, tmp, ulfm))
                 out["group2"].append(r)
                 log(f"group 2 ulfm={ulfm} seed={seed}: {r}")
     return out
@@ -814,7 +882,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a small sweep of a few minutes")
     ap.add_argument("--cell", action="store_true", help="one campaign of each group (CI)")
     ap.add_argument("--seeds", type=int, default=None)
-    ap.add_argument("--json", default=None, help="write the raw results here")
+    ap.add_argument(
+        "--json",
+        default=None,
+        help="write the raw results here (and each campaign as it ends to JSON.partial.jsonl, "
+        "from which a stopped sweep resumes)",
+    )
     ap.add_argument("--from-json", default=None, help="render docs from saved raw results")
     ap.add_argument("--docs", default=None, help="write experiments-results.md and figures here")
     a = ap.parse_args(argv)
@@ -835,7 +908,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.from_json:
         raw = json.loads(Path(a.from_json).read_text())
     else:
-        raw = sweep(s, a.quick, a.cell, lambda m: print(m, flush=True))
+        partial = f"{a.json}.partial.jsonl" if a.json else None
+        raw = sweep(s, a.cell, lambda m: print(m, flush=True), partial)
     if a.json:
         Path(a.json).write_text(json.dumps(raw, indent=1))
     lines = summarize_group1(raw["group1"])

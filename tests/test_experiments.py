@@ -150,6 +150,39 @@ def test_tables_and_figures_render_censored_cells() -> None:
     assert svg.startswith("<svg") and svg.count("<circle") == 3 and 'fill="white"' in svg
 
 
+# ------------------------------------------------------------------ the driver
+def test_a_stopped_sweep_resumes_from_its_progress_file(tmp_path: Path) -> None:
+    """Every campaign of --cell already in the progress file: nothing runs (no mpiexec), and
+    the rows come back in the sweep's order."""
+    from dataclasses import asdict
+
+    progress = tmp_path / "raw.json.partial.jsonl"
+    rows = []
+    for i, c in enumerate([X.Cell(1.0, 0.1, 8.0), X.Cell(1.0, 0.1, None, adaptive=True)]):
+        key = json.dumps(["g1", asdict(c), 0], sort_keys=True)
+        row = {"seconds": 1.0 + i, "finished": True, "recovery": 1.0, "false_suspicions": 0}
+        rows.append({"key": key, "row": {**row, "duplicate_cpu": 0.0}})
+    for ulfm in (True, False):
+        rows.append({"key": json.dumps(["g2", ulfm, 0]), "row": {"ulfm": ulfm, "seed": 0}})
+    progress.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    said: list[str] = []
+    raw = X.sweep(X.Setup(), True, said.append, str(progress))
+    assert [r["seconds"] for r in raw["group1"]] == [1.0, 2.0]
+    assert [r["cell"]["adaptive"] for r in raw["group1"]] == [False, True]
+    assert [r["ulfm"] for r in raw["group2"]] == [True, False]
+    assert said[0].startswith("resuming: 4 campaigns")
+
+
+def test_only_a_launch_that_never_started_is_retried(tmp_path: Path) -> None:
+    cfg = {"pids": str(tmp_path)}
+    X._launch_failed("c", cfg, 213, "PMIx listener", 0)  # not started: retried
+    with pytest.raises(SystemExit, match="exit 213"):
+        X._launch_failed("c", cfg, 213, "PMIx listener", X.LAUNCH_TRIES - 1)  # the last try
+    (tmp_path / "started").write_text("1")
+    with pytest.raises(SystemExit, match="campaign c failed"):
+        X._launch_failed("c", cfg, 1, "a traceback", 0)  # it ran and failed: never retried
+
+
 # ------------------------------------------------------------------ one smoke run (CI)
 @pytest.mark.mpi
 def test_one_cell_of_each_group_runs_under_mpiexec(tmp_path: Path) -> None:
