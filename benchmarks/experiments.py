@@ -738,7 +738,7 @@ def figure(
     """An SVG: ``key`` against the watchdog multiple (log scale), one line per hang rate, with
     95% intervals; the adaptive rule and "off" sit at the right, unconnected. Censored time to
     target (some seeds did not finish) is drawn at the budget with an open marker."""
-    w, h, pad = 560, 300, 52
+    w, h, pad = 560, 320, 52
     sel = [ln for ln in lines if ln["sigma"] == sigma]
     mults = sorted({ln["multiple"] for ln in sel if ln["multiple"] is not None})
     if not mults:
@@ -772,13 +772,19 @@ def figure(
         f'<rect width="{w}" height="{h}" fill="white"/>',
         f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad / 2}" y2="{h - pad}" stroke="#444"/>',
         f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#444"/>',
-        f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">watchdog, multiple of the median '
+        f'<text x="{w / 2}" y="{h - 24}" text-anchor="middle">watchdog, multiple of the median '
         "task time (log scale)</text>",
         f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">'
         f"{ylabel}</text>",
         f'<text x="{w / 2}" y="18" text-anchor="middle" font-weight="bold">{ylabel}, '
         f"σ = {sigma:g}</text>",
     ]
+    if key == "time_to_target":
+        parts.append(
+            f'<text x="{w / 2}" y="{h - 8}" text-anchor="middle" fill="#666" font-size="10">'
+            f"open marker: some seeds did not finish within the {budget:g} s budget (drawn at "
+            "the budget)</text>"
+        )
     labels = [f"{m:g}x" for m in mults] + [ADAPTIVE_LABEL, "off"]
     for lab, x in zip(labels, [*xs, x_adapt, x_off], strict=True):
         parts.append(f'<text x="{px(x):.1f}" y="{h - pad + 16}" text-anchor="middle">{lab}</text>')
@@ -790,17 +796,19 @@ def figure(
             'stroke="#eee"/>'
         )
     hangs = sorted({ln["hang"] for ln in sel})
+    legend = []
     for i, hr in enumerate(hangs):
         color = _PALETTE[i % len(_PALETTE)]
+        shift = 0.09 * (i - (len(hangs) - 1) / 2)  # side by side, so equal values stay visible
         pts = []
         for ln in sel:
             if ln["hang"] != hr:
                 continue
-            x = where(ln)
+            x = where(ln) + shift
             v, half, censored = value(ln)
             pts.append((x, v, half, censored))
         pts.sort()
-        line = " ".join(f"{px(x):.1f},{py(v):.1f}" for x, v, _h, _c in pts if x < x_adapt)
+        line = " ".join(f"{px(x):.1f},{py(v):.1f}" for x, v, _h, _c in pts if x < x_adapt - 0.5)
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{line}"/>')
         for x, v, half, censored in pts:
             if half:
@@ -813,10 +821,10 @@ def figure(
                 f'<circle cx="{px(x):.1f}" cy="{py(v):.1f}" r="4" fill="{fill}" '
                 f'stroke="{color}" stroke-width="2"/>'
             )
-        parts.append(
-            f'<text x="{w - pad / 2 - 4}" y="{pad + 14 * i}" text-anchor="end" fill="{color}">'
-            f"hang rate {hr:g}</text>"
+        legend.append(
+            f'<tspan dx="{14 if i else 0}" fill="{color}">&#9679; hang rate {hr:g}</tspan>'
         )
+    parts.append(f'<text x="{w / 2}" y="36" text-anchor="middle">{"".join(legend)}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 

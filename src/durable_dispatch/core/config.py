@@ -146,10 +146,11 @@ class WatchdogConfig:
     cap with that WORK, so its rank is parked until the worker kills the function there, while
     its item goes to another rank at once. Only successes are measured: an item the watchdog
     killed has no time to measure, so keep ``multiple`` well above 1.
-    ``WatchdogConfig(120, quantile=0.99)`` follows task times of any scale with no tuning, and
-    hangs cost a few task times instead of two minutes
-    (docs/experiments.md measures both rules). Deadlines are never saved (W2): a resumed master
-    measures again, starting from ``seconds``.
+    ``WatchdogConfig(120, quantile=0.99)`` follows task times of any scale with no tuning: once
+    fitted, a hang costs 3 times the 99th percentile of task time instead of two minutes; during
+    the warm-up it costs ``seconds``, so make that a true upper bound (docs/experiments.md
+    measures both rules). Deadlines are never saved (W2): a resumed master measures again,
+    starting from ``seconds``.
 
     Attributes:
         seconds: the deadline after a WORK send returned (0: the watchdog is disabled); under the
