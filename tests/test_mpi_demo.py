@@ -96,6 +96,11 @@ def _demo_in_a_terminal(
     args += ["--ms", str(ms)]
     pid, fd = pty.fork()
     if pid == 0:  # the child: its own session, the pty its controlling terminal
+        # As a shell does for a foreground job: a runner that started this suite in the
+        # background ("cmd &" without job control) left SIGINT ignored, an ignored signal stays
+        # ignored across exec, and Python then installs no KeyboardInterrupt: Ctrl-C would do
+        # nothing (seen in a fresh-clone .ci/run started that way).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execv(sys.executable, [sys.executable, "-m", "durable_dispatch", "demo", *args])
     try:
         yield pid, fd
