@@ -7,11 +7,12 @@ Usage::
     python benchmarks/experiments.py --cell           # one campaign of each group (the CI smoke)
     python benchmarks/experiments.py --docs docs      # also write docs/experiments.md + figures
 
-Group 1, the watchdog on and off. Each campaign runs ``--items`` items on ``--workers`` isolated
-workers (``run_worker(isolate=True)``). An item's task time is drawn from a log-normal
-distribution (median ``--median`` seconds, spread ``sigma``); a fraction of items is merely
-slow (``--slow-factor`` times longer, on every attempt), and each attempt hangs with probability
-``hang``. The watchdog is off or a multiple of the median task time. Every campaign has the same
+Group 1, the watchdog on and off. Each campaign runs ``Setup.items`` items on ``Setup.workers``
+isolated workers (``run_worker(isolate=True)``). An item's task time is drawn from a log-normal
+distribution (median ``Setup.median`` seconds, spread ``sigma``); a fraction of items is merely
+slow (``Setup.slow_factor`` times longer, on every attempt), and each attempt hangs with
+probability ``hang``. The watchdog is off, a multiple of the median task time, or the adaptive rule
+(``WatchdogConfig(120, quantile=0.99)``, see :data:`ADAPTIVE`). Every campaign has the same
 workers (fixed CPU) and the same time budget (fixed campaign time). Per campaign it measures, from
 the durable journal:
 
@@ -23,7 +24,7 @@ the durable journal:
   good deferred     items that never hung but were deferred (timed out on every attempt)
   parked            ranks parked at the end
 
-Group 2, real rank kills. ``--kills`` worker ranks of a campaign get SIGKILL from this driver at
+Group 2, real rank kills. ``Setup.kills`` worker ranks of a campaign get SIGKILL from this driver at
 seeded random moments. Under ULFM it measures kill-to-rollback latency (the master's rollback
 time minus the kill time, both ``time.time()`` on this machine), completion on the survivors, work
 lost and duplicate commits (both must be 0). Without ULFM, for contrast, the same kill ends the
