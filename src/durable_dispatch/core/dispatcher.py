@@ -613,9 +613,10 @@ class Dispatcher:
         _advance(tx, TxEvent.RESULT)
         if tx.sent_at is not None:
             self._sizer.observe(len(tx.items), now - tx.sent_at)
-            if all(w.timeout is None for w in tx.items):  # what the adaptive deadline governs
+            # under the adaptive rule, the task times it governs: items without a timeout
+            if self.watchdog.adaptive and all(w.timeout is None for w in tx.items):
                 self._task_times.add((now - tx.sent_at) / len(tx.items))
-                if self.watchdog.adaptive and len(self._task_times) == self.watchdog.min_samples:
+                if len(self._task_times) == self.watchdog.min_samples:
                     self._fit_open_deadlines()
         out: list[Decision] = []
         keep: list[WorkItem] = []
