@@ -46,13 +46,12 @@ import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -285,7 +284,6 @@ def task(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
 
 def role_campaign(config_path: str) -> None:
     """One campaign: rank 0 runs the master, every other rank a worker."""
-    sys.path.insert(0, str(HERE.parent.parent / "src"))
     from mpi4py import MPI
 
     from durable_dispatch import RetryPolicy, WatchdogConfig, WorkItem
@@ -353,46 +351,27 @@ class Setup:
     kills: int = 2
     kill_workers: int = 6
     kill_seeds: int = 5
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _journal_records(state: str) -> list[dict[str, Any]]:
-    from durable_dispatch import Journal
     from durable_dispatch.replay import STATE_JOURNAL
+    from durable_dispatch.storage.journal import read_journal
 
-    with Journal.open(os.path.join(state, STATE_JOURNAL)) as j:
-        return [r.payload for r in j.records() if isinstance(r.payload, dict)]
+    path = os.path.join(state, STATE_JOURNAL)
+    return [r.payload for r in read_journal(path) if isinstance(r.payload, dict)]
 
 
-def _launch(cfg: dict[str, Any], ulfm: bool) -> subprocess.Popen[str]:
-    from durable_dispatch.mpi.launcher import launch_env, mpiexec_command
+def _run(cfg: dict[str, Any], ulfm: bool) -> Any:
+    """Run one campaign under ``mpiexec`` in its own session (killed after its budget plus a
+    margin); its :class:`~durable_dispatch.mpi.launcher.MpiexecResult`."""
+    from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
 
     Path(cfg["config"]).write_text(json.dumps(cfg))
-    cmd = mpiexec_command(
-        cfg["ranks"], [sys.executable, str(HERE), "--role", "campaign", cfg["config"]], ulfm=ulfm
+    argv = [sys.executable, str(HERE), "--role", "campaign", cfg["config"]]
+    env = {"PYTHONPATH": str(HERE.parent.parent / "src")}
+    return run_mpiexec(
+        mpiexec_command(cfg["ranks"], argv, ulfm=ulfm), timeout=cfg["budget"] + 90, env=env
     )
-    return subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=launch_env({"PYTHONPATH": str(HERE.parent.parent / "src")}, quiet=True),
-        start_new_session=True,
-    )
-
-
-def _wait(proc: subprocess.Popen[str], timeout: float) -> tuple[int | None, str]:
-    from durable_dispatch.mpi.launcher import kill_session
-
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        return None, ""
-    finally:
-        kill_session(proc)  # every rank, even after a clean end (nothing is left to kill then)
-        if proc.poll() is None:
-            proc.communicate()
 
 
 def _campaign_cfg(tmp: str, name: str, items: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
@@ -408,6 +387,46 @@ def _campaign_cfg(tmp: str, name: str, items: list[dict[str, Any]], **kw: Any) -
     }
     cfg.update(kw)
     return cfg
+
+
+#: ``mpiexec`` launches per campaign: Open MPI's runtime sometimes fails to start at all ("The
+#: PMIx server's listener thread failed to start", exit 213), before any rank ran. Such a launch
+#: is retried (in a fresh directory, or on a state directory nothing touched) and counted
+#: (``launch_retries``); any other failure ends the run.
+LAUNCH_TRIES = 3
+
+
+def _launch_failed(name: str, cfg: Mapping[str, Any], code: int | None, out: str, n: int) -> None:
+    """A campaign did not end as it should: retry only if its master never started."""
+    started = Path(cfg["pids"], "started").exists()
+    if started or n + 1 >= LAUNCH_TRIES:
+        raise SystemExit(f"campaign {name} failed (exit {code}):\n{out[-3000:]}")
+    print(f"campaign {name}: the MPI runtime did not start (exit {code}); again", flush=True)
+
+
+def _tries(
+    name: str,
+    cfg_for: Callable[[int], dict[str, Any]],
+    run: Callable[[dict[str, Any]], Any],
+    ok: Callable[[dict[str, Any], Any], bool],
+) -> tuple[dict[str, Any], Any, int]:
+    """Run ``run(cfg_for(attempt))`` until ``ok`` (see :data:`LAUNCH_TRIES`); the config, the
+    result and how many launches were retried."""
+    for attempt in range(LAUNCH_TRIES):
+        cfg = cfg_for(attempt)
+        res = run(cfg)
+        if ok(cfg, res):
+            return cfg, res, attempt
+        _launch_failed(name, cfg, res.returncode, res.stdout + res.stderr, attempt)
+    raise AssertionError("unreachable: the last failed launch raised")
+
+
+def _ended_well(cfg: Mapping[str, Any], res: Any) -> bool:
+    return bool(res.returncode == 0 and os.path.exists(cfg["out"]))
+
+
+def _started(cfg: Mapping[str, Any], res: Any) -> bool:
+    return Path(cfg["pids"], "started").exists()
 
 
 def run_group1(s: Setup, cell: Cell, seed: int, tmp: str) -> dict[str, Any]:
@@ -426,8 +445,9 @@ def run_group1(s: Setup, cell: Cell, seed: int, tmp: str) -> dict[str, Any]:
     if cell.adaptive:
         wd = ADAPTIVE
     name = f"g1-s{cell.sigma}-h{cell.hang}-{cell.label}-{seed}"
-    for attempt in range(LAUNCH_TRIES):
-        cfg = _campaign_cfg(
+
+    def cfg_for(attempt: int) -> dict[str, Any]:
+        return _campaign_cfg(
             tmp,
             f"{name}-try{attempt}",
             items,
@@ -436,10 +456,8 @@ def run_group1(s: Setup, cell: Cell, seed: int, tmp: str) -> dict[str, Any]:
             retries=s.retries,
             budget=s.budget,
         )
-        code, out = _wait(_launch(cfg, ulfm=False), s.budget + 90)
-        if code == 0 and os.path.exists(cfg["out"]):
-            break
-        _launch_failed(name, cfg, code, out, attempt)
+
+    cfg, _res, retried = _tries(name, cfg_for, lambda c: _run(c, ulfm=False), _ended_well)
     rep = json.loads(Path(cfg["out"]).read_text())
     m = account(
         attempts_of(_journal_records(cfg["state"])),
@@ -452,24 +470,9 @@ def run_group1(s: Setup, cell: Cell, seed: int, tmp: str) -> dict[str, Any]:
         seconds=rep["seconds"],
         parked=rep["parked"],
         seed=seed,
-        launch_retries=attempt,
+        launch_retries=retried,
     )
     return m
-
-
-#: ``mpiexec`` launches per campaign: Open MPI's runtime sometimes fails to start at all ("The
-#: PMIx server's listener thread failed to start", exit 213), before any rank ran. Such a launch
-#: is retried in a fresh directory and counted (``launch_retries``); any other failure ends the
-#: run.
-LAUNCH_TRIES = 3
-
-
-def _launch_failed(name: str, cfg: Mapping[str, Any], code: int | None, out: str, n: int) -> None:
-    """A campaign did not end as it should: retry only if its master never started."""
-    started = Path(cfg["pids"], "started").exists()
-    if started or n + 1 >= LAUNCH_TRIES:
-        raise SystemExit(f"campaign {name} failed (exit {code}):\n{out[-3000:]}")
-    print(f"campaign {name}: the MPI runtime did not start (exit {code}); again", flush=True)
 
 
 def _with_kills(
@@ -478,10 +481,10 @@ def _with_kills(
     victims: Sequence[int],
     moments: Sequence[float],
     killed: dict[int, float],
-) -> tuple[int | None, str]:
+) -> Any:
     """Run a campaign and SIGKILL ``victims`` at ``moments`` after its master started (none if
     it never starts); ``killed``: rank -> ``time.time()`` just before its kill."""
-    proc = _launch(cfg, ulfm)
+    killed.clear()
     done = threading.Event()
 
     def killer() -> None:
@@ -500,7 +503,7 @@ def _with_kills(
     th = threading.Thread(target=killer, daemon=True)
     th.start()
     try:
-        return _wait(proc, cfg["budget"] + 90)
+        return _run(cfg, ulfm)
     finally:
         done.set()
         th.join(5)
@@ -526,8 +529,10 @@ def run_group2(s: Setup, seed: int, tmp: str, ulfm: bool) -> dict[str, Any]:
     victims = rnd.sample(range(1, s.kill_workers + 1), s.kills if ulfm else 1)
     moments = sorted(rnd.uniform(0.2, 0.7) * ideal for _ in victims)
     name = f"g2-{'ulfm' if ulfm else 'noulfm'}-{seed}"
-    for attempt in range(LAUNCH_TRIES):
-        cfg = _campaign_cfg(
+    killed: dict[int, float] = {}
+
+    def cfg_for(attempt: int) -> dict[str, Any]:
+        return _campaign_cfg(
             tmp,
             f"{name}-try{attempt}",
             items,
@@ -537,22 +542,23 @@ def run_group2(s: Setup, seed: int, tmp: str, ulfm: bool) -> dict[str, Any]:
             budget=s.budget * 3,
             isolate=False,
         )
-        killed: dict[int, float] = {}
-        code, out = _with_kills(cfg, ulfm, victims, moments, killed)
-        job_end = time.time()
-        if Path(cfg["pids"], "started").exists():
-            break
-        _launch_failed(name, cfg, code, out, attempt)
+
+    def killing(cfg: dict[str, Any]) -> Any:
+        return _with_kills(cfg, ulfm, victims, moments, killed)
+
+    cfg, res, retried = _tries(name, cfg_for, killing, _started)
+    job_end = time.time()
+    code = res.returncode
     result: dict[str, Any] = {
         "seed": seed,
         "ulfm": ulfm,
         "killed": len(killed),
         "exit": code,
-        "launch_retries": attempt,
+        "launch_retries": retried,
     }
     if ulfm:
-        if code != 0 or not os.path.exists(cfg["out"]):
-            raise SystemExit(f"campaign {name} failed (exit {code}):\n{out[-3000:]}")
+        if not _ended_well(cfg, res):
+            raise SystemExit(f"campaign {name} failed (exit {code}):\n{res.stderr[-3000:]}")
         rep = json.loads(Path(cfg["out"]).read_text())
         lost = {int(k): v for k, v in rep["lost_ranks"].items()}
         result["latencies"] = [lost[r] - t for r, t in killed.items() if r in lost]
@@ -563,12 +569,12 @@ def run_group2(s: Setup, seed: int, tmp: str, ulfm: bool) -> dict[str, Any]:
         result["job_ended"] = code != 0
         result["kill_to_job_end"] = job_end - min(killed.values()) if killed else None
         t = time.monotonic()
-        for attempt in range(LAUNCH_TRIES):  # the same command again, on the same directory
+
+        def again(attempt: int) -> dict[str, Any]:  # the same command, on the same directory
             Path(cfg["pids"], "started").unlink(missing_ok=True)
-            code2, out2 = _wait(_launch(cfg, ulfm=False), cfg["budget"] + 90)
-            if code2 == 0 and os.path.exists(cfg["out"]):
-                break
-            _launch_failed(f"restart of {name}", cfg, code2, out2, attempt)
+            return cfg
+
+        _tries(f"restart of {name}", again, lambda c: _run(c, ulfm=False), _ended_well)
         rep = json.loads(Path(cfg["out"]).read_text())
         result["restart_seconds"] = time.monotonic() - t
         result["finished"] = rep["finished"]
@@ -900,10 +906,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-json", default=None, help="render docs from saved raw results")
     ap.add_argument("--docs", default=None, help="write experiments-results.md and figures here")
     a = ap.parse_args(argv)
+    sys.path.insert(0, str(HERE.parent.parent / "src"))  # this checkout's library, not another
     if a.role == "campaign":
         role_campaign(a.config)
         return 0
-    sys.path.insert(0, str(HERE.parent.parent / "src"))
     s = Setup()
     if a.quick:
         s = Setup(

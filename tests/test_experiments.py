@@ -183,6 +183,26 @@ def test_only_a_launch_that_never_started_is_retried(tmp_path: Path) -> None:
         X._launch_failed("c", cfg, 1, "a traceback", 0)  # it ran and failed: never retried
 
 
+def test_tries_launches_again_until_the_campaign_ends_well(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    codes = iter([213, 0])  # the runtime did not start, then a clean run
+
+    def cfg_for(attempt: int) -> dict[str, Any]:
+        d = tmp_path / f"try{attempt}"
+        d.mkdir()
+        return {"pids": str(d), "out": str(d / "out.json")}
+
+    def run(cfg: dict[str, Any]) -> Any:
+        code = next(codes)
+        if code == 0:
+            Path(cfg["out"]).write_text("{}")
+        return SimpleNamespace(returncode=code, stdout="", stderr="PMIx")
+
+    cfg, res, retried = X._tries("c", cfg_for, run, X._ended_well)
+    assert (retried, res.returncode) == (1, 0) and cfg["pids"].endswith("try1")
+
+
 # ------------------------------------------------------------------ one smoke run (CI)
 @pytest.mark.mpi
 def test_one_cell_of_each_group_runs_under_mpiexec(tmp_path: Path) -> None:
