@@ -191,13 +191,13 @@ class WatchdogConfig:
         q = self.quantile
         if q is not None and not (isinstance(q, (int, float)) and 0 < q < 1):
             raise ConfigurationError(f"quantile must be within (0, 1), got {q!r}", name="quantile")
-        for name, value, low in (("multiple", self.multiple, 1.0), ("floor", self.floor, 0.0)):
-            if not (isinstance(value, (int, float)) and value >= low and math.isfinite(value)):
-                raise ConfigurationError(
-                    f"{name} must be a number >= {low:g}, got {value!r}", name=name
-                )
-        if self.floor == 0:
-            raise ConfigurationError("floor must be > 0 seconds, got 0", name="floor")
+        m, f = self.multiple, self.floor
+        if not (isinstance(m, (int, float)) and math.isfinite(m) and m >= 1):
+            raise ConfigurationError(f"multiple must be a number >= 1, got {m!r}", name="multiple")
+        if not (isinstance(f, (int, float)) and math.isfinite(f) and f > 0):
+            raise ConfigurationError(
+                f"floor must be a number of seconds > 0, got {f!r}", name="floor"
+            )
         if type(self.min_samples) is not int or not 1 <= self.min_samples <= ADAPTIVE_WINDOW:
             raise ConfigurationError(
                 f"min_samples must be an integer within 1..{ADAPTIVE_WINDOW}, got "
@@ -217,7 +217,8 @@ class WatchdogConfig:
 
     @property
     def lease(self) -> float:
-        """The heartbeat lease in seconds."""
+        """The configured heartbeat lease in seconds, else ``seconds`` (under the adaptive rule
+        the core pushes by the fitted deadline instead: ``Dispatcher.lease_seconds``)."""
         return self.heartbeat_lease if self.heartbeat_lease is not None else self.seconds
 
     @classmethod
