@@ -25,7 +25,7 @@ import pytest
 from durable_dispatch import CampaignState, DeferJournal, Journal, SnapshotStore
 from durable_dispatch.core import RetryPolicy, Send, WatchdogConfig, WorkItem
 from durable_dispatch.errors import DurableDispatchError, NotDurableError
-from durable_dispatch.state import compact_state, view_state
+from durable_dispatch.state import SNAPSHOT_NAME, compact_state, view_state
 from durable_dispatch.storage.defer import DEFAULT_DEFER_NAME
 from durable_dispatch.testing import inject_faults
 
@@ -319,7 +319,8 @@ def test_rollback_then_snapshot_crash_states(tally: Tally, tmp_path: Path, batch
     acked: list[tuple[int, str]] = []
     with record() as ops:
         s = CampaignState.open(root, ranks=(1, 2), watchdog=WatchdogConfig(3), retry=RetryPolicy(2))
-        s.submit(WorkItem(w) for w in ids)
+        s.submit(WorkItem(w, {"payload of": w}) for w in ids)
+        submitted = len(ops)  # from here on every item is durable (the store and the journal)
         n = {"k": 0}
 
         def behave(send: Send) -> str:
@@ -331,6 +332,8 @@ def test_rollback_then_snapshot_crash_states(tally: Tally, tmp_path: Path, batch
         )
         s.close()
     assert len(acked) + len(view_state(root).projection.deferred) == len(ids)
+    snap = SnapshotStore(root, name=SNAPSHOT_NAME).load()
+    assert snap is not None and snap.value["state"]["form"] == 2  # the compact form (S8)
 
     def check(d: Path, k: int) -> tuple[bool, str]:
         with CampaignState.open(d, ranks=(1, 2)) as s2:
@@ -343,6 +346,11 @@ def test_rollback_then_snapshot_crash_states(tally: Tally, tmp_path: Path, batch
             known |= set(core.in_flight())
             if not known <= set(ids):
                 return False, "unknown work IDs appeared"
+            if k >= submitted and known != set(ids):
+                return False, f"submitted items lost: {sorted(set(ids) - known)[:5]}"
+            items = core.ledger.items
+            if any(items[w].payload != {"payload of": w} for w in core.pending()):
+                return False, "a pending item's payload changed"
             if s2.statistics().duplicate_commits_in_journal:
                 return False, "a work ID was committed twice in the record"
         return True, ""

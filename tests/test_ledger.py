@@ -23,7 +23,7 @@ from durable_dispatch.core.events import (
     encode,
     of_decision,
 )
-from durable_dispatch.core.ledger import Frontier, Ledger
+from durable_dispatch.core.ledger import COMPACT_FORM, Frontier, Ledger, Runs
 from durable_dispatch.core.tokens import Token
 from durable_dispatch.schema import Invalid
 
@@ -200,3 +200,153 @@ def test_replaying_the_cores_events_rebuilds_its_ledger(ops: list[str], ranks: i
         for rec in records:
             replayed.apply_record(rec)
         assert replayed == d.ledger
+
+
+# ------------------------------------------------------------------ the compact form (issue 17)
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 60), max_size=120))
+def test_runs_are_the_set_they_were_given(values: list[int]) -> None:
+    r, seen = Runs(), set()
+    for v in values:
+        assert r.add(v) is (v not in seen)
+        seen.add(v)
+    assert set(r) == set(values) and len(r) == len(set(values))
+    runs = r.runs()
+    assert all(a < b for a, b in runs)
+    assert all(b1 < a2 for (_a1, b1), (a2, _b2) in zip(runs, runs[1:], strict=False))  # no touching
+    assert all((v in r) == (v in values) for v in range(-1, 62))
+    assert set(Runs.of_runs(runs)) == set(values)
+    assert "a" not in r
+
+
+def test_runs_refuse_what_is_not_sorted_and_disjoint() -> None:
+    for bad in ([[3, 3]], [[4, 2]], [[0, 2], [1, 3]], [[0, 2], [2, 3]]):
+        with pytest.raises(Invalid):
+            Runs.of_runs(bad)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["append", "appendleft", "remove"]), st.integers(0, 30)),
+        max_size=100,
+    )
+)
+def test_the_frontier_is_the_list_it_models(ops: list[tuple[str, int]]) -> None:
+    """Runs of indices behave as the plain ordered list (with set membership) they replace."""
+    f, model = Frontier(), []
+    for op, n in ops:
+        w = f"w{n}"
+        if op == "remove":
+            f.remove(w)
+            if w in model:
+                model.remove(w)
+        elif w not in model:
+            getattr(f, op)(w)
+            model.append(w) if op == "append" else model.insert(0, w)
+        assert list(f) == model and len(f) == len(model) and f.head() == (model or [None])[0]
+        assert all((f"w{k}" in f) == (f"w{k}" in model) for k in range(31))
+    assert len(f.runs()) <= len(model)
+
+
+def _store_of(led: Ledger) -> list[tuple[int, list[Any]]]:
+    """The submissions store a shell would have written for ``led``'s indices."""
+    from durable_dispatch.admin import _store_records
+
+    return [(r["first"], r["items"]) for r in _store_records(led, 0, len(led.ids), chunk=5)]
+
+
+def test_the_compact_form_names_indices_and_runs_and_loads_back() -> None:
+    led = Ledger(1)
+    led.apply(Submitted(tuple(WorkItem(w, {"p": w}) for w in "abcdef")))
+    led.apply(Dispatched(T1, 2, ("a", "b")))
+    led.apply(Committed(T1, 2, ("a",)))
+    led.apply(Requeued("b", T1, "watchdog-timeout", "timeout", 1, "late"))
+    led.apply(Dispatched(T2, 3, ("c",)))
+    led.apply(Deferred("c", T2, "invalid-result", 2, ("error", "error"), "boom"))
+    snap = led.to_compact()
+    assert snap["form"] == COMPACT_FORM and snap["size"] == 6
+    assert snap["frontier"] == [[1, 2], [3, 6]] and snap["committed"] == [[0, 1]]
+    assert snap["deferred"] == [2] and snap["in_flight"] == []
+    back, tail = Ledger.from_compact(snap, _store_of(led))
+    assert back == led and tail == {} and back.ids.ids == led.ids.ids
+    assert led.to_compact(committing={"b"})["committed"] == [[0, 2]]
+
+
+def test_items_after_the_snapshot_wait_for_their_journal_record() -> None:
+    led = Ledger(1)
+    led.apply(Submitted((WorkItem("a"),)))
+    snap = led.to_compact()
+    led.apply(Submitted((WorkItem("b", 7), WorkItem("c")), first=1, stored=True))
+    back, tail = Ledger.from_compact(snap, _store_of(led))
+    assert list(back.frontier) == ["a"] and sorted(tail) == [1, 2] and tail[1].payload == 7
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda s, st_: s.update(size=9), "size"),  # the store holds fewer indices
+        (lambda s, st_: s.update(frontier=[[0, 2], [1, 3]]), "frontier"),  # an index twice
+        (lambda s, st_: s.update(deferred=[1], frontier=[[0, 3]]), "deferred"),
+        (lambda s, st_: s.update(frontier=[[0, 4]]), "frontier"),  # outside the size
+        (lambda s, st_: s.update(form=99), "form"),  # a later version's form
+        (lambda s, st_: st_.__setitem__(0, (1, st_[0][1])), "first"),  # a record out of place
+        (lambda s, st_: st_[0][1].__setitem__(1, None), "items"),  # void where one is pending
+        (lambda s, st_: st_[0][1][1].update(work_id="a"), "work_id"),  # an ID at two indices
+    ],
+)
+def test_a_compact_snapshot_the_store_does_not_match_is_invalid(change: Any, field: str) -> None:
+    led = Ledger(1)
+    led.apply(Submitted(tuple(WorkItem(w) for w in "abc")))
+    snap, store = led.to_compact(), _store_of(led)
+    change(snap, store)
+    with pytest.raises(Invalid) as ei:
+        Ledger.from_compact(snap, store)
+    assert ei.value.field == field
+
+
+def test_a_submission_numbers_from_its_first_index_and_never_reuses_one() -> None:
+    led = Ledger(1)
+    led.apply(Submitted((WorkItem("a"),), first=2))  # 0 and 1 are void
+    led.apply(Submitted((WorkItem("a"), WorkItem("b"))))  # a is known: index 3 is void
+    assert led.ids.ids == [None, None, "a", None, "b"] and list(led.frontier) == ["a", "b"]
+    with pytest.raises(Invalid):
+        led.apply(Submitted((WorkItem("c"),), first=4))
+    stored = Submitted((WorkItem("c"),), first=5, stored=True)
+    rec = encode(stored)
+    assert rec == {"event": "submitted", "first": 5, "count": 1}
+    assert decode(rec, lambda first, count: [WorkItem("c")]) == stored
+    with pytest.raises(Invalid):
+        decode(rec)  # without the store
+    for bad in ({"event": "submitted", "first": -1, "count": 1}, {"event": "submitted"}):
+        with pytest.raises(Invalid):
+            decode(bad, lambda first, count: [])
+
+
+def test_the_compact_form_costs_the_same_at_every_campaign_size() -> None:
+    """S8: a snapshot's size does not grow with the queue (the same history on 100 and on
+    100,000 pending items gives the same compact form, but for its size)."""
+    import orjson
+
+    forms = []
+    for n in (100, 100_000):
+        led = Ledger(1)
+        led.apply(
+            Submitted(tuple(WorkItem(f"w{i}", {"seed": i, "pad": "x" * 40}) for i in range(n)))
+        )
+        for k in range(1, 25):  # 24 dispatches: 12 commit, 6 time out, 2 defer, 4 stay out
+            w = f"w{k - 1}"
+            led.apply(Dispatched(Token(1, k), k % 8, (w,)))
+            if k <= 12:
+                led.apply(Committed(Token(1, k), k % 8, (w,)))
+            elif k <= 18:
+                led.apply(Requeued(w, Token(1, k), "watchdog-timeout", "timeout", 1, "late"))
+            elif k <= 20:
+                led.apply(Deferred(w, Token(1, k), "invalid-result", 3, ("error",) * 3, "boom"))
+        snap = led.to_compact()
+        # each requeue went to the front: 6 runs of one, then the rest in one run
+        assert snap["size"] == n and len(snap["frontier"]) == 7 and len(snap["in_flight"]) == 4
+        snap["size"] = 0
+        snap["frontier"][-1][1] -= n
+        forms.append(orjson.dumps(snap))
+    assert forms[0] == forms[1]

@@ -16,6 +16,7 @@ from durable_dispatch.core import Commit, Dispatcher, RetryPolicy, Send, Watchdo
 from durable_dispatch.errors import LockHeldError
 from durable_dispatch.state import STATE_JOURNAL, Ledger, event_work_ids, replay, view_state
 from durable_dispatch.storage import Journal
+from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import inject_faults
 
 from .helpers import fake_campaign
@@ -34,13 +35,19 @@ def _replayed(state: CampaignState) -> dict[str, Any]:
     base = snap.value if snap else {}
     after = base.get("journal_seq", -1)
     events = (r.payload for r in state.journal.records(from_seq=after + 1))
-    return replay(base.get("state"), events).to_snapshot()
+    return replay(base.get("state"), events, _stored(state)).to_snapshot()
+
+
+def _stored(state: CampaignState) -> list[Any]:
+    """The submissions store's records (the payloads the snapshot and the journal name)."""
+    return [r.payload for r in state.submissions.records()]
 
 
 def _replayed_from_the_journal(state: CampaignState) -> dict[str, Any]:
     """The state replayed from the journal's first record, with no snapshot (a campaign whose
     disk refused every snapshot restarts this way)."""
-    return replay(None, (r.payload for r in state.journal.records())).to_snapshot()
+    events = (r.payload for r in state.journal.records())
+    return replay(None, events, _stored(state)).to_snapshot()
 
 
 def _committed_events(d: Path) -> list[str]:
@@ -161,6 +168,7 @@ def test_restart_rolls_back_in_flight_without_charging_and_rejects_old_epoch(
     s.journal.sync_now()
     # Simulate the master dying: no final snapshot, just let go of the files.
     s.journal.close()
+    s.submissions.close()
     s.defer.close()
     s._lock.release()
     s._closed = True  # dead: nothing may close it later
@@ -284,7 +292,8 @@ def test_compaction_folds_the_journal_in_the_open_scan(
     real = Journal.records
 
     def counting(j: Journal, *a: Any, **kw: Any) -> Any:
-        reads.append(1)
+        if j.path.endswith(STATE_JOURNAL):  # the submissions store is read again after a repair
+            reads.append(1)
         return real(j, *a, **kw)
 
     seen: list[tuple[int, int]] = []
@@ -344,6 +353,7 @@ def test_open_replays_the_journal_in_the_open_scan(
     # The master "dies" here: everything is durable, but no final snapshot is written.
     s.complete_commits(wait=True)
     s.journal.close()
+    s.submissions.close()
     s.defer.close()
     s._lock.release()
     s._closed = True
@@ -684,3 +694,166 @@ def test_the_facade_loop_of_the_readme_runs_a_campaign_with_faults(tmp_path: Pat
     p = view_state(tmp_path).projection
     assert len(p.committed) == 30 and p.duplicate_commits == 0
     assert {"w05", "w09", "w13"} <= set(p.kinds)
+
+
+# ------------------------------------------------------- the compact form and the store (S8)
+def _die(s: CampaignState) -> None:
+    """The master dies: no final snapshot, its files just let go of."""
+    s.journal.close()
+    s.submissions.close()
+    s.defer.close()
+    s._lock.release()
+    s._closed = True
+
+
+def _some_fail(send: Send) -> str:
+    """Every fourth dispatch hangs, every fourth after it is malformed."""
+    return ("ok", "silent", "ok", "malformed")[send.token.n % 4]
+
+
+def _newest_state(d: Path) -> dict[str, Any]:
+    from durable_dispatch.state import SNAPSHOT_NAME
+
+    snap = SnapshotStore(d, name=SNAPSHOT_NAME).load()
+    assert snap is not None
+    return dict(snap.value["state"])
+
+
+def test_snapshots_name_items_by_index_and_a_reopen_equals_live(tmp_path: Path) -> None:
+    items = [WorkItem(f"w{i}", {"seed": i, "pad": "x" * 50}) for i in range(3000)]
+    s = _open(tmp_path, retry=RetryPolicy(2))
+    s.submit(items)
+    with pytest.raises(AssertionError, match="did not finish"):  # stopped part way
+        fake_campaign(s, max_turns=40, behave=_some_fail)  # rollbacks: S8 snapshots
+    s.save_snapshot("test")
+    live = s.core.snapshot()
+    state = _newest_state(tmp_path)
+    assert state["form"] == 2 and state["size"] == 3000
+    assert len(orjson.dumps(state)) < 4000  # runs and indices: no payload of 3,000 items
+    assert live["frontier"] and live["committed"]
+    _die(s)
+    with _open(tmp_path) as s2:
+        back = s2.core.snapshot()
+    for k in ("committed", "deferred", "attempts", "kinds", "solo"):
+        assert back[k] == live[k], k
+    # the rollback of the restart puts what was in flight first; the rest keeps its order
+    pending = [w["work"]["work_id"] for w in live["in_flight"][::-1]] + [
+        w["work_id"] for w in live["frontier"]
+    ]
+    assert sorted(w["work_id"] for w in back["frontier"]) == sorted(pending)
+    payloads = {w["work_id"]: w["payload"] for w in back["frontier"]}
+    assert all(payloads[i.work_id] == i.payload for i in items if i.work_id in payloads)
+
+
+OLD = Path(__file__).parent / "testdata" / "state-95632d3"
+
+
+def test_a_state_directory_of_the_last_version_opens_and_moves_to_the_store(
+    tmp_path: Path,
+) -> None:
+    """A directory written by 95632d3 (snapshots holding every payload, no submissions store,
+    a master that died with w04 in flight) opens with nothing lost; its items move to the
+    store and the next snapshots are compact."""
+    import shutil
+
+    from durable_dispatch.results import read_results
+    from durable_dispatch.state import SUBMISSIONS
+
+    d = tmp_path / "old"
+    shutil.copytree(OLD, d)
+    assert not (d / SUBMISSIONS).exists()
+    with CampaignState.open(d, ranks=(1,)) as s:
+        core = s.core
+        assert core.committed() == {"w00", "w01", "w03"} and set(core.deferred()) == {"w02"}
+        assert core.pending() == [f"w{i:02d}" for i in range(4, 15)]  # w04 rolled back first
+        assert core.ledger.items["w05"].payload == {"seed": 5, "name": "item 5"}
+        assert core.ledger.items["w13"].payload == {"seed": 13}
+        assert core.statistics().master_restart_rollbacks == 1
+    assert _newest_state(d)["form"] == 2
+    stored = [w for r in read_journal(d / SUBMISSIONS) for w in r.payload["items"]]
+    assert len(stored) == 15
+    with CampaignState.open(d, ranks=(1,)) as s:
+        assert s.core.pending() == [f"w{i:02d}" for i in range(4, 15)]
+        assert s.core.ledger.items["w05"].payload == {"seed": 5, "name": "item 5"}
+    assert sorted(r.work_id for r in read_results(d)) == ["w00", "w01", "w03"]
+
+
+def test_items_stored_before_a_crash_are_submitted_at_the_next_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between the store's fsync and the journal's record of a submission: the items
+    were durable, so the next open submits them (once), in order."""
+    s = _open(tmp_path)
+    s.submit(ITEMS[:3])
+
+    def crash(*a: Any, **k: Any) -> None:
+        raise KeyboardInterrupt("the master dies")
+
+    monkeypatch.setattr(s, "_announce", crash)
+    with pytest.raises(KeyboardInterrupt):
+        s.submit(ITEMS[3:])
+    _die(s)
+    with _open(tmp_path) as s2:
+        assert s2.core.pending() == [i.work_id for i in ITEMS]
+        assert s2.core.ledger.items["w7"].payload == {"i": 7}
+        assert s2.submit(ITEMS) == 0  # the work source again: all known
+    with _open(tmp_path) as s3:
+        assert s3.core.pending() == [i.work_id for i in ITEMS]
+
+
+def test_a_store_that_is_not_durable_keeps_submissions_in_the_journal(tmp_path: Path) -> None:
+    """When the submissions store cannot be fsynced, the journal's records carry the items and
+    no snapshot names what the store may lose; a crash then loses nothing."""
+    from durable_dispatch.state import SUBMISSIONS
+
+    s = _open(tmp_path)
+    s.submit(ITEMS[:5])
+    with inject_faults() as faults:
+        faults.fail("fsync", errno.EIO, path=f"*{SUBMISSIONS}")
+        s.submit(ITEMS[5:])
+        assert s.statistics().submissions_health["state"] == "DEGRADED"
+        assert s.save_snapshot("test") is False
+        assert s.statistics().snapshot_failures == 1
+    last = [r.payload for r in s.journal.records() if r.payload["event"] == "submitted"][-1]
+    assert last["items"][0]["work_id"] == "w5" and last["first"] == 5
+    _die(s)
+    with _open(tmp_path) as s2:
+        assert s2.core.pending() == [i.work_id for i in ITEMS]
+        assert s2.core.ledger.items["w19"].payload == {"i": 19}
+    with _open(tmp_path) as s3:  # its own snapshot, of the compact form, loads too
+        assert s3.core.pending() == [i.work_id for i in ITEMS]
+    assert _newest_state(tmp_path)["form"] == 2
+
+
+def test_an_item_too_large_to_store_is_refused_after_the_ones_before_it(tmp_path: Path) -> None:
+    from durable_dispatch.errors import RecordTooLargeError
+
+    huge = WorkItem("huge", "x" * (17 << 20))
+    with _open(tmp_path) as s:
+        with pytest.raises(RecordTooLargeError, match="huge"):
+            s.submit([*ITEMS, huge, WorkItem("after")])
+        assert s.core.pending() == [i.work_id for i in ITEMS]
+    with _open(tmp_path) as s2:
+        assert s2.core.pending() == [i.work_id for i in ITEMS]
+        assert s2.core.status("huge") is None and s2.core.status("after") is None
+
+
+def test_compaction_keeps_every_payload_in_the_store(tmp_path: Path) -> None:
+    from durable_dispatch.state import compact_state
+
+    items = [WorkItem(f"w{i}", {"i": i, "blob": "y" * i}) for i in range(600)]
+    with _open(tmp_path) as s:
+        s.submit(items)
+        with pytest.raises(AssertionError, match="did not finish"):
+            fake_campaign(s, max_turns=30, behave=_some_fail)
+        pending = s.core.pending()
+    rep = compact_state(tmp_path)
+    assert rep.records_after == 0 and pending
+    with _open(tmp_path) as s2:
+        assert s2.core.pending()[-10:] == pending[-10:]
+        assert all(
+            s2.core.ledger.items[w].payload == {"i": int(w[1:]), "blob": "y" * int(w[1:])}
+            for w in pending
+        )
+        fake_campaign(s2)
+        assert s2.core.committed() | set(s2.core.deferred()) == {i.work_id for i in items}

@@ -14,7 +14,8 @@ from typing import Any
 
 import filelock
 
-from .core.events import RequeuedDeferred, encode
+from .core.decisions import WorkItem
+from .core.events import RequeuedDeferred, Submitted, encode
 from .core.ledger import Ledger
 from .errors import LockHeldError, StorageError
 from .replay import (
@@ -23,9 +24,12 @@ from .replay import (
     RESULT_RECORD_BYTES,
     SNAPSHOT_NAME,
     STATE_JOURNAL,
+    SUBMIT_CHUNK,
+    Stored,
     _decoded,
     _fold,
     _load_snapshot,
+    _load_store,
     _open_and_fold,
 )
 from .storage import DeferJournal, Journal
@@ -151,12 +155,12 @@ def view_state(directory: str | os.PathLike[str]) -> StateView:
     _store, snap = _load_snapshot(d)
     base = snap.value if snap is not None else {}
     after = int(base.get("journal_seq", -1))
-    proj = Ledger.from_snapshot(base.get("state"))
+    _none, proj, stored = _load_store(d, base.get("state"), writer=False)
     n, last = 0, after
     jpath = os.path.join(d, STATE_JOURNAL)
     if os.path.exists(jpath):
         for rec in read_journal(jpath, from_seq=after + 1):
-            _fold(proj, rec.payload, jpath, seq=rec.seq)
+            _fold(proj, rec.payload, jpath, stored, seq=rec.seq)
             n += 1
             last = rec.seq
     return StateView(
@@ -211,6 +215,61 @@ class CompactReport:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return dict(vars(self))
+
+
+def _store_records(
+    led: Ledger, first: int, end: int, chunk: int = SUBMIT_CHUNK
+) -> Iterator[dict[str, Any]]:
+    """The submissions store records of indices ``first .. end-1`` as the ledger knows them: a
+    committed item by its work ID only (its payload is no longer kept), a void index as None."""
+    ids, items = led.ids.ids, led.items
+    for a in range(first, end, chunk):
+        out: list[Any] = []
+        for i in range(a, min(end, a + chunk)):
+            wid = ids[i]
+            if wid is None:
+                out.append(None)
+            elif wid in items:
+                out.append(items[wid].to_json())
+            else:
+                out.append({"work_id": wid})
+        yield {"first": a, "items": out}
+
+
+def _reconcile_store(journal: Journal, store: Journal, led: Ledger, stored: Stored) -> int:
+    """After a replay, bring the submissions store and the ledger in line; returns the
+    indices the store covers (then ``len(led.ids)``). Both steps append and are durable before
+    anything else is written.
+
+    * Orphans (items stored but whose ``submitted`` record never reached the journal: a crash
+      between the two) are submitted now: they were durable, the caller's ``submit`` was under
+      way, and a later ``submit`` of the same IDs skips them.
+    * Indices the ledger numbered but the store does not cover (a state written by an earlier
+      version, whose snapshot held the payloads; a commit of an ID never submitted) are
+      written to the store, so that a compact snapshot can name them.
+    """
+    run: list[WorkItem] = []
+    start = -1
+    for i, item in [*stored.orphans(len(led.ids)), (-1, None)]:
+        if run and i != start + len(run):
+            ev = Submitted(tuple(run), start, stored=True)
+            journal.append(encode(ev))
+            led.apply(ev)
+            run = []
+        if item is not None:
+            if not run:
+                start = i
+            run.append(item)
+    stored.items.clear()
+    if stored.count > len(led.ids):  # void indices at the store's end: skipped here too
+        led.ids.pad(stored.count)
+    last = -1
+    for rec in _store_records(led, stored.count, len(led.ids)):
+        last = store.append(rec).seq
+    if last >= 0:
+        store.wait_durable(last)
+    journal.sync_now()
+    return len(led.ids)
 
 
 def _take_master_lock(d: str, *, create: bool = False) -> filelock.BaseFileLock:
@@ -285,7 +344,7 @@ def compact_state(
         base = snap.value if snap is not None else {}
         results = None if dry_run else _ResultsMover(d)
         try:
-            j, proj, _n = _open_and_fold(
+            j, store, proj, _n, stored = _open_and_fold(
                 jpath,
                 base,
                 progress=progress,
@@ -297,17 +356,18 @@ def compact_state(
         finally:
             if results is not None:
                 results.close()
-        with j:
+        with j, store:
             before = j.recovery.records
-            last = j.next_seq - 1
             if dry_run:
-                est = len(Header(new_salt(), last + 1).frame())
+                est = len(Header(new_salt(), j.next_seq).frame())
                 return CompactReport(jpath, before, 0, size, est, None, True)
+            _reconcile_store(j, store, proj, stored)  # the store covers every index, durably
+            last = j.next_seq - 1
             delivered = int(base.get("delivered_seq", base.get("journal_seq", -1)))
             body = {
                 "journal_seq": last,
                 "delivered_seq": max(delivered, proj.delivered),
-                "state": proj.to_snapshot(),
+                "state": proj.to_compact(),
                 "stats": base.get("stats", {}),
             }
             gen = snaps.save(body)

@@ -17,17 +17,20 @@ from typing import Any
 
 import orjson
 
-from .core.ledger import Ledger
+from .core.decisions import WorkItem
+from .core.ledger import Ledger, LedgerLoader
 from .errors import JournalCorruptError
-from .schema import Invalid, check_state_snapshot
+from .schema import Invalid, check_state_snapshot, check_submission_record
 from .storage import Journal, SnapshotStore
 from .storage.format import RawBatch
+from .storage.journal import read_journal
 from .storage.snapshot import Snapshot
 
 __all__ = [
     "replay",
     "event_work_ids",
     "STATE_JOURNAL",
+    "SUBMISSIONS",
     "SNAPSHOT_NAME",
     "LIVE_STATS_NAME",
     "LOCK_NAME",
@@ -35,6 +38,13 @@ __all__ = [
 ]
 
 STATE_JOURNAL = "events.jsonl"
+#: The submissions store: every submitted item, payload included, once (``{"first": index,
+#: "items": [...]}`` per record); snapshots and the state journal name items by index (S8).
+SUBMISSIONS = "submissions.jsonl"
+#: Items per submissions store record (and per stored ``submitted`` record of the state journal).
+SUBMIT_CHUNK = 512
+#: A submissions store record's bound (a record holds up to 512 items; larger ones are split).
+SUBMISSION_RECORD_BYTES = 16 << 20
 SNAPSHOT_NAME = "campaign"
 #: the master's live statistics: ``master-stats.<generation>.snap`` (see ``CampaignState.tick``)
 LIVE_STATS_NAME = "master-stats"
@@ -51,17 +61,131 @@ def event_work_ids(ev: Mapping[str, Any]) -> list[str]:
     return list(ids) if ids is not None else [ev["work_id"]]
 
 
-def replay(snapshot: Mapping[str, Any] | None, events: Iterable[Mapping[str, Any]]) -> Ledger:
+def replay(
+    snapshot: Mapping[str, Any] | None,
+    events: Iterable[Mapping[str, Any]],
+    submissions: Iterable[Mapping[str, Any]] = (),
+) -> Ledger:
     """Fold the journal records ``events`` into the snapshot state ``snapshot`` (a snapshot body's
-    ``state``, or None); replay is idempotent for already-applied commits.
+    ``state`` in either form, or None); replay is idempotent for already-applied commits.
+    ``submissions``: the submissions store's records (``submissions.jsonl``), which a compact
+    snapshot and the stored ``submitted`` records name their items from.
 
     Raises:
-        schema.Invalid: a record does not match its schema (S11).
+        schema.Invalid: a record does not match its schema, or the store does not hold an item
+            named (S11).
     """
-    led = Ledger.from_snapshot(snapshot)
+    load = LedgerLoader(snapshot)
+    for rec in submissions:
+        check_submission_record(rec)
+        load.take(rec["first"], rec["items"])
+    led, tail = load.finish()
+    stored = Stored(tail, load.stored)
     for ev in events:
-        led.apply_record(ev)
+        led.apply_record(ev, stored.take)
     return led
+
+
+class Stored:
+    """The submissions store's items that the snapshot did not place, by index, for the state
+    journal's stored ``submitted`` records to take up (:meth:`take`); what is left after the
+    replay are *orphans*: stored, but a crash came before their record reached the journal."""
+
+    __slots__ = ("items", "count")
+
+    def __init__(self, items: dict[int, WorkItem], count: int) -> None:
+        self.items = items
+        self.count = count  # the indices the store covers
+
+    def take(self, first: int, count: int) -> list[WorkItem]:
+        """The items of indices ``first .. first+count-1`` (each taken once).
+
+        Raises:
+            schema.Invalid: the store does not hold one of them.
+        """
+        try:
+            return [self.items.pop(i) for i in range(first, first + count)]
+        except KeyError as e:
+            raise Invalid("first", f"index {e.args[0]} is not in the submissions store") from None
+
+    def orphans(self, after: int) -> list[tuple[int, WorkItem]]:
+        """The items left at indices ``after`` and up, in order."""
+        return sorted((i, w) for i, w in self.items.items() if i >= after)
+
+
+def _load_store(
+    d: str,
+    state: Mapping[str, Any] | None,
+    *,
+    writer: bool,
+    **journal_kw: Any,
+) -> tuple[Journal | None, Ledger, Stored]:
+    """The ledger of the snapshot ``state`` (either form), its items read from the submissions
+    store; opened for writing (``writer``, the store's journal returned) or only read.
+
+    Raises:
+        JournalCorruptError: the store is damaged or does not cover the snapshot (S11).
+    """
+    path = os.path.join(d, SUBMISSIONS)
+    if not writer:
+        exists = os.path.exists(path)
+        rows = read_journal(path, max_record_bytes=SUBMISSION_RECORD_BYTES) if exists else ()
+        return None, *_load_from(state, path, ((r.payload, None) for r in rows))
+    load = _Loader(state, path)
+    kw = {**journal_kw, "max_record_bytes": SUBMISSION_RECORD_BYTES}
+    store = Journal.open(path, visit=load.visit, **kw)
+    try:
+        if store.recovery.damage:  # the visit saw records before the repair: take what was kept
+            return store, *_load_from(state, path, ((r.payload, None) for r in store.records()))
+        return store, *load.finish()
+    except BaseException:
+        store.close()
+        raise
+
+
+class _Loader:
+    """A :class:`LedgerLoader` fed from the submissions store's records, its errors turned into
+    corruption errors naming the store (S11)."""
+
+    def __init__(self, state: Mapping[str, Any] | None, path: str) -> None:
+        self.path = path
+        try:
+            self.load = LedgerLoader(state)
+        except Invalid as e:
+            raise self._error(f"the snapshot's state does not load: {e}", e) from None
+
+    def _error(self, what: str, e: Invalid, offset: int | None = None) -> JournalCorruptError:
+        return JournalCorruptError(what, path=self.path, offset=offset, reason=str(e))
+
+    def take(self, payload: Any, offset: int | None) -> None:
+        try:
+            check_submission_record(payload)
+            self.load.take(payload["first"], payload["items"])
+        except Invalid as e:
+            what = f"invalid submissions record at offset {offset}: {e}"
+            raise self._error(what, e, offset) from None
+
+    def visit(self, batch: RawBatch) -> None:
+        for offset, payload in zip(batch.offsets, _decoded(batch, self.path), strict=True):
+            self.take(payload, offset)
+
+    def finish(self) -> tuple[Ledger, Stored]:
+        try:
+            led, tail = self.load.finish()
+        except Invalid as e:
+            what = f"the submissions store does not cover the snapshot: {e}"
+            raise self._error(what, e) from None
+        return led, Stored(tail, self.load.stored)
+
+
+def _load_from(
+    state: Mapping[str, Any] | None, path: str, rows: Iterable[tuple[Any, int | None]]
+) -> tuple[Ledger, Stored]:
+    """:class:`_Loader` over ``(payload, offset)`` rows of the store at ``path``."""
+    load = _Loader(state, path)
+    for payload, offset in rows:
+        load.take(payload, offset)
+    return load.finish()
 
 
 def _open_and_fold(
@@ -71,15 +195,18 @@ def _open_and_fold(
     progress: Callable[[int, int], None] | None = None,
     on_event: Callable[[Mapping[str, Any], int], None] | None = None,
     **journal_kw: Any,
-) -> tuple[Journal, Ledger, int]:
-    """Open the state journal and fold its records newer than the snapshot ``base`` into a
-    ledger; returns ``(journal, ledger, records folded)``.
+) -> tuple[Journal, Journal, Ledger, int, Stored]:
+    """Open the submissions store and the state journal beside it and fold the journal's records
+    newer than the snapshot ``base`` into a ledger; returns ``(journal, store, ledger, records
+    folded, the store's items not taken up)``.
 
-    The journal is read once: the open's verifying scan hands each run of records to the fold
+    Each file is read once: the open's verifying scan hands each run of records to the fold
     (``Journal.open(visit=...)``). Only when the open repaired damage are the records read again.
     """
     after = int(base.get("journal_seq", -1))
-    proj = Ledger.from_snapshot(base.get("state"))
+    d = os.path.dirname(path)
+    store, proj, stored = _load_store(d, base.get("state"), writer=True, **journal_kw)
+    assert store is not None
     count = 0
     size = os.path.getsize(path) if os.path.exists(path) else 0
 
@@ -88,34 +215,47 @@ def _open_and_fold(
         rows = zip(batch.offsets, batch.seqs, _decoded(batch, path), strict=True)
         for offset, seq, payload in rows:
             if seq > after:
-                _fold(proj, payload, path, offset=offset, seq=seq)
+                _fold(proj, payload, path, stored, offset=offset, seq=seq)
                 count += 1
             if on_event is not None:
                 on_event(payload, seq)
         if progress is not None:
             progress(batch.offsets[-1], size)
 
-    journal = Journal.open(path, visit=fold, **journal_kw)
+    try:
+        journal = Journal.open(path, visit=fold, **journal_kw)
+    except BaseException:
+        store.close()
+        raise
     if journal.recovery.damage:  # the fold saw records before the repair: fold what was kept
         try:
-            proj, count = Ledger.from_snapshot(base.get("state")), 0
+            rows = ((r.payload, None) for r in store.records())
+            proj, stored = _load_from(base.get("state"), store.path, rows)
+            count = 0
             for rec in journal.records(from_seq=after + 1):
-                _fold(proj, rec.payload, path, seq=rec.seq)
+                _fold(proj, rec.payload, path, stored, seq=rec.seq)
                 count += 1
                 if on_event is not None:
                     on_event(rec.payload, rec.seq)
         except BaseException:
             journal.close()
+            store.close()
             raise
-    return journal, proj, count
+    return journal, store, proj, count, stored
 
 
 def _fold(
-    proj: Ledger, ev: Any, path: str, *, offset: int | None = None, seq: int | None = None
+    proj: Ledger,
+    ev: Any,
+    path: str,
+    stored: Stored,
+    *,
+    offset: int | None = None,
+    seq: int | None = None,
 ) -> None:
     """Apply one event read from ``path``; an invalid one is corruption naming where it is (S11)."""
     try:
-        proj.apply_record(ev)
+        proj.apply_record(ev, stored.take)
     except Invalid as e:
         where = f"offset {offset}" if offset is not None else f"sequence number {seq}"
         raise JournalCorruptError(

@@ -22,7 +22,13 @@ from typing import Any
 
 from .core.tokens import Token
 
-__all__ = ["Invalid", "check_event", "check_defer_record", "check_state_snapshot"]
+__all__ = [
+    "Invalid",
+    "check_event",
+    "check_defer_record",
+    "check_state_snapshot",
+    "check_submission_record",
+]
 
 Check = Callable[[Any], bool]
 
@@ -101,7 +107,7 @@ _WHY: dict[Check, str] = {
 # event -> (required members, optional members). "work_id | work_ids" is handled apart.
 _EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "epoch": ({"epoch": _int}, {"ts": _num_or_none}),
-    "submitted": ({"items": _list_of(_item)}, {}),
+    "submitted": ({}, {"items": _list_of(_item), "first": _int, "count": _int}),
     "dispatched": ({"token": _str, "rank": _int}, {}),
     "committed": ({}, {"token": _str_or_none, "rank": _int}),
     "requeued": (
@@ -160,6 +166,10 @@ def check_event(ev: Any) -> None:
                 raise Invalid("work_ids", "not a non-empty list of strings")
         elif not _str(ev.get("work_id")):
             raise Invalid("work_id", "missing or not a string (nor is work_ids given)")
+    if kind == "submitted" and "items" not in ev:
+        _members(ev, {"first": _int, "count": _int}, {})
+        if ev["first"] < 0 or ev["count"] < 1:
+            raise Invalid("count", "a stored submission of no items or at a negative index")
     if kind == "requeued" and not ev.get("split") and ev.get("source") != "master-restart":
         _members(ev, {"attempts": _int, "kind": _str}, {})
 
@@ -209,6 +219,65 @@ _STATE: tuple[dict[str, Check], dict[str, Check]] = (
 )
 
 
+def _run(v: Any) -> bool:
+    return type(v) is list and len(v) == 2 and all(type(x) is int and x >= 0 for x in v)
+
+
+def _index_flight(v: Any) -> bool:
+    return (
+        type(v) is list
+        and len(v) == 3
+        and type(v[0]) is int
+        and v[0] >= 0
+        and _token(v[1])
+        and _int(v[2])
+    )
+
+
+def _index(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+_WHY[_run] = "not a run [start, end] of indices"
+_WHY[_index_flight] = "not an in-flight entry [index, token, rank]"
+_WHY[_index] = "not an index (an integer >= 0)"
+
+# The compact form (``"form": 2``, Ledger.to_compact): indices, runs of them, no payloads.
+_COMPACT_STATE: tuple[dict[str, Check], dict[str, Check]] = (
+    {
+        "form": _int,
+        "size": _index,
+        "frontier": _list_of(_run),
+        "in_flight": _list_of(_index_flight),
+        "committed": _list_of(_run),
+        "deferred": _list_of(_index),
+    },
+    {
+        k: v
+        for k, v in _STATE[1].items()
+        if k in ("epoch", "counter", "attempts", "kinds", "last_error", "solo")
+    },
+)
+
+#: A submissions store record (``submissions.jsonl``): the items of indices ``first, ...``.
+_SUBMISSION: tuple[dict[str, Check], dict[str, Check]] = (
+    {"first": _index, "items": _list_of(lambda v: v is None or _item(v))},
+    {},
+)
+
+
+def check_submission_record(rec: Any) -> None:
+    """Check one record of the submissions store: ``first`` (an index) and ``items`` (work
+    items as ``WorkItem.to_json`` writes them, ``null`` for a void index).
+
+    Raises:
+        Invalid: as :func:`check_event`.
+    """
+    if type(rec) is not dict:
+        raise Invalid("(record)", "not an object")
+    _members(rec, *_SUBMISSION)
+
+
 def check_state_snapshot(body: Any) -> None:
     """Check a state directory's snapshot body: ``journal_seq``, ``delivered_seq`` (U6),
     ``state`` (the core's snapshot form) and ``stats``.
@@ -229,6 +298,6 @@ def check_state_snapshot(body: Any) -> None:
     if type(state) is not dict:
         raise Invalid("state", "not an object")
     try:
-        _members(state, *_STATE)
+        _members(state, *(_COMPACT_STATE if "form" in state else _STATE))
     except Invalid as e:
         raise Invalid(f"state.{e.field}", e.why) from None

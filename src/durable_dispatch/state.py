@@ -35,12 +35,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .admin import (
     CompactReport,
     StateView,
+    _reconcile_store,
     _take_master_lock,
     compact_state,
     drop_deferred,
@@ -63,7 +64,7 @@ from .core import (
 from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
 from .core.ledger import Ledger
 from .core.tokens import Token
-from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError
+from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
 from .logs import log_decisions
 from .replay import (
     LIVE_STATS_NAME,
@@ -71,6 +72,8 @@ from .replay import (
     RESULT_RECORD_BYTES,
     SNAPSHOT_NAME,
     STATE_JOURNAL,
+    SUBMISSIONS,
+    SUBMIT_CHUNK,
     _load_snapshot,
     _open_and_fold,
     event_work_ids,
@@ -96,6 +99,7 @@ __all__ = [
     "requeue_deferred",
     "drop_deferred",
     "STATE_JOURNAL",
+    "SUBMISSIONS",
     "SNAPSHOT_NAME",
     "LOCK_NAME",
     "RESULT_RECORD_BYTES",
@@ -103,7 +107,6 @@ __all__ = [
 
 log = logging.getLogger("durable_dispatch.state")
 
-_SUBMIT_CHUNK = 512
 #: A ``delivered`` event records the delivery point between snapshots once it is this old or
 #: this many records behind: after a crash at most about that much is delivered again.
 DELIVERY_MARK_SECONDS = 0.25
@@ -134,7 +137,8 @@ class CampaignStats:
         snapshot_failures: snapshots the disk refused.
         replayed_records: journal records replayed at start.
         duplicate_commits_in_journal: second commits of a work ID found (and ignored) at replay.
-        journal_health, snapshot_health, defer_health: storage health as dicts.
+        journal_health, snapshot_health, defer_health, submissions_health: storage health
+            as dicts.
     """
 
     core: Mapping[str, Any]
@@ -146,6 +150,7 @@ class CampaignStats:
     journal_health: Mapping[str, Any]
     snapshot_health: Mapping[str, Any]
     defer_health: Mapping[str, Any]
+    submissions_health: Mapping[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -162,6 +167,10 @@ class CampaignState:
         self.directory = directory
         self._lock = kw["lock"]
         self.journal: Journal = kw["journal"]
+        #: the submissions store (``submissions.jsonl``): every item's payload, once (S8)
+        self.submissions: Journal = kw["submissions"]
+        self._stored: int = kw["stored"]  # the indices the store covers
+        self._stored_seq = self.submissions.next_seq - 1  # its newest record
         self.snapshots: SnapshotStore = kw["snapshots"]
         self.defer: DeferJournal = kw["defer"]
         self.core: Dispatcher = kw["core"]
@@ -212,20 +221,22 @@ class CampaignState:
         d = os.fspath(directory)
         lock = _take_master_lock(d, create=True)
         journal: Journal | None = None
+        store: Journal | None = None
         defer: DeferJournal | None = None
         try:
             snapshots, snap = _load_snapshot(d, keep_snapshots)
             base = snap.value if snap is not None else {}
-            journal, proj, n = _open_and_fold(
+            journal, store, proj, n, stored = _open_and_fold(
                 os.path.join(d, STATE_JOURNAL), base, sync=sync, **dict(journal_options or {})
             )
+            covered = _reconcile_store(journal, store, proj, stored)
             defer = DeferJournal.open(d)
             epoch = proj.epoch + 1
             core, restarts = Dispatcher.restore(
                 proj, epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks
             )
         except BaseException:
-            for opened in (journal, defer):
+            for opened in (journal, store, defer):
                 if opened is not None:
                     opened.close()  # its writer lock too: a later open must not find it held
             lock.release()
@@ -237,6 +248,8 @@ class CampaignState:
             d,
             lock=lock,
             journal=journal,
+            submissions=store,
+            stored=covered,
             snapshots=snapshots,
             defer=defer,
             core=core,
@@ -256,18 +269,80 @@ class CampaignState:
         """Add work items not already known (pending, in flight, committed or deferred).
 
         Safe to call with the whole work source on every start: known IDs are skipped.
-        Returns how many were new.
+        Returns how many were new. Each item's payload is written once, to the submissions
+        store, durably before the state journal names it (by index); a crash between the two
+        leaves items the next open submits (they were durable).
+
+        Raises:
+            UsageError: an item is not a :class:`WorkItem` with a string work ID (nothing added).
+            RecordTooLargeError: one item is too large for a record; the items before it were
+                added, it and those after it were not.
         """
         new: list[WorkItem] = []
         seen: set[str] = set()
+        known = self.core.ledger.ids.index
         for i in items:
-            if self.core.status(i.work_id) is None and i.work_id not in seen:
+            if not isinstance(i, WorkItem) or type(i.work_id) is not str:
+                raise UsageError(f"expected a WorkItem with a str work_id, got {i!r}")
+            wid = i.work_id
+            if wid not in known and wid not in seen:
                 new.append(i)
-                seen.add(i.work_id)
-        for k in range(0, len(new), _SUBMIT_CHUNK):
-            chunk = new[k : k + _SUBMIT_CHUNK]
-            self.journal.append(encode(Submitted(tuple(chunk))))
-        return self.core.submit(new)
+                seen.add(wid)
+        if not new:
+            return 0
+        first = self._stored
+        try:
+            self._store(new, first)
+        except RecordTooLargeError:
+            done = self._stored - first
+            if done:
+                self._announce(new[:done], first)
+            raise
+        self._announce(new, first)
+        return len(new)
+
+    def _store(self, items: list[WorkItem], first: int) -> None:
+        """Append ``items`` to the submissions store from index ``first``: records of up to
+        :data:`SUBMIT_CHUNK` items, halved while one is too large for a record."""
+        for k in range(0, len(items), SUBMIT_CHUNK):
+            self._store_chunk(items[k : k + SUBMIT_CHUNK], first + k)
+
+    def _store_chunk(self, items: list[WorkItem], first: int) -> None:
+        try:
+            r = self.submissions.append({"first": first, "items": [w.to_json() for w in items]})
+        except RecordTooLargeError as e:
+            if len(items) == 1:
+                raise RecordTooLargeError(
+                    f"work item {items[0].work_id!r} is too large to store: {e}",
+                    size=e.size,
+                    limit=e.limit,
+                ) from None
+            half = len(items) // 2
+            self._store_chunk(items[:half], first)
+            self._store_chunk(items[half:], first + half)
+            return
+        self._stored = first + len(items)
+        self._stored_seq = r.seq
+
+    def _announce(self, items: list[WorkItem], first: int) -> None:
+        """Journal the submission of the stored ``items`` and hand them to the core. The
+        records name the items by index once the store is durable; if the store cannot be
+        made durable (a disk fault), they carry the items themselves."""
+        stored = self._store_durable()
+        for k in range(0, len(items), SUBMIT_CHUNK):
+            chunk = tuple(items[k : k + SUBMIT_CHUNK])
+            self.journal.append(encode(Submitted(chunk, first + k, stored=stored)))
+        self.core.submit(items, first=first)
+
+    def _store_durable(self) -> bool:
+        """True once an fsync covers every record of the submissions store."""
+        if self._stored_seq < 0:
+            return True
+        try:
+            self.submissions.wait_durable(self._stored_seq)
+        except NotDurableError:
+            return False
+        return True
 
     def next_send(self, now: float, max_items: int = 1) -> Send | None:
         """The next dispatch of up to ``max_items`` items, journaled (persist before you send),
@@ -557,15 +632,23 @@ class CampaignState:
         """Write the projection atomically; tells the core it is persisted. False if the disk
         refused (the state stays in memory and in the journal; the campaign goes on)."""
         seq = self.journal.next_seq - 1
-        body = {
-            "journal_seq": seq,
-            "delivered_seq": self._delivered,
-            "state": self._projection(),
-            "stats": self.statistics().as_dict(),
-            "ts": time.time(),
-        }
         ok = True
         try:
+            if not self._store_durable():
+                # A compact snapshot names items by index: without the store on disk it would
+                # name what a crash could lose. The journal still holds every event.
+                raise StorageDegradedError(
+                    "the submissions store is not durable",
+                    path=self.submissions.path,
+                    op="fsync",
+                )
+            body = {
+                "journal_seq": seq,
+                "delivered_seq": self._delivered,
+                "state": self._projection(),
+                "stats": self.statistics().as_dict(),
+                "ts": time.time(),
+            }
             if seq >= 0:
                 self._durable(seq)
             self.snapshots.save(body)
@@ -583,10 +666,13 @@ class CampaignState:
         between a commit's record and its delivery would fold that record in as in flight, and a
         restart would run the work again and record a second commit."""
         done = {c.work_id for p in self._pending_commits for c in p.commits}
-        return self.core.snapshot(committing=done)
+        assert self._stored >= len(self.core.ledger.ids), "the store covers every index"
+        return self.core.ledger.to_compact(done)
 
     def try_restore(self) -> bool:
         """Try to make memory-only records durable again (journal, defer journal)."""
+        if self.submissions.try_restore():
+            self.submissions.sync_now()
         ok = self.journal.try_restore()
         if ok:
             self.journal.sync_now()
@@ -612,6 +698,7 @@ class CampaignState:
             journal_health=self.journal.health.as_dict(),
             snapshot_health=self.snapshots.health.as_dict(),
             defer_health=self.defer.health.as_dict(),
+            submissions_health=self.submissions.health.as_dict(),
         )
 
     # ---------------------------------------------------------------- closing
@@ -626,6 +713,7 @@ class CampaignState:
             # themselves; a snapshot or a lock release would reach the real filesystem).
             log.warning("state %s: its filesystem is gone; closed without writing", self.directory)
             self.journal.close()
+            self.submissions.close()
             self.defer.close()
             _resources.disown_lock(self._lock)
             return
@@ -636,7 +724,10 @@ class CampaignState:
                 self.save_snapshot("close")
                 self.publish_statistics(running=False, force=True)
             finally:
-                self.journal.close()  # whatever failed above: no writer lock is left held
+                try:
+                    self.journal.close()  # whatever failed above: no writer lock is left held
+                finally:
+                    self.submissions.close()
         finally:
             try:
                 self.defer.close()

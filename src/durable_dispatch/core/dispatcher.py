@@ -345,8 +345,11 @@ class Dispatcher:
             raise UsageError(f"rank {rank} was already added")
         self._ranks.add(rank)
 
-    def submit(self, items: Iterable[WorkItem]) -> int:
+    def submit(self, items: Iterable[WorkItem], *, first: int | None = None) -> int:
         """Append work items to the back of the frontier; returns how many were added.
+
+        ``first``: the dense index of the first item (the shell's submissions store numbering;
+        default: the ledger's next index). It may skip indices, never reuse one.
 
         Raises:
             UsageError: a work ID that is already pending, in flight, committed or deferred
@@ -361,7 +364,9 @@ class Dispatcher:
             if wid in seen or self.ledger.known(wid):
                 raise UsageError(f"work ID {wid!r} is already {self.status(wid) or 'PENDING'}")
             seen.add(wid)
-        self._apply(Submitted(new))
+        if first is not None and first < len(self.ledger.ids):
+            raise UsageError(f"index {first} is already numbered ({len(self.ledger.ids)} are)")
+        self._apply(Submitted(new, first))
         return len(new)
 
     # --------------------------------------------------------------- dispatch

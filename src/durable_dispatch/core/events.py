@@ -26,7 +26,7 @@ event (``"event"``)    what it records
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +60,16 @@ class EpochStarted:
 
 @dataclass(frozen=True, slots=True)
 class Submitted:
-    """``items`` joined the back of the frontier (an item whose work ID is known is ignored)."""
+    """``items`` joined the back of the frontier (an item whose work ID is known is ignored).
+
+    ``first``: the dense index of the first item (None: the ledger's next one). ``stored``: the
+    items are in the submissions store, so the journal record names only ``first`` and how many
+    (``{"event": "submitted", "first": 7, "count": 512}``); otherwise it holds the items.
+    """
 
     items: tuple[WorkItem, ...]
+    first: int | None = None
+    stored: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +205,12 @@ def encode(ev: Event) -> dict[str, Any]:
             "last_error": ev.last_error,
         }
     if type(ev) is Submitted:
-        return {"event": "submitted", "items": [i.to_json() for i in ev.items]}
+        if ev.stored:
+            return {"event": "submitted", "first": ev.first, "count": len(ev.items)}
+        out = {"event": "submitted", "items": [i.to_json() for i in ev.items]}
+        if ev.first is not None:
+            out["first"] = ev.first
+        return out
     if type(ev) is EpochStarted:
         return {"event": "epoch", "epoch": ev.epoch, "ts": ev.ts}
     if type(ev) is RequeuedDeferred:
@@ -208,12 +220,18 @@ def encode(ev: Event) -> dict[str, Any]:
     raise TypeError(f"not a state event: {ev!r}")
 
 
-def decode(rec: Any) -> Event | None:
+def decode(
+    rec: Any, stored: Callable[[int, int], Sequence[WorkItem]] | None = None
+) -> Event | None:
     """The event a journal record holds, checked against its schema; None for an event kind of
     a later version.
 
+    ``stored(first, count)``: the items of a ``submitted`` record that names only ``first`` and
+    ``count`` (their payloads are in the submissions store).
+
     Raises:
-        Invalid: the record does not match its event's schema (S11).
+        Invalid: the record does not match its event's schema (S11), or it is a stored
+            submission and ``stored`` is None or does not hold its items.
     """
     check_event(rec)
     kind = rec["event"]
@@ -249,7 +267,12 @@ def decode(rec: Any) -> Event | None:
             rec.get("last_error") or "",
         )
     if kind == "submitted":
-        return Submitted(tuple(WorkItem.from_json(i) for i in rec["items"]))
+        first = rec.get("first")
+        if "items" in rec:
+            return Submitted(tuple(WorkItem.from_json(i) for i in rec["items"]), first)
+        if stored is None:
+            raise Invalid("items", "a stored submission, read without its submissions store")
+        return Submitted(tuple(stored(first, rec["count"])), first, True)
     if kind == "epoch":
         return EpochStarted(rec["epoch"], rec.get("ts"))
     if kind == "requeued_deferred":

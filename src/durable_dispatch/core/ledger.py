@@ -3,8 +3,9 @@
 
 The live :class:`~durable_dispatch.core.dispatcher.Dispatcher` keeps its durable state in a ledger
 and changes it only through :meth:`Ledger.apply`; replay folds the journal's events into a ledger
-with the same method; a snapshot is :meth:`Ledger.to_snapshot`. So live state and replayed state
-are one model (issue 16), and a new durable field is added in one place.
+with the same method; a snapshot is :meth:`Ledger.to_compact` (or the self-contained
+:meth:`Ledger.to_snapshot`). So live state and replayed state are one model (issue 16), and a new
+durable field is added in one place.
 
 The facts: the epoch and its dispatch counter; the frontier (work IDs in dispatch order); the work
 items in flight, with the token and rank of their dispatch; the committed work IDs; the deferred
@@ -12,12 +13,21 @@ items; per work ID the failures charged (count, kinds, last error) and the ``sol
 a multi-item dispatch: dispatched alone from now on); the delivery point (U6). A work ID is in
 exactly one of frontier, in flight, committed and deferred. Payloads are kept once, in
 :attr:`Ledger.items`, for every work ID not committed.
+
+Dense indices (S8, issue 17). Every work ID gets the next *index* when it is first submitted
+(:class:`Ids`); a submission may name its first index (the submissions store's numbering), and
+the indices it skips are *void* (in no place). The frontier and the committed set are kept as
+runs of consecutive indices, so the compact snapshot form (:meth:`Ledger.to_compact`) costs what
+the runs, the dispatches in flight and the failures cost, not what the campaign's size costs:
+the payloads are in the submissions store, written once at submit.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from ..schema import Invalid
@@ -36,58 +46,269 @@ from .events import (
 )
 from .tokens import Token
 
-__all__ = ["Ledger", "Frontier"]
+__all__ = ["Ledger", "LedgerLoader", "Frontier", "Ids", "Runs", "CommittedIds", "COMPACT_FORM"]
+
+#: The ``form`` member of a compact snapshot state (:meth:`Ledger.to_compact`); a state without
+#: it is the self-contained form (:meth:`Ledger.to_snapshot`).
+COMPACT_FORM = 2
+
+
+class Ids:
+    """Work ID <-> dense index, both ways: index ``i`` names ``ids[i]`` (None: void)."""
+
+    __slots__ = ("ids", "index")
+
+    def __init__(self) -> None:
+        self.ids: list[str | None] = []
+        self.index: dict[str, int] = {}
+
+    def assign(self, wid: str) -> int:
+        """The next index, for the new work ID ``wid``."""
+        i = len(self.ids)
+        self.ids.append(wid)
+        self.index[wid] = i
+        return i
+
+    def pad(self, first: int) -> None:
+        """Make ``first`` the next index: the indices skipped are void.
+
+        Raises:
+            schema.Invalid: ``first`` is below the next index (a submission that overlaps one
+                already numbered).
+        """
+        n = len(self.ids)
+        if first < n:
+            raise Invalid("first", f"index {first} overlaps the {n} already numbered")
+        self.ids.extend([None] * (first - n))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class Runs:
+    """A set of indices as sorted, disjoint runs ``[start, end)``: adding in order, or next to
+    a run, costs O(log runs); the runs are what a compact snapshot writes."""
+
+    __slots__ = ("_starts", "_ends", "_n")
+
+    def __init__(self, runs: Iterable[Sequence[int]] = ()) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._n = 0
+        for a, b in runs:
+            for i in range(a, b):  # a run at a time would be faster; this checks overlaps
+                self.add(i)
+
+    @classmethod
+    def of_runs(cls, runs: Iterable[Sequence[int]]) -> Runs:
+        """Runs from :meth:`runs` output, sorted, disjoint and not adjacent, in O(runs).
+
+        Raises:
+            schema.Invalid: the runs are not so.
+        """
+        r = cls()
+        last = -1
+        for run in runs:
+            a, b = run
+            if a <= last or b <= a:
+                raise Invalid("committed", f"run {[a, b]} is empty, unsorted or overlapping")
+            r._starts.append(a)
+            r._ends.append(b)
+            r._n += b - a
+            last = b
+        return r
+
+    def add(self, i: int) -> bool:
+        """Add ``i``; False when it was there."""
+        starts, ends = self._starts, self._ends
+        k = bisect_right(starts, i)
+        if k and ends[k - 1] >= i:
+            if ends[k - 1] > i:
+                return False
+            ends[k - 1] = i + 1
+            if k < len(starts) and starts[k] == i + 1:  # it closed the gap to the next run
+                ends[k - 1] = ends[k]
+                del starts[k], ends[k]
+        elif k < len(starts) and starts[k] == i + 1:
+            starts[k] = i
+        else:
+            starts.insert(k, i)
+            ends.insert(k, i + 1)
+        self._n += 1
+        return True
+
+    def __contains__(self, i: object) -> bool:
+        if type(i) is not int:
+            return False
+        k = bisect_right(self._starts, i)
+        return bool(k) and i < self._ends[k - 1]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[int]:
+        for a, b in zip(self._starts, self._ends, strict=True):
+            yield from range(a, b)
+
+    def runs(self) -> list[list[int]]:
+        """The runs, ``[[start, end], ...]``, sorted."""
+        return [[a, b] for a, b in zip(self._starts, self._ends, strict=True)]
+
+    def copy(self) -> Runs:
+        """A copy."""
+        r = Runs()
+        r._starts, r._ends, r._n = list(self._starts), list(self._ends), self._n
+        return r
+
+
+class CommittedIds(AbstractSet[str]):
+    """The committed work IDs: a set of strings, kept as :class:`Runs` of indices."""
+
+    __slots__ = ("_runs", "_ids")
+
+    def __init__(self, ids: Ids, runs: Runs | None = None) -> None:
+        self._ids = ids
+        self._runs = runs if runs is not None else Runs()
+
+    def __contains__(self, wid: object) -> bool:
+        i = self._ids.index.get(wid) if type(wid) is str else None
+        return i is not None and i in self._runs
+
+    def __iter__(self) -> Iterator[str]:
+        ids = self._ids.ids
+        for i in self._runs:
+            w = ids[i]
+            if w is not None:
+                yield w
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def add_index(self, i: int) -> None:
+        """Index ``i`` committed."""
+        self._runs.add(i)
+
+    @property
+    def runs(self) -> Runs:
+        """The committed indices."""
+        return self._runs
+
+    def __repr__(self) -> str:
+        return f"CommittedIds({set(self)!r})"
 
 
 class Frontier:
-    """The work IDs waiting for a dispatch, in order: a deque and a set.
+    """The work IDs waiting for a dispatch, in order, as runs of dense indices.
 
-    Taking from the head is O(1), and so is every removal the dispatcher makes in order (a
-    dispatch takes the head). Removing from the middle (an item whose lease was free behind one
-    whose lease was taken) costs O(n), as the scan that found it did.
+    Taking from the head is O(1), and so is adding at either end. Removing from the middle (an
+    item whose lease was free behind one whose lease was taken) costs O(runs), as the scan that
+    found it did. Membership is a flag per index.
     """
 
-    __slots__ = ("_queue", "_members")
+    __slots__ = ("_runs", "_flag", "_n", "_ids")
 
-    def __init__(self) -> None:
-        self._queue: deque[str] = deque()
-        self._members: set[str] = set()
+    def __init__(self, ids: Ids | None = None) -> None:
+        self._ids = ids if ids is not None else Ids()
+        self._runs: deque[list[int]] = deque()  # [start, end) of indices, in order
+        self._flag = bytearray()  # 1 where the index is in the frontier
+        self._n = 0
+
+    def _index(self, wid: str) -> int:
+        i = self._ids.index.get(wid)
+        if i is None:
+            i = self._ids.assign(wid)  # a frontier used on its own numbers its own IDs
+        return i
+
+    def _mark(self, i: int, on: int) -> bool:
+        flag = self._flag
+        if i >= len(flag):
+            if not on:
+                return False
+            flag.extend(bytes(max(i + 1 - len(flag), len(flag))))
+        was = flag[i]
+        flag[i] = on
+        self._n += on - was
+        return was != on
 
     def append(self, wid: str) -> None:
-        """Add ``wid`` at the back."""
-        self._queue.append(wid)
-        self._members.add(wid)
+        """Add ``wid`` at the back (nothing when it is here)."""
+        self.append_index(self._index(wid))
+
+    def append_index(self, i: int) -> None:
+        """Add index ``i`` at the back (nothing when it is here)."""
+        if not self._mark(i, 1):
+            return
+        runs = self._runs
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
 
     def appendleft(self, wid: str) -> None:
-        """Add ``wid`` at the front."""
-        self._queue.appendleft(wid)
-        self._members.add(wid)
+        """Add ``wid`` at the front (nothing when it is here)."""
+        i = self._index(wid)
+        if not self._mark(i, 1):
+            return
+        runs = self._runs
+        if runs and runs[0][0] == i + 1:
+            runs[0][0] = i
+        else:
+            runs.appendleft([i, i + 1])
 
     def remove(self, wid: str) -> None:
         """Remove ``wid`` if it is here."""
-        if wid not in self._members:
+        i = self._ids.index.get(wid)
+        if i is None or not self._mark(i, 0):
             return
-        self._members.discard(wid)
-        if self._queue[0] == wid:
-            self._queue.popleft()
+        runs = self._runs
+        k = next(k for k, (a, b) in enumerate(runs) if a <= i < b)  # the flag says it is there
+        run = runs[k]
+        a, b = run
+        if i == a:
+            run[0] = a + 1
+        elif i == b - 1:
+            run[1] = b - 1
         else:
-            self._queue.remove(wid)
+            run[1] = i
+            runs.insert(k + 1, [i + 1, b])
+        if run[0] == run[1]:
+            del runs[k]
 
     def head(self) -> str | None:
         """The first work ID, or None when empty."""
-        return self._queue[0] if self._queue else None
+        return self._ids.ids[self._runs[0][0]] if self._runs else None
 
     def __contains__(self, wid: object) -> bool:
-        return wid in self._members
+        i = self._ids.index.get(wid) if type(wid) is str else None
+        return i is not None and i < len(self._flag) and self._flag[i] == 1
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return self._n
 
     def __bool__(self) -> bool:
-        return bool(self._queue)
+        return self._n > 0
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._queue)
+        ids = self._ids.ids
+        for a, b in list(self._runs):
+            for i in range(a, b):
+                yield ids[i]  # type: ignore[misc]
+
+    def runs(self) -> list[list[int]]:
+        """The frontier as runs of indices, ``[[start, end], ...]``, in frontier order."""
+        return [list(r) for r in self._runs]
+
+    @classmethod
+    def of_runs(cls, ids: Ids, runs: Iterable[Sequence[int]]) -> Frontier:
+        """A frontier of the indices ``runs`` (from :meth:`runs`, already checked to be
+        disjoint and inside ``ids``), in O(runs) Python steps."""
+        f = cls(ids)
+        f._flag = bytearray(len(ids))
+        for a, b in runs:
+            f._runs.append([a, b])
+            f._flag[a:b] = b"\x01" * (b - a)
+            f._n += b - a
+        return f
 
 
 class Ledger:
@@ -96,10 +317,11 @@ class Ledger:
     Attributes:
         epoch: the master epoch of the newest ``epoch`` event.
         counter: the highest dispatch number of this epoch so far.
+        ids: work ID <-> dense index of every work ID this ledger numbered.
         items: the work item of every work ID not committed (frontier, in flight, deferred).
         frontier: pending work IDs in dispatch order.
         in_flight: work ID -> (token, rank) of its open dispatch, in dispatch order.
-        committed: committed work IDs.
+        committed: committed work IDs (a set).
         deferred: deferred work items by work ID, in the order they were deferred.
         attempts, kinds, last_error: failures charged per work ID (count, kinds, last reason).
         solo: work IDs dispatched alone from now on.
@@ -110,6 +332,7 @@ class Ledger:
     __slots__ = (
         "epoch",
         "counter",
+        "ids",
         "items",
         "frontier",
         "in_flight",
@@ -126,10 +349,11 @@ class Ledger:
     def __init__(self, epoch: int = 0) -> None:
         self.epoch = epoch
         self.counter = 0
+        self.ids = Ids()
         self.items: dict[str, WorkItem] = {}
-        self.frontier = Frontier()
+        self.frontier = Frontier(self.ids)
         self.in_flight: dict[str, tuple[Token, int]] = {}
-        self.committed: set[str] = set()
+        self.committed = CommittedIds(self.ids)
         self.deferred: dict[str, WorkItem] = {}
         self.attempts: dict[str, int] = {}
         self.kinds: dict[str, list[str]] = {}
@@ -144,7 +368,8 @@ class Ledger:
 
         Raises:
             schema.Invalid: a ``requeued`` or ``deferred`` event names a work item this ledger
-                never had (S11: a journal with such a record is damaged).
+                never had, or a submission overlaps indices already numbered (S11: a journal
+                with such a record is damaged).
         """
         t = type(ev)
         if t is Dispatched:
@@ -157,13 +382,17 @@ class Ledger:
                 self.counter = ev.token.n
         elif t is Committed:
             assert isinstance(ev, Committed)
+            index = self.ids.index
             for wid in ev.work_ids:
-                if wid in self.committed:
+                i = index.get(wid)
+                if i is None:
+                    i = self.ids.assign(wid)  # a commit of an ID never submitted: numbered here
+                elif i in self.committed.runs:
                     self.duplicate_commits += 1
                     continue
                 self._leave(wid)
                 self.items.pop(wid, None)
-                self.committed.add(wid)
+                self.committed.add_index(i)
                 self.solo.discard(wid)
         elif t is Requeued:
             assert isinstance(ev, Requeued)
@@ -187,11 +416,7 @@ class Ledger:
             self.last_error[wid] = ev.last_error or ""
         elif t is Submitted:
             assert isinstance(ev, Submitted)
-            for item in ev.items:
-                wid = item.work_id
-                if wid not in self.items and wid not in self.committed:
-                    self.items[wid] = item
-                    self.frontier.append(wid)
+            self._submit(ev.items, ev.first)
         elif t is EpochStarted:
             assert isinstance(ev, EpochStarted)
             self.epoch = ev.epoch
@@ -210,14 +435,37 @@ class Ledger:
         else:
             raise TypeError(f"not a state event: {ev!r}")
 
-    def apply_record(self, rec: Any) -> None:
+    def _submit(self, items: Sequence[WorkItem], first: int | None) -> None:
+        """New items join the back of the frontier, numbered from ``first`` (default: the next
+        index); a known work ID is ignored and its index left void."""
+        ids = self.ids
+        if first is not None:
+            ids.pad(first)
+        index, frontier, mine, numbered = ids.index, self.frontier, self.items, ids.ids
+        for item in items:
+            wid = item.work_id
+            i = len(numbered)
+            numbered.append(None)
+            if wid in index:
+                continue  # known (pending, in flight, deferred or committed): void
+            numbered[i] = wid
+            index[wid] = i
+            mine[wid] = item
+            frontier.append_index(i)
+
+    def apply_record(
+        self, rec: Any, stored: Callable[[int, int], Sequence[WorkItem]] | None = None
+    ) -> None:
         """Decode one journal record and apply it (an event of a later version is ignored).
+
+        ``stored(first, count)`` gives the items of a ``submitted`` record whose payloads are in
+        the submissions store (see :func:`~durable_dispatch.core.events.decode`).
 
         Raises:
             schema.Invalid: the record does not match its schema, or names a work item this
                 ledger never had (S11).
         """
-        ev = decode(rec)
+        ev = decode(rec, stored)
         if ev is not None:
             self.apply(ev)
 
@@ -227,18 +475,23 @@ class Ledger:
             self.frontier.remove(wid)
 
     def _known_item(self, wid: str) -> str:
-        if wid not in self.items or wid in self.committed:
+        if wid not in self.items:
             raise Invalid("work_id", f"{wid!r} names no open work item of this campaign")
         return wid
 
     # ---------------------------------------------------------------- queries
     def known(self, wid: str) -> bool:
         """True when ``wid`` is pending, in flight, committed or deferred."""
-        return wid in self.items or wid in self.committed
+        return wid in self.ids.index
+
+    def index_of(self, wid: str) -> int | None:
+        """The dense index of ``wid``, or None when it is not known."""
+        return self.ids.index.get(wid)
 
     # ----------------------------------------------------------- snapshot form
     def to_snapshot(self, committing: Collection[str] = ()) -> dict[str, Any]:
-        """The ledger as the JSON-ready dict a snapshot body keeps under ``state``.
+        """The ledger as a self-contained JSON-ready dict, every payload included (a test's
+        or a tool's view; O(items)). The shell saves :meth:`to_compact` instead.
 
         Args:
             committing: work IDs whose ``committed`` record is journaled but which the live core
@@ -257,8 +510,39 @@ class Ledger:
                 for w, (t, r) in self.in_flight.items()
                 if w not in committing
             ],
-            "committed": sorted(self.committed.union(committing)),
+            "committed": sorted(set(self.committed).union(committing)),
             "deferred": [i.to_json() for i in self.deferred.values()],
+            "attempts": dict(self.attempts),
+            "kinds": {k: list(v) for k, v in self.kinds.items()},
+            "last_error": dict(self.last_error),
+            "solo": sorted(self.solo.difference(committing)),
+        }
+
+    def to_compact(self, committing: Collection[str] = ()) -> dict[str, Any]:
+        """The ledger in the compact snapshot form (S8): indices instead of payloads, the
+        frontier and the committed set as runs. Its cost is the runs', the dispatches in
+        flight's and the failures', not the campaign's size. Loading it needs the items of
+        indices ``0 .. size-1`` (:meth:`from_compact`): the submissions store holds them.
+
+        ``committing``: as for :meth:`to_snapshot`.
+        """
+        index = self.ids.index
+        committed = self.committed.runs
+        if committing:
+            committed = committed.copy()
+            for w in committing:
+                committed.add(index[w])
+        return {
+            "form": COMPACT_FORM,
+            "epoch": self.epoch,
+            "counter": self.counter,
+            "size": len(self.ids),
+            "frontier": self.frontier.runs(),
+            "in_flight": [
+                [index[w], str(t), r] for w, (t, r) in self.in_flight.items() if w not in committing
+            ],
+            "committed": committed.runs(),
+            "deferred": [index[w] for w in self.deferred],
             "attempts": dict(self.attempts),
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "last_error": dict(self.last_error),
@@ -268,38 +552,58 @@ class Ledger:
     @classmethod
     def from_snapshot(cls, snap: Mapping[str, Any] | None) -> Ledger:
         """A ledger from :meth:`to_snapshot` output (checked by the snapshot schema on load).
+        Indices are numbered committed first (sorted), then frontier, deferred, in flight.
 
         An in-flight entry whose work ID is also committed or pending is dropped (a work ID is
         in one place; the committed or pending fact is the newer one).
         """
         snap = snap or {}
-        led = cls(int(snap.get("epoch", 0)))
-        led.counter = int(snap.get("counter", 0))
-        led.committed = set(snap.get("committed", ()))
-        led.attempts = {k: int(v) for k, v in snap.get("attempts", {}).items()}
-        led.kinds = {k: list(v) for k, v in snap.get("kinds", {}).items()}
-        led.last_error = dict(snap.get("last_error", {}))
-        led.solo = set(snap.get("solo", ()))
+        led = cls._common(snap)
+        for wid in snap.get("committed", ()):
+            if wid not in led.ids.index:
+                led.committed.add_index(led.ids.assign(wid))
         items = led.items
         for it in snap.get("frontier", ()):
             w = WorkItem.from_json(it)
-            if w.work_id not in items and w.work_id not in led.committed:
+            if w.work_id not in led.ids.index:
+                led.ids.assign(w.work_id)
                 items[w.work_id] = w
                 led.frontier.append(w.work_id)
         for it in snap.get("deferred", ()):
             w = WorkItem.from_json(it)
-            if w.work_id not in items and w.work_id not in led.committed:
+            if w.work_id not in led.ids.index:
+                led.ids.assign(w.work_id)
                 items[w.work_id] = w
                 led.deferred[w.work_id] = w
         for tx in snap.get("in_flight", ()):
             w = WorkItem.from_json(tx["work"])
-            token = Token.parse(tx["token"])
-            if token is None:
-                raise Invalid("in_flight.token", f"not a dispatch token: {tx['token']!r}")
-            if w.work_id not in items and w.work_id not in led.committed:
+            token = _token(tx["token"])
+            if w.work_id not in led.ids.index:
+                led.ids.assign(w.work_id)
                 items[w.work_id] = w
                 led.in_flight[w.work_id] = (token, int(tx["rank"]))
         return led
+
+    @classmethod
+    def _common(cls, snap: Mapping[str, Any]) -> Ledger:
+        led = cls(int(snap.get("epoch", 0)))
+        led.counter = int(snap.get("counter", 0))
+        led.attempts = {k: int(v) for k, v in snap.get("attempts", {}).items()}
+        led.kinds = {k: list(v) for k, v in snap.get("kinds", {}).items()}
+        led.last_error = dict(snap.get("last_error", {}))
+        led.solo = set(snap.get("solo", ()))
+        return led
+
+    @classmethod
+    def from_compact(
+        cls, snap: Mapping[str, Any], stored: Iterable[tuple[int, Sequence[Any]]]
+    ) -> tuple[Ledger, dict[int, WorkItem]]:
+        """A ledger from :meth:`to_compact` output and the submissions store's records
+        ``(first, items)``; see :class:`LedgerLoader`, which this runs in one go."""
+        load = LedgerLoader(snap)
+        for first, items in stored:
+            load.take(first, items)
+        return load.finish()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Ledger):
@@ -314,3 +618,122 @@ class Ledger:
             f"in_flight={len(self.in_flight)} committed={len(self.committed)} "
             f"deferred={len(self.deferred)}>"
         )
+
+
+def _place(where: bytearray, a: int, b: int, code: int, name: str) -> None:
+    """Mark indices ``a .. b-1`` as in place ``code`` (a compact snapshot's member ``name``)."""
+    if not 0 <= a < b <= len(where):
+        raise Invalid(name, f"indices {a}..{b - 1} are outside 0..{len(where) - 1}")
+    if where[a:b].count(0) != b - a:
+        raise Invalid(name, f"an index of {a}..{b - 1} is in two places")
+    where[a:b] = bytes([code]) * (b - a)
+
+
+def _token(value: Any) -> Token:
+    token = Token.parse(value)
+    if token is None:
+        raise Invalid("in_flight.token", f"not a dispatch token: {value!r}")
+    return token
+
+
+class LedgerLoader:
+    """Builds a ledger from a snapshot state (either form) and the submissions store's records,
+    taken one at a time (so a store of millions of items is never decoded all at once).
+
+    For the compact form (:meth:`Ledger.to_compact`), each record ``(first, items)`` (item JSON,
+    ``None`` for a void index, of indices ``first, first+1, ...``, in order) puts the items of
+    indices below the snapshot's ``size`` in their place: pending, in flight, committed (its
+    work ID only) or deferred. Items of later indices, and every item under the self-contained
+    form, are kept by index for the journal's stored ``submitted`` records to take up.
+    """
+
+    __slots__ = ("_snap", "_led", "_where", "_next", "_tail", "_size")
+
+    def __init__(self, snap: Mapping[str, Any] | None) -> None:
+        snap = snap or {}
+        self._next = 0
+        self._tail: dict[int, WorkItem] = {}
+        if snap.get("form") is None:
+            self._snap: Mapping[str, Any] | None = None
+            self._led = Ledger.from_snapshot(snap)
+            self._where = bytearray()
+            self._size = 0
+            return
+        if snap["form"] != COMPACT_FORM:
+            raise Invalid("form", f"snapshot form {snap['form']!r} is not known to this version")
+        self._snap = snap
+        self._led = Ledger._common(snap)
+        self._size = size = int(snap["size"])
+        # where each index is: 0 void, 1 pending, 2 in flight, 3 committed, 4 deferred
+        self._where = where = bytearray(size)
+        for a, b in snap["frontier"]:
+            _place(where, a, b, 1, "frontier")
+        for flight in snap["in_flight"]:
+            _place(where, flight[0], flight[0] + 1, 2, "in_flight")
+        for a, b in snap["committed"]:
+            _place(where, a, b, 3, "committed")
+        for i in snap["deferred"]:
+            _place(where, i, i + 1, 4, "deferred")
+        self._led.ids.ids.extend([None] * size)
+
+    def take(self, first: int, items: Sequence[Any]) -> None:
+        """One submissions store record.
+
+        Raises:
+            schema.Invalid: it does not start where the last one ended, or names a work ID
+                already placed.
+        """
+        if first != self._next:
+            raise Invalid("first", f"store record at index {first}, {self._next} expected")
+        self._next = first + len(items)
+        size, where, tail = self._size, self._where, self._tail
+        led = self._led
+        ids, index, mine = led.ids.ids, led.ids.index, led.items
+        for i, item in enumerate(items, first):
+            if item is None:
+                if i < size and where[i]:
+                    raise Invalid("items", f"index {i} is void in the store, not in the snapshot")
+                continue
+            if i >= size:
+                tail[i] = WorkItem.from_json(item)
+                continue
+            w = where[i]
+            if not w:
+                continue
+            wid = item["work_id"]
+            if wid in index:
+                raise Invalid("work_id", f"{wid!r} is stored at two indices")
+            ids[i] = wid
+            index[wid] = i
+            if w != 3:
+                mine[wid] = WorkItem.from_json(item)
+
+    @property
+    def stored(self) -> int:
+        """The indices the records taken so far cover."""
+        return self._next
+
+    def finish(self) -> tuple[Ledger, dict[int, WorkItem]]:
+        """The ledger, and the items of the indices it has not placed, by index.
+
+        Raises:
+            schema.Invalid: the store does not cover the compact snapshot's indices.
+        """
+        led, snap = self._led, self._snap
+        if snap is None:
+            return led, self._tail
+        if self._next < self._size:
+            raise Invalid("size", f"the submissions store holds {self._next} of {self._size}")
+        ids, items = led.ids.ids, led.items
+        led.committed = CommittedIds(led.ids, Runs.of_runs(snap["committed"]))
+        led.frontier = Frontier.of_runs(led.ids, snap["frontier"])
+        for i in snap["deferred"]:
+            wid = ids[i]
+            if wid is not None:
+                led.deferred[wid] = items[wid]
+        for i, token, rank in snap["in_flight"]:
+            wid = ids[i]
+            if wid is not None:
+                led.in_flight[wid] = (_token(token), int(rank))
+        self._where = bytearray()
+        return led, self._tail
