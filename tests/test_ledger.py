@@ -292,7 +292,8 @@ def test_items_after_the_snapshot_wait_for_their_journal_record() -> None:
         (lambda s, st_: s.update(form=99), "form"),  # a later version's form
         (lambda s, st_: st_.__setitem__(0, (1, st_[0][1])), "first"),  # a record out of place
         (lambda s, st_: st_[0][1].__setitem__(1, None), "items"),  # void where one is pending
-        (lambda s, st_: st_[0][1][1].update(work_id="a"), "work_id"),  # an ID at two indices
+        (lambda s, st_: st_[0][1].__setitem__(1, ["a", None]), "work_id"),  # an ID at two indices
+        (lambda s, st_: st_[0][1].__setitem__(1, [7, None]), "items"),  # not a work item
     ],
 )
 def test_a_compact_snapshot_the_store_does_not_match_is_invalid(change: Any, field: str) -> None:

@@ -16,7 +16,7 @@ import filelock
 
 from .core.decisions import WorkItem
 from .core.events import RequeuedDeferred, Submitted, encode
-from .core.ledger import Ledger
+from .core.ledger import Ledger, store_form
 from .errors import LockHeldError, StorageError
 from .replay import (
     LIVE_STATS_NAME,
@@ -230,7 +230,7 @@ def _store_records(
             if wid is None:
                 out.append(None)
             elif wid in items:
-                out.append(items[wid].to_json())
+                out.append(store_form(items[wid]))
             else:
                 out.append({"work_id": wid})
         yield {"first": a, "items": out}

@@ -11,8 +11,10 @@ live dispatcher keeps (issue 16: there is no second one here).
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -111,6 +113,21 @@ class Stored:
     def orphans(self, after: int) -> list[tuple[int, WorkItem]]:
         """The items left at indices ``after`` and up, in order."""
         return sorted((i, w) for i, w in self.items.items() if i >= after)
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while millions of small acyclic objects are built
+    (a reopen, a submit): each collection would walk every object built so far, and at a
+    million items those walks cost more than the building. Reference counting still frees
+    what is dropped; the collector resumes (if it ran before) when the block ends."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _load_store(

@@ -28,6 +28,7 @@ __all__ = [
     "check_defer_record",
     "check_state_snapshot",
     "check_submission_record",
+    "is_work_item",
 ]
 
 Check = Callable[[Any], bool]
@@ -64,6 +65,12 @@ def _int_or_none(v: Any) -> bool:
 
 def _list_of(check: Check) -> Check:
     return lambda v: type(v) is list and all(map(check, v))
+
+
+def is_work_item(v: Any) -> bool:
+    """True when ``v`` is a work item as the core writes it (``WorkItem.to_json``, either
+    form)."""
+    return _item(v)
 
 
 def _item(v: Any) -> bool:
@@ -261,14 +268,15 @@ _COMPACT_STATE: tuple[dict[str, Check], dict[str, Check]] = (
 
 #: A submissions store record (``submissions.jsonl``): the items of indices ``first, ...``.
 _SUBMISSION: tuple[dict[str, Check], dict[str, Check]] = (
-    {"first": _index, "items": _list_of(lambda v: v is None or _item(v))},
+    {"first": _index, "items": lambda v: type(v) is list},  # each item: as the loader takes it
     {},
 )
 
 
 def check_submission_record(rec: Any) -> None:
-    """Check one record of the submissions store: ``first`` (an index) and ``items`` (work
-    items as ``WorkItem.to_json`` writes them, ``null`` for a void index).
+    """Check one record of the submissions store: ``first`` (an index) and ``items`` (a list
+    of work items as ``WorkItem.to_json`` writes them, ``null`` for a void index; each item is
+    checked as the ledger's loader takes it, in the same pass).
 
     Raises:
         Invalid: as :func:`check_event`.

@@ -62,7 +62,7 @@ from .core import (
     WorkItem,
 )
 from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
-from .core.ledger import Ledger
+from .core.ledger import Ledger, store_form
 from .core.tokens import Token
 from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
 from .logs import log_decisions
@@ -77,6 +77,7 @@ from .replay import (
     _load_snapshot,
     _open_and_fold,
     event_work_ids,
+    paused_gc,
     replay,
 )
 from .storage import DeferJournal, Journal, SnapshotStore
@@ -226,9 +227,10 @@ class CampaignState:
         try:
             snapshots, snap = _load_snapshot(d, keep_snapshots)
             base = snap.value if snap is not None else {}
-            journal, store, proj, n, stored = _open_and_fold(
-                os.path.join(d, STATE_JOURNAL), base, sync=sync, **dict(journal_options or {})
-            )
+            with paused_gc():
+                journal, store, proj, n, stored = _open_and_fold(
+                    os.path.join(d, STATE_JOURNAL), base, sync=sync, **dict(journal_options or {})
+                )
             covered = _reconcile_store(journal, store, proj, stored)
             defer = DeferJournal.open(d)
             epoch = proj.epoch + 1
@@ -278,6 +280,10 @@ class CampaignState:
             RecordTooLargeError: one item is too large for a record; the items before it were
                 added, it and those after it were not.
         """
+        with paused_gc():
+            return self._submit(items)
+
+    def _submit(self, items: Iterable[WorkItem]) -> int:
         new: list[WorkItem] = []
         seen: set[str] = set()
         known = self.core.ledger.ids.index
@@ -309,7 +315,7 @@ class CampaignState:
 
     def _store_chunk(self, items: list[WorkItem], first: int) -> None:
         try:
-            r = self.submissions.append({"first": first, "items": [w.to_json() for w in items]})
+            r = self.submissions.append({"first": first, "items": [store_form(w) for w in items]})
         except RecordTooLargeError as e:
             if len(items) == 1:
                 raise RecordTooLargeError(
@@ -332,7 +338,7 @@ class CampaignState:
         for k in range(0, len(items), SUBMIT_CHUNK):
             chunk = tuple(items[k : k + SUBMIT_CHUNK])
             self.journal.append(encode(Submitted(chunk, first + k, stored=stored)))
-        self.core.submit(items, first=first)
+        self.core.submit(items, first=first, checked=True)
 
     def _store_durable(self) -> bool:
         """True once an fsync covers every record of the submissions store."""

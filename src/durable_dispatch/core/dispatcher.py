@@ -345,11 +345,15 @@ class Dispatcher:
             raise UsageError(f"rank {rank} was already added")
         self._ranks.add(rank)
 
-    def submit(self, items: Iterable[WorkItem], *, first: int | None = None) -> int:
+    def submit(
+        self, items: Iterable[WorkItem], *, first: int | None = None, checked: bool = False
+    ) -> int:
         """Append work items to the back of the frontier; returns how many were added.
 
         ``first``: the dense index of the first item (the shell's submissions store numbering;
-        default: the ledger's next index). It may skip indices, never reuse one.
+        default: the ledger's next index). It may skip indices, never reuse one. ``checked``:
+        the caller already made sure every item is a new :class:`WorkItem`, once (the campaign
+        state's ``submit`` does), so they are not checked again.
 
         Raises:
             UsageError: a work ID that is already pending, in flight, committed or deferred
@@ -357,7 +361,7 @@ class Dispatcher:
         """
         new = tuple(items)
         seen: set[str] = set()
-        for item in new:
+        for item in () if checked else new:
             if not isinstance(item, WorkItem) or not isinstance(item.work_id, str):
                 raise UsageError(f"expected a WorkItem with a str work_id, got {item!r}")
             wid = item.work_id

@@ -26,11 +26,19 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from ..schema import Invalid
+from ..schema import Invalid, is_work_item
 from .decisions import WorkItem
 from .events import (
     Committed,
@@ -46,7 +54,17 @@ from .events import (
 )
 from .tokens import Token
 
-__all__ = ["Ledger", "LedgerLoader", "Frontier", "Ids", "Runs", "CommittedIds", "COMPACT_FORM"]
+__all__ = [
+    "Ledger",
+    "LedgerLoader",
+    "Frontier",
+    "Ids",
+    "Items",
+    "Runs",
+    "CommittedIds",
+    "COMPACT_FORM",
+    "store_form",
+]
 
 #: The ``form`` member of a compact snapshot state (:meth:`Ledger.to_compact`); a state without
 #: it is the self-contained form (:meth:`Ledger.to_snapshot`).
@@ -161,6 +179,90 @@ class Runs:
         return r
 
 
+def store_form(item: WorkItem) -> Any:
+    """How the submissions store writes ``item``: ``[work_id, payload]`` when every other member
+    holds its default (most items), else ``WorkItem.to_json``."""
+    if item.timeout is None and not item.leases and not item.inputs and not item.self_contained:
+        return [item.work_id, item.payload]
+    return item.to_json()
+
+
+def _stored_item(v: Any) -> WorkItem:
+    """A work item in the submissions store's form (:func:`store_form`), checked (S11).
+
+    Raises:
+        schema.Invalid: not a work item in either form.
+    """
+    if type(v) is list:
+        if len(v) == 2 and type(v[0]) is str:
+            return WorkItem(v[0], v[1])
+    elif is_work_item(v):
+        return WorkItem.from_json(v)
+    raise Invalid("items", "not a work item ([work_id, payload] or an object with a work_id)")
+
+
+class Items(MutableMapping[str, WorkItem]):
+    """The open work items by work ID, kept in a list by dense index (a slot per item, no hash
+    table of its own). An item loaded from the submissions store stays in the store's form
+    until it is first used (a reopen of millions of items builds no work item up front)."""
+
+    __slots__ = ("_ids", "_by", "_n")
+
+    def __init__(self, ids: Ids) -> None:
+        self._ids = ids
+        self._by: list[Any] = []  # index -> WorkItem, its stored form, or None
+        self._n = 0
+
+    def __getitem__(self, wid: str) -> WorkItem:
+        i = self._ids.index.get(wid)
+        by = self._by
+        if i is None or i >= len(by) or by[i] is None:
+            raise KeyError(wid)
+        v = by[i]
+        if type(v) is not WorkItem:
+            v = by[i] = _stored_item(v)
+        return v
+
+    def __contains__(self, wid: object) -> bool:
+        i = self._ids.index.get(wid) if type(wid) is str else None
+        return i is not None and i < len(self._by) and self._by[i] is not None
+
+    def __setitem__(self, wid: str, item: WorkItem) -> None:
+        i = self._ids.index[wid]  # numbered first (Ids.assign)
+        by = self._by
+        if i >= len(by):
+            by.extend([None] * (i + 1 - len(by)))
+        if by[i] is None:
+            self._n += 1
+        by[i] = item
+
+    def __delitem__(self, wid: str) -> None:
+        if wid not in self:
+            raise KeyError(wid)
+        self._by[self._ids.index[wid]] = None
+        self._n -= 1
+
+    def put(self, first: int, items: Sequence[Any]) -> None:
+        """Items (or their stored forms) of the new indices ``first, first+1, ...``, at once."""
+        by = self._by
+        if len(by) < first:
+            by.extend([None] * (first - len(by)))
+        by[first : first + len(items)] = items
+        self._n += len(items)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[str]:
+        ids = self._ids.ids
+        for i, v in enumerate(self._by):
+            if v is not None:
+                yield ids[i]  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"<Items of {self._n} open work IDs>"
+
+
 class CommittedIds(AbstractSet[str]):
     """The committed work IDs: a set of strings, kept as :class:`Runs` of indices."""
 
@@ -243,6 +345,22 @@ class Frontier:
             runs[-1][1] = i + 1
         else:
             runs.append([i, i + 1])
+
+    def extend_range(self, a: int, b: int) -> None:
+        """Add the indices ``a .. b-1``, none of them here yet, at the back, in O(1) Python
+        steps."""
+        if a >= b:
+            return
+        flag = self._flag
+        if b > len(flag):
+            flag.extend(bytes(max(b - len(flag), len(flag))))
+        flag[a:b] = b"\x01" * (b - a)
+        self._n += b - a
+        runs = self._runs
+        if runs and runs[-1][1] == a:
+            runs[-1][1] = b
+        else:
+            runs.append([a, b])
 
     def appendleft(self, wid: str) -> None:
         """Add ``wid`` at the front (nothing when it is here)."""
@@ -350,7 +468,7 @@ class Ledger:
         self.epoch = epoch
         self.counter = 0
         self.ids = Ids()
-        self.items: dict[str, WorkItem] = {}
+        self.items = Items(self.ids)
         self.frontier = Frontier(self.ids)
         self.in_flight: dict[str, tuple[Token, int]] = {}
         self.committed = CommittedIds(self.ids)
@@ -441,17 +559,27 @@ class Ledger:
         ids = self.ids
         if first is not None:
             ids.pad(first)
-        index, frontier, mine, numbered = ids.index, self.frontier, self.items, ids.ids
-        for item in items:
+        index, mine, numbered = ids.index, self.items, ids.ids
+        start = len(numbered)
+        new: list[int] = []  # the indices of the new items (the others are void)
+        for i, item in enumerate(items, start):
             wid = item.work_id
-            i = len(numbered)
-            numbered.append(None)
             if wid in index:
-                continue  # known (pending, in flight, deferred or committed): void
-            numbered[i] = wid
+                numbered.append(None)  # known (pending, in flight, deferred or committed)
+                continue
+            numbered.append(wid)
             index[wid] = i
-            mine[wid] = item
-            frontier.append_index(i)
+            new.append(i)
+        if len(new) == len(items):
+            mine.put(start, items)
+        else:
+            for i in new:
+                mine[numbered[i]] = items[i - start]  # type: ignore[index]
+        if len(new) == len(items):
+            self.frontier.extend_range(start, start + len(new))
+        else:
+            for i in new:
+                self.frontier.append_index(i)
 
     def apply_record(
         self, rec: Any, stored: Callable[[int, int], Sequence[WorkItem]] | None = None
@@ -620,6 +748,10 @@ class Ledger:
         )
 
 
+def _first(v: Sequence[Any]) -> Any:
+    return v[0]
+
+
 def _place(where: bytearray, a: int, b: int, code: int, name: str) -> None:
     """Mark indices ``a .. b-1`` as in place ``code`` (a compact snapshot's member ``name``)."""
     if not 0 <= a < b <= len(where):
@@ -685,28 +817,54 @@ class LedgerLoader:
         """
         if first != self._next:
             raise Invalid("first", f"store record at index {first}, {self._next} expected")
-        self._next = first + len(items)
+        end = self._next = first + len(items)
         size, where, tail = self._size, self._where, self._tail
         led = self._led
         ids, index, mine = led.ids.ids, led.ids.index, led.items
+        if end <= size and where.count(1, first, end) == end - first and self._all_pending(items):
+            return  # the usual record: every item pending, in the store's usual form
         for i, item in enumerate(items, first):
             if item is None:
                 if i < size and where[i]:
                     raise Invalid("items", f"index {i} is void in the store, not in the snapshot")
                 continue
             if i >= size:
-                tail[i] = WorkItem.from_json(item)
+                tail[i] = _stored_item(item)
                 continue
             w = where[i]
             if not w:
                 continue
-            wid = item["work_id"]
+            work = _stored_item(item)
+            wid = work.work_id
             if wid in index:
                 raise Invalid("work_id", f"{wid!r} is stored at two indices")
             ids[i] = wid
             index[wid] = i
-            if w != 3:
-                mine[wid] = WorkItem.from_json(item)
+            if w != 3:  # committed: its work ID is all that is kept
+                mine[wid] = work
+
+    def _all_pending(self, items: Sequence[Any]) -> bool:
+        """Take a record of pending items in bulk (C-level passes, no Python step per item)
+        when each is ``[work_id, payload]``; False (nothing taken) otherwise, for the
+        item-by-item path.
+
+        Raises:
+            schema.Invalid: a work ID is stored at two indices.
+        """
+        if set(map(type, items)) != {list} or set(map(len, items)) != {2}:
+            return False
+        wids = list(map(_first, items))
+        if set(map(type, wids)) != {str}:
+            return False
+        first = self._next - len(items)
+        index = self._led.ids.index
+        before = len(index)
+        index.update(zip(wids, range(first, self._next), strict=True))
+        if len(index) != before + len(wids):
+            raise Invalid("work_id", "a work ID is stored at two indices")
+        self._led.ids.ids[first : self._next] = wids
+        self._led.items.put(first, items)  # each becomes a WorkItem when first used
+        return True
 
     @property
     def stored(self) -> int:
