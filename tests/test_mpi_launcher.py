@@ -44,6 +44,9 @@ def test_a_hung_job_is_killed_whole_at_the_timeout(tmp_path: Path) -> None:
     t = time.monotonic()
     res = launcher.run_mpiexec(cmd, timeout=8)
     assert res.timed_out and time.monotonic() - t < 120
+    # Its session directory went with it: a later mpiexec given the same pid would otherwise
+    # find the stale PMIx rendezvous files and die ("listener thread failed to start", 213).
+    assert not any(d.exists() for d in launcher.session_dirs(res.session))
     pids = [int(p.name.rsplit(".", 1)[1]) for p in tmp_path.glob("pids.*")]
     assert len(pids) == 3
     time.sleep(0.5)

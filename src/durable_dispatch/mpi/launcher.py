@@ -5,6 +5,12 @@ whole session when the timeout passes (Open MPI gives each rank its own process 
 ``mpiexec`` alone could leave ranks behind). When running as root it sets Open MPI's
 ``OMPI_ALLOW_RUN_AS_ROOT=1`` and ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`` for that child only, and says
 so on standard error; nothing else in the library touches them.
+
+A killed ``mpiexec`` (Open MPI's ``prterun``) cannot remove its session directory,
+``$TMPDIR/ompi.<pid>``, which holds the PMIx server's rendezvous files named after that pid. A
+later ``prterun`` that is given the same pid finds them and dies at once with "The PMIx server's
+listener thread failed to start" (exit 213; openpmix issue 4022, fixed in openpmix 7 by pull
+request 4046). So :func:`kill_session` removes the directory of the ``mpiexec`` it killed.
 """
 
 from __future__ import annotations
@@ -12,11 +18,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "find_mpiexec",
@@ -26,6 +34,8 @@ __all__ = [
     "ROOT_VARS",
     "pids_in_session",
     "kill_session",
+    "session_dirs",
+    "remove_session_dir",
     "launch_env",
 ]
 
@@ -123,8 +133,9 @@ def run_mpiexec(
         return MpiexecResult(proc.returncode, out or "", err or "", True, proc.pid)
 
 
-def kill_session(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL the process group of ``proc`` and every rank process group it started."""
+def kill_session(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL the process group of ``proc`` and every rank process group it started, then
+    remove the session directory the killed ``mpiexec`` leaves (see the module docs)."""
     pgid = proc.pid
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -137,6 +148,27 @@ def kill_session(proc: subprocess.Popen[str]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    proc.wait()  # dead now: nothing writes to its session directory any more
+    remove_session_dir(proc.pid)
+
+
+def session_dirs(pid: int) -> list[Path]:
+    """Where an Open MPI 5 ``mpiexec`` of process ``pid`` keeps its session directory
+    (``ompi.<pid>`` under ``$TMPDIR`` or ``/tmp``), whether or not it exists."""
+    bases = {os.environ.get("TMPDIR") or "/tmp", "/tmp"}
+    return [Path(b) / f"ompi.{pid}" for b in sorted(bases)]
+
+
+def remove_session_dir(pid: int) -> None:
+    """Remove the session directory of the dead ``mpiexec`` process ``pid``: only a real
+    directory (not a link) that this user owns."""
+    for d in session_dirs(pid):
+        try:
+            st = d.lstat()
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def pids_in_session(sid: int) -> list[int]:
