@@ -828,7 +828,7 @@ def test_a_store_that_is_not_durable_keeps_submissions_in_the_journal(tmp_path: 
 def test_an_item_too_large_to_store_is_refused_after_the_ones_before_it(tmp_path: Path) -> None:
     from durable_dispatch.errors import RecordTooLargeError
 
-    huge = WorkItem("huge", "x" * (17 << 20))
+    huge = WorkItem("huge", "x" * (2 << 20))  # beyond a record's bound (1 MiB by default)
     with _open(tmp_path) as s:
         with pytest.raises(RecordTooLargeError, match="huge"):
             s.submit([*ITEMS, huge, WorkItem("after")])

@@ -45,8 +45,9 @@ STATE_JOURNAL = "events.jsonl"
 SUBMISSIONS = "submissions.jsonl"
 #: Items per submissions store record (and per stored ``submitted`` record of the state journal).
 SUBMIT_CHUNK = 512
-#: A submissions store record's bound (a record holds up to 512 items; larger ones are split).
-SUBMISSION_RECORD_BYTES = 16 << 20
+#: A submissions store record's bound, as the state journal's by default (a record holds up to
+#: 512 items and is split while larger; a single item beyond it is refused, as it always was).
+SUBMISSION_RECORD_BYTES = 1 << 20
 SNAPSHOT_NAME = "campaign"
 #: the master's live statistics: ``master-stats.<generation>.snap`` (see ``CampaignState.tick``)
 LIVE_STATS_NAME = "master-stats"
@@ -149,7 +150,7 @@ def _load_store(
         rows = read_journal(path, max_record_bytes=SUBMISSION_RECORD_BYTES) if exists else ()
         return None, *_load_from(state, path, ((r.payload, None) for r in rows))
     load = _Loader(state, path)
-    kw = {**journal_kw, "max_record_bytes": SUBMISSION_RECORD_BYTES}
+    kw = {"max_record_bytes": SUBMISSION_RECORD_BYTES, **journal_kw}
     store = Journal.open(path, visit=load.visit, **kw)
     try:
         if store.recovery.damage:  # the visit saw records before the repair: take what was kept
