@@ -821,8 +821,9 @@ class LedgerLoader:
         size, where, tail = self._size, self._where, self._tail
         led = self._led
         ids, index, mine = led.ids.ids, led.ids.index, led.items
-        if end <= size and where.count(1, first, end) == end - first and self._all_pending(items):
-            return  # the usual record: every item pending, in the store's usual form
+        if first < end <= size and where.count(where[first], first, end) == end - first:
+            if where[first] in (1, 3) and self._in_bulk(items, where[first] == 1):
+                return  # the usual record: every item pending (or committed), in the usual form
         for i, item in enumerate(items, first):
             if item is None:
                 if i < size and where[i]:
@@ -843,10 +844,10 @@ class LedgerLoader:
             if w != 3:  # committed: its work ID is all that is kept
                 mine[wid] = work
 
-    def _all_pending(self, items: Sequence[Any]) -> bool:
-        """Take a record of pending items in bulk (C-level passes, no Python step per item)
-        when each is ``[work_id, payload]``; False (nothing taken) otherwise, for the
-        item-by-item path.
+    def _in_bulk(self, items: Sequence[Any], pending: bool) -> bool:
+        """Take a record whose items are all pending (or all committed: only their work IDs
+        are kept) in bulk, in C-level passes with no Python step per item, when each is
+        ``[work_id, payload]``; False (nothing taken) otherwise, for the item-by-item path.
 
         Raises:
             schema.Invalid: a work ID is stored at two indices.
@@ -863,7 +864,8 @@ class LedgerLoader:
         if len(index) != before + len(wids):
             raise Invalid("work_id", "a work ID is stored at two indices")
         self._led.ids.ids[first : self._next] = wids
-        self._led.items.put(first, items)  # each becomes a WorkItem when first used
+        if pending:
+            self._led.items.put(first, items)  # each becomes a WorkItem when first used
         return True
 
     @property
