@@ -406,7 +406,7 @@ class Dispatcher:
         if max_items > 1 and first.work_id not in ledger.solo:
             # the items that follow at the head of the frontier (none when ``first`` was found
             # behind a head whose lease is taken: that head stops the run at once)
-            for wid in ledger.frontier:
+            for wid in ledger.frontier.first(max_items + 1):
                 if len(items) == max_items:
                     break
                 if wid == first.work_id:

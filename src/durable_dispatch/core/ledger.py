@@ -139,6 +139,14 @@ class Runs:
     def add(self, i: int) -> bool:
         """Add ``i``; False when it was there."""
         starts, ends = self._starts, self._ends
+        if ends and ends[-1] <= i:  # the usual case: past the last run (commits come in order)
+            if ends[-1] == i:
+                ends[-1] = i + 1
+            else:
+                starts.append(i)
+                ends.append(i + 1)
+            self._n += 1
+            return True
         k = bisect_right(starts, i)
         if k and ends[k - 1] >= i:
             if ends[k - 1] > i:
@@ -237,10 +245,18 @@ class Items(MutableMapping[str, WorkItem]):
         by[i] = item
 
     def __delitem__(self, wid: str) -> None:
-        if wid not in self:
+        if not self.discard(wid):
             raise KeyError(wid)
-        self._by[self._ids.index[wid]] = None
+
+    def discard(self, wid: str) -> bool:
+        """Forget ``wid``'s item if there is one; True when there was."""
+        i = self._ids.index.get(wid)
+        by = self._by
+        if i is None or i >= len(by) or by[i] is None:
+            return False
+        by[i] = None
         self._n -= 1
+        return True
 
     def put(self, first: int, items: Sequence[Any]) -> None:
         """Items (or their stored forms) of the new indices ``first, first+1, ...``, at once."""
@@ -274,7 +290,11 @@ class CommittedIds(AbstractSet[str]):
 
     def __contains__(self, wid: object) -> bool:
         i = self._ids.index.get(wid) if type(wid) is str else None
-        return i is not None and i in self._runs
+        if i is None:
+            return False
+        runs = self._runs  # Runs.__contains__, inlined: a RESULT asks it for every item
+        k = bisect_right(runs._starts, i)
+        return k > 0 and i < runs._ends[k - 1]
 
     def __iter__(self) -> Iterator[str]:
         ids = self._ids.ids
@@ -376,9 +396,18 @@ class Frontier:
     def remove(self, wid: str) -> None:
         """Remove ``wid`` if it is here."""
         i = self._ids.index.get(wid)
-        if i is None or not self._mark(i, 0):
+        flag = self._flag
+        if i is None or i >= len(flag) or not flag[i]:
             return
+        flag[i] = 0
+        self._n -= 1
         runs = self._runs
+        head = runs[0]
+        if head[0] == i:  # the usual case: a dispatch takes the head
+            head[0] = i + 1
+            if head[1] == i + 1:
+                runs.popleft()
+            return
         k = next(k for k, (a, b) in enumerate(runs) if a <= i < b)  # the flag says it is there
         run = runs[k]
         a, b = run
@@ -391,6 +420,16 @@ class Frontier:
             runs.insert(k + 1, [i + 1, b])
         if run[0] == run[1]:
             del runs[k]
+
+    def first(self, k: int) -> list[str]:
+        """The first ``k`` work IDs (fewer when the frontier is shorter), in order."""
+        out: list[Any] = []
+        ids = self._ids.ids
+        for a, b in self._runs:
+            out += ids[a : min(b, a + k - len(out))]
+            if len(out) >= k:
+                break
+        return out
 
     def head(self) -> str | None:
         """The first work ID, or None when empty."""
@@ -500,17 +539,16 @@ class Ledger:
                 self.counter = ev.token.n
         elif t is Committed:
             assert isinstance(ev, Committed)
-            index = self.ids.index
+            index, runs = self.ids.index, self.committed.runs
             for wid in ev.work_ids:
                 i = index.get(wid)
                 if i is None:
                     i = self.ids.assign(wid)  # a commit of an ID never submitted: numbered here
-                elif i in self.committed.runs:
+                if not runs.add(i):
                     self.duplicate_commits += 1
                     continue
                 self._leave(wid)
-                self.items.pop(wid, None)
-                self.committed.add_index(i)
+                self.items.discard(wid)
                 self.solo.discard(wid)
         elif t is Requeued:
             assert isinstance(ev, Requeued)
