@@ -1,14 +1,17 @@
 """Durable campaign state: snapshot + journal replay, crash-safe rollback, master restart.
 
 Theory of operation. A state directory holds a :class:`~durable_dispatch.storage.SnapshotStore`
-(``campaign.<generation>.snap``), the state journal ``events.jsonl``, the defer journal
+(``campaign.<generation>.snap``), the state journal ``events.jsonl``, the submissions store
+``submissions.jsonl`` (every submitted item's payload, once, by dense index), the defer journal
 ``.dispatch_protocol_deferred.jsonl`` and the master lock ``master.lock``. The campaign's
 durable state is a *projection*: frontier order, in-flight dispatches, committed work IDs,
-deferred items and retry counts, exactly the dict :meth:`Dispatcher.snapshot` returns. Every
+deferred items and retry counts, the core's :class:`~durable_dispatch.core.ledger.Ledger`. Every
 decision of the core that changes it is journaled as a small event (``submitted``,
 ``dispatched``, ``committed``, ``requeued``, ``deferred``, ``epoch``) *before* the shell acts on
-it; a snapshot folds the projection up to a journal sequence number. Loading = newest valid
-snapshot + replay of the journal records after it.
+it; a snapshot folds the projection up to a journal sequence number, in the compact form
+(:meth:`Ledger.to_compact`: indices and runs, no payload, so its cost does not grow with the
+campaign, S8). Loading = the submissions store + newest valid snapshot + replay of the journal
+records after it.
 
 The module is split by job: replay (the projection, the fold, the snapshot loader) is in
 ``replay.py``; offline operations (view, compact, requeue, drop) are in ``admin.py``; this module
@@ -676,7 +679,8 @@ class CampaignState:
         return self.core.ledger.to_compact(done)
 
     def try_restore(self) -> bool:
-        """Try to make memory-only records durable again (journal, defer journal)."""
+        """Try to make memory-only records durable again (submissions store, journal, defer
+        journal)."""
         if self.submissions.try_restore():
             self.submissions.sync_now()
         ok = self.journal.try_restore()

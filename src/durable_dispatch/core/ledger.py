@@ -109,13 +109,10 @@ class Runs:
 
     __slots__ = ("_starts", "_ends", "_n")
 
-    def __init__(self, runs: Iterable[Sequence[int]] = ()) -> None:
+    def __init__(self) -> None:
         self._starts: list[int] = []
         self._ends: list[int] = []
         self._n = 0
-        for a, b in runs:
-            for i in range(a, b):  # a run at a time would be faster; this checks overlaps
-                self.add(i)
 
     @classmethod
     def of_runs(cls, runs: Iterable[Sequence[int]]) -> Runs:
