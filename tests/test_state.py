@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 from durable_dispatch import CampaignState, SnapshotStore
 from durable_dispatch.core import Commit, Dispatcher, RetryPolicy, Send, WatchdogConfig, WorkItem
 from durable_dispatch.errors import LockHeldError
-from durable_dispatch.state import STATE_JOURNAL, Ledger, event_work_ids, replay, view_state
+from durable_dispatch.state import (
+    STATE_JOURNAL,
+    SUBMISSIONS,
+    Ledger,
+    event_work_ids,
+    replay,
+    view_state,
+)
 from durable_dispatch.storage import Journal
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import inject_faults
@@ -806,22 +813,53 @@ def test_a_store_that_is_not_durable_keeps_submissions_in_the_journal(tmp_path: 
     no snapshot names what the store may lose; a crash then loses nothing."""
     from durable_dispatch.state import SUBMISSIONS
 
+    items = [WorkItem(f"w{i}", {"i": i}) for i in range(700)]  # more than one record
     s = _open(tmp_path)
-    s.submit(ITEMS[:5])
+    s.submit(items[:5])
     with inject_faults() as faults:
         faults.fail("fsync", errno.EIO, path=f"*{SUBMISSIONS}")
-        s.submit(ITEMS[5:])
+        s.submit(items[5:])
         assert s.statistics().submissions_health["state"] == "DEGRADED"
         assert s.save_snapshot("test") is False
         assert s.statistics().snapshot_failures == 1
-    last = [r.payload for r in s.journal.records() if r.payload["event"] == "submitted"][-1]
-    assert last["items"][0]["work_id"] == "w5" and last["first"] == 5
+    recs = [r.payload for r in s.journal.records() if r.payload["event"] == "submitted"]
+    assert [(r["first"], len(r["items"])) for r in recs[1:]] == [(5, 512), (517, 183)]
+    assert recs[1]["items"][0]["work_id"] == "w5"
     _die(s)
     with _open(tmp_path) as s2:
-        assert s2.core.pending() == [i.work_id for i in ITEMS]
-        assert s2.core.ledger.items["w19"].payload == {"i": 19}
+        assert s2.core.pending() == [i.work_id for i in items]
+        assert s2.core.ledger.items["w619"].payload == {"i": 619}
     with _open(tmp_path) as s3:  # its own snapshot, of the compact form, loads too
-        assert s3.core.pending() == [i.work_id for i in ITEMS]
+        assert s3.core.pending() == [i.work_id for i in items]
+    assert _newest_state(tmp_path)["form"] == 2
+
+
+def test_a_small_submission_carries_its_items_and_a_large_one_names_the_store(
+    tmp_path: Path,
+) -> None:
+    """A few items at a time cost no fsync of the store each (their record carries them); a
+    large submission's records name the store's indices once it is durable."""
+    from durable_dispatch.storage import fs
+
+    syncs: list[str] = []
+    big = [WorkItem(f"b{i}", i) for i in range(1200)]
+    with _open(tmp_path) as s:
+        prev = fs.set_recorder(
+            lambda op, path, detail: syncs.append(path) if op == "fsync" else None
+        )
+        try:
+            for item in ITEMS[:5]:
+                s.submit([item])
+        finally:
+            fs.set_recorder(prev)
+        assert not [p for p in syncs if p.endswith(SUBMISSIONS)]
+        s.submit(big)
+        recs = [r.payload for r in s.journal.records() if r.payload["event"] == "submitted"]
+        assert [len(r["items"]) for r in recs[:5]] == [1] * 5 and recs[0]["first"] == 0
+        assert [(r["first"], r["count"]) for r in recs[5:]] == [(5, 512), (517, 512), (1029, 176)]
+    with _open(tmp_path) as s2:
+        assert s2.core.pending() == [i.work_id for i in ITEMS[:5]] + [b.work_id for b in big]
+        assert s2.core.ledger.items["b7"].payload == 7
     assert _newest_state(tmp_path)["form"] == 2
 
 
