@@ -834,15 +834,12 @@ def test_a_store_that_is_not_durable_keeps_submissions_in_the_journal(tmp_path: 
     assert _newest_state(tmp_path)["form"] == 2
 
 
-def test_a_small_submission_carries_its_items_and_a_large_one_names_the_store(
-    tmp_path: Path,
-) -> None:
-    """A few items at a time cost no fsync of the store each (their record carries them); a
-    large submission's records name the store's indices once it is durable."""
+def test_a_submission_is_durable_when_submit_returns(tmp_path: Path) -> None:
+    """Even one item at a time: the store is fsynced before the journal names the items, and
+    the journal's records name them by index (the crash harness checks the durability)."""
     from durable_dispatch.storage import fs
 
     syncs: list[str] = []
-    big = [WorkItem(f"b{i}", i) for i in range(1200)]
     with _open(tmp_path) as s:
         prev = fs.set_recorder(
             lambda op, path, detail: syncs.append(path) if op == "fsync" else None
@@ -852,15 +849,11 @@ def test_a_small_submission_carries_its_items_and_a_large_one_names_the_store(
                 s.submit([item])
         finally:
             fs.set_recorder(prev)
-        assert not [p for p in syncs if p.endswith(SUBMISSIONS)]
-        s.submit(big)
+        assert len([p for p in syncs if p.endswith(SUBMISSIONS)]) == 5
         recs = [r.payload for r in s.journal.records() if r.payload["event"] == "submitted"]
-        assert [len(r["items"]) for r in recs[:5]] == [1] * 5 and recs[0]["first"] == 0
-        assert [(r["first"], r["count"]) for r in recs[5:]] == [(5, 512), (517, 512), (1029, 176)]
+        assert [(r["first"], r["count"]) for r in recs] == [(i, 1) for i in range(5)]
     with _open(tmp_path) as s2:
-        assert s2.core.pending() == [i.work_id for i in ITEMS[:5]] + [b.work_id for b in big]
-        assert s2.core.ledger.items["b7"].payload == 7
-    assert _newest_state(tmp_path)["form"] == 2
+        assert s2.core.pending() == [i.work_id for i in ITEMS[:5]]
 
 
 def test_an_item_too_large_to_store_is_refused_after_the_ones_before_it(tmp_path: Path) -> None:

@@ -335,11 +335,9 @@ class CampaignState:
 
     def _announce(self, items: list[WorkItem], first: int) -> None:
         """Journal the submission of the stored ``items`` and hand them to the core. The
-        records name the items by index once the store is durable. A submission of one record
-        or less carries its items itself, so that a caller who submits a few items at a time
-        pays no fsync of the store for each (the next snapshot waits for it); so does any
-        submission when the store cannot be made durable (a disk fault)."""
-        stored = len(items) > SUBMIT_CHUNK and self._store_durable()
+        records name the items by index once the store is durable; if the store cannot be
+        made durable (a disk fault), they carry the items themselves."""
+        stored = self._store_durable()
         for k in range(0, len(items), SUBMIT_CHUNK):
             chunk = tuple(items[k : k + SUBMIT_CHUNK])
             self.journal.append(encode(Submitted(chunk, first + k, stored=stored)))
