@@ -238,8 +238,10 @@ def _store_records(
 
 def _reconcile_store(journal: Journal, store: Journal, led: Ledger, stored: Stored) -> int:
     """After a replay, bring the submissions store and the ledger in line; returns the
-    indices the store covers (then ``len(led.ids)``). Both steps append and are durable before
-    anything else is written.
+    indices the store covers (then ``len(led.ids)``). The store's records are fsynced here; the
+    journal's become durable with the caller's next fsync (the open's ``epoch`` record;
+    compaction's journal syncs every append), and until then a crash only leaves the orphans
+    for the next open to submit again.
 
     * Orphans (items stored but whose ``submitted`` record never reached the journal: a crash
       between the two) are submitted now: they were durable, the caller's ``submit`` was under
@@ -268,7 +270,6 @@ def _reconcile_store(journal: Journal, store: Journal, led: Ledger, stored: Stor
         last = store.append(rec).seq
     if last >= 0:
         store.wait_durable(last)
-    journal.sync_now()
     return len(led.ids)
 
 

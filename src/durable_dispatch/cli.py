@@ -626,8 +626,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         try:
             while proc.poll() is None:
                 if time.monotonic() > deadline:
-                    kill_session(proc)
-                    proc.wait()
+                    kill_session(proc)  # and waits for it
                     raise _IOFailure(f"demo did not finish within {args.timeout}s; see {log_path}")
                 if tty:
                     _show_progress(progress_file, args.items)
@@ -643,8 +642,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     proc.send_signal(signal.SIGUSR1)
                     deadline = min(deadline, time.monotonic() + 90)
         except (KeyboardInterrupt, _Terminated) as e:
-            kill_session(proc)
-            proc.wait()
+            kill_session(proc)  # and waits for it
             print(f"stopped; the state directory {state} resumes", file=sys.stderr)
             return EXIT_TERMINATED if isinstance(e, _Terminated) else EXIT_INTERRUPTED
         finally:

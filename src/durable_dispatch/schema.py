@@ -68,8 +68,8 @@ def _list_of(check: Check) -> Check:
 
 
 def is_work_item(v: Any) -> bool:
-    """True when ``v`` is a work item as the core writes it (``WorkItem.to_json``, either
-    form)."""
+    """True when ``v`` is a work item object as ``WorkItem.to_json`` writes it (the ledger's
+    loader reads the store's ``[work_id, payload]`` form itself)."""
     return _item(v)
 
 

@@ -605,16 +605,13 @@ class Ledger:
             numbered.append(wid)
             index[wid] = i
             new.append(i)
-        if len(new) == len(items):
+        if len(new) == len(items):  # all new (the usual case): in bulk
             mine.put(start, items)
-        else:
-            for i in new:
-                mine[numbered[i]] = items[i - start]  # type: ignore[index]
-        if len(new) == len(items):
             self.frontier.extend_range(start, start + len(new))
-        else:
-            for i in new:
-                self.frontier.append_index(i)
+            return
+        for i in new:
+            mine[numbered[i]] = items[i - start]  # type: ignore[index]
+            self.frontier.append_index(i)
 
     def apply_record(
         self, rec: Any, stored: Callable[[int, int], Sequence[WorkItem]] | None = None
@@ -646,10 +643,6 @@ class Ledger:
     def known(self, wid: str) -> bool:
         """True when ``wid`` is pending, in flight, committed or deferred."""
         return wid in self.ids.index
-
-    def index_of(self, wid: str) -> int | None:
-        """The dense index of ``wid``, or None when it is not known."""
-        return self.ids.index.get(wid)
 
     # ----------------------------------------------------------- snapshot form
     def to_snapshot(self, committing: Collection[str] = ()) -> dict[str, Any]:
