@@ -1,15 +1,113 @@
-"""Shared pytest configuration: hypothesis profiles (``ci`` by default, ``long`` for soaks)."""
+"""Shared pytest configuration: hypothesis profiles, and the suite's tiers.
+
+**Hypothesis profiles.** ``dev`` (a few dozen examples: day-to-day runs), ``ci`` (the full
+counts: chosen when ``CI`` is set, as ``.ci/run`` runs) and ``long`` (soaks); ``HYPOTHESIS_PROFILE``
+picks one by name. A test that needs its own count asks :func:`tests.helpers.examples` for it,
+which scales it by the profile in force, so no test fixes a count of its own.
+
+**Tiers.** Each test is marked at collection by what it does, read from the names its code,
+the test helpers it calls and the fixtures it uses refer to: ``mpi`` (it launches ``mpiexec``),
+``spawn`` (it starts processes), ``crash`` (it kills them with SIGKILL, or enumerates every
+crash point of a workload), ``mount`` (real mounts or loop devices), ``browser`` (headless
+Chromium). ``slow`` is the union of those. So a new test is classed without anyone remembering
+to, and ``python -m pytest -m "not slow"`` is the fast tier: the core, the storage under pyfakefs
+and fault injection, the ledger and the property tests (at the ``dev`` profile).
+"""
 
 from __future__ import annotations
 
 import os
+import types
+from collections.abc import Iterable
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+_QUIET = [HealthCheck.too_slow]
+settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=_QUIET)
+settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=_QUIET)
+settings.register_profile("long", max_examples=5000, deadline=None, suppress_health_check=_QUIET)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 )
-settings.register_profile(
-    "long", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+#: marker -> names whose use puts a test in that tier
+TRIGGERS: dict[str, frozenset[str]] = {
+    "mpi": frozenset({"mpiexec_command", "run_mpiexec", "run_demo"}),
+    "spawn": frozenset(
+        {"subprocess", "Popen", "executable", "IsolatedRunner", "run_command", "fork"}
+    ),
+    "crash": frozenset({"SIGKILL", "crash_states"}),  # real kills, and crash-point enumeration
+    "mount": frozenset({"Tmpfs", "Ext4Image", "require_mounts"}),
+    "browser": frozenset({"_chromium", "chromium"}),
+}
+SLOW = tuple(TRIGGERS)
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    out = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out |= _code_names(const)
+    return out
+
+
+def _names_used(funcs: Iterable[Any]) -> set[str]:
+    """Every global and attribute name the functions refer to, through the test helpers (any
+    function, or method of a class, of the ``tests`` package) they call."""
+    seen: set[int] = set()
+    names: set[str] = set()
+    todo = [f for f in funcs if f is not None]
+    while todo:
+        f = inspect_unwrap(todo.pop())
+        code = getattr(f, "__code__", None)
+        if code is None or id(code) in seen:
+            continue
+        seen.add(id(code))
+        used = _code_names(code)
+        names |= used
+        glob = getattr(f, "__globals__", {})
+        for name in used:
+            obj = glob.get(name)
+            if not str(getattr(obj, "__module__", "")).startswith("tests"):
+                continue
+            if isinstance(obj, type):
+                todo.extend(v for v in vars(obj).values() if isinstance(v, types.FunctionType))
+            elif callable(obj):
+                todo.append(obj)
+    return names
+
+
+def inspect_unwrap(f: Any) -> Any:
+    while hasattr(f, "__wrapped__"):
+        f = f.__wrapped__
+    inner = getattr(getattr(f, "hypothesis", None), "inner_test", None)
+    return inner if inner is not None else f
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, why in (
+        ("spawn", "starts processes"),
+        ("crash", "kills processes with SIGKILL"),
+        ("mount", "needs real mounts or loop devices (root)"),
+        ("browser", "renders a page in headless Chromium"),
+    ):
+        config.addinivalue_line("markers", f"{name}: {why} (set by tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not isinstance(item, pytest.Function):
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        fixtures = []
+        for defs in info.name2fixturedefs.values() if info is not None else ():
+            fixtures += [d.func for d in defs if str(d.func.__module__).startswith("tests")]
+        used = _names_used([item.obj, *fixtures])
+        tiers = [m for m, names in TRIGGERS.items() if used & names]
+        tiers += [m for m in SLOW if item.get_closest_marker(m) and m not in tiers]
+        for m in tiers:
+            item.add_marker(m)
+        if tiers and not item.get_closest_marker("slow"):
+            item.add_marker("slow")

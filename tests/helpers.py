@@ -336,3 +336,12 @@ def on_a_terminal(
         if follower >= 0:
             os.close(follower)
     return proc.returncode, seen.decode(errors="replace"), out or b""
+
+
+def examples(full: int) -> int:
+    """A property test's example count: ``full`` under the ``ci`` profile (200 examples by
+    default), scaled by the profile in force (``dev`` runs an eighth of it, at least 5; ``long``
+    25 times it): counts come from the profile, never from the test alone (tests/conftest.py)."""
+    from hypothesis import settings
+
+    return max(5, round(full * settings.default.max_examples / 200))

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from durable_dispatch.core import Dispatcher, Send, WatchdogConfig, WorkItem
 from durable_dispatch.core.batching import MAX_ITEMS, TARGET_SECONDS, BatchSizer
 
+from .helpers import examples
+
 
 def test_it_starts_alone_and_grows_by_doubling_to_the_cap_for_trivial_tasks() -> None:
     s = BatchSizer()
@@ -39,7 +41,7 @@ def test_a_dispatch_stays_within_a_quarter_of_its_deadline() -> None:
     assert s.size(0.004) == 10  # a quarter of 4 ms holds 10 items of 0.1 ms
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 64), st.floats(0, 10, allow_nan=False)), max_size=30),
     st.one_of(st.none(), st.floats(0.001, 1000)),

@@ -30,6 +30,8 @@ from durable_dispatch.core import (
 from durable_dispatch.errors import UsageError
 from durable_dispatch.mpi import protocol
 
+from .helpers import examples
+
 
 def make(
     n_items: int = 3, ranks: tuple[int, ...] = (1, 2), seconds: float = 10.0, **kw
@@ -781,7 +783,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     msgs=st.lists(
         st.tuples(
@@ -830,7 +832,7 @@ def test_message_classifier_never_raises() -> None:
     test_format.py: it tests the dispatcher; issue 21)."""
     before = FUZZED.get("wire", 0)
     _message_classifier_never_raises()
-    assert FUZZED["wire"] - before >= 100
+    assert FUZZED["wire"] - before >= examples(100)
 
 
 def test_send_work_refuses_a_multi_item_dispatch_instead_of_dropping_items() -> None:

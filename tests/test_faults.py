@@ -27,7 +27,7 @@ from durable_dispatch.storage.journal import HealthState
 from durable_dispatch.storage.snapshot import decode_snapshot
 from durable_dispatch.testing import FaultInjector, disk_full, inject_faults, read_only_filesystem
 
-from .helpers import read_all
+from .helpers import examples, read_all
 
 ERRNOS = [errno.EIO, errno.ENOSPC, errno.EROFS]
 POLICIES = ["always", "batch", "never"]
@@ -359,7 +359,9 @@ def test_truncate_fault_while_cutting_a_torn_tail(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------ the fault seam on the open path
 @settings(
-    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(120),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     op=st.sampled_from(OPERATIONS),

@@ -28,6 +28,8 @@ from durable_dispatch.storage.format import (
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.storage.snapshot import decode_snapshot, encode_snapshot
 
+from .helpers import examples
+
 COUNTS: dict[str, int] = {}
 HDR = Header("00112233aabbccdd", 0)
 PAYLOADS = [{"event": "committed", "work_id": f"w{i}", "n": i, "s": "é☃\n"} for i in range(8)]
@@ -100,10 +102,10 @@ def test_journal_readers_never_crash_or_invent(tmp_path_factory: Any) -> None:
     alone and could not tell which fuzzer had not run)."""
     before = COUNTS.get("journal", 0)
     _journal_readers_never_crash_or_invent(tmp_path_factory)
-    assert COUNTS["journal"] - before >= 100
+    assert COUNTS["journal"] - before >= examples(100)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=mutations())
 def _journal_readers_never_crash_or_invent(tmp_path_factory: Any, data: bytes) -> None:
     count("journal")
@@ -150,7 +152,7 @@ def _journal_readers_never_crash_or_invent(tmp_path_factory: Any, data: bytes) -
             pass
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     data=st.one_of(
         st.integers(0, len(SNAP)).map(lambda i: SNAP[:i]),
@@ -171,7 +173,7 @@ def _snapshot_decoder_never_crashes_or_mixes(data: bytes) -> None:
 def test_snapshot_decoder_never_crashes_or_mixes() -> None:
     before = COUNTS.get("snapshot", 0)
     _snapshot_decoder_never_crashes_or_mixes()
-    assert COUNTS["snapshot"] - before >= 100
+    assert COUNTS["snapshot"] - before >= examples(100)
 
 
 # ----------------------------------------------------------------- bounded readers (S10)

@@ -27,6 +27,8 @@ from durable_dispatch.core.ledger import COMPACT_FORM, Frontier, Ledger, Runs
 from durable_dispatch.core.tokens import Token
 from durable_dispatch.schema import Invalid
 
+from .helpers import examples
+
 T1, T2 = Token(1, 1), Token(1, 2)
 EVENTS = [
     EpochStarted(3, 1.5),
@@ -144,7 +146,7 @@ def test_a_snapshot_round_trips_and_drops_an_in_flight_entry_that_is_elsewhere()
         Ledger.from_snapshot(snap)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     ops=st.lists(
         st.sampled_from(["send", "send3", "ok", "fail", "ready", "sweep", "tick", "lost"]),
@@ -206,7 +208,7 @@ def test_replaying_the_cores_events_rebuilds_its_ledger(ops: list[str], ranks: i
 
 
 # ------------------------------------------------------------------ the compact form (issue 17)
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(st.integers(0, 60), max_size=120))
 def test_runs_are_the_set_they_were_given(values: list[int]) -> None:
     r, seen = Runs(), set()
@@ -228,7 +230,7 @@ def test_runs_refuse_what_is_not_sorted_and_disjoint() -> None:
             Runs.of_runs(bad)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(["append", "appendleft", "remove"]), st.integers(0, 30)),

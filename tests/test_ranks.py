@@ -11,10 +11,12 @@ from durable_dispatch.core.ranks import Ranks, RankState, _IdleRanks
 from durable_dispatch.core.tokens import Token
 from durable_dispatch.errors import UsageError
 
+from .helpers import examples
+
 T1, T2 = Token(1, 1), Token(1, 2)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "discard", "pop"]), st.integers(0, 6))))
 def test_idle_ranks_hand_out_the_lowest_idle_rank_like_min_of_a_set(ops: list) -> None:
     """Issue 17: reserve took min() of the idle set, O(ranks) per dispatch; the heap that

@@ -26,7 +26,7 @@ from durable_dispatch.storage import Journal
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import inject_faults
 
-from .helpers import fake_campaign
+from .helpers import examples, fake_campaign
 
 ITEMS = [WorkItem(f"w{i}", {"i": i}) for i in range(20)]
 
@@ -120,7 +120,7 @@ def test_a_multi_item_dispatch_is_one_record_each_way_and_survives_a_restart(
         assert s.core.committed() == {i.work_id for i in ITEMS} and s.core.done
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     ops=st.lists(
         st.sampled_from(

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from durable_dispatch.core.tokens import Token
 from durable_dispatch.core.watchdog import DeadlineHeap, QuantileWindow
 
+from .helpers import examples
+
 
 def test_only_current_deadlines_come_due_and_they_stay_until_the_owner_ends_them() -> None:
     h = DeadlineHeap()
@@ -27,7 +29,7 @@ def test_only_current_deadlines_come_due_and_they_stay_until_the_owner_ends_them
     assert h.due(10.0, stands) == [Token(1, 1), Token(1, 2)]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 5), st.floats(0, 100, allow_nan=False)), max_size=40),
     st.floats(0, 100, allow_nan=False),
@@ -46,7 +48,7 @@ def test_due_is_every_current_deadline_at_or_before_now(
 
 
 # The adaptive rule's window (issue 19) -------------------------------------------------------
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=60),
     st.integers(1, 20),
