@@ -25,6 +25,9 @@ if find_mpiexec() is None:  # the mpi extra is part of the test install; fail lo
     raise RuntimeError("mpiexec not found: install the project with '.[test,mpi]'")
 
 BASE = ["--items", "24", "--ms", "120", "--watchdog", "1.0", "--per-kind", "1", "--seed", "3"]
+# For a test that asserts no deadline passed: a watchdog far longer than any 120 ms item takes on
+# a loaded machine (issue 30: exact zero-timeout counts failed under load with the 1 s one).
+NO_TIMEOUTS = ["--watchdog", "60"]
 
 
 def campaign(tmp_path: Path, faults: str, *extra: str, ulfm: bool = False) -> dict[str, Any]:
@@ -39,7 +42,7 @@ def campaign(tmp_path: Path, faults: str, *extra: str, ulfm: bool = False) -> di
 
 
 def test_no_faults_all_counters_zero(tmp_path: Path) -> None:
-    s = campaign(tmp_path, "none")
+    s = campaign(tmp_path, "none", *NO_TIMEOUTS)
     assert s["committed"] == 24
     for k in (
         "dispatch_watchdog_timeouts",
@@ -89,7 +92,7 @@ def test_slow_worker_false_suspicion_stale_result_exact_ready(tmp_path: Path) ->
 
 @pytest.mark.parametrize("fault", ["malformed", "missing", "old-token"])
 def test_lying_worker_invalid_result_join(tmp_path: Path, fault: str) -> None:
-    s = campaign(tmp_path, fault)
+    s = campaign(tmp_path, fault, *NO_TIMEOUTS)
     assert s["committed"] == 24
     assert s["invalid_result_rollbacks"] == 1
     assert s["protocol_requeued_dispatches"] == 1
@@ -147,7 +150,7 @@ def test_failing_work_function_is_an_invalid_result_and_the_worker_lives(
 ) -> None:
     """A function that raises, or returns a value JSON cannot hold, costs one retry: the worker
     sends an error RESULT and its READY, and goes on serving (the job ends with exit code 0)."""
-    res, s = run_demo(tmp_path / "state", *BASE, "--faults", fault)
+    res, s = run_demo(tmp_path / "state", *BASE, "--faults", fault, *NO_TIMEOUTS)
     assert not res.timed_out and s is not None, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.returncode == 0, res.stderr[-3000:]
     assert s["finished"] and s["lost"] == 0 and s["duplicate_commits"] == 0
@@ -185,9 +188,8 @@ def test_multi_item_dispatches_charge_each_lying_item_exactly_once(tmp_path: Pat
     """Message-level lies (malformed, missing, old-token) split their dispatch; item-level
     failures (raise, unencodable) are charged at once while the rest of the RESULT commits.
     Either way each faulty item is charged once and commits on its retry."""
-    s = campaign(
-        tmp_path, "malformed,missing,old-token,raise,unencodable", "--batch", "4", "--retries", "1"
-    )
+    lies = "malformed,missing,old-token,raise,unencodable"
+    s = campaign(tmp_path, lies, "--batch", "4", "--retries", "1", *NO_TIMEOUTS)
     assert s["committed"] == 24 and s["deferred"] == 0
     assert s["batch_splits"] > 0
     assert s["protocol_requeued_dispatches"] == 5
