@@ -233,11 +233,14 @@ def test_compaction_killed_at_random_points_loses_nothing(tmp_path: Path) -> Non
     expected: set[str] = set()
 
     def grow(n: int) -> None:  # committed work IDs, most records obsolete after compaction
+        epoch = view_state(d).projection.epoch  # each open (compaction's too) starts an epoch
         with Journal.open(d / "events.jsonl", sync="batch") as j:
             for _ in range(n):
                 w = f"w{len(expected)}"
+                t = f"e{epoch}-{len(expected) + 1}"  # a real journal dispatches, then commits
                 j.append({"event": "submitted", "items": [{"work_id": w}]})
-                j.append({"event": "committed", "work_id": w, "token": "e1-1", "result": 1})
+                j.append({"event": "dispatched", "work_id": w, "token": t, "rank": 1})
+                j.append({"event": "committed", "work_id": w, "token": t, "result": 1})
                 expected.add(w)
 
     grow(25_000)

@@ -29,7 +29,7 @@ from durable_dispatch.schema import Invalid
 
 from .helpers import examples
 
-T1, T2 = Token(1, 1), Token(1, 2)
+T1, T2, T3 = Token(1, 1), Token(1, 2), Token(1, 3)
 EVENTS = [
     EpochStarted(3, 1.5),
     Submitted((WorkItem("a", {"x": 1}, 2.0, {"t": "k"}, ("in",), True), WorkItem("b"))),
@@ -106,8 +106,9 @@ def test_a_work_id_is_in_one_place_through_every_event() -> None:
     assert set(led.deferred) == {"a"} and "a" not in led.solo and led.attempts == {"a": 1}
     led.apply(RequeuedDeferred("a"))
     assert list(led.frontier) == ["b", "a"] and not led.deferred and not led.attempts
-    led.apply(Committed(T2, 3, ("a",)))
-    led.apply(Committed(T2, 3, ("a",)))  # a second commit of a work ID is counted, ignored
+    led.apply(Dispatched(T3, 3, ("a",)))
+    led.apply(Committed(T3, 3, ("a",)))
+    led.apply(Committed(T3, 3, ("a",)))  # a second commit of a work ID is counted, ignored
     assert led.committed == {"a"} and "a" not in led.items and led.duplicate_commits == 1
     assert list(led.frontier) == ["b"]
     led.apply(Delivered(7))
@@ -120,6 +121,7 @@ def test_a_work_id_is_in_one_place_through_every_event() -> None:
 def test_a_requeue_or_deferral_of_an_unknown_work_id_is_invalid() -> None:
     led = Ledger(1)
     led.apply(Submitted((WorkItem("a"),)))
+    led.apply(Dispatched(T1, 1, ("a",)))
     led.apply(Committed(T1, 1, ("a",)))
     for ev in (
         Requeued("zzz", T1, "watchdog-timeout", "timeout", 1, ""),
@@ -128,6 +130,31 @@ def test_a_requeue_or_deferral_of_an_unknown_work_id_is_invalid() -> None:
     ):
         with pytest.raises(Invalid):
             led.apply(ev)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        Dispatched(T2, 1, ("ghost",)),  # never submitted (issue 29: a KeyError at open)
+        Dispatched(T2, 1, ("a",)),  # already in flight
+        Dispatched(Token(2, 1), 1, ("b",)),  # a token of another epoch
+        Committed(T2, 1, ("ghost",)),  # a commit of an item never submitted
+        Committed(T2, 1, ("b",)),  # a commit of a pending item
+        Committed(T2, 1, ("a",)),  # in flight, but under another token
+        RequeuedDeferred("ghost"),
+    ],
+    ids=repr,
+)
+def test_an_event_that_names_what_the_ledger_has_not_is_invalid(forged: Any) -> None:
+    """S11 covers references too: a checksummed record naming an item that is not where the
+    event needs it is a damaged journal, not a KeyError or a silent new item."""
+    led = Ledger(1)
+    led.apply(Submitted((WorkItem("a"), WorkItem("b"))))
+    led.apply(Dispatched(T1, 1, ("a",)))
+    before = led.to_snapshot()
+    with pytest.raises(Invalid):
+        led.apply(forged)
+    assert led.to_snapshot() == before  # refused before anything changed
 
 
 def test_a_snapshot_round_trips_and_drops_an_in_flight_entry_that_is_elsewhere() -> None:

@@ -163,6 +163,32 @@ def test_the_warning_can_fail_the_test(tmp_path: Path) -> None:
     assert verdict == "ok"
 
 
+def test_a_degraded_journal_left_open_is_a_warning_naming_its_memory_records(
+    tmp_path: Path,
+) -> None:
+    """Issue 29.5: a journal a test left open while degraded (disk_full under pyfakefs) made
+    its close() raise NotDurableError at teardown: an ERROR, and the user's suite exited 1. It
+    is what the plugin reports: a warning that names the records only in memory; exit 0."""
+    body = """
+        from durable_dispatch import Journal
+        from durable_dispatch.testing import disk_full
+
+        def test_left_open_while_the_disk_is_full(fs):
+            fs.create_dir("/state")
+            j = Journal.open("/state/j.jsonl", sync="always")
+            j.append({"a": 0})
+            disk_full(fs)
+            for i in range(1, 4):
+                assert not j.append({"a": i}).durable
+            assert not j.health.ok
+    """
+    rc, out, verdict = run_user_module(tmp_path, body)
+    assert rc == 0 and "1 passed, 1 warning" in out and "ERROR" not in out, out
+    assert "StorageLeftOpenWarning" in out and "NotDurableError" in out, out
+    assert "3 record(s) held only in memory (seq 1..3)" in out, out
+    assert verdict == "ok"
+
+
 def test_a_patcher_without_the_plugin_abandons_what_it_left_open(tmp_path: Path) -> None:
     """Without the plugin, a journal outliving its fake filesystem touches no descriptor."""
     body = """

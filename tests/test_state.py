@@ -229,7 +229,8 @@ def test_storage_faults_degrade_then_heal_with_nothing_lost(tmp_path: Path) -> N
 def test_projection_ignores_duplicate_commits_and_unknown_events() -> None:
     p = Ledger()
     p.apply_record({"event": "submitted", "items": [WorkItem("a").to_json()]})
-    p.apply_record({"event": "committed", "work_id": "a", "token": "e1-1"})
+    p.apply_record({"event": "dispatched", "work_id": "a", "token": "e0-1", "rank": 1})
+    p.apply_record({"event": "committed", "work_id": "a", "token": "e0-1"})
     p.apply_record({"event": "committed", "work_id": "a", "token": "e1-2"})
     p.apply_record({"event": "from-the-future"})
     assert p.duplicate_commits == 1 and p.committed == {"a"}
@@ -506,6 +507,12 @@ FORGERIES = [
     ({"event": "deferred", "work_id": "nobody", "attempts": 1, "kinds": []}, "work_id"),
     ({"event": "requeued", "work_id": "w0", "attempts": "2", "kind": "timeout"}, "attempts"),
     (["not", "an", "object"], "(record)"),
+    # issue 29.5: references, not shapes (a KeyError at open, and compact exited with one)
+    ({"event": "dispatched", "token": "e1-1", "rank": 1, "work_id": "ghost"}, "work_ids"),
+    ({"event": "committed", "token": "e1-9", "rank": 1, "work_id": "w1"}, "work_ids"),
+    ({"event": "committed", "token": "e1-9", "rank": 1, "work_id": "ghost"}, "work_ids"),
+    ({"event": "dispatched", "token": "e7-1", "rank": 1, "work_id": "w2"}, "token"),
+    ({"event": "requeued_deferred", "work_id": "ghost"}, "work_id"),
 ]
 
 
@@ -622,15 +629,16 @@ def _forged_events(draw: Any) -> Any:
         ev[name] = draw(
             st.one_of(
                 _JSON,
-                st.sampled_from(["w0", "w1", "e1-1", "e9-3"]),
+                st.sampled_from(["w0", "w1", "ghost", "e1-1", "e1-2", "e9-3"]),
                 st.just(["w0"]),
+                st.just(["ghost"]),
                 st.just([{"work_id": "w0"}]),
             )
         )
     return draw(st.one_of(st.just(ev), _JSON))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=st.lists(_forged_events(), min_size=1, max_size=4))
 def test_semantic_forgeries_are_typed_errors_or_folded(events: list[Any]) -> None:
     """The fuzzer of issue 13: records with a valid checksum and any content. Folding them is
@@ -647,6 +655,43 @@ def test_semantic_forgeries_are_typed_errors_or_folded(events: list[Any]) -> Non
         except Invalid:
             return
     Dispatcher.restore(proj.to_snapshot(), epoch=proj.epoch + 1, ranks=[1])
+
+
+@settings(
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(events=st.lists(_forged_events(), min_size=1, max_size=3))
+def test_forged_records_in_a_state_directory_open_or_are_typed_corruption(
+    tmp_path_factory: Any, events: list[Any]
+) -> None:
+    """Issue 29.5, the same forgeries on disk, checksummed, behind a real campaign's records:
+    CampaignState.open and compaction either succeed or raise JournalCorruptError, and a
+    refused journal is left as it was."""
+    from durable_dispatch.errors import JournalCorruptError
+    from durable_dispatch.state import compact_state
+
+    d = tmp_path_factory.mktemp("forged")
+    with _open(d) as s:
+        s.submit(ITEMS[:3])
+        sent = s.next_send(1.0)
+        assert isinstance(sent, Send)
+        s.sent(sent.token, 1.0)
+    journal = d / "events.jsonl"
+    for ev in events:
+        _forge(journal, ev)
+    before = journal.read_bytes()
+    try:
+        _open(d).close()
+    except JournalCorruptError:
+        assert journal.read_bytes() == before
+        with pytest.raises(JournalCorruptError):
+            compact_state(d)
+        assert journal.read_bytes() == before
+        return
+    compact_state(d)
+    _open(d).close()
 
 
 def test_the_facade_loop_of_the_readme_runs_a_campaign_with_faults(tmp_path: Path) -> None:

@@ -521,29 +521,39 @@ class Ledger:
         """Apply one event.
 
         Raises:
-            schema.Invalid: a ``requeued`` or ``deferred`` event names a work item this ledger
-                never had, or a submission overlaps indices already numbered (S11: a journal
-                with such a record is damaged).
+            schema.Invalid: the event names what this ledger does not have (S11: a journal with
+                such a record is damaged, even when its checksum holds): a dispatch of an item
+                that is not pending, or under a token of another epoch; a commit of an item not
+                in flight under that token (a second commit of a committed item is counted, not
+                refused); a ``requeued``, ``deferred`` or ``requeued_deferred`` event for a work
+                ID never submitted; a submission over indices already numbered.
         """
         t = type(ev)
         if t is Dispatched:
             assert isinstance(ev, Dispatched)
+            if ev.token.epoch != self.epoch:
+                raise Invalid("token", f"{ev.token} is not of the current epoch {self.epoch}")
             where = (ev.token, ev.rank)
             for wid in ev.work_ids:
+                if wid not in self.frontier:
+                    raise Invalid("work_ids", f"{wid!r} is not a pending item of this campaign")
                 self.frontier.remove(wid)
                 self.in_flight[wid] = where
-            if ev.token.epoch == self.epoch and ev.token.n > self.counter:
+            if ev.token.n > self.counter:
                 self.counter = ev.token.n
         elif t is Committed:
             assert isinstance(ev, Committed)
-            index, runs = self.ids.index, self.committed.runs
+            index, runs, flying = self.ids.index, self.committed.runs, self.in_flight
             for wid in ev.work_ids:
-                i = index.get(wid)
-                if i is None:
-                    i = self.ids.assign(wid)  # a commit of an ID never submitted: numbered here
-                if not runs.add(i):
-                    self.duplicate_commits += 1
-                    continue
+                held = flying.get(wid)
+                if held is None or (ev.token is not None and held[0] != ev.token):
+                    i = index.get(wid)
+                    if i is not None and i in runs:
+                        self.duplicate_commits += 1  # a second commit: the first one stands
+                        continue
+                    why = "not in flight" if held is None else f"in flight under {held[0]}"
+                    raise Invalid("work_ids", f"commit of {wid!r} under {ev.token}: it is {why}")
+                runs.add(index[wid])
                 self._leave(wid)
                 self.items.discard(wid)
                 self.solo.discard(wid)
@@ -577,6 +587,8 @@ class Ledger:
         elif t is RequeuedDeferred:
             assert isinstance(ev, RequeuedDeferred)
             wid = ev.work_id
+            if wid not in self.ids.index:
+                raise Invalid("work_id", f"{wid!r} names no work item of this campaign")
             if self.deferred.pop(wid, None) is not None:
                 self.attempts.pop(wid, None)
                 self.kinds.pop(wid, None)

@@ -1379,6 +1379,7 @@ class Journal:
             self._closed = True
             self._cond.notify_all()
             pending = len(self._memory)
+            lost = f" (seq {self._memory[0][0]}..{self._memory[-1][0]})" if pending else ""
             health = self._health
         if self._flusher is not None:
             self._flusher.join()
@@ -1387,7 +1388,7 @@ class Journal:
         resources.unregister(self)
         if pending:
             raise NotDurableError(
-                f"journal closed with {pending} record(s) held only in memory",
+                f"journal closed with {pending} record(s) held only in memory{lost}",
                 path=self.path,
                 op=health.op,
                 errno=health.errno,
