@@ -898,3 +898,61 @@ def test_every_counter_is_a_statistic_and_duplicates_are_reported() -> None:
     assert d.statistics().duplicate == {"RESULT": 1, "READY": 1}
     with pytest.raises(AttributeError):
         d._n.dispatchs += 1  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- U7: a paused master (issue 29)
+def test_u7_a_pause_of_the_master_is_not_counted_and_its_backlog_commits_first() -> None:
+    """The shell reads its clock through core.clock: 7 s between two turns (the master was
+    stopped) count as 0.25 s, and nothing is swept until a drain read what arrived meanwhile."""
+    d = make(3, ranks=(1, 2, 3), seconds=3.0)
+    clock = d.clock
+    now = clock.observe(1000.0)
+    sends = [dispatch(d, now) for _ in range(3)]
+    now = clock.observe(1007.0)  # SIGSTOP/SIGCONT of the master: its RESULTs waited
+    assert now == pytest.approx(1000.25) and clock.hold
+    assert d.sweep(clock.observe(1007.001)) == []  # before the drain nothing is judged
+    for s in sends[:2]:
+        finish(d, s, now)
+    clock.drained()
+    assert d.sweep(clock.observe(1007.002)) == []  # the third is within its deadline still
+    assert d.statistics().dispatch_watchdog_timeouts == 0
+    assert d.statistics().master_pauses == 1
+    assert d.statistics().master_paused_seconds == pytest.approx(6.75)
+    raw, later = 1007.002, now
+    while later < 1000.0 + 3.0:  # a paused *worker* still times out, in observed time
+        raw += 0.2
+        later = clock.observe(raw)
+        clock.drained()
+    assert raw == pytest.approx(1009.802)  # 2.75 s of observed time after the pause
+    assert sorted(kinds(d.sweep(later))) == ["Park", "PersistSnapshot", "Requeue"]
+    assert d.statistics().dispatch_watchdog_timeouts == 1 and sends[2].rank in d.parked_ranks()
+
+
+# ------------------------------------------------- U9: an item's own timeout (issue 29)
+def test_u9_a_heartbeat_never_extends_an_item_with_its_own_timeout() -> None:
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(120, heartbeat_lease=120), ranks=(1, 2))
+    d.submit([WorkItem("own", timeout=2.0), WorkItem("plain")])
+    own, plain = dispatch(d, 0.0), dispatch(d, 0.0)
+    assert d.lease_for(own.items) == 0.0 and d.lease_for(plain.items) == 120.0
+    assert d.on_heartbeat(own.rank, str(own.token), 1.5) == []
+    assert d.on_heartbeat(plain.rank, str(plain.token), 1.5) == []
+    assert d.statistics().heartbeats == 2  # counted, both
+    assert d.expired(2.0) == [(own.rank, own.token)]  # at its own 2 s, not at 121.5 s
+    assert d.expired(121.0) == [(own.rank, own.token)]  # the plain one was pushed to 121.5
+
+
+def test_u9_a_reported_failure_leaves_the_watchdogs_seconds_for_the_ready() -> None:
+    """An isolating worker that killed its item at the deadline restarts its child before its
+    READY: the RESULT that reported the timeout moves the deadline for that READY, so the
+    restart never parks the rank."""
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(30), ranks=(1,))
+    d.submit([WorkItem("own", timeout=2.0)])
+    s = dispatch(d, 0.0)
+    body = {"token": str(s.token), "error": "killed", "kind": "timeout"}
+    failure = protocol.read_result(body, None)
+    assert d.on_results(s.rank, str(s.token), failure[0], 1.95, failure=failure[2]) == []
+    assert d.expired(3.0) == []  # the child restarts meanwhile
+    out = d.on_ready(s.rank, str(s.token), 3.5)
+    out += d.join_invalid(3.5)
+    assert "Requeue" in kinds(out) and d.idle_ranks() == [1]
+    assert d.statistics().dispatch_watchdog_timeouts == 0 and d.attempts("own") == 1

@@ -264,3 +264,30 @@ def test_a_child_that_closes_its_pipes_is_killed_and_replaced_not_waited_for(
     out, _ = _run(runner, _item("w1", do="close-pipes"))
     assert out.kind == "crash" and "closed its pipe" in (out.reason or ""), out
     assert _run(runner, _item("w2"))[0].kind is None
+
+
+def test_u9_a_restarted_child_keeps_each_items_own_timeout(runner: Any) -> None:
+    """Issue 29.3: after a restart the next item's deadline became now + the watchdog's lease
+    (120 s). The worker now restarts the child before its READY (prepare), and an item with its
+    own timeout (lease 0 from the master) is never extended, by a restart or by a heartbeat."""
+    beats: list[int] = []
+
+    def hang(work_id: str) -> tuple[Any, float]:
+        start = time.monotonic()
+        out = runner.run_item(
+            _item(work_id, do="hang"), start + 1.0, 0.0, lambda: False, lambda: beats.append(1)
+        )
+        return out, time.monotonic() - start
+
+    out, _ = _run(runner, _item("w1", do="segfault"))
+    assert out.kind == "crash" and runner._child is None
+    runner.prepare()  # what run_worker does between the RESULT and the READY
+    assert runner.restarts == 1 and runner._child is not None
+    out, took = hang("w2")
+    assert out.kind == "timeout" and took < 30 and beats == []
+    # killed: without prepare() the item in hand pays for the start, and is not extended
+    out, took = hang("w3")
+    assert out.kind == "timeout" and took < 30 and beats == [] and runner.restarts == 2
+    runner.prepare()
+    runner.prepare()  # a child that runs is kept
+    assert runner.restarts == 3

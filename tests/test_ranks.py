@@ -101,3 +101,38 @@ def test_in_flight_counts_items_and_busy_ranks_count_ranks() -> None:
     assert isinstance(b, Send) and isinstance(c, Send)
     st = d.statistics()
     assert st.in_flight_now == 5 and st.busy_ranks_now == 2  # 5 items, 2 ranks
+
+
+def test_a_starting_rank_gets_work_only_after_its_first_ready() -> None:
+    """Issue 29.4: the master sent work to a rank before it was up, the item's deadline ran
+    while the worker started its isolated child, and its first READY then reached a parked rank
+    (counted malformed and parked_ready_missing)."""
+    d = Dispatcher(1, WatchdogConfig(10), ranks=(1, 2), starting=True)
+    d.submit([WorkItem("a"), WorkItem("b")])
+    assert d.rank_state(1) is RankState.STARTING and d.starting_ranks() == 2
+    assert d.reserve(0.0) is None  # nobody is up: nothing is sent, no deadline runs
+    assert d.statistics().starting_ranks_now == 2
+    assert d.on_ready(2, None, 5.0) == []
+    s = d.reserve(5.0)
+    assert isinstance(s, Send) and s.rank == 2 and d.reserve(5.0) is None
+    d.mark_dispatched(s.token, 5.0)
+    assert d.sweep(14.0) == [] and d.rank_state(2) is RankState.BUSY
+    assert d.on_ready(1, None, 20.0) == [] and d.rank_state(1) is RankState.IDLE
+    st = d.statistics()
+    assert st.malformed == {} and st.parked_ready_missing == 0 and st.starting_ranks_now == 0
+    d.rank_lost(1, 21.0)  # a rank that never came up can be lost, and added again starting
+    d.add_rank(1, starting=True)
+    assert d.rank_state(1) is RankState.STARTING
+
+
+def test_a_starting_rank_moves_only_to_idle_or_lost() -> None:
+    r: Ranks[str] = Ranks()
+    r.add(1, starting=True)
+    assert r.state(1) is RankState.STARTING and r.is_live(1) and r.lowest_idle() is None
+    for illegal in (lambda: r.start(1, "tx"), lambda: r.park(1, T1), lambda: r.release(1)):
+        with pytest.raises((UsageError, KeyError)):
+            illegal()
+    r.announce(1)
+    assert r.state(1) is RankState.IDLE and r.lowest_idle() == 1
+    with pytest.raises(UsageError):
+        r.announce(1)  # IDLE -> IDLE

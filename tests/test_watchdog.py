@@ -80,3 +80,42 @@ def test_quantile_window_refuses_what_has_no_quantile() -> None:
         with pytest.raises(ValueError, match="size"):
             QuantileWindow(size)  # type: ignore[arg-type]
     assert QuantileWindow(1).size == 1
+
+
+# ------------------------------------------------------------ the observed clock (U7, issue 29)
+def test_observed_clock_counts_turns_in_full_and_credits_a_pause() -> None:
+    from durable_dispatch.core.watchdog import ObservedClock
+
+    c = ObservedClock(max_step=0.25)
+    assert c.observe(100.0) == 100.0
+    assert c.observe(100.2) == pytest.approx(100.2)  # a turn: counted in full
+    assert not c.hold and c.pauses == 0
+    assert c.observe(107.2) == pytest.approx(100.45)  # a 7 s pause: 0.25 s of it counts
+    assert c.hold and c.pauses == 1 and c.paused_seconds == pytest.approx(6.75)
+    c.drained()
+    assert not c.hold
+    assert c.observe(107.3) == pytest.approx(100.55)  # then it runs with the clock again
+    assert c.observe(107.0) == pytest.approx(100.55)  # a reading that goes back: the last
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(st.floats(0, 20), min_size=1, max_size=40))
+def test_observed_clock_never_goes_back_and_never_runs_ahead(steps: list[float]) -> None:
+    from durable_dispatch.core.watchdog import ObservedClock
+
+    c = ObservedClock(max_step=0.25)
+    raw, last = 0.0, c.observe(0.0)
+    for step in steps:
+        raw += step
+        now = c.observe(raw)
+        assert last <= now <= last + min(step, 0.25) + 1e-9
+        assert now == pytest.approx(raw - c.paused_seconds)
+        last = now
+
+
+def test_observed_clock_refuses_a_step_that_is_not_positive() -> None:
+    from durable_dispatch.core.watchdog import ObservedClock
+
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError):
+            ObservedClock(max_step=bad)

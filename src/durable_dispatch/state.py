@@ -208,10 +208,15 @@ class CampaignState:
         watchdog: WatchdogConfig | None = None,
         retry: RetryPolicy | None = None,
         ranks: Iterable[int] = (),
+        starting: bool = False,
         keep_snapshots: int = 3,
         journal_options: Mapping[str, Any] | None = None,
     ) -> CampaignState:
         """Open (creating if needed) a state directory and start a new master epoch.
+
+        ``ranks`` are the workers; with ``starting`` each gets work only after its first READY
+        without a token (what ``run_worker`` sends once it is up), so a worker's start-up is
+        never counted against an item's deadline.
 
         In-flight dispatches from a previous run are rolled back to the front of the frontier
         without charging a retry, and a snapshot is written before anything is dispatched.
@@ -238,7 +243,7 @@ class CampaignState:
             defer = DeferJournal.open(d)
             epoch = proj.epoch + 1
             core, restarts = Dispatcher.restore(
-                proj, epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks
+                proj, epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks, starting=starting
             )
         except BaseException:
             for opened in (journal, store, defer):

@@ -165,11 +165,18 @@ class Send(Decision):
 
     ``items`` holds one work item, or several when the shell asked :meth:`Dispatcher.reserve`
     for a multi-item dispatch: one token, one WORK message and one RESULT for all of them.
+    The rest is what the shell sends with them, so it never asks the core: ``seconds``, the
+    dispatch's deadline in seconds from the send (None with the watchdog off; an isolating
+    worker kills the work then); ``lease``, how far a HEARTBEAT pushes it (0: the deadline is
+    fixed, every item has its own timeout); ``attempts``, each item's failed attempts so far.
     """
 
     rank: int
     token: Token
     items: tuple[WorkItem, ...]
+    seconds: float | None = None
+    lease: float = 0.0
+    attempts: tuple[int, ...] = ()
 
     @property
     def work(self) -> WorkItem:

@@ -77,7 +77,7 @@ from .events import Committed, EpochStarted, Event, RequeuedDeferred, Submitted,
 from .ledger import Ledger
 from .ranks import Ranks, RankState
 from .tokens import Token
-from .watchdog import DeadlineHeap, QuantileWindow
+from .watchdog import DeadlineHeap, ObservedClock, QuantileWindow
 
 __all__ = [
     "Dispatcher",
@@ -177,6 +177,7 @@ class Transaction:
     ready_seen: bool = False
     failure: ItemFailure | None = None  # why its RESULT failed; the READY then rolls it back
     sent_at: float | None = None  # when its send returned (for batch="auto")
+    seconds: float | None = None  # its deadline from the send, as the WORK told the worker
     beaten: bool = False  # a current HEARTBEAT extended its deadline
 
 
@@ -242,6 +243,9 @@ class DispatchStats:
     their rank already took new work), ``busy_ranks_now`` the ranks running a dispatch, and
     ``watchdog_deadline_now`` the deadline an item without its own timeout gets now (the
     watchdog's seconds, or the adaptive rule's fitted deadline; 0 when the watchdog is off).
+    ``starting_ranks_now`` counts ranks that have not said their first READY yet.
+    ``master_pauses`` counts the gaps in the master's own turns that were not counted against
+    the workers (U7: it was stopped or blocked), ``master_paused_seconds`` their total length.
     """
 
     dispatches: int = 0
@@ -267,6 +271,7 @@ class DispatchStats:
     parked_ready_malformed: int = 0
     parked_ready_other_token: int = 0
     parked_ranks_now: int = 0
+    starting_ranks_now: int = 0
     idle_ranks_now: int = 0
     busy_ranks_now: int = 0
     in_flight_now: int = 0
@@ -277,6 +282,8 @@ class DispatchStats:
     watchdog_seconds: float = 0.0
     watchdog_deadline_now: float = 0.0
     config_corrections: int = 0
+    master_pauses: int = 0
+    master_paused_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -297,6 +304,9 @@ class Dispatcher:
         watchdog: deadlines (``WatchdogConfig()`` by default).
         retry: retry budgets (``RetryPolicy()`` by default).
         ranks: worker ranks that start idle.
+        starting: the ranks start STARTING instead: none gets work until its first READY
+            without a token says it is up (an MPI worker sends it once its isolated child is
+            running), so no deadline runs while a worker starts.
     """
 
     def __init__(
@@ -305,6 +315,8 @@ class Dispatcher:
         watchdog: WatchdogConfig | None = None,
         retry: RetryPolicy | None = None,
         ranks: Iterable[int] = (),
+        *,
+        starting: bool = False,
     ) -> None:
         if not isinstance(epoch, int) or epoch < 0:
             raise UsageError(f"epoch must be an integer >= 0, got {epoch!r}")
@@ -324,12 +336,15 @@ class Dispatcher:
         self._open: dict[str, Transaction] = {}  # wire form of the token -> open transaction
         self._leases: dict[tuple[str, str], Token] = {}
         self._deadlines = DeadlineHeap()
+        #: the shell reads its monotonic clock through this (U7: a master pause is not held
+        #: against the workers); the core never reads a clock itself
+        self.clock = ObservedClock()
         self._snapshot_required: str | None = None
         self._n = _Counters()
         self._sizer = BatchSizer()
         self._task_times = QuantileWindow(ADAPTIVE_WINDOW)  # the adaptive rule's measurements
         for r in ranks:
-            self.add_rank(r)
+            self.add_rank(r, starting=starting)
 
     @property
     def epoch(self) -> int:
@@ -337,13 +352,14 @@ class Dispatcher:
         return self.ledger.epoch
 
     # ----------------------------------------------------------------- set-up
-    def add_rank(self, rank: int) -> None:
-        """Make ``rank`` a worker that starts idle."""
+    def add_rank(self, rank: int, *, starting: bool = False) -> None:
+        """Make ``rank`` a worker that starts idle, or STARTING (``starting``: it gets work
+        once its first READY without a token arrives)."""
         if not isinstance(rank, int) or rank < 0:
             raise UsageError(f"rank must be an integer >= 0, got {rank!r}")
         if self._ranks.is_live(rank):
             raise UsageError(f"rank {rank} was already added")
-        self._ranks.add(rank)
+        self._ranks.add(rank, starting=starting)
 
     def submit(
         self, items: Iterable[WorkItem], *, first: int | None = None, checked: bool = False
@@ -421,7 +437,18 @@ class Dispatcher:
         self._open[str(token)] = tx
         self._n.dispatches += 1
         self._n.dispatched_items += len(items)
-        return self._record(Send(rank, token, tx.items))
+        if self.watchdog.enabled:
+            tx.seconds = self.allowed_seconds(tx.items)
+        attempts = self.ledger.attempts
+        sent = Send(
+            rank,
+            token,
+            tx.items,
+            tx.seconds,
+            self.lease_for(tx.items),
+            tuple(attempts.get(w.work_id, 0) for w in tx.items),
+        )
+        return self._record(sent)
 
     def _first_free_item(self) -> WorkItem | None:
         """The first frontier item whose leases are free (it stays in the frontier until the
@@ -454,7 +481,8 @@ class Dispatcher:
         _advance(tx, TxEvent.SENT)
         tx.sent_at = now
         if self.watchdog.enabled:
-            tx.deadline = now + self.allowed_seconds(tx.items)
+            seconds = tx.seconds if tx.seconds is not None else self.allowed_seconds(tx.items)
+            tx.deadline = now + seconds  # what the Send told the worker
             self._deadlines.push(tx.deadline, token)
         return []
 
@@ -496,6 +524,14 @@ class Dispatcher:
         lease = self.watchdog.heartbeat_lease
         return lease if lease is not None else self.deadline_seconds()
 
+    def lease_for(self, items: Sequence[WorkItem]) -> float:
+        """How far a HEARTBEAT pushes the deadline of a dispatch of ``items``: 0 when every
+        item has its own timeout (U9: that deadline is fixed; a heartbeat never extends it),
+        else :meth:`lease_seconds`. The shell sends it with the WORK."""
+        if all(w.timeout is not None for w in items):
+            return 0.0
+        return self.lease_seconds()
+
     def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
         """The WORK send for ``token`` failed: the same compensation path as a timeout (W4)."""
         tx = self._open_tx(token)
@@ -531,10 +567,13 @@ class Dispatcher:
         """A READY arrived from ``rank`` carrying ``token`` (any wire value; None if absent)."""
         tx = self._open.get(token) if type(token) is str else None
         if (tx is None or tx.rank != rank) and self._ranks.is_live(rank):
-            if self._ranks.state(rank) is RankState.PARKED:
+            state = self._ranks.state(rank)
+            if state is RankState.PARKED:
                 return self._parked_ready(rank, token)
-            if token is None:
-                return []  # a worker announcing itself at start (no token yet)
+            if token is None:  # a worker announcing itself at start (no token yet)
+                if state is RankState.STARTING:
+                    self._ranks.announce(rank)
+                return []
         found = self._resolve(rank, token, "READY")
         if not isinstance(found, Transaction):
             return found
@@ -617,7 +656,12 @@ class Dispatcher:
             tx.failure = whole
             if whole.kind == "malformed-result":
                 return self._quarantine(rank, "RESULT", Classification.MALFORMED, whole.reason)
-            return []  # the worker said why it failed: the READY that follows rolls it back
+            # The worker said why it failed: the READY that follows rolls it back. It may first
+            # restart its isolated child, so its deadline is now the watchdog's for that READY.
+            if self.watchdog.enabled and tx.state is TxState.DISPATCHED:
+                tx.deadline = now + self.watchdog.seconds
+                self._deadlines.push(tx.deadline, tx.token)
+            return []
         assert results is not None
         _advance(tx, TxEvent.RESULT)
         if tx.sent_at is not None:
@@ -708,8 +752,9 @@ class Dispatcher:
         if tx.state is not TxState.DISPATCHED or self._ranks.current(rank) is not tx:
             return self._classify_not_current(rank, tx.token, "HEARTBEAT")
         self._n.heartbeats += 1
-        if self.watchdog.enabled:
-            deadline = now + self.lease_seconds()
+        lease = self.lease_for(tx.items)
+        if self.watchdog.enabled and lease > 0:  # U9: an item's own timeout is not extended
+            deadline = now + lease
             if tx.deadline is None or deadline > tx.deadline:
                 tx.deadline = deadline
                 tx.beaten = True
@@ -764,8 +809,13 @@ class Dispatcher:
         return tx is not None and tx.state is TxState.DISPATCHED and tx.deadline == deadline
 
     def sweep(self, now: float) -> list[Decision]:
-        """Roll back every expired dispatch and park its rank (W3 step 5, W4, W6)."""
+        """Roll back every expired dispatch and park its rank (W3 step 5, W4, W6).
+
+        Nothing is judged while :attr:`clock` holds (U7: after a master pause, until the shell
+        has drained what arrived during it)."""
         out: list[Decision] = []
+        if self.clock.hold:
+            return out
         for _rank, token in self.expired(now):
             tx = self._open[str(token)]
             self._n.dispatch_watchdog_timeouts += 1
@@ -950,6 +1000,10 @@ class Dispatcher:
         """Idle ranks, sorted."""
         return self._ranks.idle()
 
+    def starting_ranks(self) -> int:
+        """How many ranks have not said their first READY yet (STARTING)."""
+        return self._ranks.count(RankState.STARTING)
+
     def parked_ranks(self) -> dict[int, Token]:
         """Parked ranks and the exact token that releases each."""
         return self._ranks.parked()
@@ -991,6 +1045,7 @@ class Dispatcher:
         return DispatchStats(
             **self._n.values(),
             parked_ranks_now=self._ranks.count(RankState.PARKED),
+            starting_ranks_now=self._ranks.count(RankState.STARTING),
             idle_ranks_now=self._ranks.count(RankState.IDLE),
             busy_ranks_now=self._ranks.count(RankState.BUSY),
             in_flight_now=len(self.ledger.in_flight),
@@ -1001,6 +1056,8 @@ class Dispatcher:
             watchdog_seconds=self.watchdog.seconds,
             watchdog_deadline_now=self.deadline_seconds() if self.watchdog.enabled else 0.0,
             config_corrections=len(self.watchdog.corrections),
+            master_pauses=self.clock.pauses,
+            master_paused_seconds=self.clock.paused_seconds,
         )
 
     # ------------------------------------------------------ durable state
@@ -1021,6 +1078,7 @@ class Dispatcher:
         watchdog: WatchdogConfig | None = None,
         retry: RetryPolicy | None = None,
         ranks: Iterable[int] = (),
+        starting: bool = False,
     ) -> tuple[Dispatcher, list[Decision]]:
         """Rebuild a core for a new master ``epoch`` from :meth:`snapshot` output or from a
         ledger that replay built (which it takes over).
@@ -1035,7 +1093,7 @@ class Dispatcher:
         ledger = state if isinstance(state, Ledger) else Ledger.from_snapshot(state)
         if epoch <= ledger.epoch:
             raise UsageError(f"new epoch {epoch} must be greater than {ledger.epoch}")
-        d = cls(epoch, watchdog, retry, ranks)
+        d = cls(epoch, watchdog, retry, ranks, starting=starting)
         d.ledger = ledger
         ledger.apply(EpochStarted(epoch))
         out: list[Decision] = []

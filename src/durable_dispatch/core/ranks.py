@@ -2,6 +2,7 @@
 
 A rank is in exactly one :class:`RankState`::
 
+    (added) --> STARTING --its first READY (no token)--> IDLE
     (added) --> IDLE --reserve--> BUSY --its dispatch ended--> IDLE
                                   BUSY --timeout or send failure--> PARKED --exact READY--> IDLE
                 any state --the runtime reported it dead (ULFM)--> LOST
@@ -34,6 +35,7 @@ TX = TypeVar("TX")
 class RankState(str, Enum):
     """Where a worker rank is in its life."""
 
+    STARTING = "STARTING"
     IDLE = "IDLE"
     BUSY = "BUSY"
     PARKED = "PARKED"
@@ -45,11 +47,12 @@ class RankState(str, Enum):
 
 # from -> the states it may move to (None: a rank never added)
 _MOVES: dict[RankState | None, frozenset[RankState]] = {
-    None: frozenset({RankState.IDLE}),
+    None: frozenset({RankState.IDLE, RankState.STARTING}),
+    RankState.STARTING: frozenset({RankState.IDLE, RankState.LOST}),
     RankState.IDLE: frozenset({RankState.BUSY, RankState.LOST}),
     RankState.BUSY: frozenset({RankState.IDLE, RankState.PARKED, RankState.LOST}),
     RankState.PARKED: frozenset({RankState.IDLE, RankState.LOST}),
-    RankState.LOST: frozenset({RankState.IDLE}),  # added again
+    RankState.LOST: frozenset({RankState.IDLE, RankState.STARTING}),  # added again
 }
 
 
@@ -82,8 +85,13 @@ class Ranks(Generic[TX]):
             self._idle.add(rank)
 
     # ------------------------------------------------------------ transitions
-    def add(self, rank: int) -> None:
-        """A new worker rank (or one lost before, added again): IDLE."""
+    def add(self, rank: int, *, starting: bool = False) -> None:
+        """A new worker rank (or one lost before, added again): IDLE, or STARTING until it
+        announces itself (:meth:`announce`)."""
+        self._move(rank, RankState.STARTING if starting else RankState.IDLE)
+
+    def announce(self, rank: int) -> None:
+        """STARTING -> IDLE: the worker said READY for the first time."""
         self._move(rank, RankState.IDLE)
 
     def start(self, rank: int, tx: TX) -> None:
@@ -122,7 +130,7 @@ class Ranks(Generic[TX]):
         return self._state.get(rank)
 
     def is_live(self, rank: int) -> bool:
-        """True for a rank added and not lost (idle, busy or parked)."""
+        """True for a rank added and not lost (starting, idle, busy or parked)."""
         s = self._state.get(rank)
         return s is not None and s is not RankState.LOST
 

@@ -1,5 +1,6 @@
 """The watchdog's deadlines: a heap of ``(deadline, token)``, earliest first (pure, no clock);
-and the window of measured task times the adaptive rule takes its quantile from.
+the window of measured task times the adaptive rule takes its quantile from; and the observed
+clock that keeps a master pause from counting against the workers (U7).
 
 A dispatch's deadline is pushed when its send returned (W1) and again when a HEARTBEAT extends
 it; an entry is never removed when its dispatch ends or its deadline moves. Instead the owner
@@ -18,7 +19,13 @@ from collections.abc import Callable
 
 from .tokens import Token
 
-__all__ = ["DeadlineHeap", "QuantileWindow"]
+__all__ = ["DeadlineHeap", "QuantileWindow", "ObservedClock", "MAX_TURN_SECONDS"]
+
+#: The longest gap between two readings of the master's clock that still counts as observed
+#: time. A turn of the master loop takes milliseconds; a longer gap means the master could not
+#: look at its messages (it was stopped, its VM or container paused, it swapped, a callback or
+#: an fsync blocked it), and the excess over this is not counted against the workers.
+MAX_TURN_SECONDS = 0.25
 
 
 class DeadlineHeap:
@@ -97,3 +104,57 @@ class QuantileWindow:
 
     def __len__(self) -> int:
         return len(self._order)
+
+
+class ObservedClock:
+    """The master's clock as far as it could observe its workers (U7; pure: it is given the raw
+    monotonic readings).
+
+    Deadlines are measured on this clock. Between two readings it advances as the raw clock
+    does, but by at most ``max_step``: a gap longer than that (the master was paused) is credited,
+    not counted, so a RESULT that waited in the master's inbox during a pause is never judged
+    late. After such a gap it *holds* sweeps until the shell reports, with :meth:`drained`, a
+    receive that found everything that had arrived (fewer messages than its limit): the backlog
+    of the pause is read before any deadline is judged.
+
+    A paused *worker* still times out: its deadline passes in observed time while the master
+    watches for its RESULT.
+
+    Args:
+        max_step: the longest gap counted in full (:data:`MAX_TURN_SECONDS`).
+    """
+
+    __slots__ = ("max_step", "_last", "_offset", "hold", "pauses", "paused_seconds")
+
+    def __init__(self, max_step: float = MAX_TURN_SECONDS) -> None:
+        if not max_step > 0:
+            raise ValueError(f"max_step must be > 0, got {max_step!r}")
+        self.max_step = float(max_step)
+        self._last: float | None = None
+        self._offset = 0.0
+        #: True from a credited gap until the shell reports a complete drain
+        self.hold = False
+        #: how many gaps were credited, and their length beyond ``max_step`` in all
+        self.pauses = 0
+        self.paused_seconds = 0.0
+
+    def observe(self, raw: float) -> float:
+        """The observed time at the raw monotonic reading ``raw`` (readings never go back:
+        an earlier one is taken as the last)."""
+        last = self._last
+        if last is not None:
+            step = raw - last
+            if step > self.max_step:
+                gap = step - self.max_step
+                self._offset += gap
+                self.pauses += 1
+                self.paused_seconds += gap
+                self.hold = True
+            elif step < 0:
+                raw = last
+        self._last = raw
+        return raw - self._offset
+
+    def drained(self) -> None:
+        """The shell received every message that had arrived: sweeps may judge deadlines."""
+        self.hold = False

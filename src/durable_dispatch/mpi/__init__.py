@@ -3,6 +3,10 @@
 This is the only package that imports mpi4py (lazily, inside the functions), so the rest of the
 library works without an MPI runtime. Names load on first use: a worker rank that imports
 ``run_worker`` does not load the master, the campaign state or the dispatch core.
+
+Importing it installs :func:`.guard.abort_on_unhandled` as ``sys.excepthook`` (U8): an unhandled
+exception on any rank of a multi-rank job ends the whole job with ``MPI_Abort`` instead of
+leaving the other ranks waiting for it forever.
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
+from . import guard
+
+guard.install()
 
 if TYPE_CHECKING:
     from .context import WorkContext

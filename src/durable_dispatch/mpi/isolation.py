@@ -223,9 +223,11 @@ class IsolatedRunner:
         :class:`StopRequested` raised. At ``deadline`` the child is killed and the dispatch
         fails with kind ``timeout``.
         """
-        # Kill a little before the master's deadline, so that this worker's report of kind
-        # timeout arrives first and its rank is never parked (the watchdog stays the backstop).
-        margin = min(1.0, max(0.02, 0.02 * lease))
+        # Kill a little before the master's deadline (5% of the dispatch's time, 20 to 500
+        # ms), so that this worker's report of kind timeout arrives first and its rank is never
+        # parked (the watchdog stays the backstop).
+        left = 0.0 if deadline is None else deadline - time.monotonic()
+        margin = min(0.5, max(0.02, 0.05 * left))
         out: list[ItemOutcome | None] = [None] * len(items)
         while todo := [i for i, o in enumerate(out) if o is None]:
             self._job += 1
@@ -295,13 +297,26 @@ class IsolatedRunner:
         except OSError:  # the last one was killed, or died between items
             self._kill()
         child = self._start()
-        # A fresh interpreter takes a while to start: a heartbeat gives the items their time
-        # back, at the master too (its deadline moves to now + lease).
-        beat()
-        if deadline is not None:
-            deadline = max(deadline, time.monotonic() + lease)
+        # A fresh interpreter takes a while to start (only here when a child died between
+        # items or mid-dispatch: after a kill or a crash, prepare() restarts it before READY).
+        # Items without their own timeout get their time back through a heartbeat, at the
+        # master too; with lease 0 every item has its own timeout, which nothing extends (U9).
+        if lease > 0:
+            beat()
+            if deadline is not None:
+                deadline = max(deadline, time.monotonic() + lease)
         child.send.send_bytes(self._job_frame(items, deadline, lease))
         return child, deadline
+
+    def prepare(self) -> None:
+        """Between dispatches: start a fresh child if the last one was killed or died, so the
+        next item's deadline never pays for a start-up (U9).
+
+        Raises:
+            IsolationError: the child cannot start.
+        """
+        if self._child is None:
+            self._start()
 
     def _job_frame(
         self, items: list[dict[str, Any]], deadline: float | None, lease: float

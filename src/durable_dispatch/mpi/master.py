@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..errors import UsageError
 from ..state import CampaignState
+from . import guard
 from . import protocol as P
 from .context import CHILD_MARKER
 from .signals import CaughtSignals
@@ -40,6 +41,7 @@ __all__ = ["run_master", "MasterReport", "ulfm_mode", "finish"]
 
 log = logging.getLogger("durable_dispatch.mpi")
 _BAD = object()  # stands for a message body that did not decode
+_RECEIVE_LIMIT = 4096  # messages read per turn
 
 
 def finish(comm: Any = None, code: int = 0) -> None:
@@ -55,16 +57,8 @@ def finish(comm: Any = None, code: int = 0) -> None:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-    if not ulfm_mode(comm):
-        return
-    import sys
-
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    if ulfm_mode(comm):
+        guard.exit_now(code)
 
 
 @dataclass
@@ -75,7 +69,8 @@ class MasterReport:
         stats: the campaign's statistics (``CampaignStats.as_dict()``).
         mode: ``"ulfm"`` or ``"no-ulfm"``.
         finished: True when every work item was committed or deferred.
-        lost_ranks: rank -> wall-clock time the master rolled back its dispatch (ULFM only).
+        lost_ranks: rank -> wall-clock time the master rolled back its dispatch: ranks the
+            runtime reported dead (ULFM), and workers that said they failed (GONE).
         seconds: the campaign's duration.
         reason: why it stopped before finishing (None when ``finished``): ``"signal"`` (it
             drained on SIGTERM, SIGINT or SIGUSR1), ``"max_seconds"``, ``"no workers left"`` or
@@ -182,7 +177,12 @@ def run_master(
     size = link.size
     try:
         state = CampaignState.open(
-            state_dir, sync=sync, watchdog=watchdog, retry=retry, ranks=range(1, size)
+            state_dir,
+            sync=sync,
+            watchdog=watchdog,
+            retry=retry,
+            ranks=range(1, size),
+            starting=True,  # every worker says READY once it is up (its child is running)
         )
     except BaseException as e:
         # U4: the workers are waiting for WORK; a master that cannot start must stop them, or
@@ -197,9 +197,7 @@ def run_master(
         watchdog.seconds,
     )
     core = state.core
-    tried = core.attempts
     k: Callable[[], int] = core.auto_batch if batch == "auto" else (lambda: int(batch))
-    wd_on = core.watchdog.enabled
     lost: dict[int, float] = {}
     start = time.monotonic()
     next_progress = start
@@ -227,18 +225,22 @@ def run_master(
             state.redeliver(on_commit)
             state.submit(work)
             linger_until: float | None = None
+            clock = core.clock  # U7: observed time; a pause of the master is not counted
             while True:
-                now = time.monotonic()
+                raw = time.monotonic()
+                now = clock.observe(raw)
                 if core.done:
                     if linger_until is None:
                         linger_until = now + linger
                     if not core.parked_ranks() or now >= linger_until:
                         break
-                reason = stopping.reason(now, core, caught.received)
+                reason = stopping.reason(now, core, caught.received, raw)
                 if reason is not None:
                     break
                 # -- drain everything that arrived (never blocking on one rank)
-                msgs = link.receive(4096)
+                msgs = link.receive(_RECEIVE_LIMIT)
+                if len(msgs) < _RECEIVE_LIMIT:
+                    clock.drained()  # the backlog is read: deadlines may be judged again
                 if ft:
                     _check_failures(link, state, lost, now)
                 # 1. READY and HEARTBEAT
@@ -252,26 +254,24 @@ def run_master(
                         state.on_heartbeat(src, token, now)
                     elif tag == P.RESULT:
                         results.append((src, body, _err))
+                    elif tag == P.GONE:
+                        _worker_gone(state, lost, src, body, now)
                 # 2. dispatch: persist (journal) before send; the deadline starts when it returned
                 while not stopping.draining and (s := state.next_send(now, k())) is not None:
                     data = P.encode(
                         {
                             "token": str(s.token),
                             "items": [
-                                {
-                                    "work_id": w.work_id,
-                                    "payload": w.payload,
-                                    "attempt": tried(w.work_id),
-                                }
-                                for w in s.items
+                                {"work_id": w.work_id, "payload": w.payload, "attempt": n}
+                                for w, n in zip(s.items, s.attempts, strict=True)
                             ],
                             # an isolating worker kills the work at the same deadline
-                            "seconds": core.allowed_seconds(s.items) if wd_on else None,
-                            "lease": core.lease_seconds(),
+                            "seconds": s.seconds,
+                            "lease": s.lease,
                         }
                     )
                     error = link.send(s.rank, P.WORK, data)
-                    state.sent(s.token, time.monotonic(), error)
+                    state.sent(s.token, clock.observe(time.monotonic()), error)
                     if error is not None and ft:
                         _check_failures(link, state, lost, now)
                 # 3. RESULT
@@ -280,7 +280,7 @@ def run_master(
                     values, errors, failure = P.read_result(body, reason)
                     state.on_results(src, token, values, now, errors=errors, failure=failure)
                 # 4. deliver durable commits, join invalid results, 5. sweep the watchdog
-                state.tick(time.monotonic())
+                state.tick(clock.observe(time.monotonic()))
                 # storage: try to get back to disk with back-off
                 if not state.journal.health.ok and now >= restore_at:
                     if state.try_restore():
@@ -343,11 +343,12 @@ class _Stopping:
         """True once a signal asked the campaign to drain: nothing new is dispatched."""
         return self.drain_until is not None
 
-    def reason(self, now: float, core: Any, signals: list[int]) -> str | None:
+    def reason(self, now: float, core: Any, signals: list[int], raw: float) -> str | None:
         """``"max_seconds"``, ``"signal"``, ``"no workers left"``, ``"every worker parked"``, or
-        None to go on."""
-        if self.max_seconds is not None and now - self.start > self.max_seconds:
-            log.warning("master: giving up after %.0fs (resumable)", now - self.start)
+        None to go on. ``now`` is the observed clock (grace and drain bounds), ``raw`` the
+        monotonic clock (``max_seconds`` counts a pause of the master too)."""
+        if self.max_seconds is not None and raw - self.start > self.max_seconds:
+            log.warning("master: giving up after %.0fs (resumable)", raw - self.start)
             return "max_seconds"
         if signals:
             if self.drain_until is None:
@@ -365,8 +366,9 @@ class _Stopping:
         if not live:
             log.error("master: no worker left; %d item(s) pending", len(core.pending()))
             return "no workers left"
-        if core.done or len(core.parked_ranks()) < len(live):
-            self.stuck_since = None
+        parked = len(core.parked_ranks())
+        if core.done or not parked or parked + core.starting_ranks() < len(live):
+            self.stuck_since = None  # some worker serves, or may still come up
             return None
         self.stuck_since = now if self.stuck_since is None else self.stuck_since
         if now - self.stuck_since < self.grace:
@@ -405,8 +407,22 @@ def _check_failures(
         if r in lost or r == 0:
             continue
         lost[r] = time.time()
+        guard.peer_failed()  # MPI_Finalize may wait for it forever: leave without it
         log.warning("master: rank %d failed (ULFM); rolling back its dispatch", r)
         state.rank_lost(r, now, "process failed")
+
+
+def _worker_gone(
+    state: CampaignState, lost: dict[int, float], rank: int, body: Any, now: float
+) -> None:
+    """A worker said it failed and ends (U8): roll back its dispatch and drop the rank, so
+    the campaign never waits for it; with every worker gone it stops, "no workers left"."""
+    error = body.get("error") if isinstance(body, dict) else None
+    log.error("master: worker %d failed and is gone: %s", rank, error or "no reason given")
+    if rank in lost or rank not in state.core.live_ranks():
+        return
+    lost[rank] = time.time()
+    state.rank_lost(rank, now, f"worker failed: {error}"[:2000])
 
 
 def _stop_or_abort(

@@ -11,6 +11,7 @@ each worker's messages in the order it sent them (RESULT before its READY).
 | READY | worker -> master | ``{"token"}`` (``null`` when the worker starts) |
 | HEARTBEAT | worker -> master | ``{"token"}`` |
 | STOP | master -> worker | ``{}`` |
+| GONE | worker -> master | ``{"error"}``: the worker failed (at start, or in its loop) and ends |
 
 A WORK message carries one item, or several when the master runs with ``batch > 1``; its RESULT
 has one entry in ``results`` per item, in order. ``seconds`` is the dispatch's deadline as the
@@ -37,14 +38,22 @@ __all__ = [
     "READY",
     "HEARTBEAT",
     "STOP",
+    "GONE",
     "TAG_NAMES",
     "encode",
     "decode",
     "read_result",
 ]
 
-WORK, RESULT, READY, HEARTBEAT, STOP = 11, 12, 13, 14, 15
-TAG_NAMES = {WORK: "WORK", RESULT: "RESULT", READY: "READY", HEARTBEAT: "HEARTBEAT", STOP: "STOP"}
+WORK, RESULT, READY, HEARTBEAT, STOP, GONE = 11, 12, 13, 14, 15, 16
+TAG_NAMES = {
+    WORK: "WORK",
+    RESULT: "RESULT",
+    READY: "READY",
+    HEARTBEAT: "HEARTBEAT",
+    STOP: "STOP",
+    GONE: "GONE",
+}
 MAX_MESSAGE = 16 << 20
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from ..errors import UsageError
+from . import guard
 from . import protocol as P
 from .context import CHILD_MARKER, MAX_RESULT_BYTES, ItemOutcome, WorkContext, run_items
 from .isolation import IsolatedRunner, StopRequested
@@ -79,6 +80,7 @@ class _Link:
         return True
 
     def _master_gone(self, e: Exception) -> int:
+        guard.peer_failed(master=True)  # MPI_Finalize may wait for it forever: leave without
         log.warning(
             "worker %d: the master (rank 0) is gone (%s); stopping", self.comm.Get_rank(), e
         )
@@ -121,6 +123,9 @@ class _InProcessRunner:
                 return box, None
             if tick():  # the function may still run; its thread is a daemon
                 raise StopRequested
+
+    def prepare(self) -> None:
+        """Nothing to get ready between dispatches."""
 
     def close(self) -> None:
         pass
@@ -253,26 +258,34 @@ def _run(
         raise UsageError(f"max_result_bytes must be a positive integer, got {max_result!r}")
     from mpi4py import MPI
 
-    comm = comm or MPI.COMM_WORLD
-    runner: _InProcessRunner | IsolatedRunner
-    if isolate:
-        runner = IsolatedRunner(fn, mode, max_result, memory_limit)
-    else:
-        runner = _InProcessRunner(fn, mode, max_result, poll)
-    link = _Link(comm, MPI)
+    link = _Link(comm or MPI.COMM_WORLD, MPI)
+    runner: _InProcessRunner | IsolatedRunner | None = None
 
     def second_signal(signum: int) -> None:
-        runner.close()
+        if runner is not None:
+            runner.close()
         os._exit(128 + signum)
 
     try:
-        link.send(P.READY, P.encode({"token": None}))
+        if isolate:
+            runner = IsolatedRunner(fn, mode, max_result, memory_limit)
+        else:
+            runner = _InProcessRunner(fn, mode, max_result, poll)
+        link.send(P.READY, P.encode({"token": None}))  # up: the master may send work now
         # U5: a batch system signals every task. The first signal is only noted (the item in
         # hand is finished, and the draining master sends STOP); a second one ends the worker.
         with CaughtSignals(on_repeat=second_signal):
             return _serve(link, runner, hooks)
+    except Exception as e:
+        # U8: tell the master this rank is gone, so that it never waits for it (with every
+        # worker gone it stops with reason "no workers left"); the error then ends this rank.
+        error = f"{type(e).__name__}: {e}"[:_REASON_MAX]
+        log.error("worker %d: %s", link.comm.Get_rank(), error)
+        link.send(P.GONE, P.encode({"error": error}))
+        raise
     finally:
-        runner.close()
+        if runner is not None:
+            runner.close()
 
 
 def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: WorkerHooks) -> int:
@@ -291,8 +304,8 @@ def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: Worker
         token = body.get("token")
         seconds = body.get("seconds")
         seconds = float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
-        lease = body.get("lease")
-        lease = float(lease) if isinstance(lease, (int, float)) and lease > 0 else seconds or 0.0
+        lease = body.get("lease")  # 0: the deadline is fixed (every item has its own timeout)
+        lease = float(lease) if isinstance(lease, (int, float)) and lease >= 0 else seconds or 0.0
         deadline = time.monotonic() + seconds if seconds is not None else None
         hooks.on_work(token, items)
         beat = functools.partial(link.send, P.HEARTBEAT, P.encode({"token": token}))
@@ -304,4 +317,5 @@ def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: Worker
         raw = hooks.result(token, result_message(token, outcomes, whole))
         if raw is not None:
             link.send(P.RESULT, raw)
+        runner.prepare()  # a killed or crashed child is restarted before READY, not in an item
         link.send(P.READY, P.encode({"token": token}))
