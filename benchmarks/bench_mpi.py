@@ -128,22 +128,22 @@ def ceiling_without_mpi(n: int, workers: int, batch: int) -> float:
         st.submit([WorkItem(f"t{i}", {"i": i}) for i in range(n)])
         t = time.perf_counter()
         for r in range(1, workers + 1):
-            st.apply(core.on_ready(r, None, time.monotonic()))
+            st._apply(core.on_ready(r, None, time.monotonic()))
         while not core.done:
             now = time.monotonic()
             sends = []
             while (s := st.next_send(now, batch)) is not None:
-                st.apply(core.mark_dispatched(s.token, time.monotonic()))
+                st._apply(core.mark_dispatched(s.token, time.monotonic()))
                 sends.append(s)
             for s in sends:  # each worker answers at once: RESULT, then READY
                 values = [w.payload for w in s.items]
-                st.apply(core.on_results(s.rank, str(s.token), values, now), wait=False)
-            st.complete_commits()
+                st._apply(core.on_results(s.rank, str(s.token), values, now), wait=False)
+            st._complete_commits()
             for s in sends:
-                st.apply(core.on_ready(s.rank, str(s.token), now))
-            st.apply(core.join_invalid(now))
-            st.apply(core.sweep(time.monotonic()))
-        st.complete_commits(wait=True)
+                st._apply(core.on_ready(s.rank, str(s.token), now))
+            st._apply(core.join_invalid(now))
+            st._apply(core.sweep(time.monotonic()))
+        st._complete_commits(wait=True)
         el = time.perf_counter() - t
         st.close()
         return n / el

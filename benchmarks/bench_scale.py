@@ -62,7 +62,7 @@ def per_task_us(ranks: int, batch: int, tasks: int) -> float:
                     break
             for s in sends:
                 st.on_results(s.rank, str(s.token), [w.payload for w in s.items], now)
-            st.complete_commits(wait=True)
+            st._complete_commits(wait=True)
             for s in sends:
                 st.on_ready(s.rank, str(s.token), now)
             st.tick(now)
@@ -199,7 +199,7 @@ def end_to_end(n: int) -> int:
                 sends.append(s)
             for s in sends:
                 st.on_results(s.rank, str(s.token), [None] * len(s.items), now)
-            st.complete_commits(wait=True)
+            st._complete_commits(wait=True)
             for s in sends:
                 st.on_ready(s.rank, str(s.token), now)
                 done += len(s.items)

@@ -43,4 +43,3 @@ def test_a_full_disk_keeps_the_campaign_in_memory(fs: object) -> None:
 def test_a_journal_left_open_is_closed_for_you(fs: object, sync: str) -> None:
     j = Journal.open("/state/left-open.jsonl", sync=sync)
     j.append({"event": "forgot to close"})
-

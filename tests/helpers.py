@@ -65,7 +65,9 @@ def fake_campaign(
     behave: Any = None,
     batch: int = 1,
 ) -> float:
-    """Run a campaign to the end over a fake transport: each WORK is answered in the same turn.
+    """Run a campaign to the end over a fake transport, through the facade only (the calls a
+    hand-written master makes: next_send, sent, on_results, on_ready, tick): each WORK is
+    answered in the same turn.
 
     ``behave(send) -> "ok" | "silent" | "malformed" | "partial"`` picks each worker's behaviour
     (default ok); a silent worker never answers (the watchdog recovers the task), a malformed one
@@ -73,12 +75,16 @@ def fake_campaign(
     reports an error for the first item of its dispatch. Dispatches carry up to ``batch`` items.
     Returns the final virtual time.
     """
+    from types import SimpleNamespace
+
     from durable_dispatch.core import Send
 
     core = state.core
+    if on_commit is not None:  # the facade's callback (U6: what a crash kept from it first)
+        state.redeliver(lambda wid, result: on_commit(SimpleNamespace(work_id=wid, result=result)))
     late: list[tuple[float, int, str]] = []  # (when, rank, token) of silent workers' late READY
     for _ in range(max_turns):
-        if core.done:
+        if state.done:
             return now
         results = []
         readies = [(rank, token) for when, rank, token in late if when <= now]
@@ -88,7 +94,7 @@ def fake_campaign(
             if s is None:
                 break
             assert isinstance(s, Send)
-            state.apply(core.mark_dispatched(s.token, now))
+            state.sent(s.token, now)
             how = behave(s) if behave else "ok"
             if how in ("ok", "partial"):
                 values = [{"done": w.work_id} for w in s.items]
@@ -101,12 +107,11 @@ def fake_campaign(
             else:  # silent until after its deadline; then it sends its exact READY
                 late.append((now + core.watchdog.seconds + 1, s.rank, str(s.token)))
         for rank, token, values, errors in results:
-            state.apply(core.on_results(rank, token, values, now, errors=errors), on_commit)
+            state.on_results(rank, token, values, now, errors=errors)
         for rank, token in readies:
-            state.apply(core.on_ready(rank, token, now), on_commit)
-        state.apply(core.join_invalid(now), on_commit)
+            state.on_ready(rank, token, now)
         now += 1.0
-        state.apply(core.sweep(now), on_commit)
+        state.tick(now)  # deliver what an fsync covers, join invalid results, sweep
     raise AssertionError("campaign did not finish")
 
 

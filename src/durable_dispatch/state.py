@@ -66,6 +66,7 @@ from .core import (
 )
 from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
 from .core.ledger import Ledger, store_form
+from .core.ranks import RankState
 from .core.tokens import Token
 from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
 from .logs import log_decisions
@@ -198,6 +199,8 @@ class CampaignState:
         self._live = SnapshotStore(directory, name=LIVE_STATS_NAME, keep=2)
         self._live_at = -STATS_SECONDS  # monotonic time of the last publication
         self._opened_at = time.time()
+        self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
+        self._stuck_since: float | None = None  # since when every live worker is parked
 
     @classmethod
     def open(
@@ -209,10 +212,15 @@ class CampaignState:
         retry: RetryPolicy | None = None,
         ranks: Iterable[int] = (),
         starting: bool = False,
+        on_commit: Callable[[str, Any], None] | None = None,
         keep_snapshots: int = 3,
         journal_options: Mapping[str, Any] | None = None,
     ) -> CampaignState:
         """Open (creating if needed) a state directory and start a new master epoch.
+
+        ``on_commit(work_id, result)`` is the callback of every commit (see :meth:`redeliver`,
+        which this calls before returning: the commits a crash or a failed callback kept from
+        it are delivered first, U6).
 
         ``ranks`` are the workers; with ``starting`` each gets work only after its first READY
         without a token (what ``run_worker`` sends once it is up), so a worker's start-up is
@@ -269,9 +277,15 @@ class CampaignState:
         )
         r = journal.append(encode(EpochStarted(epoch, time.time())))
         st._durable(r.seq)
-        st.apply(restarts)
-        st.save_snapshot(f"start of epoch {epoch}")
+        st._apply(restarts)
+        st._save_snapshot(f"start of epoch {epoch}")
         _resources.register(st)
+        if on_commit is not None:
+            try:
+                st.redeliver(on_commit)
+            except BaseException:
+                st.close()
+                raise
         return st
 
     # ------------------------------------------------------------------ input
@@ -367,19 +381,19 @@ class CampaignState:
         while True:
             d = self.core.reserve(now, max_items)
             if isinstance(d, PersistSnapshot):
-                self.save_snapshot(d.reason)
+                self._save_snapshot(d.reason)
                 continue
             if d is not None:
-                self.record_send(d)
+                self._record_send(d)
             return d
 
     # ---------------------------------------------------------------- actions
-    def record_send(self, send: Send) -> None:
+    def _record_send(self, send: Send) -> None:
         """Journal a dispatch before its WORK is sent (persist before you send): one record for
         all its items."""
         self._journal_event_of(send)
 
-    def apply(
+    def _apply(
         self,
         decisions: Iterable[Decision],
         on_commit: Callable[[Commit], None] | None = None,
@@ -390,7 +404,7 @@ class CampaignState:
 
         * :class:`Commit`: journal it (the Commits of one dispatch, which the core returns next to
           each other, as one record). Once an fsync covers it (``wait=True``: now; ``wait=False``:
-          whenever :meth:`complete_commits` finds it durable, so the master keeps dispatching while
+          whenever :meth:`_complete_commits` finds it durable, so the master keeps dispatching while
           the group commit runs) ``on_commit`` is called and the core closes it.
         * :class:`Requeue` / :class:`Defer`: journal it; a Defer is appended to the defer journal
           and its outcome (on disk or in memory) reported to the core.
@@ -428,13 +442,13 @@ class CampaignState:
                     persisted = False
                 self.core.defer_recorded(w.work_id, persisted)
             elif isinstance(d, PersistSnapshot):
-                self.save_snapshot(d.reason)
+                self._save_snapshot(d.reason)
         log_decisions(out)
         if refused:
-            out += self.apply(refused)
+            out += self._apply(refused)
         if self._pending_commits:
             # Wait only for commits this call journaled; earlier ones complete when durable.
-            self.complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
+            self._complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
         return out
 
     def _journal_event_of(self, d: Decision) -> None:
@@ -450,11 +464,11 @@ class CampaignState:
     # loop built on these cannot forget a persist step (run_master is built on them).
     def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
         """A READY from ``rank``; see :meth:`Dispatcher.on_ready`."""
-        return self.apply(self.core.on_ready(rank, token, now), self._on_commit)
+        return self._apply(self.core.on_ready(rank, token, now), self._on_commit)
 
     def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
         """A HEARTBEAT from ``rank``; see :meth:`Dispatcher.on_heartbeat`."""
-        return self.apply(self.core.on_heartbeat(rank, token, now), self._on_commit)
+        return self._apply(self.core.on_heartbeat(rank, token, now), self._on_commit)
 
     def on_results(
         self,
@@ -470,24 +484,85 @@ class CampaignState:
         the worker could not do, ``failure`` why the whole dispatch failed. Its commits are
         journaled at once and delivered once durable (:meth:`tick`), so the loop goes on."""
         out = self.core.on_results(rank, token, results, now, errors=errors, failure=failure)
-        return self.apply(out, self._on_commit, wait=False)
+        return self._apply(out, self._on_commit, wait=False)
 
     def sent(self, token: Token, now: float, error: str | None = None) -> list[Decision]:
         """The WORK send of :meth:`next_send`'s dispatch returned (``error`` None) or failed."""
         if error is None:
-            return self.apply(self.core.mark_dispatched(token, now), self._on_commit)
-        return self.apply(self.core.send_failed(token, now, error), self._on_commit)
+            return self._apply(self.core.mark_dispatched(token, now), self._on_commit)
+        return self._apply(self.core.send_failed(token, now, error), self._on_commit)
 
     def rank_lost(self, rank: int, now: float, error: str = "rank lost") -> list[Decision]:
         """``rank`` failed (ULFM); see :meth:`Dispatcher.rank_lost`."""
-        return self.apply(self.core.rank_lost(rank, now, error), self._on_commit)
+        return self._apply(self.core.rank_lost(rank, now, error), self._on_commit)
 
-    def tick(self, now: float) -> list[Decision]:
+    def on_gone(self, rank: int, error: str, now: float) -> list[Decision]:
+        """``rank`` said it failed and ends (a GONE message, U8): its dispatch is rolled back
+        and the rank dropped, as for a lost rank; a rank already lost or unknown is ignored."""
+        if self.core.rank_state(rank) in (None, RankState.LOST):
+            return []
+        log.error("worker %d failed and is gone: %s", rank, error)
+        return self.rank_lost(rank, now, f"worker failed: {error}"[:2000])
+
+    def now(self) -> float:
+        """The master's clock for this turn: ``time.monotonic()`` as the core's observed clock
+        counts it (U7: a pause of the master is not held against the workers)."""
+        return self.core.clock.observe(time.monotonic())
+
+    @property
+    def done(self) -> bool:
+        """True when every work item is committed or deferred and every commit was delivered:
+        the loop's condition (``while not state.done``)."""
+        return self.core.done and not self._pending_commits
+
+    def stop_reason(self, now: float, *, grace: float) -> str | None:
+        """Why the campaign cannot go on although work remains, or None: ``"no workers left"``
+        (every rank was lost or said it is gone), or ``"every worker parked"`` (every live
+        worker is parked or still starting, at least one parked, and none sent its exact READY
+        for ``grace`` seconds of ``now``). Logs the reason; the state directory resumes."""
+        core = self.core
+        live = core.live_ranks()
+        if not live:
+            log.error("master: no worker left; %d item(s) pending", len(core.pending()))
+            return "no workers left"
+        parked = len(core.parked_ranks())
+        if core.done or not parked or parked + core.starting_ranks() < len(live):
+            self._stuck_since = None  # some worker serves, or may still come up
+            return None
+        if self._stuck_since is None:
+            self._stuck_since = now
+        if now - self._stuck_since < grace:
+            return None
+        log.error(
+            "master: every worker (%d) is parked and %d item(s) remain; no exact READY came "
+            "within %.0fs: stopping (resumable; hung work functions need worker isolation to "
+            "give their ranks back)",
+            len(live),
+            len(core.pending()),
+            grace,
+        )
+        return "every worker parked"
+
+    def tick(self, now: float, *, drained: bool = True) -> list[Decision]:
         """The end of a turn (W3 steps 4 and 5): deliver the commits an fsync now covers, roll
-        back every READY that came without a valid RESULT, and sweep the watchdog."""
-        self.complete_commits()
-        out = self.apply(self.core.join_invalid(now), self._on_commit)
-        out += self.apply(self.core.sweep(now), self._on_commit)
+        back every READY that came without a valid RESULT, and sweep the watchdog.
+
+        ``drained``: the turn's receive found every message that had arrived (it returned
+        fewer than its limit). After a pause of the master, deadlines are judged only once a
+        turn drained (U7). A degraded journal is retried here too, with a back-off (0.5 s,
+        doubling to 30 s).
+        """
+        if drained:
+            self.core.clock.drained()
+        self._complete_commits()
+        out = self._apply(self.core.join_invalid(now), self._on_commit)
+        out += self._apply(self.core.sweep(now), self._on_commit)
+        if not self.journal.health.ok and now >= self._restore_at:
+            if self.try_restore():
+                self._restore_backoff = 0.5
+            else:
+                self._restore_at = now + self._restore_backoff
+                self._restore_backoff = min(self._restore_backoff * 2, 30.0)
         self.publish_statistics()
         return out
 
@@ -542,7 +617,7 @@ class CampaignState:
         self._pending_commits.append(_PendingCommit(r.seq, first.token, commits, on_commit))
         return []
 
-    def complete_commits(self, *, wait: bool = False) -> int:
+    def _complete_commits(self, *, wait: bool = False) -> int:
         """Deliver every journaled commit an fsync now covers: callback, then close in the core.
 
         With ``wait=True`` it first waits for the newest pending commit to be durable. While the
@@ -577,7 +652,7 @@ class CampaignState:
                 if n + 1 == len(pending) or pending[n + 1].token != p.token:
                     follow = self.core.commit_done(p.token)  # the dispatch's last record is in
                     if follow:
-                        self.apply(follow)
+                        self._apply(follow)
                 n += 1
                 items += len(p.commits)
         finally:
@@ -642,7 +717,7 @@ class CampaignState:
         except NotDurableError:
             return False
 
-    def save_snapshot(self, reason: str = "") -> bool:
+    def _save_snapshot(self, reason: str = "") -> bool:
         """Write the projection atomically; tells the core it is persisted. False if the disk
         refused (the state stays in memory and in the journal; the campaign goes on)."""
         seq = self.journal.next_seq - 1
@@ -734,9 +809,9 @@ class CampaignState:
             return
         try:
             try:
-                self.complete_commits(wait=True)
+                self._complete_commits(wait=True)
                 self._mark_delivered(now=True)
-                self.save_snapshot("close")
+                self._save_snapshot("close")
                 self.publish_statistics(running=False, force=True)
             finally:
                 try:

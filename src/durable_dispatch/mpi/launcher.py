@@ -114,10 +114,13 @@ def run_mpiexec(
     env: Mapping[str, str] | None = None,
     capture: bool = True,
     quiet: bool = True,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> MpiexecResult:
-    """Run an ``mpiexec`` command line in its own session; kill the session after ``timeout``."""
+    """Run an ``mpiexec`` command line in its own session (in ``cwd``, if given); kill the
+    session after ``timeout``."""
     proc = subprocess.Popen(
         list(cmd),
+        cwd=cwd,
         stdout=subprocess.PIPE if capture else None,
         stderr=subprocess.PIPE if capture else None,
         text=True,

@@ -40,7 +40,6 @@ from .transport import MpiTransport, Transport, ulfm_mode
 __all__ = ["run_master", "MasterReport", "ulfm_mode", "finish"]
 
 log = logging.getLogger("durable_dispatch.mpi")
-_BAD = object()  # stands for a message body that did not decode
 _RECEIVE_LIMIT = 4096  # messages read per turn
 
 
@@ -183,6 +182,7 @@ def run_master(
             retry=retry,
             ranks=range(1, size),
             starting=True,  # every worker says READY once it is up (its child is running)
+            on_commit=on_commit,  # U6: commits a crash or a failed callback kept come first
         )
     except BaseException as e:
         # U4: the workers are waiting for WORK; a master that cannot start must stop them, or
@@ -210,7 +210,6 @@ def run_master(
         progress = line = terminal_progress(sys.stderr)
     elif progress is False:
         progress = None
-    restore_at, backoff = 0.0, 0.5
     idle_sleep = 0.0
     stopping = _Stopping(
         start,
@@ -221,72 +220,44 @@ def run_master(
     reason: str | None = None
     with CaughtSignals() as caught:
         try:
-            # U6: commits a crash or a failed callback kept from the callback come first.
-            state.redeliver(on_commit)
             state.submit(work)
             linger_until: float | None = None
-            clock = core.clock  # U7: observed time; a pause of the master is not counted
             while True:
                 raw = time.monotonic()
-                now = clock.observe(raw)
+                now = core.clock.observe(raw)  # U7: a pause of the master is not counted
                 if core.done:
                     if linger_until is None:
                         linger_until = now + linger
                     if not core.parked_ranks() or now >= linger_until:
                         break
-                reason = stopping.reason(now, core, caught.received, raw)
+                reason = stopping.reason(now, state, caught.received, raw)
                 if reason is not None:
                     break
                 # -- drain everything that arrived (never blocking on one rank)
                 msgs = link.receive(_RECEIVE_LIMIT)
-                if len(msgs) < _RECEIVE_LIMIT:
-                    clock.drained()  # the backlog is read: deadlines may be judged again
+                inbox = P.sort(msgs)
                 if ft:
                     _check_failures(link, state, lost, now)
-                # 1. READY and HEARTBEAT
-                results = []
-                for src, tag, buf in msgs:
-                    body, _err = P.decode(buf)
-                    token = body.get("token") if body is not None else _BAD
-                    if tag == P.READY:
-                        state.on_ready(src, token, now)
-                    elif tag == P.HEARTBEAT:
-                        state.on_heartbeat(src, token, now)
-                    elif tag == P.RESULT:
-                        results.append((src, body, _err))
-                    elif tag == P.GONE:
-                        _worker_gone(state, lost, src, body, now)
+                # 1. READY and HEARTBEAT (and workers that said they are gone)
+                for rank, token in inbox.readies:
+                    state.on_ready(rank, token, now)
+                for rank, token in inbox.beats:
+                    state.on_heartbeat(rank, token, now)
+                for rank, why in inbox.gone:
+                    state.on_gone(rank, why, now)
+                    lost.setdefault(rank, time.time())  # it ends: no STOP for it
                 # 2. dispatch: persist (journal) before send; the deadline starts when it returned
                 while not stopping.draining and (s := state.next_send(now, k())) is not None:
-                    data = P.encode(
-                        {
-                            "token": str(s.token),
-                            "items": [
-                                {"work_id": w.work_id, "payload": w.payload, "attempt": n}
-                                for w, n in zip(s.items, s.attempts, strict=True)
-                            ],
-                            # an isolating worker kills the work at the same deadline
-                            "seconds": s.seconds,
-                            "lease": s.lease,
-                        }
-                    )
-                    error = link.send(s.rank, P.WORK, data)
-                    state.sent(s.token, clock.observe(time.monotonic()), error)
+                    error = link.send(s.rank, P.WORK, P.work_message(s))
+                    state.sent(s.token, state.now(), error)
                     if error is not None and ft:
                         _check_failures(link, state, lost, now)
                 # 3. RESULT
-                for src, body, reason in results:
-                    token = body.get("token") if body is not None else _BAD
-                    values, errors, failure = P.read_result(body, reason)
-                    state.on_results(src, token, values, now, errors=errors, failure=failure)
-                # 4. deliver durable commits, join invalid results, 5. sweep the watchdog
-                state.tick(clock.observe(time.monotonic()))
-                # storage: try to get back to disk with back-off
-                if not state.journal.health.ok and now >= restore_at:
-                    if state.try_restore():
-                        backoff = 0.5
-                    else:
-                        restore_at, backoff = now + backoff, min(backoff * 2, 30.0)
+                for rank, token, values, errors, failure in inbox.results:
+                    state.on_results(rank, token, values, now, errors=errors, failure=failure)
+                # 4. deliver durable commits, join invalid results, 5. sweep the watchdog (once
+                # the backlog is read), retry degraded storage
+                state.tick(state.now(), drained=len(msgs) < _RECEIVE_LIMIT)
                 if progress is not None and now >= next_progress:
                     progress(state.statistics().as_dict())
                     next_progress = now + progress_interval
@@ -295,7 +266,7 @@ def run_master(
                 else:  # back off gently: never more than 1 ms of added latency
                     idle_sleep = min(0.001, idle_sleep * 2 or 0.00002)
                     time.sleep(idle_sleep)
-            state.complete_commits(wait=True)
+            state._complete_commits(wait=True)
             _stop_all(link, range(1, size), lost, stop_timeout)
             report = MasterReport(
                 stats=state.statistics().as_dict(),
@@ -335,7 +306,6 @@ class _Stopping:
     ) -> None:
         self.start, self.max_seconds = start, max_seconds
         self.grace, self.drain_seconds = grace, drain_seconds
-        self.stuck_since: float | None = None  # since when every live worker is parked
         self.drain_until: float | None = None  # set by the first signal
 
     @property
@@ -343,13 +313,16 @@ class _Stopping:
         """True once a signal asked the campaign to drain: nothing new is dispatched."""
         return self.drain_until is not None
 
-    def reason(self, now: float, core: Any, signals: list[int], raw: float) -> str | None:
+    def reason(
+        self, now: float, state: CampaignState, signals: list[int], raw: float
+    ) -> str | None:
         """``"max_seconds"``, ``"signal"``, ``"no workers left"``, ``"every worker parked"``, or
         None to go on. ``now`` is the observed clock (grace and drain bounds), ``raw`` the
         monotonic clock (``max_seconds`` counts a pause of the master too)."""
         if self.max_seconds is not None and raw - self.start > self.max_seconds:
             log.warning("master: giving up after %.0fs (resumable)", raw - self.start)
             return "max_seconds"
+        core = state.core
         if signals:
             if self.drain_until is None:
                 self.drain_until = now + self.drain_seconds
@@ -362,26 +335,7 @@ class _Stopping:
                 )
             if len(signals) > 1 or not core.in_flight() or now >= self.drain_until:
                 return "signal"
-        live = core.live_ranks()
-        if not live:
-            log.error("master: no worker left; %d item(s) pending", len(core.pending()))
-            return "no workers left"
-        parked = len(core.parked_ranks())
-        if core.done or not parked or parked + core.starting_ranks() < len(live):
-            self.stuck_since = None  # some worker serves, or may still come up
-            return None
-        self.stuck_since = now if self.stuck_since is None else self.stuck_since
-        if now - self.stuck_since < self.grace:
-            return None
-        log.error(
-            "master: every worker (%d) is parked and %d item(s) remain; no exact READY came "
-            "within %.0fs: stopping (resumable; hung work functions need worker isolation to "
-            "give their ranks back)",
-            len(live),
-            len(core.pending()),
-            self.grace,
-        )
-        return "every worker parked"
+        return state.stop_reason(now, grace=self.grace)
 
 
 def _refuse(message: str, comm: Any, stop_timeout: float) -> NoReturn:
@@ -410,19 +364,6 @@ def _check_failures(
         guard.peer_failed()  # MPI_Finalize may wait for it forever: leave without it
         log.warning("master: rank %d failed (ULFM); rolling back its dispatch", r)
         state.rank_lost(r, now, "process failed")
-
-
-def _worker_gone(
-    state: CampaignState, lost: dict[int, float], rank: int, body: Any, now: float
-) -> None:
-    """A worker said it failed and ends (U8): roll back its dispatch and drop the rank, so
-    the campaign never waits for it; with every worker gone it stops, "no workers left"."""
-    error = body.get("error") if isinstance(body, dict) else None
-    log.error("master: worker %d failed and is gone: %s", rank, error or "no reason given")
-    if rank in lost or rank not in state.core.live_ranks():
-        return
-    lost[rank] = time.time()
-    state.rank_lost(rank, now, f"worker failed: {error}"[:2000])
 
 
 def _stop_or_abort(

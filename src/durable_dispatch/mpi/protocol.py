@@ -26,11 +26,13 @@ malformed RESULT).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from ..core.decisions import ItemFailure
+from ..core.decisions import ItemFailure, Send
 
 __all__ = [
     "WORK",
@@ -43,6 +45,10 @@ __all__ = [
     "encode",
     "decode",
     "read_result",
+    "Inbox",
+    "sort",
+    "work_message",
+    "BAD",
 ]
 
 WORK, RESULT, READY, HEARTBEAT, STOP, GONE = 11, 12, 13, 14, 15, 16
@@ -109,3 +115,63 @@ def read_result(
         else:
             errors[int(k)] = str(v)
     return results, errors, None
+
+
+#: the token of a message whose body did not decode (the core classes it malformed)
+BAD: Any = object()
+
+
+@dataclass
+class Inbox:
+    """The messages of one receive, decoded and sorted by kind, each in arrival order: what the
+    master loop hands to the campaign state (``CampaignState.on_ready`` and so on).
+
+    Attributes:
+        readies: ``(rank, token)`` of each READY (``token`` None at a worker's start, ``BAD``
+            when the body did not decode).
+        beats: ``(rank, token)`` of each HEARTBEAT.
+        results: ``(rank, token, results, errors, failure)`` of each RESULT: the arguments of
+            ``on_results`` (see :func:`read_result`).
+        gone: ``(rank, error)`` of each worker that said it failed and ends (GONE).
+    """
+
+    readies: list[tuple[int, Any]] = field(default_factory=list)
+    beats: list[tuple[int, Any]] = field(default_factory=list)
+    results: list[tuple[int, Any, Any, Any, Any]] = field(default_factory=list)
+    gone: list[tuple[int, str]] = field(default_factory=list)
+
+
+def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
+    """Decode ``(source, tag, body bytes)`` messages into an :class:`Inbox` (never raises;
+    messages of unknown tags are dropped)."""
+    inbox = Inbox()
+    for src, tag, buf in messages:
+        body, why = decode(buf)
+        token = body.get("token") if body is not None else BAD
+        if tag == READY:
+            inbox.readies.append((src, token))
+        elif tag == HEARTBEAT:
+            inbox.beats.append((src, token))
+        elif tag == RESULT:
+            values, errors, failure = read_result(body, why)
+            inbox.results.append((src, token, values, errors, failure))
+        elif tag == GONE:
+            error = body.get("error") if body is not None else why
+            inbox.gone.append((src, str(error or "no reason given")))
+    return inbox
+
+
+def work_message(send: Send) -> bytes:
+    """The WORK message of a dispatch: its token, its items (work ID, payload, attempt), and its
+    deadline and lease, so an isolating worker kills the work at the master's deadline."""
+    return orjson.dumps(
+        {
+            "token": str(send.token),
+            "items": [
+                {"work_id": w.work_id, "payload": w.payload, "attempt": n}
+                for w, n in zip(send.items, send.attempts, strict=True)
+            ],
+            "seconds": send.seconds,
+            "lease": send.lease,
+        }
+    )
