@@ -358,3 +358,52 @@ def test_rollback_then_snapshot_crash_states(tally: Tally, tmp_path: Path, batch
     floor = FLOORS[f"rollback-{batch}"]
     run_states(tally, tmp_path, root, ops, check, seed=11, every=1 if LONG else 2, at_least=floor)
     assert not tally.violations, tally.violations[:5]
+
+
+# --------------------------------------------------------------- G1: children from a callback
+def _children(wid: str) -> list[str]:
+    """A small DAG with shared children: n<i> spawns n<2i+1> and n<2i+2> below 40, and n<i+7>."""
+    i = int(wid[1:])
+    return [f"n{j}" for j in (2 * i + 1, 2 * i + 2, i + 7) if j < 40]
+
+
+def test_commit_and_children_crash_states(tally: Tally, tmp_path: Path) -> None:
+    """Issue 31: a commit whose callback returns children. At every crash point, either every
+    child of a committed parent is known (pending, in flight, committed or deferred), or the
+    parent's callback is delivered again when the state opens; and no child is known twice."""
+    root = tmp_path / "g"
+    closure, todo = set(), ["n0"]
+    while todo:
+        w = todo.pop()
+        if w not in closure:
+            closure.add(w)
+            todo += _children(w)
+    with record() as ops:
+        s = CampaignState.open(root, ranks=(1, 2), watchdog=WatchdogConfig(3))
+        s.submit([WorkItem("n0", {"node": 0})])
+        fake_campaign(
+            s,
+            on_commit=lambda c: [WorkItem(w, {"node": int(w[1:])}) for w in _children(c.work_id)],
+        )
+        s.close()
+    assert view_state(root).projection.committed == closure
+
+    def check(d: Path, k: int) -> tuple[bool, str]:
+        again: list[str] = []
+        with CampaignState.open(d, ranks=(1,), on_commit=lambda w, r: again.append(w)) as s2:
+            core = s2.core
+            committed = core.committed()
+            known = set(committed) | set(core.deferred()) | set(core.pending())
+            known |= set(core.in_flight())
+            if not known <= closure:
+                return False, f"unknown work IDs: {sorted(known - closure)[:5]}"
+            for parent in committed:
+                missing = set(_children(parent)) - known
+                if missing and parent not in again:
+                    return False, f"{parent}'s children {sorted(missing)} lost, not redelivered"
+            if s2.statistics().duplicate_commits_in_journal:
+                return False, "a work ID was committed twice in the record"
+        return True, ""
+
+    run_states(tally, tmp_path, root, ops, check, seed=31, every=2, at_least=200)
+    assert not tally.violations, tally.violations[:5]

@@ -151,3 +151,16 @@ def test_the_readme_campaign_runs_under_mpiexec(tmp_path: Path) -> None:
         else:
             assert lines == []  # every result was delivered the first time
     assert len(view_state(tmp_path / "state").projection.committed) == 20
+
+
+def test_the_growing_campaign_example_explores_the_whole_site(tmp_path: Path, capsys: Any) -> None:
+    import runpy
+
+    argv = sys.argv
+    sys.argv = ["grow.py", str(tmp_path / "state")]
+    try:
+        runpy.run_path(str(ROOT / "examples" / "grow.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    assert "finished: True pages: 4" in out and "page:/c -> []" in out

@@ -112,6 +112,11 @@ __all__ = [
 
 log = logging.getLogger("durable_dispatch.state")
 
+#: ``on_commit(work_id, result)``: called once a commit is durable, at least once (U6); it may
+#: return the work items the result spawns (G1), which are submitted before it counts as
+#: delivered
+OnCommit = Callable[[str, Any], "Iterable[WorkItem] | None"]
+
 #: A ``delivered`` event records the delivery point between snapshots once it is this old or
 #: this many records behind: after a crash at most about that much is delivered again.
 DELIVERY_MARK_SECONDS = 0.25
@@ -212,7 +217,7 @@ class CampaignState:
         retry: RetryPolicy | None = None,
         ranks: Iterable[int] = (),
         starting: bool = False,
-        on_commit: Callable[[str, Any], None] | None = None,
+        on_commit: OnCommit | None = None,
         keep_snapshots: int = 3,
         journal_options: Mapping[str, Any] | None = None,
     ) -> CampaignState:
@@ -220,7 +225,9 @@ class CampaignState:
 
         ``on_commit(work_id, result)`` is the callback of every commit (see :meth:`redeliver`,
         which this calls before returning: the commits a crash or a failed callback kept from
-        it are delivered first, U6).
+        it are delivered first, U6). It may return work items, the children of that result
+        (G1): they are submitted durably before the commit counts as delivered, and known work
+        IDs are skipped, so each child is submitted once however often the callback runs.
 
         ``ranks`` are the workers; with ``starting`` each gets work only after its first READY
         without a token (what ``run_worker`` sends once it is up), so a worker's start-up is
@@ -682,7 +689,7 @@ class CampaignState:
         to the callback, which returned."""
         return self._delivered
 
-    def redeliver(self, on_commit: Callable[[str, Any], None] | None) -> int:
+    def redeliver(self, on_commit: OnCommit | None) -> int:
         """Hand every commit after the delivery point to ``on_commit(work_id, result)`` again,
         in commit order (U6: at least once), and make it the callback of every later commit
         made through the facade (:meth:`on_results` ...). Call it after :meth:`open`, before
@@ -690,18 +697,26 @@ class CampaignState:
 
         A commit is redelivered when the master crashed after it was durable but before its
         callback returned, or when the callback raised. The callback must be idempotent by work
-        ID (an upsert keyed by work ID); see ``docs/state-format.md``.
+        ID (an upsert keyed by work ID); see ``docs/state-format.md``. The work items it
+        returns are submitted (known work IDs skipped) before the delivery point passes its
+        commit (G1).
+
+        Raises:
+            UsageError: the callback returned something else than None or work items.
         """
         from .results import read_results
 
-        self._on_commit = (lambda c: on_commit(c.work_id, c.result)) if on_commit else None
+        if on_commit is None:
+            self._on_commit = None
+        else:
+            self._on_commit = lambda c: self._spawn(c.work_id, on_commit(c.work_id, c.result))
         n = 0
         upto = self.journal.next_seq - 1
         for r in read_results(self.directory, after_seq=self._delivered):
             if r.seq > upto:
                 break
             if on_commit is not None:
-                on_commit(r.work_id, r.result)
+                self._spawn(r.work_id, on_commit(r.work_id, r.result))
             self._delivered = max(self._delivered, r.seq)
             n += 1
         if n:
@@ -709,6 +724,32 @@ class CampaignState:
         self._delivered = max(self._delivered, upto)  # nothing after it is a commit yet
         self._mark_delivered(now=True)
         return n
+
+    def _spawn(self, parent: str, children: Any) -> None:
+        """G1: the work items a callback returned for ``parent``'s commit, submitted durably
+        (their store records fsynced, their ``submitted`` record journaled) before the
+        delivery point may pass that commit; known work IDs are skipped, so a callback run
+        again after a crash submits nothing twice.
+
+        Raises:
+            UsageError: the callback returned something else than None or work items.
+        """
+        if children is None:
+            return
+        if isinstance(children, (str, bytes, dict)) or not hasattr(children, "__iter__"):
+            raise UsageError(
+                f"on_commit({parent!r}, ...) returned {type(children).__name__}: return None, "
+                "or an iterable of WorkItem (the work this result spawns)"
+            )
+        items = list(children)
+        bad = next((i for i in items if not isinstance(i, WorkItem)), None)
+        if bad is not None:
+            raise UsageError(
+                f"on_commit({parent!r}, ...) returned {bad!r} among its children: each must be "
+                "a WorkItem"
+            )
+        if items:
+            self.submit(items)
 
     def _durable(self, seq: int) -> bool:
         try:

@@ -20,6 +20,7 @@ watchdog moves its work (W10). The mode in force is reported in the result.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ from typing import Any, NoReturn
 
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..errors import UsageError
-from ..state import CampaignState
+from ..state import CampaignState, OnCommit
 from . import guard
 from . import protocol as P
 from .context import CHILD_MARKER
@@ -88,7 +89,7 @@ class MasterReport:
 def run_master(
     work: Iterable[WorkItem],
     state_dir: str | os.PathLike[str],
-    on_commit: Callable[[str, Any], None] | None = None,
+    on_commit: OnCommit | None = None,
     *,
     comm: Any = None,
     watchdog: WatchdogConfig | None = None,
@@ -106,14 +107,21 @@ def run_master(
     """Run a campaign from rank 0 until every work item is committed or deferred.
 
     Args:
-        work: the work items (stable semantic IDs); on a resumed state directory known IDs are
+        work: the work items (stable semantic IDs): a list, or a generator of millions,
+            consumed as the frontier drains (G3: chunks of 65,536 whenever fewer than 16,384
+            items are pending, never all in memory). On a resumed state directory known IDs are
             skipped, so pass the whole work source every time.
         state_dir: the campaign's state directory (see ``docs/state-format.md``).
         on_commit: ``on_commit(work_id, result)``, called once a result is journaled durably;
             at least once (U6): a commit whose callback did not return (a crash, an exception)
             is delivered again when the campaign resumes, before anything is dispatched, so
-            make it idempotent by work ID (an upsert). Read every result back with
-            :func:`durable_dispatch.read_results`.
+            make it idempotent by work ID (an upsert). It may return the work items that
+            result spawns (G1): they are submitted durably before the commit counts as
+            delivered, known work IDs are skipped (so a child runs once however often its
+            parent's callback runs, and a child two parents name is one item); give children
+            deterministic IDs (a digest of their input, a path, a node name). The campaign is
+            done when nothing is pending or in flight and every callback has returned. Read
+            every result back with :func:`durable_dispatch.read_results`.
         comm: the communicator (``MPI.COMM_WORLD``); rank 0 is the master, all others workers.
             Or a :class:`~durable_dispatch.mpi.transport.Transport`, such as
             ``durable_dispatch.testing.LocalWorkers(fn)`` to test a campaign in-process.
@@ -220,12 +228,13 @@ def run_master(
     reason: str | None = None
     with CaughtSignals() as caught:
         try:
-            state.submit(work)
+            source = _Source(state, work)  # G3: consumed as the frontier drains
             linger_until: float | None = None
             while True:
                 raw = time.monotonic()
                 now = core.clock.observe(raw)  # U7: a pause of the master is not counted
-                if core.done:
+                source.refill()
+                if source.exhausted and state.done:  # G1: every callback returned, too
                     if linger_until is None:
                         linger_until = now + linger
                     if not core.parked_ranks() or now >= linger_until:
@@ -271,10 +280,10 @@ def run_master(
             report = MasterReport(
                 stats=state.statistics().as_dict(),
                 mode="ulfm" if ft else "no-ulfm",
-                finished=core.done,
+                finished=source.exhausted and state.done,
                 lost_ranks=lost,
                 seconds=time.monotonic() - start,
-                reason=None if core.done else reason,
+                reason=None if source.exhausted and state.done else reason,
             )
             if progress is not None:
                 progress(report.stats)
@@ -295,6 +304,29 @@ def run_master(
                 line.close()
             state.close()
     return report
+
+
+class _Source:
+    """The work source, consumed as the frontier drains (G3): a list or a generator of millions
+    of items is submitted in chunks of :attr:`CHUNK` whenever fewer than :attr:`LOW` items are
+    pending, so it is never held whole in memory. On a resumed state directory it is iterated
+    again from the start and known work IDs are skipped (``CampaignState.submit``)."""
+
+    CHUNK = 65536
+    LOW = 16384
+
+    def __init__(self, state: CampaignState, work: Iterable[WorkItem]) -> None:
+        self.state, self.items = state, iter(work)
+        self.exhausted = False
+
+    def refill(self) -> None:
+        """Submit the next chunks while fewer than :attr:`LOW` items are pending."""
+        frontier = self.state.core.ledger.frontier
+        while not self.exhausted and len(frontier) < self.LOW:
+            chunk = list(itertools.islice(self.items, self.CHUNK))
+            self.exhausted = len(chunk) < self.CHUNK
+            if chunk:
+                self.state.submit(chunk)
 
 
 class _Stopping:
