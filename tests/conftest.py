@@ -96,7 +96,28 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {why} (set by tests/conftest.py)")
 
 
+def _ulfm_skip() -> pytest.MarkDecorator | None:
+    """A skip for tests that need ULFM, when the MPI in use has none (MPICH, issue 33)."""
+    from durable_dispatch.mpi.launcher import find_mpiexec, mpi_flavor, ulfm_available
+
+    if find_mpiexec() is None or ulfm_available():
+        return None
+    why = f"needs ULFM (Open MPI's --with-ft ulfm); this MPI is {mpi_flavor()}"
+    return pytest.mark.skip(reason=why)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    ulfm_items = [
+        i
+        for i in items
+        if i.get_closest_marker("ulfm")
+        or getattr(getattr(i, "callspec", None), "params", {}).get("ulfm") is True
+    ]
+    skip = _ulfm_skip() if ulfm_items else None
+    for item in ulfm_items:
+        item.add_marker("ulfm")
+        if skip is not None:
+            item.add_marker(skip)
     for item in items:
         if not isinstance(item, pytest.Function):
             continue

@@ -205,6 +205,7 @@ def test_tries_launches_again_until_the_campaign_ends_well(tmp_path: Path) -> No
 
 # ------------------------------------------------------------------ one smoke run (CI)
 @pytest.mark.mpi
+@pytest.mark.ulfm  # its group 2 runs a cell under ULFM
 def test_one_cell_of_each_group_runs_under_mpiexec(tmp_path: Path) -> None:
     if find_mpiexec() is None:
         raise RuntimeError("mpiexec not found: install the project with '.[test,mpi]'")

@@ -17,6 +17,9 @@ from durable_dispatch.errors import IsolationError
 from durable_dispatch.mpi.context import WorkContext
 from durable_dispatch.mpi.isolation import IsolatedRunner, StopRequested
 
+#: the variables Open MPI's and Hydra's (MPICH, Intel MPI) mpiexec give a rank (issue 33)
+LAUNCHER_VARS = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDI_", "HYDRA_", "MPI_LOCAL")
+
 
 def work(payload: dict[str, Any], ctx: WorkContext) -> Any:
     """Module level, so the child finds it by name."""
@@ -52,7 +55,7 @@ def work(payload: dict[str, Any], ctx: WorkContext) -> Any:
         "work_id": ctx.work_id,
         "attempt": ctx.attempt,
         "left": ctx.seconds_left(),
-        "mpi": sorted(k for k in os.environ if k.startswith(("OMPI_", "PMIX_"))),
+        "mpi": sorted(k for k in os.environ if k.startswith(LAUNCHER_VARS)),
     }
 
 
@@ -86,11 +89,15 @@ def _alive(pid: int) -> bool:
 def test_an_item_runs_in_a_child_that_is_told_its_context_and_kept(runner: Any) -> None:
     import orjson
 
-    os.environ["OMPI_COMM_WORLD_RANK"] = "3"  # what mpiexec sets; the child must not see it
+    # What Open MPI's and Hydra's (MPICH, Intel MPI) mpiexec set; the child must not see them.
+    launcher = {"OMPI_COMM_WORLD_RANK": "3", "PMI_RANK": "3", "PMI_FD": "9", "HYDI_CONTROL_FD": "7"}
+    launcher |= {"HYDRA_BSTRAP_PROXY_ID": "0", "MPI_LOCALRANKID": "3"}
+    os.environ.update(launcher)
     try:
         first, _ = _run(runner, _item("w1"))
     finally:
-        del os.environ["OMPI_COMM_WORLD_RANK"]
+        for k in launcher:
+            del os.environ[k]
     second, _ = _run(runner, _item("w2"))
     a, b = orjson.loads(first.raw), orjson.loads(second.raw)
     assert a["pid"] != os.getpid() and a["pid"] == b["pid"]  # one child, kept across items

@@ -147,8 +147,8 @@ def _rank_of(pid: int) -> int | None:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
-    for e in env:
-        if e.startswith(b"OMPI_COMM_WORLD_RANK="):
+    for e in env:  # Open MPI's name, then MPICH's (Hydra's PMI)
+        if e.startswith((b"OMPI_COMM_WORLD_RANK=", b"PMI_RANK=")):
             return int(e.split(b"=", 1)[1])
     return None
 

@@ -81,6 +81,7 @@ def test_isolated_workers_survive_every_kind_of_bad_work_function(tmp_path: Path
         p = view.projection
         committed = set(p.committed)
         assert {"ok-0", "ok-1", "ok-2", "ok-3", "children", "output-64mb"} <= committed
+        assert _results(tmp_path / "state")["launcher-env"] == []  # none of mpiexec's (#33)
         assert {"hang-once", "segfault-once"} <= committed  # one bad attempt, then fine
         deferred = set(p.deferred)
         kinds = {wid: p.kinds[wid] for wid in deferred}
@@ -95,7 +96,7 @@ def test_isolated_workers_survive_every_kind_of_bad_work_function(tmp_path: Path
         assert "SIGSEGV" in p.last_error["segfault"] and "SIGABRT" in p.last_error["abort"]
         assert "MemoryError" in p.last_error["memory"]
         assert p.kinds["hang-once"] == ["timeout"] and p.kinds["segfault-once"] == ["crash"]
-        assert len(committed) + len(deferred) == 14 and p.duplicate_commits == 0
+        assert len(committed) + len(deferred) == 15 and p.duplicate_commits == 0
         out = _results(tmp_path / "state")["output-64mb"]
         assert out == {"bytes": 64 << 20, "kept": 1024, "sha": out["sha"]}
         # Deadlines: hang 2 x 2 s and hang-once 2 s over 3 workers, plus start-up and restarts.

@@ -21,15 +21,45 @@ def test_root_variables_only_for_root(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     env = launcher.launch_env(quiet=True)
+    if launcher.mpi_flavor() != "openmpi":  # Hydra runs as root as it is: nothing to set
+        assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
+        return
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
     # ...and only in the child's environment, never in ours.
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in os.environ
 
 
 def test_command_line() -> None:
-    cmd = launcher.mpiexec_command(4, ["python", "x.py"], ulfm=True)
-    assert cmd[1:] == ["-n", "4", "--oversubscribe", "--with-ft", "ulfm", "python", "x.py"]
+    """Issue 33: each MPI's dialect (MPICH's Hydra rejected --oversubscribe)."""
+    from durable_dispatch.errors import UsageError
+
+    if launcher.mpi_flavor() == "openmpi":
+        cmd = launcher.mpiexec_command(4, ["python", "x.py"], ulfm=True)
+        over = ["--oversubscribe", "--bind-to", "none"]
+        assert cmd[1:] == ["-n", "4", *over, "--with-ft", "ulfm", "python", "x.py"]
+        assert launcher.ulfm_available()
+    else:
+        pin = ["-genv", "I_MPI_PIN", "0"] if launcher.mpi_flavor() == "intel" else []
+        cmd = launcher.mpiexec_command(4, ["python", "x.py"])
+        assert cmd[1:] == ["-n", "4", *pin, "python", "x.py"]
+        with pytest.raises(UsageError, match="ULFM needs Open MPI"):
+            launcher.mpiexec_command(4, ["python", "x.py"], ulfm=True)
+        assert not launcher.ulfm_available()
     assert launcher.mpiexec_command(2, ["x"], mpiexec="/opt/mpiexec")[0] == "/opt/mpiexec"
+    assert launcher.mpi_flavor("/opt/mpiexec") == "unknown"
+
+
+def test_the_flavor_is_read_from_mpiexec_version(tmp_path: Path) -> None:
+    for text, flavor in (
+        ("prterun (Open MPI) 5.0.8", "openmpi"),
+        ("HYDRA build details:\n    Version: 5.0.2", "mpich"),
+        ("Intel(R) MPI Library for Linux* OS, Version 2021.19", "intel"),
+        ("something else", "unknown"),
+    ):
+        fake = tmp_path / f"mpiexec-{flavor}"
+        fake.write_text(f"#!/bin/sh\necho '{text}'\n")
+        fake.chmod(0o755)
+        assert launcher.mpi_flavor(str(fake)) == flavor
 
 
 def test_a_hung_job_is_killed_whole_at_the_timeout(tmp_path: Path) -> None:
@@ -62,3 +92,15 @@ def test_a_missing_mpiexec_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(launcher, "find_mpiexec", lambda: None)
     with pytest.raises(FileNotFoundError, match=r"durable-dispatch\[mpi\]"):
         launcher.mpiexec_command(2, ["true"])
+
+
+def test_ranks_are_not_bound_to_cores(tmp_path: Path) -> None:
+    """Issue 33: Intel MPI's Hydra pinned rank i to core i, so with more ranks than cores the
+    master shared its core with a worker and that worker's isolated child. Each rank may run on
+    every core this process may run on, on each MPI."""
+    code = "import os; print('CPUS', sorted(os.sched_getaffinity(0)), flush=True)"
+    cmd = launcher.mpiexec_command(3, [sys.executable, "-c", code])
+    res = launcher.run_mpiexec(cmd, timeout=60, quiet=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    seen = [line for line in res.stdout.splitlines() if line.startswith("CPUS")]
+    assert seen == [f"CPUS {sorted(os.sched_getaffinity(0))}"] * 3, res.stdout

@@ -109,6 +109,7 @@ def test_out_of_retries_is_deferred_with_a_record(tmp_path: Path) -> None:
     assert s["protocol_deferred_dispatches"] == 1 and s["deferred_in_memory"] == 0
 
 
+@pytest.mark.ulfm
 def test_worker_sigkill_under_ulfm_rolls_back_at_once(tmp_path: Path) -> None:
     s = campaign(tmp_path, "crash", ulfm=True)
     assert s["mode"] == "ulfm"
@@ -130,6 +131,7 @@ def test_master_sigkill_then_resume(tmp_path: Path) -> None:
     assert s["committed"] == 24
 
 
+@pytest.mark.ulfm
 def test_workers_whose_master_died_under_ulfm_stop_cleanly(tmp_path: Path) -> None:
     """Issue 15 (U4): under ULFM a SIGKILLed master left every worker dying of an uncaught
     MPI_ERR_PROC_FAILED traceback; a worker whose master is gone now says so and stops."""
@@ -196,6 +198,7 @@ def test_multi_item_dispatches_charge_each_lying_item_exactly_once(tmp_path: Pat
     assert s["dispatch_watchdog_timeouts"] == 0 and s["parked_ranks_now"] == 0
 
 
+@pytest.mark.ulfm
 def test_multi_item_dispatch_of_a_killed_rank_splits_under_ulfm(tmp_path: Path) -> None:
     """A SIGKILLed rank's dispatch of 4 is rolled back at once and split; run alone, the item
     kills a second rank, and that loss is charged to it. The last worker finishes the campaign."""
@@ -429,6 +432,36 @@ def test_sigusr1_to_mpiexec_drains_and_a_rerun_finishes(tmp_path: Path) -> None:
     assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
     final = view_state(tmp_path / "state")
     assert len(final.projection.committed) == 30 and final.projection.duplicate_commits == 0
+
+
+def test_sigterm_to_mpiexec_on_each_mpi_and_a_rerun_finishes(tmp_path: Path) -> None:
+    """Issue 33: what SIGTERM to mpiexec does differs by MPI (docs/mpi.md). Hydra (MPICH,
+    Intel MPI) forwards it once to every rank: the job drains as under SIGUSR1. Open MPI's
+    prterun does not forward it and kills the ranks: the job ends without a drain. On both, a
+    rerun finishes the campaign with every item committed once."""
+    import signal
+
+    from durable_dispatch.mpi.launcher import kill_session, mpi_flavor
+
+    proc, _script = _start_user_campaign(tmp_path, "slow")
+    try:
+        _wait_for_commits(tmp_path / "state", 3)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+            proc.communicate()
+    if mpi_flavor() == "openmpi":
+        assert "REPORT" not in out, out[-2000:]  # killed, not drained
+    else:
+        assert proc.returncode == 0, err[-3000:]
+        assert "REPORT False signal" in out, out[-2000:] + err[-2000:]
+        assert not view_state(tmp_path / "state").projection.in_flight
+    res = _user_campaign(tmp_path, "slow")
+    assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
+    final = view_state(tmp_path / "state").projection
+    assert len(final.committed) == 30 and final.duplicate_commits == 0
 
 
 SINK = Path(__file__).parent / "children" / "sink_campaign.py"

@@ -30,7 +30,10 @@ PLAN = {
     "children": "children",
     "output-64mb": "output-64mb",
     "too-large": "too-large",
+    "launcher-env": "launcher-env",
 }
+#: what Open MPI's and Hydra's (MPICH, Intel MPI) mpiexec give a rank: never the child (issue 33)
+LAUNCHER_VARS = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDI_", "HYDRA_", "MPI_LOCAL")
 MEMORY_LIMIT = 1 << 30  # RLIMIT_AS of the isolated child
 
 
@@ -63,6 +66,8 @@ def work(payload: dict[str, str], ctx: object) -> object:
         code = "import sys; sys.stdout.write('x' * (64 << 20))"
         out = run_command([sys.executable, "-c", code], timeout=60, max_output=1024)
         return {"bytes": out.stdout_bytes, "kept": len(out.stdout), "sha": out.stdout_sha256}
+    if what == "launcher-env":
+        return sorted(k for k in os.environ if k.startswith(LAUNCHER_VARS))
     if what == "too-large":
         return "y" * (2 << 20)  # over one journal record
     return {"pid": os.getpid()}

@@ -5,9 +5,10 @@ child is a fresh interpreter (``python -m durable_dispatch.mpi.isolation``), nev
 the MPI process: it loads the campaign script the way ``multiprocessing``'s spawn start method
 does (``multiprocessing.spawn.prepare``: the script is imported as ``__mp_main__``, so code under
 ``if __name__ == "__main__":`` does not run again), then finds ``fn`` by its module and name.
-It never initialises MPI: ``mpi4py.rc.initialize`` is off and the launcher's ``OMPI_*``,
-``PMIX_*`` and ``PRTE_*`` variables are removed from its environment (an MPI_Init there would wait
-forever for a rank that is not part of the job).
+It never initialises MPI: ``mpi4py.rc.initialize`` is off and the launcher's variables are
+removed from its environment: Open MPI's ``OMPI_*``, ``PMIX_*`` and ``PRTE_*``, and Hydra's
+(MPICH, Intel MPI) ``PMI_*``, ``HYDI_*``, ``HYDRA_*`` and ``MPI_LOCAL*`` (an MPI_Init there would
+wait for a rank that is not part of the job, or talk to a PMI descriptor it does not have).
 
 The child runs in a process group of its own inside the job's session, and dies with its worker
 (``PR_SET_PDEATHSIG``). The worker is the subreaper of its descendants. At an item's deadline, or
@@ -49,7 +50,7 @@ from .context import CHILD_MARKER, ItemOutcome, run_items
 __all__ = ["IsolatedRunner", "IsolationError", "CHILD_MARKER", "child_environment"]
 
 log = logging.getLogger("durable_dispatch.mpi")
-_LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PRTE_")
+_LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDI_", "HYDRA_", "MPI_LOCAL")
 _START_TIMEOUT = 120.0
 _PROGRESS = struct.Struct("=qq")  # the job number and the index of the item the child runs
 _FLUSH_SECONDS = 0.02  # the child sends what it has at least this often, and after each job

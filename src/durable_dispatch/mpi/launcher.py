@@ -1,5 +1,11 @@
 """Launching ``mpiexec``: the MPI runtime from the package index, root permission, no hangs.
 
+It speaks the dialect of the MPI in use (:func:`mpi_flavor`, read once from ``mpiexec
+--version``): Open MPI's ``prterun`` (``--oversubscribe``, ``--with-ft ulfm``, the root
+variables, its session directory), or MPICH's Hydra and MPICH-derived ones such as Intel MPI
+(which oversubscribe and run as root without being told, have no ULFM mode here, and leave no
+session directory).
+
 :func:`run_mpiexec` starts ``mpiexec`` in its own process session with a timeout and kills the
 whole session when the timeout passes (Open MPI gives each rank its own process group, so killing
 ``mpiexec`` alone could leave ranks behind). When running as root it sets Open MPI's
@@ -21,6 +27,7 @@ import signal
 import stat
 import subprocess
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +35,8 @@ from typing import Any
 
 __all__ = [
     "find_mpiexec",
+    "mpi_flavor",
+    "ulfm_available",
     "mpiexec_command",
     "run_mpiexec",
     "MpiexecResult",
@@ -37,6 +46,7 @@ __all__ = [
     "session_dirs",
     "remove_session_dir",
     "launch_env",
+    "JOB_MARK",
 ]
 
 ROOT_VARS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -50,6 +60,44 @@ def find_mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
+_FLAVORS: dict[str, str] = {}
+
+
+def mpi_flavor(mpiexec: str | None = None) -> str:
+    """Which MPI ``mpiexec`` belongs to: ``"openmpi"``, ``"mpich"`` (MPICH's Hydra),
+    ``"intel"`` (Intel MPI, MPICH-derived) or ``"unknown"``; read once from its ``--version``.
+
+    Raises:
+        FileNotFoundError: no ``mpiexec``.
+    """
+    exe = mpiexec or find_mpiexec()
+    if exe is None:
+        raise FileNotFoundError("mpiexec not found: pip install 'durable-dispatch[mpi]'")
+    if exe not in _FLAVORS:
+        try:
+            out = subprocess.run(
+                [exe, "--version"], capture_output=True, text=True, timeout=30, check=False
+            )
+            text = out.stdout + out.stderr
+        except (OSError, subprocess.TimeoutExpired):
+            text = ""
+        if "Open MPI" in text or "prterun" in text or "PRRTE" in text:
+            _FLAVORS[exe] = "openmpi"
+        elif "Intel(R) MPI" in text:
+            _FLAVORS[exe] = "intel"
+        elif "HYDRA" in text or "MPICH" in text:
+            _FLAVORS[exe] = "mpich"
+        else:
+            _FLAVORS[exe] = "unknown"
+    return _FLAVORS[exe]
+
+
+def ulfm_available(mpiexec: str | None = None) -> bool:
+    """True when this ``mpiexec`` can run a job with ULFM failure notification (Open MPI's
+    ``--with-ft ulfm``); elsewhere a dead rank ends the job (mode ``no-ulfm``)."""
+    return mpi_flavor(mpiexec) == "openmpi"
+
+
 def mpiexec_command(
     n: int,
     argv: Sequence[str],
@@ -58,18 +106,34 @@ def mpiexec_command(
     oversubscribe: bool = True,
     mpiexec: str | None = None,
 ) -> list[str]:
-    """The command line that runs ``argv`` on ``n`` ranks.
+    """The command line that runs ``argv`` on ``n`` ranks, in the dialect of the MPI in use
+    (:func:`mpi_flavor`): Open MPI needs ``--oversubscribe`` to run more ranks than cores;
+    Hydra oversubscribes by itself. Process binding is off (``--bind-to none``; Intel MPI's
+    Hydra pins rank ``i`` to core ``i`` unless told ``I_MPI_PIN=0``; MPICH's binds nothing):
+    a master pinned to a core it shares with a worker and that worker's isolated child gets a
+    third of it.
 
     Raises:
-        FileNotFoundError: no ``mpiexec`` (install the ``mpi`` extra).
+        FileNotFoundError: no ``mpiexec`` (install the ``mpi`` or the ``mpich`` extra).
+        UsageError: ``ulfm`` with an MPI that has no ULFM mode here (see ``docs/mpi.md``).
     """
     exe = mpiexec or find_mpiexec()
     if exe is None:
         raise FileNotFoundError("mpiexec not found: pip install 'durable-dispatch[mpi]'")
+    flavor = mpi_flavor(exe)
     cmd = [exe, "-n", str(n)]
-    if oversubscribe:
-        cmd.append("--oversubscribe")
+    if flavor == "openmpi":
+        cmd += ["--oversubscribe", "--bind-to", "none"] if oversubscribe else []
+    elif flavor == "intel":
+        cmd += ["-genv", "I_MPI_PIN", "0"]
     if ulfm:
+        if flavor != "openmpi":
+            from ..errors import UsageError
+
+            raise UsageError(
+                f"ULFM needs Open MPI's --with-ft ulfm; this mpiexec is {flavor} ({exe}): "
+                "without it a dead rank ends the job, and the state directory resumes"
+            )
         cmd += ["--with-ft", "ulfm"]
     return cmd + list(argv)
 
@@ -93,10 +157,12 @@ class MpiexecResult:
 
 
 def launch_env(extra: Mapping[str, str] | None = None, *, quiet: bool = False) -> dict[str, str]:
-    """The environment for ``mpiexec``: the caller's, plus the root variables when root."""
+    """The environment for ``mpiexec``: the caller's, plus Open MPI's root variables when root
+    (not for MPICH's Hydra, which needs none)."""
     env = dict(os.environ)
     env.update(extra or {})
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
+    env[JOB_MARK] = uuid.uuid4().hex  # every process of the job inherits it (kill_session)
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and _wants_root_vars():
         env.update(ROOT_VARS)
         if not quiet:
             print(
@@ -105,6 +171,14 @@ def launch_env(extra: Mapping[str, str] | None = None, *, quiet: bool = False) -
                 file=sys.stderr,
             )
     return env
+
+
+def _wants_root_vars() -> bool:
+    """Only Open MPI refuses root without them (Hydra runs as root as it is)."""
+    try:
+        return mpi_flavor() in ("openmpi", "unknown")
+    except FileNotFoundError:
+        return True
 
 
 def run_mpiexec(
@@ -118,15 +192,17 @@ def run_mpiexec(
 ) -> MpiexecResult:
     """Run an ``mpiexec`` command line in its own session (in ``cwd``, if given); kill the
     session after ``timeout``."""
+    job_env = launch_env(env, quiet=quiet)
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
         stdout=subprocess.PIPE if capture else None,
         stderr=subprocess.PIPE if capture else None,
         text=True,
-        env=launch_env(env, quiet=quiet),
+        env=job_env,
         start_new_session=True,
     )
+    _JOBS[proc.pid] = job_env[JOB_MARK]
     try:
         out, err = proc.communicate(timeout=timeout)
         return MpiexecResult(proc.returncode, out or "", err or "", False, proc.pid)
@@ -137,22 +213,50 @@ def run_mpiexec(
 
 
 def kill_session(proc: subprocess.Popen[Any]) -> None:
-    """SIGKILL the process group of ``proc`` and every rank process group it started, then
-    remove the session directory the killed ``mpiexec`` leaves (see the module docs)."""
+    """SIGKILL the process group of ``proc`` and every process of its job, then remove the
+    session directory the killed ``mpiexec`` leaves (see the module docs).
+
+    Open MPI's ranks sit in process groups of their own but stay in ``mpiexec``'s session;
+    MPICH's Hydra starts its proxy and each rank in a session of its own. So the job is also
+    found by the ``DURABLE_DISPATCH_JOB`` mark :func:`launch_env` puts in its environment,
+    which every rank, isolated child and program they start inherits."""
     pgid = proc.pid
+    _remember_job(pgid)  # read the job's mark while its mpiexec is alive
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    # Ranks may sit in process groups of their own, but they stay in this session.
-    sid = pgid
-    for pid in pids_in_session(sid):
+    for pid in pids_in_session(pgid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     proc.wait()  # dead now: nothing writes to its session directory any more
     remove_session_dir(proc.pid)
+
+
+#: the environment variable that marks every process of a job :func:`launch_env` started
+JOB_MARK = "DURABLE_DISPATCH_JOB"
+_JOBS: dict[int, str] = {}  # session id of an mpiexec -> the mark of its job
+
+
+def _environ_mark(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    prefix = JOB_MARK.encode() + b"="
+    for e in env:
+        if e.startswith(prefix):
+            return e[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def _remember_job(sid: int) -> None:
+    if sid not in _JOBS:
+        mark = _environ_mark(sid)
+        if mark is not None:
+            _JOBS[sid] = mark
 
 
 def session_dirs(pid: int) -> list[Path]:
@@ -175,15 +279,25 @@ def remove_session_dir(pid: int) -> None:
 
 
 def pids_in_session(sid: int) -> list[int]:
-    """The processes of session ``sid`` still alive (read from ``/proc``)."""
+    """The processes still alive of the job whose ``mpiexec`` led session ``sid``: the
+    session's members, and every process carrying its job's ``DURABLE_DISPATCH_JOB`` mark
+    (Hydra's ranks have sessions of their own; read from ``/proc``)."""
+    _remember_job(sid)
+    mark = _JOBS.get(sid)
     out = []
+    me = os.getpid()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
+        pid = int(entry.name)
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
+        if fields[0] == "Z":
+            continue  # a zombie has ended; its parent has not reaped it yet
         if int(fields[3]) == sid:  # field 6 of /proc/PID/stat: session id
-            out.append(int(entry.name))
+            out.append(pid)
+        elif mark is not None and pid != me and _environ_mark(pid) == mark:
+            out.append(pid)
     return out

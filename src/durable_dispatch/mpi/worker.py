@@ -57,10 +57,17 @@ class _Link:
             log.warning("worker %d: a send to the master failed: %s", self.comm.Get_rank(), e)
 
     def receive(self) -> tuple[int, bytearray]:
-        """The next message from rank 0 (blocking); a STOP when rank 0 is gone (under ULFM the
-        probe fails with MPI_ERR_PROC_FAILED): a worker without a master stops (U4)."""
+        """The next message from rank 0 (waiting for it); a STOP when rank 0 is gone (under
+        ULFM the probe fails with MPI_ERR_PROC_FAILED): a worker without a master stops (U4).
+
+        It polls with ``Iprobe`` and naps between polls (20 us, doubling to 1 ms), instead of
+        a blocking ``Probe``: MPICH's blocking probe spins on its core, and an idle worker
+        that spins starves an oversubscribed master (issue 33: 16 ranks on 2 cores)."""
+        nap = 0.00002
         try:
-            self.comm.Probe(source=0, tag=self.MPI.ANY_TAG, status=self.status)
+            while not self.comm.Iprobe(source=0, tag=self.MPI.ANY_TAG, status=self.status):
+                time.sleep(nap)
+                nap = min(nap * 2, 0.001)
             buf = bytearray(self.status.Get_count(self.MPI.BYTE))
             tag = self.status.Get_tag()
             self.comm.Recv([buf, self.MPI.BYTE], source=0, tag=tag)
