@@ -11,7 +11,9 @@ Prints, each as a ratio against its small case (the targets in parentheses):
   self-contained form every snapshot had before (every payload in it)   (1M within 2x of 10k)
   bytes of memory per queued item after a reopen, and beyond its payload (about 500 at most)
   reopen (replay) and submit time per item                            (1M in at most 3 s each)
-``--end-to-end N`` runs one campaign of N items to its end instead (submit, every item
+``--generator N`` runs run_master over a generator of N items (in-process workers) and prints
+its time and peak memory; ``--priorities K`` gives the campaign-size cases K priorities in
+blocks (G2). ``--end-to-end N`` runs one campaign of N items to its end instead (submit, every item
 dispatched and committed in dispatches of 64, close, reopen) and prints its times and the
 process's peak memory. Not a test: nothing here asserts a time.
 """
@@ -116,17 +118,21 @@ def _deep_size(v: Any) -> int:
     return n
 
 
-def _items(n: int) -> list[WorkItem]:
+def _items(n: int, levels: int = 1) -> list[WorkItem]:
+    """``n`` items; with ``levels`` > 1, of priorities 0 .. levels-1 in blocks (G2)."""
+    if levels > 1:
+        return [WorkItem(f"w{i:09d}", _payload(i), priority=i * levels // n) for i in range(n)]
     return [WorkItem(f"w{i:09d}", _payload(i)) for i in range(n)]
 
 
-def scale_case(items: int) -> dict[str, float]:
-    """Submit, one rollback, reopen and memory for a campaign of ``items`` queued items."""
+def scale_case(items: int, levels: int = 1) -> dict[str, float]:
+    """Submit, one rollback, reopen and memory for a campaign of ``items`` queued items (of
+    ``levels`` priorities, in blocks)."""
     d = tempfile.mkdtemp(prefix="dd-scale-")
     try:
         st = _open(d, 4)
         t = time.perf_counter()
-        work = _items(items)
+        work = _items(items, levels)
         build = time.perf_counter() - t
         t = time.perf_counter()
         st.submit(work)
@@ -229,6 +235,36 @@ def end_to_end(n: int) -> int:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def generator_source(n: int) -> int:
+    """run_master over in-process workers (batch 64) with a generator of ``n`` items as its
+    work source (G3): the time and this process's peak memory, which the source's size must
+    not set (the items are read in chunks as the frontier drains)."""
+    from durable_dispatch.mpi import run_master
+    from durable_dispatch.testing import LocalWorkers
+
+    def kib(name: str) -> int:  # this process's VmHWM (peak) or VmRSS, in KiB
+        with open("/proc/self/status") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith(name + ":"))
+
+    d = tempfile.mkdtemp(prefix="dd-gen-")
+    try:
+        before = kib("VmHWM")
+        t = time.perf_counter()
+        source = (WorkItem(f"w{i:09d}", _payload(i)) for i in range(n))
+        report = run_master(source, d, comm=LocalWorkers(lambda p: None, 8), batch=64)
+        took = time.perf_counter() - t
+        peak = kib("VmHWM")
+        print(
+            f"a generator of {n:,} items through run_master: {took:.1f} s "
+            f"({took / n * 1e6:.1f} us/item), finished {report.finished}, committed "
+            f"{report.stats['core']['commits']:,}; peak RSS {peak / 1024:.0f} MiB "
+            f"({(peak - before) * 1024 / n:.0f} B/item over the {before / 1024:.0f} MiB before)"
+        )
+        return 0 if report.finished else 1
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _items_range(a: int, b: int) -> list[WorkItem]:
     return [WorkItem(f"w{i:09d}", _payload(i)) for i in range(a, b)]
 
@@ -240,24 +276,39 @@ def main() -> int:
     ap.add_argument(
         "--end-to-end", type=int, metavar="N", help="one campaign of N items, to its end"
     )
+    ap.add_argument(
+        "--priorities",
+        type=int,
+        default=1,
+        metavar="K",
+        help="the campaign-size cases with K priorities, in blocks (G2); skips the per-task rows",
+    )
+    ap.add_argument(
+        "--generator", type=int, metavar="N", help="run_master over a generator of N items"
+    )
     a = ap.parse_args()
+    if a.generator:
+        return generator_source(a.generator)
     if a.end_to_end:
         return end_to_end(a.end_to_end)
     tasks = 2_000 if a.quick else 20_000
     sizes = [10_000, 100_000, a.items] if not a.quick else [2_000, 20_000, 100_000]
     print("per-task master cost (us), instant workers:")
     per_task_us(8, 1, tasks // 4)  # warm up (imports, caches)
-    for batch in (1, 64):
+    for batch in (1, 64) if a.priorities == 1 else ():
         base = per_task_us(8, batch, tasks)
         row = [f"8 ranks {base:7.1f}"]
         for ranks in (1_000, 10_000):
             us = per_task_us(ranks, batch, tasks)
             row.append(f"{ranks:,} ranks {us:7.1f} ({us / base:4.2f}x)")
         print(f"  batch {batch:<3} " + "   ".join(row) + "   (target: 10,000 within 1.3x)")
-    print("campaign size (one rollback = requeue + the S8 snapshot before the next dispatch):")
+    print(
+        "campaign size (one rollback = requeue + the S8 snapshot before the next dispatch)"
+        + (f", {a.priorities} priorities in blocks:" if a.priorities > 1 else ":")
+    )
     first = None
     for n in sizes:
-        r = scale_case(n)
+        r = scale_case(n, a.priorities)
         first = first or r
         mem = r["peak_growth_bytes_per_item"]
         old, us = r["rollback_old_s"], 1e6 / n

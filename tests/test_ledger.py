@@ -281,6 +281,71 @@ def test_the_frontier_is_the_list_it_models(ops: list[tuple[str, int]]) -> None:
     assert len(f.runs()) <= len(model)
 
 
+@settings(max_examples=examples(120), deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["append", "appendleft", "remove"]),
+            st.integers(0, 30),
+            st.sampled_from([0, 0, 1, -2, 7]),
+        ),
+        max_size=120,
+    )
+)
+def test_the_frontier_with_priorities_is_the_list_it_models(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    """G2 (issue 31): higher priority first, first in first out within one, and an item put
+    back at the front goes to the front of its own priority; the model is a list per level."""
+    f, model = Frontier(), {}  # level -> list of work IDs
+    where: dict[str, int] = {}
+    for op, n, level in ops:
+        w = f"w{n}"
+        if op == "remove":
+            f.remove(w)
+            if w in where:
+                model[where.pop(w)].remove(w)
+        elif w not in where:
+            getattr(f, op)(w, level)
+            where[w] = level
+            at = model.setdefault(level, [])
+            at.append(w) if op == "append" else at.insert(0, w)
+        flat = [w for k in sorted(model, reverse=True) for w in model[k]]
+        assert list(f) == flat and len(f) == len(flat) and f.head() == (flat or [None])[0]
+        assert f.first(3) == flat[:3]
+        assert all((f"w{k}" in f) == (f"w{k}" in where) for k in range(31))
+    back = Frontier.of_runs(f._ids, f.runs(), [(k, f.runs(k)) for k in f.levels()])
+    assert list(back) == list(f)
+
+
+def test_priorities_order_the_ledger_and_survive_both_snapshot_forms() -> None:
+    """G2: a submission of mixed priorities is served highest first; a failed item goes back
+    to the front of its own priority, a deferred one put back to its back; both snapshot forms
+    load the same order back, and the compact form names the levels' runs only."""
+    led = Ledger(1)
+    items = [WorkItem("l0"), WorkItem("h0", 1, priority=5), WorkItem("l1"), WorkItem("m0", 2)]
+    items += [WorkItem("h1", 3, priority=5), WorkItem("n0", priority=-1), WorkItem("m1", 4)]
+    led.apply(Submitted(tuple(items)))
+    assert list(led.frontier) == ["h0", "h1", "l0", "l1", "m0", "m1", "n0"]
+    led.apply(Dispatched(T1, 2, ("h0",)))
+    led.apply(Requeued("h0", T1, "watchdog-timeout", "timeout", 1, "late"))
+    led.apply(Dispatched(T2, 3, ("h1",)))
+    led.apply(Requeued("h1", T2, "watchdog-timeout", "timeout", 1, "late"))  # front of 5
+    led.apply(Dispatched(T3, 2, ("n0",)))
+    led.apply(Deferred("n0", T3, "invalid-result", 2, ("error", "error"), "boom"))
+    led.apply(RequeuedDeferred("n0"))
+    assert list(led.frontier) == ["h1", "h0", "l0", "l1", "m0", "m1", "n0"]
+    snap = led.to_compact()
+    assert snap["frontier"] == [[0, 1], [2, 4], [6, 7]]
+    assert snap["priorities"] == [[5, [[4, 5], [1, 2]]], [-1, [[5, 6]]]]
+    back, _tail = Ledger.from_compact(snap, _store_of(led))
+    assert list(back.frontier) == list(led.frontier) and back == led
+    assert list(Ledger.from_snapshot(led.to_snapshot()).frontier) == list(led.frontier)
+    plain = Ledger(1)
+    plain.apply(Submitted((WorkItem("a"),)))
+    assert "priorities" not in plain.to_compact()  # the form of earlier versions
+
+
 def _store_of(led: Ledger) -> list[tuple[int, list[Any]]]:
     """The submissions store a shell would have written for ``led``'s indices."""
     from durable_dispatch.admin import _store_records

@@ -146,3 +146,58 @@ def test_a_growing_campaign_killed_at_random_moments_commits_the_closure_once(
     assert set(sink.read_text().split()) == want  # each delivered at least once
     assert kills >= 6, kills
     print(f"{kills} job SIGKILLs; {len(want)} nodes in the closure")
+
+
+PRIORITY = Path(__file__).parent / "children" / "priority_campaign.py"
+
+
+def _dispatch_order_after_the_children(state: Path, first: int) -> list[str]:
+    """The work IDs of every dispatch journaled after the submission of indices ``first``..."""
+    from durable_dispatch.state import STATE_JOURNAL, event_work_ids
+    from durable_dispatch.storage.journal import read_journal
+
+    out: list[str] | None = None
+    for rec in read_journal(state / STATE_JOURNAL):
+        ev = rec.payload
+        if ev.get("event") == "submitted" and ev.get("first") == first:
+            out = []
+        elif ev.get("event") == "dispatched" and out is not None:
+            out += event_work_ids(ev)
+    assert out is not None, "the children's submission was not journaled"
+    return out
+
+
+@pytest.mark.parametrize("batch", ["1", "8"])
+def test_urgent_children_overtake_a_low_priority_backlog_under_mpiexec(
+    tmp_path: Path, batch: str
+) -> None:
+    """G2 (issue 31) under a real mpiexec: children of priority 10, returned by a callback
+    while 100-odd items of priority 0 wait, are the next items dispatched (alone or in the
+    head of a multi-item dispatch); every item commits once."""
+    import priority_campaign as prio
+
+    from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+
+    state = tmp_path / "state"
+    cmd = mpiexec_command(4, [sys.executable, str(PRIORITY), str(state), batch])
+    res = run_mpiexec(cmd, timeout=120)
+    assert not res.timed_out and "REPORT True" in res.stdout, res.stderr[-3000:]
+    after = _dispatch_order_after_the_children(state, 120)
+    assert after[:6] == prio.URGENT, after[:12]
+    p = view_state(state).projection
+    assert len(p.committed) == 126 and p.duplicate_commits == 0
+
+
+def test_priorities_in_process_over_local_workers(tmp_path: Path) -> None:
+    """G2 with testing.LocalWorkers: the same campaign as the mpiexec test, in-process."""
+    import priority_campaign as prio
+
+    def on_commit(work_id: str, result: int) -> list[WorkItem]:
+        if work_id != "low-010":
+            return []
+        return [WorkItem(w, i, priority=10) for i, w in enumerate(prio.URGENT)]
+
+    items = [WorkItem(f"low-{i:03d}", i) for i in range(120)]
+    report = run_master(items, tmp_path / "s", on_commit, comm=LocalWorkers(lambda x: x, 3))
+    assert report.finished
+    assert _dispatch_order_after_the_children(tmp_path / "s", 120)[:6] == prio.URGENT

@@ -965,3 +965,36 @@ def test_the_facade_tells_the_loop_when_it_cannot_go_on(tmp_path: Path) -> None:
         s.rank_lost(2, 12.0)
         assert s.stop_reason(12.0, grace=3.0) == "no workers left"
         assert not s.done and len(s.core.pending()) == 4  # nothing lost: it resumes later
+
+
+def test_priorities_are_served_first_and_kept_by_snapshots_and_the_journal(
+    tmp_path: Path,
+) -> None:
+    """G2 (issue 31) on real files: higher priority first, FIFO within one, through rollbacks
+    (compact S8 snapshots with levels), items submitted after the last snapshot (the journal),
+    a master death and a reopen; every item commits once."""
+    low = [WorkItem(f"low{i:03d}", {"i": i}) for i in range(120)]
+    high = [WorkItem(f"hi{i:02d}", {"i": i}, priority=4) for i in range(12)]
+    s = _open(tmp_path, retry=RetryPolicy(5))
+    s.submit(low + high + [WorkItem("last", priority=-3)])
+    with pytest.raises(AssertionError, match="did not finish"):
+        fake_campaign(s, max_turns=2, behave=_some_fail)  # rollbacks: S8 snapshots
+    state = _newest_state(tmp_path)
+    assert [level for level, _runs in state.get("priorities", ())] == [4, -3], state
+    s.submit([WorkItem(f"top{i}", priority=9) for i in range(3)])  # in the journal only
+    live = [w["work_id"] for w in s.core.snapshot()["frontier"]]
+    flying = {w["work"]["work_id"] for w in s.core.snapshot()["in_flight"]}
+    _die(s)
+    with _open(tmp_path, retry=RetryPolicy(5)) as s2:
+        back = [w["work_id"] for w in s2.core.snapshot()["frontier"]]
+        # the restart's rollback puts what was in flight at the front of its own priority
+        assert [w for w in back if w not in flying] == live
+        prio = {w["work_id"]: w.get("priority", 0) for w in s2.core.snapshot()["frontier"]}
+        assert [prio[w] for w in back] == sorted(prio.values(), reverse=True)
+        assert back[:3] == ["top0", "top1", "top2"] and back[-1] == "last"
+        fake_campaign(s2)
+    order = _committed_events(tmp_path)
+    assert len(order) == len(set(order)) == 136
+    first_low = min(order.index(w.work_id) for w in low)
+    assert all(order.index(w.work_id) < first_low for w in high)
+    assert order.index("last") > max(order.index(w.work_id) for w in low)

@@ -81,6 +81,7 @@ def _item(v: Any) -> bool:
         and _num_or_none(v.get("timeout"))
         and type(v.get("leases") or {}) is dict
         and type(v.get("inputs") or []) is list
+        and type(v.get("priority", 0)) is int
     )
 
 
@@ -245,7 +246,12 @@ def _index(v: Any) -> bool:
     return type(v) is int and v >= 0
 
 
+def _level(v: Any) -> bool:
+    return type(v) is list and len(v) == 2 and type(v[0]) is int and _list_of(_run)(v[1])
+
+
 _WHY[_run] = "not a run [start, end] of indices"
+_WHY[_level] = "not a priority level [level, [[start, end], ...]]"
 _WHY[_index_flight] = "not an in-flight entry [index, token, rank]"
 _WHY[_index] = "not an index (an integer >= 0)"
 
@@ -263,7 +269,8 @@ _COMPACT_STATE: tuple[dict[str, Check], dict[str, Check]] = (
         k: v
         for k, v in _STATE[1].items()
         if k in ("epoch", "counter", "attempts", "kinds", "last_error", "solo")
-    },
+    }
+    | {"priorities": _list_of(_level)},
 )
 
 #: A submissions store record (``submissions.jsonl``): the items of indices ``first, ...``.

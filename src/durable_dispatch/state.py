@@ -305,7 +305,8 @@ class CampaignState:
         leaves items the next open submits (they were durable).
 
         Raises:
-            UsageError: an item is not a :class:`WorkItem` with a string work ID (nothing added).
+            UsageError: an item is not a :class:`WorkItem` with a string work ID and an integer
+                priority (nothing added).
             RecordTooLargeError: one item is too large for a record; the items before it were
                 added, it and those after it were not.
         """
@@ -319,6 +320,8 @@ class CampaignState:
         for i in items:
             if not isinstance(i, WorkItem) or type(i.work_id) is not str:
                 raise UsageError(f"expected a WorkItem with a str work_id, got {i!r}")
+            if type(i.priority) is not int:
+                raise UsageError(f"{i.work_id!r}: priority must be an int, got {i.priority!r}")
             wid = i.work_id
             if wid not in known and wid not in seen:
                 new.append(i)

@@ -187,7 +187,13 @@ class Runs:
 def store_form(item: WorkItem) -> Any:
     """How the submissions store writes ``item``: ``[work_id, payload]`` when every other member
     holds its default (most items), else ``WorkItem.to_json``."""
-    if item.timeout is None and not item.leases and not item.inputs and not item.self_contained:
+    if (
+        item.timeout is None
+        and not item.leases
+        and not item.inputs
+        and not item.self_contained
+        and not item.priority
+    ):
         return [item.work_id, item.payload]
     return item.to_json()
 
@@ -317,18 +323,24 @@ class CommittedIds(AbstractSet[str]):
 
 
 class Frontier:
-    """The work IDs waiting for a dispatch, in order, as runs of dense indices.
+    """The work IDs waiting for a dispatch, in order, as runs of dense indices per priority.
 
-    Taking from the head is O(1), and so is adding at either end. Removing from the middle (an
-    item whose lease was free behind one whose lease was taken) costs O(runs), as the scan that
-    found it did. Membership is a flag per index.
+    The frontier serves the highest priority first and is first in, first out within one
+    priority (G2). Each priority, or *level*, holds its own runs; most campaigns have only
+    level 0. Taking from the head is O(levels), and so is adding at either end of a level.
+    Removing from the middle (an item whose lease was free behind one whose lease was taken)
+    costs O(runs of its level), as the scan that found it did. Membership is a flag per index;
+    the level of a member is kept only for levels other than 0.
     """
 
-    __slots__ = ("_runs", "_flag", "_n", "_ids")
+    __slots__ = ("_levels", "_order", "_level_of", "_flag", "_n", "_ids")
 
     def __init__(self, ids: Ids | None = None) -> None:
         self._ids = ids if ids is not None else Ids()
-        self._runs: deque[list[int]] = deque()  # [start, end) of indices, in order
+        # level -> runs [start, end) of indices, in order; level 0 is always here
+        self._levels: dict[int, deque[list[int]]] = {0: deque()}
+        self._order: list[deque[list[int]]] = [self._levels[0]]  # the levels, highest first
+        self._level_of: dict[int, int] = {}  # index -> level, for members not of level 0
         self._flag = bytearray()  # 1 where the index is in the frontier
         self._n = 0
 
@@ -349,23 +361,36 @@ class Frontier:
         self._n += on - was
         return was != on
 
-    def append(self, wid: str) -> None:
-        """Add ``wid`` at the back (nothing when it is here)."""
-        self.append_index(self._index(wid))
+    def _runs_of(self, level: int) -> deque[list[int]]:
+        """The runs of ``level``, made (and put in serving order) when it is new."""
+        runs = self._levels.get(level)
+        if runs is None:
+            runs = self._levels[level] = deque()
+            self._order = [self._levels[k] for k in sorted(self._levels, reverse=True)]
+        return runs
 
-    def append_index(self, i: int) -> None:
-        """Add index ``i`` at the back (nothing when it is here)."""
+    def _join(self, i: int, level: int) -> deque[list[int]]:
+        if level:
+            self._level_of[i] = level
+        return self._runs_of(level)
+
+    def append(self, wid: str, level: int = 0) -> None:
+        """Add ``wid`` at the back of ``level`` (nothing when it is here)."""
+        self.append_index(self._index(wid), level)
+
+    def append_index(self, i: int, level: int = 0) -> None:
+        """Add index ``i`` at the back of ``level`` (nothing when it is here)."""
         if not self._mark(i, 1):
             return
-        runs = self._runs
+        runs = self._join(i, level)
         if runs and runs[-1][1] == i:
             runs[-1][1] = i + 1
         else:
             runs.append([i, i + 1])
 
     def extend_range(self, a: int, b: int) -> None:
-        """Add the indices ``a .. b-1``, none of them here yet, at the back, in O(1) Python
-        steps."""
+        """Add the indices ``a .. b-1``, none of them here yet, at the back of level 0, in O(1)
+        Python steps."""
         if a >= b:
             return
         flag = self._flag
@@ -373,18 +398,18 @@ class Frontier:
             flag.extend(bytes(max(b - len(flag), len(flag))))
         flag[a:b] = b"\x01" * (b - a)
         self._n += b - a
-        runs = self._runs
+        runs = self._levels[0]
         if runs and runs[-1][1] == a:
             runs[-1][1] = b
         else:
             runs.append([a, b])
 
-    def appendleft(self, wid: str) -> None:
-        """Add ``wid`` at the front (nothing when it is here)."""
+    def appendleft(self, wid: str, level: int = 0) -> None:
+        """Add ``wid`` at the front of ``level`` (nothing when it is here)."""
         i = self._index(wid)
         if not self._mark(i, 1):
             return
-        runs = self._runs
+        runs = self._join(i, level)
         if runs and runs[0][0] == i + 1:
             runs[0][0] = i
         else:
@@ -398,12 +423,15 @@ class Frontier:
             return
         flag[i] = 0
         self._n -= 1
-        runs = self._runs
+        level = self._level_of.pop(i, 0) if self._level_of else 0
+        runs = self._levels[level]
         head = runs[0]
         if head[0] == i:  # the usual case: a dispatch takes the head
             head[0] = i + 1
             if head[1] == i + 1:
                 runs.popleft()
+                if level and not runs:
+                    self._drop(level)
             return
         k = next(k for k, (a, b) in enumerate(runs) if a <= i < b)  # the flag says it is there
         run = runs[k]
@@ -418,19 +446,28 @@ class Frontier:
         if run[0] == run[1]:
             del runs[k]
 
+    def _drop(self, level: int) -> None:
+        """Forget an emptied level (not 0), so the head is not looked for there."""
+        del self._levels[level]
+        self._order = [self._levels[k] for k in sorted(self._levels, reverse=True)]
+
     def first(self, k: int) -> list[str]:
-        """The first ``k`` work IDs (fewer when the frontier is shorter), in order."""
+        """The first ``k`` work IDs (fewer when the frontier is shorter), in serving order."""
         out: list[Any] = []
         ids = self._ids.ids
-        for a, b in self._runs:
-            out += ids[a : min(b, a + k - len(out))]
-            if len(out) >= k:
-                break
+        for runs in self._order:
+            for a, b in runs:
+                out += ids[a : min(b, a + k - len(out))]
+                if len(out) >= k:
+                    return out
         return out
 
     def head(self) -> str | None:
         """The first work ID, or None when empty."""
-        return self._ids.ids[self._runs[0][0]] if self._runs else None
+        for runs in self._order:
+            if runs:
+                return self._ids.ids[runs[0][0]]
+        return None
 
     def __contains__(self, wid: object) -> bool:
         i = self._ids.index.get(wid) if type(wid) is str else None
@@ -444,24 +481,39 @@ class Frontier:
 
     def __iter__(self) -> Iterator[str]:
         ids = self._ids.ids
-        for a, b in list(self._runs):
-            for i in range(a, b):
-                yield ids[i]  # type: ignore[misc]
+        for runs in list(self._order):
+            for a, b in list(runs):
+                for i in range(a, b):
+                    yield ids[i]  # type: ignore[misc]
 
-    def runs(self) -> list[list[int]]:
-        """The frontier as runs of indices, ``[[start, end], ...]``, in frontier order."""
-        return [list(r) for r in self._runs]
+    def runs(self, level: int = 0) -> list[list[int]]:
+        """The runs of indices of ``level``, ``[[start, end], ...]``, in serving order."""
+        return [list(r) for r in self._levels.get(level, ())]
+
+    def levels(self) -> list[int]:
+        """The levels other than 0 that hold work, highest first."""
+        return sorted((k for k, runs in self._levels.items() if k and runs), reverse=True)
 
     @classmethod
-    def of_runs(cls, ids: Ids, runs: Iterable[Sequence[int]]) -> Frontier:
-        """A frontier of the indices ``runs`` (from :meth:`runs`, already checked to be
-        disjoint and inside ``ids``), in O(runs) Python steps."""
+    def of_runs(
+        cls,
+        ids: Ids,
+        runs: Iterable[Sequence[int]],
+        levels: Iterable[tuple[int, Iterable[Sequence[int]]]] = (),
+    ) -> Frontier:
+        """A frontier of the indices ``runs`` at level 0 and ``levels`` (``(level, runs)``
+        pairs, from :meth:`levels` and :meth:`runs`), already checked to be disjoint and inside
+        ``ids``, in O(runs) Python steps (plus one step per index of a level other than 0)."""
         f = cls(ids)
         f._flag = bytearray(len(ids))
-        for a, b in runs:
-            f._runs.append([a, b])
-            f._flag[a:b] = b"\x01" * (b - a)
-            f._n += b - a
+        for level, its in ((0, runs), *levels):
+            out = f._runs_of(level)
+            for a, b in its:
+                out.append([a, b])
+                f._flag[a:b] = b"\x01" * (b - a)
+                f._n += b - a
+                if level:
+                    f._level_of.update(dict.fromkeys(range(a, b), level))
         return f
 
 
@@ -561,7 +613,7 @@ class Ledger:
             assert isinstance(ev, Requeued)
             wid = self._known_item(ev.work_id)
             self._leave(wid)
-            self.frontier.appendleft(wid)
+            self.frontier.appendleft(wid, self.items[wid].priority)
             if ev.split:
                 self.solo.add(wid)
             elif ev.charged:
@@ -593,7 +645,7 @@ class Ledger:
                 self.attempts.pop(wid, None)
                 self.kinds.pop(wid, None)
                 self.last_error.pop(wid, None)
-                self.frontier.append(wid)
+                self.frontier.append(wid, self.items[wid].priority)
         elif t is Delivered:
             assert isinstance(ev, Delivered)
             self.delivered = max(self.delivered, ev.upto)
@@ -601,14 +653,16 @@ class Ledger:
             raise TypeError(f"not a state event: {ev!r}")
 
     def _submit(self, items: Sequence[WorkItem], first: int | None) -> None:
-        """New items join the back of the frontier, numbered from ``first`` (default: the next
-        index); a known work ID is ignored and its index left void."""
+        """New items join the back of their priority's level of the frontier, numbered from
+        ``first`` (default: the next index); a known work ID is ignored and its index left
+        void."""
         ids = self.ids
         if first is not None:
             ids.pad(first)
         index, mine, numbered = ids.index, self.items, ids.ids
         start = len(numbered)
         new: list[int] = []  # the indices of the new items (the others are void)
+        levels = False
         for i, item in enumerate(items, start):
             wid = item.work_id
             if wid in index:
@@ -617,13 +671,16 @@ class Ledger:
             numbered.append(wid)
             index[wid] = i
             new.append(i)
-        if len(new) == len(items):  # all new (the usual case): in bulk
+            if item.priority:
+                levels = True
+        if len(new) == len(items) and not levels:  # all new, all of level 0: in bulk
             mine.put(start, items)
             self.frontier.extend_range(start, start + len(new))
             return
         for i in new:
-            mine[numbered[i]] = items[i - start]  # type: ignore[index]
-            self.frontier.append_index(i)
+            item = items[i - start]
+            mine[numbered[i]] = item  # type: ignore[index]
+            self.frontier.append_index(i, item.priority)
 
     def apply_record(
         self, rec: Any, stored: Callable[[int, int], Sequence[WorkItem]] | None = None
@@ -706,6 +763,7 @@ class Ledger:
             "counter": self.counter,
             "size": len(self.ids),
             "frontier": self.frontier.runs(),
+            **self._levels(),
             "in_flight": [
                 [index[w], str(t), r] for w, (t, r) in self.in_flight.items() if w not in committing
             ],
@@ -716,6 +774,14 @@ class Ledger:
             "last_error": dict(self.last_error),
             "solo": sorted(self.solo.difference(committing)),
         }
+
+    def _levels(self) -> dict[str, Any]:
+        """The compact form's ``priorities`` member: ``[[level, runs], ...]`` for the levels
+        other than 0 that hold work, highest first; nothing when there are none (the form of
+        earlier versions, byte for byte)."""
+        f = self.frontier
+        levels = f.levels()
+        return {"priorities": [[k, f.runs(k)] for k in levels]} if levels else {}
 
     @classmethod
     def from_snapshot(cls, snap: Mapping[str, Any] | None) -> Ledger:
@@ -736,7 +802,7 @@ class Ledger:
             if w.work_id not in led.ids.index:
                 led.ids.assign(w.work_id)
                 items[w.work_id] = w
-                led.frontier.append(w.work_id)
+                led.frontier.append(w.work_id, w.priority)
         for it in snap.get("deferred", ()):
             w = WorkItem.from_json(it)
             if w.work_id not in led.ids.index:
@@ -840,6 +906,9 @@ class LedgerLoader:
         self._where = where = bytearray(size)
         for a, b in snap["frontier"]:
             _place(where, a, b, 1, "frontier")
+        for _level, runs in snap.get("priorities", ()):
+            for a, b in runs:
+                _place(where, a, b, 1, "priorities")
         for flight in snap["in_flight"]:
             _place(where, flight[0], flight[0] + 1, 2, "in_flight")
         for a, b in snap["committed"]:
@@ -926,7 +995,7 @@ class LedgerLoader:
             raise Invalid("size", f"the submissions store holds {self._next} of {self._size}")
         ids, items = led.ids.ids, led.items
         led.committed = CommittedIds(led.ids, Runs.of_runs(snap["committed"]))
-        led.frontier = Frontier.of_runs(led.ids, snap["frontier"])
+        led.frontier = Frontier.of_runs(led.ids, snap["frontier"], snap.get("priorities", ()))
         for i in snap["deferred"]:
             wid = ids[i]
             if wid is not None:
