@@ -406,32 +406,43 @@ def test_every_worker_parked_is_a_clear_outcome_not_a_spin(tmp_path: Path) -> No
     assert time.monotonic() - start < 60
 
 
+def _signal_mpiexec(tmp_path: Path, sig: int) -> tuple[int, str, str]:
+    """Start USER_CAMPAIGN (slow items), send ``sig`` to its mpiexec after 3 commits; the
+    job's exit code and output (the session is killed if it outlives 60 s)."""
+    from durable_dispatch.mpi.launcher import kill_session
+
+    proc, _script = _start_user_campaign(tmp_path, "slow")
+    try:
+        _wait_for_commits(tmp_path / "state", 3)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+            proc.communicate()
+    return proc.returncode, out, err
+
+
+def _a_rerun_finishes(tmp_path: Path) -> None:
+    res = _user_campaign(tmp_path, "slow")
+    assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
+    final = view_state(tmp_path / "state").projection
+    assert len(final.committed) == 30 and final.duplicate_commits == 0
+
+
 def test_sigusr1_to_mpiexec_drains_and_a_rerun_finishes(tmp_path: Path) -> None:
     """Issue 15 (U5): SIGUSR1 (what Slurm's --signal=B:USR1@120 sends, forwarded by mpiexec to
     every rank) used to kill every rank. The master drains: no new dispatch, the work in flight
     commits, run_master returns reason="signal"; the workers wait for STOP. A rerun finishes."""
     import signal
 
-    from durable_dispatch.mpi.launcher import kill_session
-
-    proc, _script = _start_user_campaign(tmp_path, "slow")
-    try:
-        _wait_for_commits(tmp_path / "state", 3)
-        proc.send_signal(signal.SIGUSR1)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            kill_session(proc)
-            proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
+    rc, out, err = _signal_mpiexec(tmp_path, signal.SIGUSR1)
+    assert rc == 0, err[-3000:]
     assert "REPORT False signal" in out, out[-2000:] + err[-2000:]
     view = view_state(tmp_path / "state")
     assert not view.projection.in_flight  # drained: nothing left in flight
     assert 3 <= len(view.projection.committed) < 30
-    res = _user_campaign(tmp_path, "slow")
-    assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
-    final = view_state(tmp_path / "state")
-    assert len(final.projection.committed) == 30 and final.projection.duplicate_commits == 0
+    _a_rerun_finishes(tmp_path)
 
 
 def test_sigterm_to_mpiexec_on_each_mpi_and_a_rerun_finishes(tmp_path: Path) -> None:
@@ -441,27 +452,16 @@ def test_sigterm_to_mpiexec_on_each_mpi_and_a_rerun_finishes(tmp_path: Path) -> 
     rerun finishes the campaign with every item committed once."""
     import signal
 
-    from durable_dispatch.mpi.launcher import kill_session, mpi_flavor
+    from durable_dispatch.mpi.launcher import mpi_flavor
 
-    proc, _script = _start_user_campaign(tmp_path, "slow")
-    try:
-        _wait_for_commits(tmp_path / "state", 3)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            kill_session(proc)
-            proc.communicate()
+    rc, out, err = _signal_mpiexec(tmp_path, signal.SIGTERM)
     if mpi_flavor() == "openmpi":
         assert "REPORT" not in out, out[-2000:]  # killed, not drained
     else:
-        assert proc.returncode == 0, err[-3000:]
+        assert rc == 0, err[-3000:]
         assert "REPORT False signal" in out, out[-2000:] + err[-2000:]
         assert not view_state(tmp_path / "state").projection.in_flight
-    res = _user_campaign(tmp_path, "slow")
-    assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
-    final = view_state(tmp_path / "state").projection
-    assert len(final.committed) == 30 and final.duplicate_commits == 0
+    _a_rerun_finishes(tmp_path)
 
 
 SINK = Path(__file__).parent / "children" / "sink_campaign.py"
