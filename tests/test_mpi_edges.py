@@ -66,7 +66,7 @@ if __name__ == "__main__":
             try:
                 run_worker(lambda p: p, isolate=True)  # IsolationError: found by no name
             except Exception as e:
-                print("WORKER-ERROR", type(e).__name__, flush=True)
+                print(f"WORKER-ERROR {type(e).__name__}", flush=True)  # one write
         elif where == "lambda-workers-unhandled":
             run_worker(lambda p: p, isolate=True)
         else:

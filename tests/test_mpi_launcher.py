@@ -104,3 +104,19 @@ def test_ranks_are_not_bound_to_cores(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     seen = [line for line in res.stdout.splitlines() if line.startswith("CPUS")]
     assert seen == [f"CPUS {sorted(os.sched_getaffinity(0))}"] * 3, res.stdout
+
+
+def test_stale_shm_files_of_dead_ranks_are_removed(tmp_path: Path) -> None:
+    """Issue 33: killed MPICH and Intel MPI ranks left 16 MiB '<pid>:0:0' files in /dev/shm
+    (404 of them after two test runs here), and a rank that later got such a pid failed
+    MPI_Init with 'OFI EP enable failed ... Device or resource busy'."""
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for name in (f"{dead.pid}:0:0", f"{os.getpid()}:0:0", "7:x:0", "other"):
+        (tmp_path / name).write_bytes(b"")
+    assert launcher.remove_stale_shm(tmp_path) == [f"{dead.pid}:0:0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{os.getpid()}:0:0", "7:x:0", "other"]
+    )

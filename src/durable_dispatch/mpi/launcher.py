@@ -45,6 +45,7 @@ __all__ = [
     "kill_session",
     "session_dirs",
     "remove_session_dir",
+    "remove_stale_shm",
     "launch_env",
     "JOB_MARK",
 ]
@@ -210,6 +211,33 @@ def run_mpiexec(
         kill_session(proc)
         out, err = proc.communicate()
         return MpiexecResult(proc.returncode, out or "", err or "", True, proc.pid)
+    finally:
+        remove_stale_shm()
+
+
+def remove_stale_shm(shm: Path = Path("/dev/shm")) -> list[str]:
+    """Remove the shared-memory files that libfabric's shm provider (MPICH's and Intel MPI's
+    ``ch4:ofi``) names after a rank's pid (``<pid>:<n>:<n>``, 16 MiB each) whose process is
+    gone: a rank killed by a signal leaves its file behind, and a later rank that gets the
+    same pid fails ``MPI_Init`` with "OFI EP enable failed ... Device or resource busy"
+    (seen here under Intel MPI after a few hundred killed ranks). Returns the names removed."""
+    out: list[str] = []
+    try:
+        names = [e.name for e in shm.iterdir()]
+    except OSError:
+        return out
+    for name in names:
+        pid, *rest = name.split(":")
+        if len(rest) != 2 or not (pid + "".join(rest)).isdigit():
+            continue
+        if Path(f"/proc/{pid}").exists():
+            continue  # its rank is alive (perhaps of a job still running)
+        try:
+            (shm / name).unlink()
+            out.append(name)
+        except OSError:
+            pass
+    return out
 
 
 def kill_session(proc: subprocess.Popen[Any]) -> None:
@@ -233,6 +261,7 @@ def kill_session(proc: subprocess.Popen[Any]) -> None:
             pass
     proc.wait()  # dead now: nothing writes to its session directory any more
     remove_session_dir(proc.pid)
+    remove_stale_shm()
 
 
 #: the environment variable that marks every process of a job :func:`launch_env` started
