@@ -269,14 +269,15 @@ def _user_campaign(tmp_path: Path, mode: str) -> Any:
     return res
 
 
-def _finishes_later(tmp_path: Path) -> None:
-    """A later run on the same state directory commits every item once."""
+def _finishes_later(tmp_path: Path, mode: str = "plain", items: int = 12) -> None:
+    """A later run (of USER_CAMPAIGN in ``mode``) on the same state directory finishes and
+    commits each of its ``items`` once."""
     from durable_dispatch.state import view_state
 
-    res = _user_campaign(tmp_path, "plain")
+    res = _user_campaign(tmp_path, mode)
     assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
     p = view_state(tmp_path / "state").projection
-    assert len(p.committed) == 12 and p.duplicate_commits == 0
+    assert len(p.committed) == items and p.duplicate_commits == 0
 
 
 def test_an_exception_in_on_commit_ends_the_job_and_keeps_the_commits(tmp_path: Path) -> None:
@@ -341,10 +342,7 @@ def test_sigterm_to_every_rank_drains_and_a_rerun_finishes(tmp_path: Path) -> No
             proc.communicate()
     assert "REPORT False signal" in out, out[-2000:] + err[-3000:]
     assert not view_state(tmp_path / "state").projection.in_flight
-    res = _user_campaign(tmp_path, "slow")
-    assert "REPORT True None" in res.stdout, res.stderr[-3000:]
-    final = view_state(tmp_path / "state").projection
-    assert len(final.committed) == 30 and final.duplicate_commits == 0
+    _finishes_later(tmp_path, "slow", 30)  # (it also asserts the rerun did not time out)
 
 
 def _start_user_campaign(tmp_path: Path, mode: str) -> tuple[Any, Path]:
@@ -423,13 +421,6 @@ def _signal_mpiexec(tmp_path: Path, sig: int) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
-def _a_rerun_finishes(tmp_path: Path) -> None:
-    res = _user_campaign(tmp_path, "slow")
-    assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
-    final = view_state(tmp_path / "state").projection
-    assert len(final.committed) == 30 and final.duplicate_commits == 0
-
-
 def test_sigusr1_to_mpiexec_drains_and_a_rerun_finishes(tmp_path: Path) -> None:
     """Issue 15 (U5): SIGUSR1 (what Slurm's --signal=B:USR1@120 sends, forwarded by mpiexec to
     every rank) used to kill every rank. The master drains: no new dispatch, the work in flight
@@ -442,7 +433,7 @@ def test_sigusr1_to_mpiexec_drains_and_a_rerun_finishes(tmp_path: Path) -> None:
     view = view_state(tmp_path / "state")
     assert not view.projection.in_flight  # drained: nothing left in flight
     assert 3 <= len(view.projection.committed) < 30
-    _a_rerun_finishes(tmp_path)
+    _finishes_later(tmp_path, "slow", 30)
 
 
 def test_sigterm_to_mpiexec_on_each_mpi_and_a_rerun_finishes(tmp_path: Path) -> None:
@@ -461,7 +452,7 @@ def test_sigterm_to_mpiexec_on_each_mpi_and_a_rerun_finishes(tmp_path: Path) -> 
         assert rc == 0, err[-3000:]
         assert "REPORT False signal" in out, out[-2000:] + err[-2000:]
         assert not view_state(tmp_path / "state").projection.in_flight
-    _a_rerun_finishes(tmp_path)
+    _finishes_later(tmp_path, "slow", 30)
 
 
 SINK = Path(__file__).parent / "children" / "sink_campaign.py"
