@@ -1,0 +1,127 @@
+"""This tree against a base commit, in one invocation, alternating: every figure as new/base.
+
+Usage: ``python benchmarks/compare.py --base REF [--rounds 3] [--tasks 20000] [--only NAME ...]``
+
+It checks out REF in a temporary git worktree and measures both trees in turn, round after
+round (base, new, base, new, ...), so a noisy moment of a shared machine hits both alike; each
+figure is the median of its rounds, and the ratio new/base is printed with the spread of the
+rounds. Each tree is measured with *its own* ``benchmarks/bench_mpi.py`` (so a base whose
+private API differs is measured as it was), its own ``src`` first on ``PYTHONPATH``:
+
+  ceiling-1, ceiling-64   the master without MPI (``ceiling_without_mpi``): campaign state +
+                          core with instant in-process workers, batch 1 and 64, tasks/s
+  mpi-1, mpi-64           ``run_master``/``run_worker`` under ``mpiexec`` (1 master + 3 workers),
+                          batch 1 and 64, tasks/s
+  bare                    the plain mpi4py send/recv loop under the same mpiexec: the library
+                          is not in it, so its ratio shows the machine's drift (about 1.0)
+
+A ratio above 1.0 is faster than the base. This is the check every performance claim in a
+closing note is made with (STYLE.md: compare with the base, not with yourself). pyperf is not
+used: each figure is a whole campaign's throughput, printed by the benchmark itself (several
+processes under mpiexec), not a calibrated loop of one Python callable. Not a test: nothing here
+asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec  # noqa: E402
+
+FIGURES = ("ceiling-1", "ceiling-64", "mpi-1", "mpi-64", "bare")
+
+
+def _env(tree: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _last_json(text: str, what: str) -> dict[str, float]:
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)  # type: ignore[no-any-return]
+    raise SystemExit(f"{what}: no result\n{text[-3000:]}")
+
+
+def ceiling(tree: Path, tasks: int, batch: int) -> float:
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import bench_mpi; "
+        "print(json.dumps({'tasks_per_s': bench_mpi.ceiling_without_mpi(int(sys.argv[2]), 3, "
+        "int(sys.argv[3]))}))"
+    )
+    cmd = [sys.executable, "-c", code, str(tree / "benchmarks"), str(tasks), str(batch)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(tree), timeout=900)
+    return _last_json(out.stdout + out.stderr, f"ceiling {batch} in {tree}")["tasks_per_s"]
+
+
+def mpi(tree: Path, tasks: int, role: list[str]) -> float:
+    script = str(tree / "benchmarks" / "bench_mpi.py")
+    with tempfile.TemporaryDirectory(prefix="dd-compare-") as d:
+        args = [sys.executable, script, *role, "--tasks", str(tasks), "--state-dir", d + "/s"]
+        res = run_mpiexec(mpiexec_command(4, args), timeout=900, env=_env(tree), quiet=True)
+    return _last_json(res.stdout + res.stderr, f"{role} in {tree}")["tasks_per_s"]
+
+
+def measures(tasks: int) -> dict[str, Callable[[Path], float]]:
+    return {
+        "ceiling-1": lambda t: ceiling(t, tasks // 4, 1),
+        "ceiling-64": lambda t: ceiling(t, tasks, 64),
+        "mpi-1": lambda t: mpi(t, tasks // 4, ["--role", "ours", "--batch", "1"]),
+        "mpi-64": lambda t: mpi(t, tasks, ["--role", "ours", "--batch", "64"]),
+        "bare": lambda t: mpi(t, tasks, ["--role", "bare"]),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--base", required=True, help="the commit to compare with (a git revision)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median kept)")
+    ap.add_argument("--tasks", type=int, default=20000, help="tasks per campaign (batch 1: /4)")
+    ap.add_argument("--only", nargs="*", choices=FIGURES, help="measure only these figures")
+    a = ap.parse_args()
+    base_dir = Path(tempfile.mkdtemp(prefix="dd-compare-base-"))
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(base_dir), a.base],
+        check=True,
+        capture_output=True,
+    )
+    trees = {"base": base_dir, "new": ROOT}
+    figs = {k: v for k, v in measures(a.tasks).items() if not a.only or k in a.only}
+    got: dict[tuple[str, str], list[float]] = {}
+    try:
+        for r in range(a.rounds):
+            for name, fn in figs.items():
+                for which in ("base", "new") if r % 2 == 0 else ("new", "base"):
+                    got.setdefault((name, which), []).append(fn(trees[which]))
+            print(f"round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_dir)])
+        shutil.rmtree(base_dir, ignore_errors=True)
+    print(f"new: {ROOT} (HEAD and its working tree); base: {a.base}; {a.rounds} rounds, medians")
+    print(
+        f"{'figure':<12} {'base tasks/s':>14} {'new tasks/s':>14} {'new/base':>9}  rounds' ratios"
+    )
+    for name in figs:
+        b, n = got[(name, "base")], got[(name, "new")]
+        ratios = " ".join(f"{x / y:.2f}" for x, y in zip(n, b, strict=True))
+        mb, mn = statistics.median(b), statistics.median(n)
+        print(f"{name:<12} {mb:14,.0f} {mn:14,.0f} {mn / mb:9.2f}  {ratios}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
