@@ -354,7 +354,7 @@ class Setup:
 
 
 def _journal_records(state: str) -> list[dict[str, Any]]:
-    from durable_dispatch.replay import STATE_JOURNAL
+    from durable_dispatch.statedir import STATE_JOURNAL
     from durable_dispatch.storage.journal import read_journal
 
     path = os.path.join(state, STATE_JOURNAL)

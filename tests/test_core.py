@@ -34,7 +34,12 @@ FORBIDDEN_NAMES = {"open", "environ", "getenv", "print", "input"}
 
 
 #: what the core may import from the rest of the package (no I/O in any of them)
-ALLOWED_OUTSIDE = {"durable_dispatch.errors", "durable_dispatch.schema", "durable_dispatch._lazy"}
+ALLOWED_OUTSIDE = {
+    "durable_dispatch.errors",
+    "durable_dispatch.schema",
+    "durable_dispatch.tokens",
+    "durable_dispatch._lazy",
+}
 
 
 def io_uses(path: Path, package: str = "durable_dispatch.core") -> list[str]:

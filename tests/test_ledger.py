@@ -24,8 +24,8 @@ from durable_dispatch.core.events import (
     of_decision,
 )
 from durable_dispatch.core.ledger import COMPACT_FORM, Frontier, Ledger, Runs
-from durable_dispatch.core.tokens import Token
 from durable_dispatch.schema import Invalid
+from durable_dispatch.tokens import Token
 
 from .helpers import examples
 

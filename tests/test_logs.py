@@ -35,8 +35,8 @@ def test_each_decision_is_logged_exactly_when_its_level_is_on() -> None:
     """log_decisions skips a decision by its type's level before building its fields: at every
     logger level it must emit exactly the decisions whose own level is enabled."""
     from durable_dispatch.core import decisions as D
-    from durable_dispatch.core.tokens import Token
     from durable_dispatch.logs import decision_fields
+    from durable_dispatch.tokens import Token
 
     t = Token(1, 2)
     w = D.WorkItem("w", {})

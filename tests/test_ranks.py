@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from durable_dispatch.core import Dispatcher, Send, WatchdogConfig, WorkItem
 from durable_dispatch.core.ranks import Ranks, RankState, _IdleRanks
-from durable_dispatch.core.tokens import Token
 from durable_dispatch.errors import UsageError
+from durable_dispatch.tokens import Token
 
 from .helpers import examples
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_dispatch.core.tokens import Token
 from durable_dispatch.core.watchdog import DeadlineHeap, QuantileWindow
+from durable_dispatch.tokens import Token
 
 from .helpers import examples
 

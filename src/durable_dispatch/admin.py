@@ -8,23 +8,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-
-import filelock
 
 from .core.decisions import WorkItem
 from .core.events import RequeuedDeferred, Submitted, encode
 from .core.ledger import Ledger, store_form
-from .errors import LockHeldError, StorageError
+from .errors import StorageError
 from .replay import (
-    LIVE_STATS_NAME,
-    LOCK_NAME,
-    RESULT_RECORD_BYTES,
-    SNAPSHOT_NAME,
-    STATE_JOURNAL,
-    SUBMIT_CHUNK,
     Stored,
     _decoded,
     _fold,
@@ -32,8 +23,17 @@ from .replay import (
     _load_store,
     _open_and_fold,
 )
+from .statedir import (
+    LIVE_STATS_NAME,
+    RESULT_RECORD_BYTES,
+    RESULTS_JOURNAL,
+    STATE_JOURNAL,
+    SUBMIT_CHUNK,
+    _master_locked,
+    _master_running,
+    is_state_dir,
+)
 from .storage import DeferJournal, Journal
-from .storage import fs as _fs
 from .storage.format import Header, RawBatch, new_salt
 
 __all__ = [
@@ -98,45 +98,6 @@ class StateView:
             "duplicate_commits_in_journal": p.duplicate_commits,
             "master_running": self.master_running,
         }
-
-
-def is_state_dir(directory: str | os.PathLike[str]) -> bool:
-    """True when ``directory`` looks like a campaign state directory."""
-    d = os.fspath(directory)
-    return os.path.isdir(d) and (
-        os.path.exists(os.path.join(d, STATE_JOURNAL))
-        or any(n.startswith(SNAPSHOT_NAME + ".") and n.endswith(".snap") for n in os.listdir(d))
-    )
-
-
-def _master_running(d: str) -> bool:
-    """True when a master holds ``d``; creates and changes nothing (S10).
-
-    A master holds a ``flock`` on ``master.lock`` (filelock's backend) and one on its state
-    journal file itself (S12, which holds when an operator deleted the lock file). A shared,
-    non-blocking ``flock`` on a read-only descriptor fails exactly while a writer holds either.
-    """
-    return any(_locked(os.path.join(d, name)) for name in (LOCK_NAME, STATE_JOURNAL))
-
-
-def _locked(path: str) -> bool:
-    """True when another open file holds an exclusive ``flock`` on ``path`` (never created)."""
-    import fcntl
-
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # also lets go of the shared flock
-    return False
 
 
 def view_state(directory: str | os.PathLike[str]) -> StateView:
@@ -273,38 +234,6 @@ def _reconcile_store(journal: Journal, store: Journal, led: Ledger, stored: Stor
     return len(led.ids)
 
 
-def _take_master_lock(d: str, *, create: bool = False) -> filelock.BaseFileLock:
-    """Take state directory ``d``'s single-master lock (S5, S9); ``create`` makes ``d`` first."""
-    path = os.path.join(d, LOCK_NAME)
-    lock = filelock.FileLock(path, timeout=0, mode=0o600, thread_local=False)
-    try:
-        if create and not os.path.isdir(d):
-            _fs.makedirs(d)
-        lock.acquire()
-    except filelock.Timeout:
-        raise LockHeldError("a master holds this state directory", path=path) from None
-    except OSError as e:
-        # S9: without the lock nothing is read, so nothing may be changed either.
-        raise StorageError(
-            f"cannot create or lock the state directory: {e.strerror or e}; nothing was changed",
-            path=getattr(e, "filename", None) or path,
-            op="lock",
-            errno=e.errno,
-        ) from e
-    return lock
-
-
-@contextmanager
-def _master_locked(directory: str | os.PathLike[str]) -> Iterator[str]:
-    """Hold the master lock of ``directory`` for an offline operation; yields the path."""
-    d = os.fspath(directory)
-    lock = _take_master_lock(d)
-    try:
-        yield d
-    finally:
-        lock.release()
-
-
 def compact_state(
     directory: str | os.PathLike[str],
     *,
@@ -382,8 +311,6 @@ class _ResultsMover:
     that the results journal does not hold yet (by sequence number) to it."""
 
     def __init__(self, d: str) -> None:
-        from .results import RESULTS_JOURNAL
-
         self.moved = -1
 
         def last(batch: RawBatch) -> None:

@@ -23,38 +23,17 @@ from .core.decisions import WorkItem
 from .core.ledger import Ledger, LedgerLoader
 from .errors import JournalCorruptError
 from .schema import Invalid, check_state_snapshot, check_submission_record
+from .statedir import (
+    SNAPSHOT_NAME,
+    SUBMISSION_RECORD_BYTES,
+    SUBMISSIONS,
+)
 from .storage import Journal, SnapshotStore
 from .storage.format import RawBatch
 from .storage.journal import read_journal
 from .storage.snapshot import Snapshot
 
-__all__ = [
-    "replay",
-    "event_work_ids",
-    "STATE_JOURNAL",
-    "SUBMISSIONS",
-    "SNAPSHOT_NAME",
-    "LIVE_STATS_NAME",
-    "LOCK_NAME",
-    "RESULT_RECORD_BYTES",
-]
-
-STATE_JOURNAL = "events.jsonl"
-#: The submissions store: every submitted item, payload included, once (``{"first": index,
-#: "items": [...]}`` per record); snapshots and the state journal name items by index (S8).
-SUBMISSIONS = "submissions.jsonl"
-#: Items per submissions store record (and per stored ``submitted`` record of the state journal).
-SUBMIT_CHUNK = 512
-#: A submissions store record's bound, as the state journal's by default (a record holds up to
-#: 512 items and is split while larger; a single item beyond it is refused, as it always was).
-SUBMISSION_RECORD_BYTES = 1 << 20
-SNAPSHOT_NAME = "campaign"
-#: the master's live statistics: ``master-stats.<generation>.snap`` (see ``CampaignState.tick``)
-LIVE_STATS_NAME = "master-stats"
-LOCK_NAME = "master.lock"
-#: A results journal record's bound: a committed record and its sequence number, with room for
-#: a state journal opened with a larger ``max_record_bytes``.
-RESULT_RECORD_BYTES = 16 << 20
+__all__ = ["replay", "event_work_ids"]
 
 
 def event_work_ids(ev: Mapping[str, Any]) -> list[str]:

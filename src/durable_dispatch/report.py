@@ -31,8 +31,8 @@ _BUCKETS = 60
 def _records(d: str) -> list[tuple[int, dict[str, Any], str]]:
     """``(seq, payload, source)`` of every state-journal record and of every moved result the
     state journal no longer holds, in sequence order."""
-    from .replay import STATE_JOURNAL
     from .results import RESULTS_JOURNAL
+    from .statedir import STATE_JOURNAL
     from .storage.journal import read_journal
 
     out: dict[int, tuple[int, dict[str, Any], str]] = {}

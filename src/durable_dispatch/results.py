@@ -18,10 +18,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CommittedResult", "read_results", "RESULTS_JOURNAL", "results_of_event"]
+from .statedir import RESULT_RECORD_BYTES, RESULTS_JOURNAL, STATE_JOURNAL, is_state_dir
 
-#: The results journal's file name in a state directory.
-RESULTS_JOURNAL = "results.jsonl"
+__all__ = ["CommittedResult", "read_results", "RESULTS_JOURNAL", "results_of_event"]
 
 
 @dataclass(frozen=True)
@@ -102,9 +101,7 @@ def read_results(
         UsageError: not a state directory.
         JournalCorruptError: damage in one of the journals (before their torn tails).
     """
-    from .admin import is_state_dir
     from .errors import UsageError
-    from .replay import STATE_JOURNAL
 
     d = os.fspath(state_dir)
     if not is_state_dir(d):
@@ -143,7 +140,6 @@ def read_results(
 
 
 def _read(path: str, from_seq: int = 0) -> Iterator[Any]:
-    from .replay import RESULT_RECORD_BYTES
     from .storage.journal import read_journal
 
     return read_journal(path, from_seq=from_seq, max_record_bytes=RESULT_RECORD_BYTES)

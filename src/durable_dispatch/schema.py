@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .core.tokens import Token
+from .tokens import Token
 
 __all__ = [
     "Invalid",

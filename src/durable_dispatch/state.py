@@ -45,10 +45,8 @@ from .admin import (
     CompactReport,
     StateView,
     _reconcile_store,
-    _take_master_lock,
     compact_state,
     drop_deferred,
-    is_state_dir,
     requeue_deferred,
     view_state,
 )
@@ -67,10 +65,16 @@ from .core import (
 from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
 from .core.ledger import Ledger, store_form
 from .core.ranks import RankState
-from .core.tokens import Token
 from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
 from .logs import log_decisions
 from .replay import (
+    _load_snapshot,
+    _open_and_fold,
+    event_work_ids,
+    paused_gc,
+    replay,
+)
+from .statedir import (
     LIVE_STATS_NAME,
     LOCK_NAME,
     RESULT_RECORD_BYTES,
@@ -78,18 +82,16 @@ from .replay import (
     STATE_JOURNAL,
     SUBMISSIONS,
     SUBMIT_CHUNK,
-    _load_snapshot,
-    _open_and_fold,
-    event_work_ids,
-    paused_gc,
-    replay,
+    _take_master_lock,
+    is_state_dir,
 )
 from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
 from .storage import resources as _resources
+from .tokens import Token
 
-# The offline operations (admin.py) and replay (replay.py) are re-exported here for the names
-# this module always had.
+# The offline operations (admin.py), replay (replay.py) and the state directory's names
+# (statedir.py) are re-exported here for the names this module always had.
 __all__ = [
     "CampaignState",
     "CampaignStats",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ..tokens import Token
     from .config import Correction, RetryPolicy, WatchdogConfig, parse_watchdog_seconds
     from .decisions import (
         Classification,
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher, DispatchStats, Transaction, TxEvent, TxState, WorkStatus
     from .ledger import Ledger
     from .ranks import RankState
-    from .tokens import Token
 
 __all__ = [
     "Classification",
@@ -81,7 +81,7 @@ __getattr__, __dir__ = lazy_exports(
         "Requeue": ".decisions",
         "RetryPolicy": ".config",
         "Send": ".decisions",
-        "Token": ".tokens",
+        "Token": "..tokens",
         "Transaction": ".dispatcher",
         "TxEvent": ".dispatcher",
         "TxState": ".dispatcher",

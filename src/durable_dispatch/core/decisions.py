@@ -15,7 +15,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from .tokens import Token
+from ..tokens import Token
 
 __all__ = [
     "WorkItem",

@@ -52,6 +52,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from ..errors import UsageError
+from ..tokens import Token
 from .batching import BatchSizer
 from .config import ADAPTIVE_WINDOW, WORKER_FAILURE_KINDS, RetryPolicy, WatchdogConfig
 from .decisions import (
@@ -76,7 +77,6 @@ from .decisions import (
 from .events import Committed, EpochStarted, Event, RequeuedDeferred, Submitted, of_decision
 from .ledger import Ledger
 from .ranks import Ranks, RankState
-from .tokens import Token
 from .watchdog import DeadlineHeap, ObservedClock, QuantileWindow
 
 __all__ = [

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..schema import Invalid, check_event
+from ..tokens import Token
 from .decisions import SOURCE_MASTER_RESTART, Defer, Requeue, Send, WorkItem
-from .tokens import Token
 
 __all__ = [
     "Event",

@@ -39,6 +39,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from ..schema import Invalid, is_work_item
+from ..tokens import Token
 from .decisions import WorkItem
 from .events import (
     Committed,
@@ -52,7 +53,6 @@ from .events import (
     Submitted,
     decode,
 )
-from .tokens import Token
 
 __all__ = [
     "Ledger",

@@ -23,7 +23,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from ..errors import UsageError
-from .tokens import Token
+from ..tokens import Token
 
 __all__ = ["RankState", "Ranks"]
 

@@ -17,7 +17,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable
 
-from .tokens import Token
+from ..tokens import Token
 
 __all__ = ["DeadlineHeap", "QuantileWindow", "ObservedClock", "MAX_TURN_SECONDS"]
 

@@ -29,7 +29,8 @@ from typing import Any
 import orjson
 
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
-from ..replay import STATE_JOURNAL, event_work_ids
+from ..replay import event_work_ids
+from ..statedir import STATE_JOURNAL
 from ..storage import Journal
 from ..storage import fs as _fs
 from .context import WorkContext

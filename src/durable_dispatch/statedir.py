@@ -1,0 +1,127 @@
+"""A state directory on disk: its file names, how to recognise one, and its master lock.
+
+The ground floor under replay, state, results and admin (each used to keep a part of this and
+import the others' part back, which made a circle). A state directory holds the snapshots
+``campaign.<generation>.snap``, the state journal ``events.jsonl``, the submissions store
+``submissions.jsonl``, the results journal ``results.jsonl``, the defer journal, the master's
+live statistics ``master-stats.<generation>.snap`` and the master lock ``master.lock``.
+
+One master at a time (S5, S12): a master holds a ``flock`` on ``master.lock`` (filelock's
+backend) and one on its state journal file itself, so an operator who deletes the lock file
+does not let a second master in. Offline operations take the same lock; read-only ones only
+test it (:func:`_master_running`), creating and changing nothing (S10).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import filelock
+
+from .errors import LockHeldError, StorageError
+from .storage import fs as _fs
+
+__all__ = [
+    "STATE_JOURNAL",
+    "SUBMISSIONS",
+    "SUBMIT_CHUNK",
+    "SUBMISSION_RECORD_BYTES",
+    "SNAPSHOT_NAME",
+    "LIVE_STATS_NAME",
+    "LOCK_NAME",
+    "RESULTS_JOURNAL",
+    "RESULT_RECORD_BYTES",
+    "is_state_dir",
+]
+
+STATE_JOURNAL = "events.jsonl"
+#: The submissions store: every submitted item, payload included, once (``{"first": index,
+#: "items": [...]}`` per record); snapshots and the state journal name items by index (S8).
+SUBMISSIONS = "submissions.jsonl"
+#: Items per submissions store record (and per stored ``submitted`` record of the state journal).
+SUBMIT_CHUNK = 512
+#: A submissions store record's bound, as the state journal's by default (a record holds up to
+#: 512 items and is split while larger; a single item beyond it is refused, as it always was).
+SUBMISSION_RECORD_BYTES = 1 << 20
+SNAPSHOT_NAME = "campaign"
+#: the master's live statistics: ``master-stats.<generation>.snap`` (see ``CampaignState.tick``)
+LIVE_STATS_NAME = "master-stats"
+LOCK_NAME = "master.lock"
+#: A results journal record's bound: a committed record and its sequence number, with room for
+#: a state journal opened with a larger ``max_record_bytes``.
+RESULT_RECORD_BYTES = 16 << 20
+#: The results journal's file name in a state directory.
+RESULTS_JOURNAL = "results.jsonl"
+
+
+def is_state_dir(directory: str | os.PathLike[str]) -> bool:
+    """True when ``directory`` looks like a campaign state directory."""
+    d = os.fspath(directory)
+    return os.path.isdir(d) and (
+        os.path.exists(os.path.join(d, STATE_JOURNAL))
+        or any(n.startswith(SNAPSHOT_NAME + ".") and n.endswith(".snap") for n in os.listdir(d))
+    )
+
+
+def _master_running(d: str) -> bool:
+    """True when a master holds ``d``; creates and changes nothing (S10).
+
+    A master holds a ``flock`` on ``master.lock`` (filelock's backend) and one on its state
+    journal file itself (S12, which holds when an operator deleted the lock file). A shared,
+    non-blocking ``flock`` on a read-only descriptor fails exactly while a writer holds either.
+    """
+    return any(_locked(os.path.join(d, name)) for name in (LOCK_NAME, STATE_JOURNAL))
+
+
+def _locked(path: str) -> bool:
+    """True when another open file holds an exclusive ``flock`` on ``path`` (never created)."""
+    import fcntl
+
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # also lets go of the shared flock
+    return False
+
+
+def _take_master_lock(d: str, *, create: bool = False) -> filelock.BaseFileLock:
+    """Take state directory ``d``'s single-master lock (S5, S9); ``create`` makes ``d`` first."""
+    path = os.path.join(d, LOCK_NAME)
+    lock = filelock.FileLock(path, timeout=0, mode=0o600, thread_local=False)
+    try:
+        if create and not os.path.isdir(d):
+            _fs.makedirs(d)
+        lock.acquire()
+    except filelock.Timeout:
+        raise LockHeldError("a master holds this state directory", path=path) from None
+    except OSError as e:
+        # S9: without the lock nothing is read, so nothing may be changed either.
+        raise StorageError(
+            f"cannot create or lock the state directory: {e.strerror or e}; nothing was changed",
+            path=getattr(e, "filename", None) or path,
+            op="lock",
+            errno=e.errno,
+        ) from e
+    return lock
+
+
+@contextmanager
+def _master_locked(directory: str | os.PathLike[str]) -> Iterator[str]:
+    """Hold the master lock of ``directory`` for an offline operation; yields the path."""
+    d = os.fspath(directory)
+    lock = _take_master_lock(d)
+    try:
+        yield d
+    finally:
+        lock.release()

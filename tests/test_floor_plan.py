@@ -1,0 +1,96 @@
+"""The package's floor plan, read from its own imports (issue 36): no circle, and the lower
+floors never reach up. Every ``import`` counts, a function-local one too (hiding a circle in a
+function does not remove it)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "durable_dispatch"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """module -> the package's modules it imports (a package's ``__init__`` by its name)."""
+    mods = {_module(p): p for p in SRC.rglob("*.py")}
+    out: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                for alias in node.names:
+                    full = f"{mod}.{alias.name}"
+                    deps.add(full if full in mods else mod)
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        out[name] = {d for d in deps if d in mods and d != name}
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _below(graph: dict[str, set[str]], pkg: str) -> dict[str, set[str]]:
+    return {m: deps for m, deps in graph.items() if m == pkg or m.startswith(pkg + ".")}
+
+
+def test_the_package_has_no_import_circle() -> None:
+    assert cycles(imports()) == []
+
+
+def test_the_circle_finder_finds_a_planted_circle() -> None:
+    planted = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(planted) == [["a", "b", "c"]] and cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_ground_floor_stands_on_nothing_above_it() -> None:
+    """errors and tokens import nothing of the package; storage never reaches the core, the
+    MPI shell or the campaign state above it (it once reached the core through schema)."""
+    g = imports()
+    ground = {"durable_dispatch.errors", "durable_dispatch.tokens"}
+    assert all(g[m] <= ground for m in ground), {m: g[m] for m in ground}
+    above = ("durable_dispatch.core", "durable_dispatch.mpi", "durable_dispatch.state")
+    for m, deps in _below(g, "durable_dispatch.storage").items():
+        reach = {d for d in deps if d.startswith(above)}
+        assert not reach, f"{m} imports {reach}"
+    assert not {d for d in g["durable_dispatch.schema"] if d.startswith(above)}
