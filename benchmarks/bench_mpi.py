@@ -229,7 +229,7 @@ def main() -> int:
                     [
                         py,
                         "-m",
-                        "durable_dispatch.mpi.demo",
+                        "durable_dispatch.demo",
                         demo_state,
                         "--items",
                         "24",

@@ -512,7 +512,7 @@ def _with_kills(
 def run_group2(s: Setup, seed: int, tmp: str, ulfm: bool) -> dict[str, Any]:
     """One campaign of group 2: kill ``s.kills`` workers (one without ULFM: the first ends the
     job) at seeded moments; without ULFM, run it again to resume."""
-    from durable_dispatch.mpi.demo import summarize
+    from durable_dispatch.demo import summarize
 
     rnd = random.Random(seed)
     items = make_plan(

@@ -94,3 +94,16 @@ def test_the_ground_floor_stands_on_nothing_above_it() -> None:
         reach = {d for d in deps if d.startswith(above)}
         assert not reach, f"{m} imports {reach}"
     assert not {d for d in g["durable_dispatch.schema"] if d.startswith(above)}
+
+
+def test_the_mpi_shell_and_the_fault_injection_do_not_reach_up() -> None:
+    """The MPI shell imports neither the test helpers, the demo nor the command line above it
+    (the demo used to sit in mpi/ and import testing); the fs fault injection stands on the
+    storage layer only, so a storage test pulls in no MPI code."""
+    g = imports()
+    above_mpi = ("durable_dispatch.testing", "durable_dispatch.demo", "durable_dispatch.cli")
+    for m, deps in _below(g, "durable_dispatch.mpi").items():
+        reach = {d for d in deps if d.startswith(above_mpi)}
+        assert not reach, f"{m} imports {reach}"
+    allowed = {"durable_dispatch.errors", "durable_dispatch.storage.fs"}
+    assert g["durable_dispatch.testing.faults"] <= allowed, g["durable_dispatch.testing.faults"]

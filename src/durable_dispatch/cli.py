@@ -585,7 +585,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     argv = [
         sys.executable,
         "-m",
-        "durable_dispatch.mpi.demo",
+        "durable_dispatch.demo",
         state,
         "--items",
         str(args.items),

@@ -10,7 +10,7 @@ without RESULT, a RESULT for an old token, and (under ULFM only) death by SIGKIL
 checks the durable record against the full set of work IDs and writes a summary: committed,
 deferred, ``lost`` (must be 0) and ``duplicate_commits`` (must be 0).
 
-Usage (under mpiexec): ``python -m durable_dispatch.mpi.demo STATE_DIR [options]``.
+Usage (under mpiexec): ``python -m durable_dispatch.demo STATE_DIR [options]``.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import Any
 
 import orjson
 
-from ..core import RetryPolicy, WatchdogConfig, WorkItem
-from ..replay import event_work_ids
-from ..statedir import STATE_JOURNAL
-from ..storage import Journal
-from ..storage import fs as _fs
-from .context import WorkContext
+from .core import RetryPolicy, WatchdogConfig, WorkItem
+from .mpi.context import WorkContext
+from .replay import event_work_ids
+from .statedir import STATE_JOURNAL
+from .storage import Journal
+from .storage import fs as _fs
 
 __all__ = ["work_items", "fault_plan", "demo_task", "summarize", "main", "FAULT_KINDS"]
 
@@ -103,11 +103,11 @@ def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str
         for r in j.records():
             if isinstance(r.payload, dict) and r.payload.get("event") == "committed":
                 commits.update(event_work_ids(r.payload))
-    from ..storage import DeferJournal
+    from .storage import DeferJournal
 
     with DeferJournal.open(state_dir) as d:
         deferred = {i.work_id for i in d.items()}
-    from ..admin import view_state
+    from .admin import view_state
 
     by_kind: Counter[str] = Counter()
     for kinds in view_state(state_dir).projection.kinds.values():
@@ -159,7 +159,7 @@ def _write_json(path: str, obj: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point under mpiexec."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")  # for people
-    ap = argparse.ArgumentParser(prog="durable_dispatch.mpi.demo")
+    ap = argparse.ArgumentParser(prog="durable_dispatch.demo")
     ap.add_argument("state_dir")
     ap.add_argument("--items", type=int, default=80)
     ap.add_argument("--ms", type=float, default=40.0, help="sleep per task, milliseconds")
@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = fault_plan(a.items, a.seed, kinds, a.per_kind)
     slow = a.slow if a.slow is not None else a.watchdog + 0.5
     if comm.Get_rank() != 0:
-        from .master import finish
-        from .worker import run_worker
+        from .mpi.master import finish
+        from .mpi.worker import run_worker
 
         def lies(work_id: str, attempt: int) -> str | None:
             fault = plan.get(work_id) if attempt == 0 else None
@@ -218,14 +218,14 @@ def main(argv: list[str] | None = None) -> int:
             return fault if fault in MESSAGE_FAULTS else None
 
         if any(f in MESSAGE_FAULTS for f in plan.values()):
-            from ..testing import run_lying_worker
+            from .testing import run_lying_worker
 
             run_lying_worker(demo_task, lies, context=True, isolate=a.isolate)
         else:
             run_worker(demo_task, context=True, isolate=a.isolate)
         finish(comm)
         return 0
-    from .master import finish, run_master
+    from .mpi.master import finish, run_master
 
     items = work_items(a.items, a.ms, plan, slow)
     progress_file = a.progress_file
