@@ -1,7 +1,8 @@
 """Durable storage: journal, snapshot store and the fs seam they write through."""
 
 from .defer import DeferJournal, DeferReceipt, DeferredItem, DeferStats
-from .journal import Health, HealthState, Journal, Receipt, Record, RecoveryReport
+from .health import Health, HealthState, Receipt, Record, RecoveryReport
+from .journal import Journal
 from .snapshot import Snapshot, SnapshotStore
 
 __all__ = [

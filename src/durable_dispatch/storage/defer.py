@@ -27,7 +27,8 @@ import orjson
 from ..errors import JournalCorruptError, NotDurableError, UsageError
 from ..schema import Invalid, check_defer_record
 from .format import RawBatch
-from .journal import Health, Journal
+from .health import Health
+from .journal import Journal
 
 __all__ = [
     "DeferJournal",

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from . import fs
 from .format import new_salt
-from .journal import Health, HealthState
+from .health import Health, HealthState
 
 __all__ = ["SnapshotStore", "Snapshot"]
 
