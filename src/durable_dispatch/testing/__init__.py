@@ -33,26 +33,8 @@ Operations: ``open`` (file creation and opening for write, directory creation), 
 ``fsync``, ``dir-fsync``, ``replace``, ``close``, ``truncate``, ``unlink``, ``read``.
 """
 
-from .faults import (
-    MUTATING_OPERATIONS,
-    FaultInjector,
-    FaultRule,
-    StorageLeftOpenWarning,
-    disk_full,
-    inject_faults,
-    read_only_filesystem,
-)
-from .workers import WORKER_LIES, LocalWorkers, run_lying_worker
+from . import faults, workers
+from .faults import *  # noqa: F403 - the package's names are its two modules' public names
+from .workers import *  # noqa: F403
 
-__all__ = [
-    "FaultInjector",
-    "FaultRule",
-    "inject_faults",
-    "read_only_filesystem",
-    "disk_full",
-    "MUTATING_OPERATIONS",
-    "StorageLeftOpenWarning",
-    "run_lying_worker",
-    "WORKER_LIES",
-    "LocalWorkers",
-]
+__all__ = faults.__all__ + workers.__all__
