@@ -6,7 +6,7 @@ A state directory holds the snapshots ``campaign.<generation>.snap``, the state 
 ``events.jsonl``, the results journal ``results.jsonl``, the defer journal and the master lock.
 Loading = the newest valid snapshot + the journal records after it, each checked against its
 schema (S11) and folded into a :class:`~durable_dispatch.core.ledger.Ledger`, the same model the
-live dispatcher keeps (issue 16: there is no second one here).
+live dispatcher keeps (there is no second one here).
 """
 
 from __future__ import annotations

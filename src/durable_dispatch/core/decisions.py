@@ -106,8 +106,8 @@ class WorkItem:
         priority: int = 0,
     ) -> None:
         # Written out: the __init__ dataclass generates for a frozen class sets each field
-        # through object.__setattr__ and costs about 1.8 us, a campaign builds millions (issue
-        # 17). The slots' own setters cost a third of that; the instance stays frozen.
+        # through object.__setattr__ and costs about 1.8 us, a campaign builds millions.
+        # The slots' own setters cost a third of that; the instance stays frozen.
         _set_work_id(self, work_id)
         _set_payload(self, payload)
         _set_timeout(self, timeout)
@@ -201,7 +201,7 @@ class Send(Decision):
 
         Raises:
             UsageError: a multi-item dispatch (use :attr:`items`: returning the first item
-                would silently drop the others; issue 21).
+                would silently drop the others).
         """
         if len(self.items) != 1:
             from ..errors import UsageError

@@ -3,7 +3,7 @@
 The live dispatcher applies an event to its :class:`~durable_dispatch.core.ledger.Ledger` when it
 decides; the shell journals :func:`encode` of the same event (persist before you act); replay
 applies :func:`decode` of each journal record to a ledger of its own. So the state a restart
-rebuilds is the state the live master had, by construction (issue 16): there is one model.
+rebuilds is the state the live master had, by construction: there is one model.
 
 =====================  ==================================================================
 event (``"event"``)    what it records

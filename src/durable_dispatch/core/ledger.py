@@ -4,7 +4,7 @@
 The live :class:`~durable_dispatch.core.dispatcher.Dispatcher` keeps its durable state in a ledger
 and changes it only through :meth:`Ledger.apply`; replay folds the journal's events into a ledger
 with the same method; a snapshot is :meth:`Ledger.to_compact` (or the self-contained
-:meth:`Ledger.to_snapshot`). So live state and replayed state are one model (issue 16), and a new
+:meth:`Ledger.to_snapshot`). So live state and replayed state are one model, and a new
 durable field is added in one place.
 
 The facts: the epoch and its dispatch counter; the frontier (work IDs in dispatch order); the work
@@ -14,7 +14,7 @@ a multi-item dispatch: dispatched alone from now on); the delivery point (U6). A
 exactly one of frontier, in flight, committed and deferred. Payloads are kept once, in
 :attr:`Ledger.items`, for every work ID not committed.
 
-Dense indices (S8, issue 17). Every work ID gets the next *index* when it is first submitted
+Dense indices (S8). Every work ID gets the next *index* when it is first submitted
 (:class:`Ids`); a submission may name its first index (the submissions store's numbering), and
 the indices it skips are *void* (in no place). The frontier and the committed set are kept as
 runs of consecutive indices, so the compact snapshot form (:meth:`Ledger.to_compact`) costs what

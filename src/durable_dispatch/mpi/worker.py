@@ -66,8 +66,7 @@ class _Link:
         busy campaign comes within that: napping at once cost one-item dispatches 3x their
         throughput), then with naps between polls (50 us, doubling to 1 ms), instead of a
         blocking ``Probe``: MPICH's blocking probe spins on its core for as long as it waits,
-        and idle workers that spin starve an oversubscribed master (issue 33: 16 ranks on 2
-        cores)."""
+        and idle workers that spin starve an oversubscribed master (16 ranks on 2 cores)."""
         probe, status, tag_any = self.comm.Iprobe, self.status, self.MPI.ANY_TAG
         try:
             if not probe(source=0, tag=tag_any, status=status):
