@@ -24,6 +24,7 @@ PUBLIC_MODULES = [
     "durable_dispatch.results",
     "durable_dispatch.report",
     "durable_dispatch.progress",
+    "durable_dispatch.futures",
 ]
 
 

@@ -101,7 +101,12 @@ def test_the_mpi_shell_and_the_fault_injection_do_not_reach_up() -> None:
     (the demo used to sit in mpi/ and import testing); the fs fault injection stands on the
     storage layer only, so a storage test pulls in no MPI code."""
     g = imports()
-    above_mpi = ("durable_dispatch.testing", "durable_dispatch.demo", "durable_dispatch.cli")
+    above_mpi = (
+        "durable_dispatch.testing",
+        "durable_dispatch.demo",
+        "durable_dispatch.cli",
+        "durable_dispatch.futures",
+    )
     for m, deps in _below(g, "durable_dispatch.mpi").items():
         reach = {d for d in deps if d.startswith(above_mpi)}
         assert not reach, f"{m} imports {reach}"

@@ -442,22 +442,23 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    """Every committed result, in commit order (U6); read-only, safe beside a running master."""
-    from .results import read_results
+    """Every committed result, in commit order (U6); read-only, safe beside a running master.
+    A sealed pickle of the futures executor is shown opaque (``results.shown``)."""
+    from .results import read_results, shown
 
     _need_state_dir(args.state_dir)
     rows = read_results(args.state_dir, args.work_ids or None)
     if args.jsonl:
         out = sys.stdout
         for r in rows:
-            out.write(orjson.dumps(r.as_dict()).decode() + "\n")
+            out.write(orjson.dumps({**r.as_dict(), "result": shown(r.result)}).decode() + "\n")
         return EXIT_OK
     if args.json:
-        _print([r.as_dict() for r in rows], True)
+        _print([{**r.as_dict(), "result": shown(r.result)} for r in rows], True)
         return EXIT_OK
     n = 0
     for r in rows:
-        value = orjson.dumps(r.result).decode()
+        value = orjson.dumps(shown(r.result)).decode()
         if len(value) > 100:
             value = value[:97] + "..."
         print(f"{r.work_id:<30} {value}")

@@ -28,6 +28,7 @@ __all__ = [
     "JournalCorruptError",
     "JournalVersionError",
     "SnapshotCorruptError",
+    "ValueCorruptError",
     "RecordTooLargeError",
     "RecordEncodeError",
     "StorageError",
@@ -36,6 +37,9 @@ __all__ = [
     "NotDurableError",
     "LockHeldError",
     "ProtocolError",
+    "TaskFailed",
+    "TaskCrashed",
+    "TaskTimedOut",
 ]
 
 
@@ -164,6 +168,14 @@ class SnapshotCorruptError(CorruptionError):
 
     Raised only when every generation present is damaged; a damaged newest generation with a valid
     older one is a fallback, reported on the loaded snapshot, not an error.
+    """
+
+
+class ValueCorruptError(CorruptionError):
+    """A stored pickle (a call or a result of ``durable_dispatch.futures``) whose HMAC tag does
+    not verify with its state directory's secret, or whose side file is missing or altered
+    (S7). It was not unpickled: a forged or foreign state directory cannot run code here.
+    Restore the directory from a copy you trust, or start a new one.
     """
 
 
@@ -326,3 +338,51 @@ class ProtocolError(DurableDispatchError):
     def reason(self) -> str | None:
         """What is wrong with the message."""
         return self._facts.get("reason")
+
+
+class TaskFailed(DurableDispatchError):
+    """A task of ``durable_dispatch.futures`` failed for a reason of its own process, not of its
+    code, and its retries are spent: its future's ``exception()``. An exception ``fn`` raised is
+    not this: it is re-raised as it was, as in the standard library.
+
+    Attributes:
+        work_id: the task's work ID.
+        kind: the last failure's kind (``timeout``, ``crash``, ``result-too-large`` ...).
+        attempts: how many times it was dispatched.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        work_id: str | None = None,
+        kind: str | None = None,
+        attempts: int | None = None,
+    ) -> None:
+        super().__init__(message, work_id=work_id, kind=kind, attempts=attempts)
+
+    @property
+    def work_id(self) -> str | None:
+        """The task's work ID."""
+        return self._facts.get("work_id")
+
+    @property
+    def kind(self) -> str | None:
+        """The last failure's kind."""
+        return self._facts.get("kind")
+
+    @property
+    def attempts(self) -> int | None:
+        """How many times the task was dispatched."""
+        return self._facts.get("attempts")
+
+
+class TaskCrashed(TaskFailed):
+    """The task's process died by a signal (a segfault, ``abort()``, the kernel's OOM killer)
+    each time it ran (kind ``crash``; the message names the signal). Only its future fails."""
+
+
+class TaskTimedOut(TaskFailed):
+    """The task ran past its ``task_timeout`` (or the watchdog's deadline) each time it ran and
+    was killed (kind ``timeout``). Not a ``TimeoutError``: that one means a ``result(timeout)``
+    wait ran out, while the task may still finish."""

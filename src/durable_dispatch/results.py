@@ -20,7 +20,7 @@ from typing import Any
 
 from .statedir import RESULT_RECORD_BYTES, RESULTS_JOURNAL, STATE_JOURNAL, is_state_dir
 
-__all__ = ["CommittedResult", "read_results", "RESULTS_JOURNAL", "results_of_event"]
+__all__ = ["CommittedResult", "read_results", "RESULTS_JOURNAL", "results_of_event", "shown"]
 
 
 @dataclass(frozen=True)
@@ -143,3 +143,77 @@ def _read(path: str, from_seq: int = 0) -> Iterator[Any]:
     from .storage.journal import read_journal
 
     return read_journal(path, from_seq=from_seq, max_record_bytes=RESULT_RECORD_BYTES)
+
+
+_SIMPLE_OPS = {
+    "EMPTY_DICT": "dict",
+    "EMPTY_LIST": "list",
+    "EMPTY_TUPLE": "tuple",
+    "TUPLE1": "tuple",
+    "TUPLE2": "tuple",
+    "TUPLE3": "tuple",
+    "MARK": "tuple",
+    "EMPTY_SET": "set",
+    "BININT": "int",
+    "BININT1": "int",
+    "BININT2": "int",
+    "LONG1": "int",
+    "LONG4": "int",
+    "BINFLOAT": "float",
+    "SHORT_BINUNICODE": "str",
+    "BINUNICODE": "str",
+    "BINUNICODE8": "str",
+    "SHORT_BINBYTES": "bytes",
+    "BINBYTES": "bytes",
+    "BINBYTES8": "bytes",
+    "BYTEARRAY8": "bytearray",
+    "NONE": "NoneType",
+    "NEWTRUE": "bool",
+    "NEWFALSE": "bool",
+}
+
+
+def _pickled_type(data: bytes) -> str | None:
+    """The type of a pickle's top-level value, read from its first opcodes (never loaded)."""
+    import pickletools
+
+    names: list[str] = []
+    try:
+        for n, (op, arg, _pos) in enumerate(pickletools.genops(data)):
+            if n > 12 or op.name == "STOP":
+                break
+            if op.name in ("PROTO", "FRAME", "MEMOIZE"):
+                continue
+            if op.name == "STACK_GLOBAL" and len(names) >= 2:
+                return f"{names[-2]}.{names[-1]}"
+            if op.name == "GLOBAL" and isinstance(arg, str):
+                return arg.replace(" ", ".")
+            if op.name in ("SHORT_BINUNICODE", "BINUNICODE") and isinstance(arg, str):
+                names.append(arg)
+                continue
+            return _SIMPLE_OPS.get(op.name)
+    except Exception:  # noqa: BLE001 - a damaged pickle: its type is unknown
+        return None
+    return "str" if names else None
+
+
+def shown(result: Any) -> Any:
+    """What the command line shows of a result: a sealed pickle of ``durable_dispatch.futures``
+    as ``{"sealed": "ok" | "raised", "type": ..., "bytes": ...}``, its type read from the
+    pickle's first opcodes without loading it (S7: the CLI never unpickles); any other result
+    as it is."""
+    import base64
+    import binascii
+
+    if not (isinstance(result, dict) and result.get("how") in ("ok", "raised")):
+        return result
+    if not ({"d", "tag"} <= result.keys() and ("v" in result or "blob" in result)):
+        return result
+    if "blob" in result:
+        size = result.get("size")
+        return {"sealed": result["how"], "type": None, "bytes": size, "file": result["blob"]}
+    try:
+        data = base64.b64decode(result["v"], validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        return {"sealed": result["how"], "type": None, "bytes": None}
+    return {"sealed": result["how"], "type": _pickled_type(data), "bytes": len(data)}

@@ -203,6 +203,9 @@ class CampaignState:
         self._delivered_at = time.monotonic()
         self._callback_failed = False
         self._on_commit: Callable[[Commit], None] | None = None  # the facade's callback
+        #: called with each :class:`Defer` once the defer journal took it (or kept it in
+        #: memory): the item's retries are spent (the futures executor fails its future)
+        self.on_defer: Callable[[Defer], None] | None = None
         self._live = SnapshotStore(directory, name=LIVE_STATS_NAME, keep=2)
         self._live_at = -STATS_SECONDS  # monotonic time of the last publication
         self._opened_at = time.time()
@@ -453,6 +456,8 @@ class CampaignState:
                 except StorageDegradedError:
                     persisted = False
                 self.core.defer_recorded(w.work_id, persisted)
+                if self.on_defer is not None:
+                    self.on_defer(d)
             elif isinstance(d, PersistSnapshot):
                 self._save_snapshot(d.reason)
         log_decisions(out)

@@ -21,7 +21,7 @@ guard.install()
 if TYPE_CHECKING:
     from .context import WorkContext
     from .launcher import mpiexec_command, run_mpiexec
-    from .master import MasterReport, finish, run_master, ulfm_mode
+    from .master import Feed, MasterReport, finish, run_master, ulfm_mode
     from .worker import run_worker
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "run_worker",
     "WorkContext",
     "MasterReport",
+    "Feed",
     "ulfm_mode",
     "finish",
     "mpiexec_command",
@@ -42,6 +43,7 @@ __getattr__, __dir__ = lazy_exports(
         "run_worker": ".worker",
         "WorkContext": ".context",
         "MasterReport": ".master",
+        "Feed": ".master",
         "ulfm_mode": ".master",
         "finish": ".master",
         "mpiexec_command": ".launcher",

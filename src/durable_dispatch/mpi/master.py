@@ -38,7 +38,7 @@ from .context import CHILD_MARKER
 from .signals import CaughtSignals
 from .transport import MpiTransport, Transport, ulfm_mode
 
-__all__ = ["run_master", "MasterReport", "ulfm_mode", "finish"]
+__all__ = ["run_master", "MasterReport", "ulfm_mode", "finish", "Feed"]
 
 log = logging.getLogger("durable_dispatch.mpi")
 _RECEIVE_LIMIT = 4096  # messages read per turn
@@ -87,7 +87,7 @@ class MasterReport:
 
 
 def run_master(
-    work: Iterable[WorkItem],
+    work: Iterable[WorkItem] | Feed,
     state_dir: str | os.PathLike[str],
     on_commit: OnCommit | None = None,
     *,
@@ -110,7 +110,8 @@ def run_master(
         work: the work items (stable semantic IDs): a list, or a generator of millions,
             consumed as the frontier drains (G3: chunks of 65,536 whenever fewer than 16,384
             items are pending, never all in memory). On a resumed state directory known IDs are
-            skipped, so pass the whole work source every time.
+            skipped, so pass the whole work source every time. Or a :class:`Feed`, for work
+            that arrives while the campaign runs.
         state_dir: the campaign's state directory (see ``docs/state-format.md``).
         on_commit: ``on_commit(work_id, result)``, called once a result is journaled durably;
             at least once (U6): a commit whose callback did not return (a crash, an exception)
@@ -228,7 +229,8 @@ def run_master(
     reason: str | None = None
     with CaughtSignals() as caught:
         try:
-            source = _Source(state, work)  # G3: consumed as the frontier drains
+            source = work if isinstance(work, Feed) else _Source(work)  # G3: as it drains
+            source.attach(state)
             linger_until: float | None = None
             while True:
                 raw = time.monotonic()
@@ -306,7 +308,28 @@ def run_master(
     return report
 
 
-class _Source:
+class Feed:
+    """A work source that :func:`run_master` asks for work at the start of every turn, for
+    campaigns whose work arrives while they run (the futures executor is one).
+
+    The loop calls :meth:`attach` once, with the opened state (before any dispatch), then
+    :meth:`refill` at the start of every turn, in the loop's thread; it ends once
+    :attr:`exhausted` is True and nothing is pending, in flight or undelivered. A subclass
+    submits with ``state.submit`` in :meth:`refill`, never from another thread.
+    """
+
+    exhausted: bool = False
+    state: CampaignState
+
+    def attach(self, state: CampaignState) -> None:
+        """The campaign's state is open (its commits from earlier runs redelivered)."""
+        self.state = state
+
+    def refill(self) -> None:
+        """Submit the work that is due (called at the start of every turn)."""
+
+
+class _Source(Feed):
     """The work source, consumed as the frontier drains (G3): a list or a generator of millions
     of items is submitted in chunks of :attr:`CHUNK` whenever fewer than :attr:`LOW` items are
     pending, so it is never held whole in memory. On a resumed state directory it is iterated
@@ -315,8 +338,8 @@ class _Source:
     CHUNK = 65536
     LOW = 16384
 
-    def __init__(self, state: CampaignState, work: Iterable[WorkItem]) -> None:
-        self.state, self.items = state, iter(work)
+    def __init__(self, work: Iterable[WorkItem]) -> None:
+        self.items = iter(work)
         self.exhausted = False
 
     def refill(self) -> None:

@@ -1,0 +1,127 @@
+"""mpi4py.futures, durable: the same API, and a crash, a hang or a restart loses nothing (F1).
+
+Change one line of an mpi4py.futures script::
+
+    from durable_dispatch.futures import MPIPoolExecutor   # was: from mpi4py.futures import ...
+
+and run it with ``mpiexec -n 4 python -m durable_dispatch.futures --state-dir D script.py``
+(also ``-m module`` and ``-c command``): rank 0 runs the script, the other ranks serve its
+executors. Every call is a task with a stable work ID (a digest of the call), committed durably
+in the executor's state directory before its future resolves, so a re-run after a crash or a
+batch system's time limit resolves what was committed from the record and runs only the rest.
+With ``isolate=True`` (the default) a call that segfaults or hangs fails only its own future
+(:class:`TaskCrashed`, :class:`TaskTimedOut`); an exception it raises is re-raised from
+``result()`` as in the standard library, with the worker's traceback as its ``__cause__``.
+
+``DurableCommExecutor`` (``MPICommExecutor``) is the collective form for scripts every rank
+runs::
+
+    with DurableCommExecutor(MPI.COMM_WORLD, 0, state_dir="state") as ex:
+        if ex is not None:          # rank 0; the other ranks served it and get None
+            print(list(ex.map(f, range(100))))
+
+See ``docs/futures.md``.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import (
+    ALL_COMPLETED,
+    FIRST_COMPLETED,
+    FIRST_EXCEPTION,
+    BrokenExecutor,
+    CancelledError,
+    Future,
+    InvalidStateError,
+    TimeoutError,
+    as_completed,
+    wait,
+)
+from types import TracebackType
+from typing import Any
+
+from ..errors import TaskCrashed, TaskFailed, TaskTimedOut, UsageError
+from ._executor import STATE_DIR_ENV, DurableExecutor
+
+__all__ = [
+    "DurableExecutor",
+    "DurableCommExecutor",
+    "MPIPoolExecutor",
+    "MPICommExecutor",
+    "TaskFailed",
+    "TaskCrashed",
+    "TaskTimedOut",
+    "STATE_DIR_ENV",
+    "Future",
+    "wait",
+    "as_completed",
+    "FIRST_COMPLETED",
+    "FIRST_EXCEPTION",
+    "ALL_COMPLETED",
+    "CancelledError",
+    "TimeoutError",
+    "BrokenExecutor",
+    "InvalidStateError",
+]
+
+
+class DurableCommExecutor:
+    """A context manager every rank of ``comm`` enters: on ``root`` it gives a
+    :class:`DurableExecutor` served by the other ranks; on the others it serves until the root
+    leaves its ``with`` block, then gives None (like mpi4py's ``MPICommExecutor``).
+
+    Args:
+        comm: the communicator (``MPI.COMM_WORLD`` by default).
+        root: the rank that submits; it must be 0 (the master of this library is rank 0).
+        **kwargs: the :class:`DurableExecutor`'s keyword arguments (``state_dir=`` ...).
+
+    Raises:
+        UsageError: ``root`` is not 0.
+    """
+
+    def __init__(self, comm: Any = None, root: int = 0, **kwargs: Any) -> None:
+        if root != 0:
+            raise UsageError(f"root must be 0 (the master is rank 0), got {root!r}")
+        self._comm, self._kw = comm, kwargs
+        self._ex: DurableExecutor | None = None
+
+    def __enter__(self) -> DurableExecutor | None:
+        from mpi4py import MPI
+
+        from . import _serve
+
+        comm = self._comm if self._comm is not None else MPI.COMM_WORLD
+        self._comm = comm
+        if comm.Get_rank() != 0:
+            _serve.serve(comm)
+            return None
+        try:
+            self._ex = DurableExecutor(_comm=comm, **self._kw)
+        except BaseException:
+            self._exit_workers()
+            raise
+        return self._ex
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._ex is None:
+            return
+        try:
+            self._ex.shutdown(wait=True)
+        finally:
+            self._exit_workers()
+
+    def _exit_workers(self) -> None:
+        from ._serve import exit_workers
+
+        exit_workers(self._comm)
+
+
+#: mpi4py.futures' name for :class:`DurableExecutor`.
+MPIPoolExecutor = DurableExecutor
+#: mpi4py.futures' name for :class:`DurableCommExecutor`.
+MPICommExecutor = DurableCommExecutor

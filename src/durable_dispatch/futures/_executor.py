@@ -1,0 +1,622 @@
+"""The durable executor: ``concurrent.futures`` on the campaign machinery (F1).
+
+Rank 0's user code calls :meth:`DurableExecutor.submit`; a manager thread runs
+:func:`~durable_dispatch.mpi.run_master` on the executor's state directory with a
+:class:`~durable_dispatch.mpi.master.Feed` that takes the submitted calls as they come, and the
+workers serve the session (:mod:`._serve`). Every call is a work item whose ID is the digest of
+the call (:mod:`._calls`), its payload the sealed pickle of the call (:mod:`._seal`); its
+result, once committed durably, resolves its future. So a re-run of the same script on the same
+state directory resolves every committed call from the record at ``submit``, without running it,
+and runs only the rest.
+
+Threads. ``submit`` (any thread) seals the call and queues it; only the manager thread touches
+the campaign state: it resolves futures (their callbacks run there, as in the standard library),
+marks a future running when its call enters the frontier (a cancelled one never does), and fails
+the futures whose items were deferred. A future of a call that was submitted but not yet in the
+frontier can be cancelled; ``shutdown(cancel_futures=True)`` cancels those.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import pickle
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    BrokenExecutor,
+    Executor,
+    Future,
+    TimeoutError,
+    wait,
+)
+from typing import Any
+
+from ..core import RetryPolicy, WatchdogConfig, WorkItem
+from ..core.decisions import Defer
+from ..errors import RecordTooLargeError, TaskCrashed, TaskFailed, TaskTimedOut, UsageError
+from ..mpi.context import MAX_RESULT_BYTES
+from ..mpi.master import Feed, MasterReport, run_master
+from ..results import read_results
+from ..state import CampaignState
+from ..storage import fs
+from . import _serve
+from ._calls import call_digest, call_id, function_name
+from ._seal import Sealer, load_or_create_key
+
+__all__ = ["DurableExecutor", "STATE_DIR_ENV"]
+
+log = logging.getLogger("durable_dispatch.futures")
+
+#: The environment variable that names the state directory of executors made without one.
+STATE_DIR_ENV = "DURABLE_DISPATCH_STATE_DIR"
+
+_job: dict[str, Any] = {"runner": False, "state_dir": None, "made": 0, "active": None}
+_executors: list[DurableExecutor] = []  # the runner shuts down those the script left open
+
+
+class _RemoteTraceback(Exception):
+    """The worker's traceback of an exception a call raised (its ``__cause__``)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class _Subset:
+    """The first ``n`` workers of a transport (``max_workers``): the others idle unasked."""
+
+    def __init__(self, link: Any, n: int) -> None:
+        self._link, self.size, self.ulfm = link, n + 1, link.ulfm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._link, name)
+
+
+class _CallFeed(Feed):
+    """The executor's calls, fed to the campaign as they are submitted (manager thread)."""
+
+    AHEAD = 128  # calls in the frontier per worker; the rest wait (and can still be cancelled)
+
+    def __init__(self, ex: DurableExecutor) -> None:
+        self.ex = ex
+        self.low = self.AHEAD * ex._workers
+        self.waiting: dict[str, list[Future[Any]]] = {}  # work ID -> its futures
+        self.local: collections.deque[WorkItem] = collections.deque()
+        self.queued: set[str] = set()  # the work IDs in ``local``
+
+    @property
+    def exhausted(self) -> bool:  # type: ignore[override]
+        """Shut down, and every submitted call is in the frontier (or settled)."""
+        ex = self.ex
+        return ex._shut and not ex._queue and not self.local
+
+    def attach(self, state: CampaignState) -> None:
+        """Read the record: committed results, deferred items, pending calls (checked)."""
+        super().attach(state)
+        ex = self.ex
+        try:
+            ex._sealer = Sealer(load_or_create_key(state.directory), state.directory)
+            for r in read_results(state.directory):  # checked now: a forged one fails closed
+                ex._sealer.check_result(r.work_id, r.result)
+                ex._record[r.work_id] = r.result
+                if isinstance(r.result, dict) and isinstance(r.result.get("d"), str):
+                    ex._digests[r.work_id] = r.result["d"]
+            for d in state.defer.items():
+                ex._failed[d.work_id] = (d.kinds, d.last_error, d.attempts)
+                payload = d.item.get("payload") if isinstance(d.item, dict) else None
+                if isinstance(payload, dict) and isinstance(payload.get("d"), str):
+                    ex._digests[d.work_id] = payload["d"]
+            ledger = state.core.ledger
+            for wid in ledger.frontier:  # calls an earlier run left: checked before they run
+                payload = ledger.items[wid].payload
+                ex._sealer.check_call(wid, payload)
+                ex._digests[wid] = payload["d"]
+            state.on_defer = self.deferred
+        except BaseException as e:
+            ex._error = e  # before the constructor wakes: it raises this
+            raise
+        finally:
+            ex._bound.set()
+
+    def refill(self) -> None:
+        """Take the submitted calls; move calls into the frontier while it is short."""
+        ex, waiting = self.ex, self.waiting
+        ledger = self.state.core.ledger
+        while ex._queue:
+            try:
+                fut, item = ex._queue.popleft()
+            except IndexError:  # shutdown(cancel_futures=True) took it
+                break
+            wid = item.work_id
+            if wid in waiting:
+                waiting[wid].append(fut)
+                if wid not in self.queued:  # already in the frontier: it runs
+                    fut.set_running_or_notify_cancel()
+            elif not self._settled(wid, fut):
+                waiting[wid] = [fut]
+                if ledger.known(wid):  # an earlier run's call, pending: it runs anyway
+                    fut.set_running_or_notify_cancel()
+                else:
+                    self.local.append(item)
+                    self.queued.add(item.work_id)
+        if ex._cancel:
+            self._cancel_local()
+        frontier = ledger.frontier
+        batch: list[WorkItem] = []
+        while self.local and len(frontier) + len(batch) < self.low:
+            item = self.local.popleft()
+            self.queued.discard(item.work_id)
+            futs = [f for f in waiting[item.work_id] if f.set_running_or_notify_cancel()]
+            if futs:
+                waiting[item.work_id] = futs
+                batch.append(item)
+            else:
+                del waiting[item.work_id]
+        if batch:
+            self._submit(batch)
+
+    def _submit(self, batch: list[WorkItem]) -> None:
+        try:
+            self.state.submit(batch)
+        except RecordTooLargeError:
+            for item in batch:  # known IDs are skipped: the ones before it went in
+                try:
+                    self.state.submit([item])
+                except RecordTooLargeError as e:
+                    for f in self.waiting.pop(item.work_id, ()):
+                        f.set_exception(e)
+
+    def _settled(self, wid: str, fut: Future[Any], *, locked: bool = False) -> bool:
+        """Resolve ``fut`` from the record if ``wid`` is committed or deferred (any thread)."""
+        ex = self.ex
+        if locked:
+            rec, failed = ex._record.get(wid), ex._failed.get(wid)
+        else:
+            with ex._lock:
+                rec, failed = ex._record.get(wid), ex._failed.get(wid)
+        if rec is not None:
+            if fut.set_running_or_notify_cancel():
+                ex._resolve(fut, wid, rec)
+            return True
+        if failed is not None:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(_failure(wid, *failed))
+            return True
+        return False
+
+    def _cancel_local(self) -> None:
+        for item in self.local:
+            for f in self.waiting.pop(item.work_id, ()):
+                f.cancel()
+        self.local.clear()
+        self.queued.clear()
+
+    def committed(self, wid: str, result: Any) -> None:
+        """``on_commit``: the result is durable; resolve its futures."""
+        ex = self.ex
+        with ex._lock:
+            ex._record[wid] = result
+        for f in self.waiting.pop(wid, ()):
+            ex._resolve(f, wid, result)
+
+    def deferred(self, d: Defer) -> None:
+        """``on_defer``: the item's retries are spent; fail its futures."""
+        wid = d.work.work_id
+        with self.ex._lock:
+            self.ex._failed[wid] = (d.kinds, d.last_error, d.attempts)
+        for f in self.waiting.pop(wid, ()):
+            f.set_exception(_failure(wid, d.kinds, d.last_error, d.attempts))
+
+    def abandon(self, why: str) -> None:
+        """The campaign ended before these calls: each future fails with BrokenExecutor."""
+        ex = self.ex
+        while ex._queue:
+            try:
+                fut, _ = ex._queue.popleft()
+            except IndexError:
+                break
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(BrokenExecutor(why))
+        for futs in self.waiting.values():
+            for f in futs:
+                if not f.done() and (f.running() or f.set_running_or_notify_cancel()):
+                    f.set_exception(BrokenExecutor(why))
+        self.waiting.clear()
+        self.local.clear()
+        self.queued.clear()
+
+
+def _failure(wid: str, kinds: Iterable[str], last_error: str | None, attempts: int) -> TaskFailed:
+    kinds = tuple(kinds)
+    kind = kinds[-1] if kinds else None
+    cls = {"crash": TaskCrashed, "timeout": TaskTimedOut}.get(kind or "", TaskFailed)
+    why = (last_error or "").removeprefix(f"{wid}: ")
+    return cls(
+        f"the task failed ({kind}) after {attempts} attempt(s): {why}",
+        work_id=wid,
+        kind=kind,
+        attempts=attempts,
+    )
+
+
+class DurableExecutor(Executor):
+    """A ``concurrent.futures.Executor`` whose calls survive a crash (see the module docs).
+
+    Names and argument positions are mpi4py's ``MPIPoolExecutor``'s; everything new is
+    keyword-only. Run the script with ``mpiexec -n N python -m durable_dispatch.futures
+    script.py``: rank 0 runs the script, the other ranks serve its executors (one at a time).
+
+    Args:
+        max_workers: how many worker ranks serve it (default: all); ``<= 0`` is a ValueError.
+        initializer: called with ``initargs`` once in each process that runs calls (the isolated
+            child, restarted after a crash, runs it again); if it raises, the executor is
+            broken (``BrokenExecutor``).
+        initargs: the initializer's arguments.
+        state_dir: the state directory (an ordinary campaign directory: ``read_results`` and
+            the CLI read it). Default: ``<D>/executor-<k>`` for the ``k``-th executor (from 1)
+            the script makes without one, where ``D`` is the runner's ``--state-dir`` or
+            ``$DURABLE_DISPATCH_STATE_DIR``; with none of them it is a UsageError (there is no
+            undurable mode).
+        isolate: run each call in a supervised child process (default): a segfault fails only
+            its future (:class:`~durable_dispatch.errors.TaskCrashed`), a hang past
+            ``task_timeout`` only its own (:class:`~durable_dispatch.errors.TaskTimedOut`).
+        task_timeout: seconds a call may run (each attempt); None: the watchdog's deadline.
+        retry: retry budgets per failure kind (``RetryPolicy``); default from the environment.
+        sync: the state journal's sync policy.
+        memory_limit: with ``isolate``, the child's address-space limit in bytes.
+        watchdog: the watchdog's configuration (default from the environment).
+
+    Raises:
+        UsageError: no state directory; not run under the runner (nor inside a
+            ``DurableCommExecutor``); another executor of this job is still open; no worker
+            ranks; a bad argument (a ``ValueError`` too).
+        LockHeldError: another master holds the state directory.
+        ValueCorruptError: the state directory holds a call or result whose tag fails.
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+        *,
+        state_dir: str | os.PathLike[str] | None = None,
+        isolate: bool = True,
+        task_timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        sync: str = "batch",
+        memory_limit: int | None = None,
+        watchdog: WatchdogConfig | None = None,
+        _comm: Any = None,
+    ) -> None:
+        if max_workers is not None and (type(max_workers) is not int or max_workers <= 0):
+            raise UsageError(f"max_workers must be an integer > 0, got {max_workers!r}")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        if task_timeout is not None and not task_timeout > 0:
+            raise UsageError(f"task_timeout must be > 0 seconds, got {task_timeout!r}")
+        if _comm is None and not _job["runner"]:
+            raise UsageError(
+                "a DurableExecutor needs worker ranks: run the script with "
+                "'mpiexec -n N python -m durable_dispatch.futures script.py', or use "
+                "DurableCommExecutor (collective) in a script every rank runs"
+            )
+        self._dir = _state_dir(state_dir)
+        if _job["active"] is not None:
+            raise UsageError(
+                "another executor of this job is still open: its workers serve one executor "
+                "at a time; shut it down first (or use one 'with' block after the other)"
+            )
+        from mpi4py import MPI
+
+        from ..mpi.transport import MpiTransport
+
+        comm = _comm if _comm is not None else MPI.COMM_WORLD
+        link: Any = MpiTransport(comm)
+        available = link.size - 1
+        if available < 1:
+            raise UsageError("no worker ranks: start the job with at least 2 processes")
+        self._workers: int = min(available, max_workers or available)
+        if self._workers < available:
+            link = _Subset(link, self._workers)
+        self._comm, self._link = comm, link
+        init = None
+        if initializer is not None:
+            function_name(initializer)  # a TypeError now, not in every worker
+            init = pickle.dumps((initializer, tuple(initargs)), protocol=pickle.HIGHEST_PROTOCOL)
+        self._timeout = task_timeout
+        self._lock = threading.Lock()
+        self._queue: collections.deque[tuple[Future[Any], WorkItem]] = collections.deque()
+        self._record: dict[str, Any] = {}
+        self._failed: dict[str, tuple[tuple[str, ...], str | None, int]] = {}
+        self._digests: dict[str, str] = {}
+        self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._sealer: Sealer | None = None
+        self._shut = self._cancel = False
+        self._broken: str | None = None
+        self._error: BaseException | None = None
+        self._report: MasterReport | None = None
+        self._bound = threading.Event()
+        self._feed = _CallFeed(self)
+        fs.makedirs(self._dir)
+        _job["active"] = self
+        self._thread = threading.Thread(
+            target=self._manage,
+            name="durable-dispatch-executor",
+            kwargs={"watchdog": watchdog, "retry": retry, "sync": sync},
+            daemon=True,
+        )
+        self._thread.start()
+        self._bound.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        assert self._sealer is not None
+        session = pickle.dumps(
+            {
+                "key": self._sealer._key,
+                "dir": self._dir,
+                "init": init,
+                "isolate": bool(isolate),
+                "memory_limit": memory_limit,
+                "max_result": MAX_RESULT_BYTES,
+            }
+        )
+        for r in range(1, self._workers + 1):
+            comm.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
+        _executors.append(self)
+
+    # ------------------------------------------------------------------ the manager
+    def _manage(self, **kw: Any) -> None:
+        why = "the executor was shut down"
+        try:
+            self._report = run_master(
+                self._feed,
+                self._dir,
+                self._feed.committed,
+                comm=self._link,
+                batch="auto",
+                linger=2.0,
+                **kw,
+            )
+            if not self._report.finished:
+                why = f"the executor's campaign stopped: {self._report.reason}"
+                self._broken = why
+                log.error("%s; %s resumes it", why, self._dir)
+        except BaseException as e:  # noqa: BLE001 - raised to the caller (at start) or kept
+            self._error = e
+            why = f"the executor's campaign failed: {type(e).__name__}: {e}"
+            self._broken = why
+        finally:
+            self._bound.set()
+            with self._lock:
+                self._shut = True
+            self._feed.abandon(why)
+            if _job["active"] is self:
+                _job["active"] = None
+
+    def _resolve(self, fut: Future[Any], wid: str, result: Any) -> None:
+        assert self._sealer is not None
+        try:
+            how, value, tb = self._sealer.open_result(wid, result)
+        except Exception as e:  # noqa: BLE001 - a corrupt record fails this future only
+            fut.set_exception(e)
+            return
+        if how == "ok":
+            fut.set_result(value)
+        else:
+            if tb is not None and isinstance(value, BaseException):
+                value.__cause__ = _RemoteTraceback(tb)
+            fut.set_exception(value)
+
+    # ------------------------------------------------------------------ the API
+    @property
+    def state_dir(self) -> str:
+        """The executor's state directory."""
+        return self._dir
+
+    @property
+    def num_workers(self) -> int:
+        """How many worker ranks serve this executor."""
+        return self._workers
+
+    def bootup(self, wait: bool = True) -> DurableExecutor:
+        """Start the workers (they start with the executor); returns the executor."""
+        if wait:
+            self._bound.wait()
+        return self
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Schedule ``fn(*args, **kwargs)``; returns its future, with ``.work_id``. A call
+        committed by an earlier run resolves at once from the record.
+
+        Raises:
+            TypeError: ``fn`` cannot be found by name in a worker (a lambda, a nested
+                function), or an argument cannot be pickled.
+            RuntimeError: after :meth:`shutdown`.
+            BrokenExecutor: the executor is broken.
+        """
+        name = function_name(fn)
+        digest = call_digest(fn, args, kwargs)
+        with self._lock:
+            self._check_open()
+            n = self._counts[(name, digest)]
+            self._counts[(name, digest)] = n + 1
+            return self._enqueue(call_id(name, digest, n), name, digest, (fn, args, kwargs))
+
+    def submit_as(
+        self, work_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Future[Any]:
+        """:meth:`submit` under the caller's own work ID. Submitting a known ID again with the
+        same call returns another future of the same task.
+
+        Raises:
+            ValueError: ``work_id`` is not a non-empty string, or it is known with another
+                call (another function or other arguments).
+        """
+        if type(work_id) is not str or not work_id:
+            raise UsageError(f"work_id must be a non-empty str, got {work_id!r}")
+        name = function_name(fn)
+        digest = call_digest(fn, args, kwargs)
+        with self._lock:
+            self._check_open()
+            return self._enqueue(work_id, name, digest, (fn, args, kwargs))
+
+    def _check_open(self) -> None:
+        if self._broken is not None:
+            raise BrokenExecutor(self._broken)
+        if self._shut:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+    def _enqueue(self, wid: str, name: str, digest: str, call: Any) -> Future[Any]:
+        known = self._digests.get(wid)
+        if known is not None and known != digest:
+            raise UsageError(
+                f"work ID {wid!r} is known with another call (digest {known[:12]}, this one "
+                f"{digest[:12]}): a work ID names one call"
+            )
+        fut: Future[Any] = Future()
+        fut.work_id = wid  # type: ignore[attr-defined]
+        if self._feed._settled(wid, fut, locked=True):  # committed or deferred: from the record
+            return fut
+        assert self._sealer is not None
+        payload = self._sealer.seal_call(wid, name, digest, call)
+        self._digests[wid] = digest
+        item = WorkItem(wid, payload, timeout=self._timeout, self_contained=True)
+        self._queue.append((fut, item))
+        return fut
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        buffersize: int | None = None,
+        unordered: bool = False,
+    ) -> Iterator[Any]:
+        """``map(fn, *iterables)``: the results in order (or as they complete, ``unordered``).
+
+        One task per element, whatever ``chunksize`` (the work IDs do not depend on it; the
+        dispatches are sized from the measured task time). ``timeout`` counts from this call;
+        ``buffersize`` bounds the tasks submitted ahead of the results read. An exception a
+        call raised is raised when its result is reached.
+
+        Raises:
+            ValueError: ``chunksize < 1`` or ``buffersize < 1``.
+        """
+        return self.starmap(
+            fn,
+            zip(*iterables, strict=False),
+            timeout=timeout,
+            chunksize=chunksize,
+            buffersize=buffersize,
+            unordered=unordered,
+        )
+
+    def starmap(
+        self,
+        fn: Callable[..., Any],
+        iterable: Iterable[Iterable[Any]],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        buffersize: int | None = None,
+        unordered: bool = False,
+    ) -> Iterator[Any]:
+        """``fn(*args)`` for each ``args`` of ``iterable``; see :meth:`map`."""
+        if type(chunksize) is not int or chunksize < 1:
+            raise UsageError("chunksize must be >= 1.")
+        if buffersize is not None and (type(buffersize) is not int or buffersize < 1):
+            raise UsageError("buffersize must be None or > 0.")
+        end = None if timeout is None else time.monotonic() + timeout
+        args = iter(iterable)
+        ahead = itertools.islice(args, buffersize) if buffersize is not None else args
+        fs = collections.deque(self.submit(fn, *a) for a in ahead)
+
+        def left() -> float | None:
+            return None if end is None else max(0.0, end - time.monotonic())
+
+        def more() -> None:
+            if buffersize is not None:
+                for a in itertools.islice(args, 1):
+                    fs.append(self.submit(fn, *a))
+
+        def ordered() -> Iterator[Any]:
+            try:
+                while fs:
+                    f = fs.popleft()
+                    try:
+                        value = f.result(left())
+                    finally:
+                        more()
+                    yield value
+            finally:
+                for f in fs:
+                    f.cancel()
+
+        def any_order() -> Iterator[Any]:
+            pending = set(fs)
+            try:
+                while pending:
+                    done, pending = wait(pending, left(), FIRST_COMPLETED)
+                    if not done:
+                        raise TimeoutError()
+                    for f in done:
+                        if buffersize is not None:
+                            for a in itertools.islice(args, 1):
+                                pending.add(self.submit(fn, *a))
+                        yield f.result()
+            finally:
+                for f in pending:
+                    f.cancel()
+
+        return any_order() if unordered else ordered()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No new calls; the submitted ones finish (or, ``cancel_futures``, those not yet
+        started are cancelled), then the workers stop serving it. Everything committed is
+        durable before a ``wait=True`` shutdown returns."""
+        with self._lock:
+            self._shut = True
+            if cancel_futures:
+                self._cancel = True
+        if cancel_futures:
+            while self._queue:
+                try:
+                    fut, _ = self._queue.popleft()
+                except IndexError:
+                    break
+                fut.cancel()
+        if wait:
+            self._thread.join()
+
+    def __repr__(self) -> str:
+        return f"DurableExecutor(state_dir={self._dir!r}, workers={self._workers})"
+
+
+def _state_dir(state_dir: str | os.PathLike[str] | None) -> str:
+    if state_dir is not None:
+        return os.path.abspath(os.fspath(state_dir))
+    base = _job["state_dir"] or os.environ.get(STATE_DIR_ENV)
+    if not base:
+        raise UsageError(
+            "a DurableExecutor needs a state directory: pass state_dir=, or run the script with "
+            f"'python -m durable_dispatch.futures --state-dir D', or set {STATE_DIR_ENV}"
+        )
+    _job["made"] += 1
+    return os.path.abspath(os.path.join(base, f"executor-{_job['made']}"))
+
+
+def shutdown_all() -> None:
+    """Shut down (waiting) every executor the script left open (the runner calls this)."""
+    for ex in list(_executors):
+        ex.shutdown(wait=True)
+    _executors.clear()

@@ -1,0 +1,154 @@
+"""The worker ranks' side of the futures executor: sessions, and the task that runs a call.
+
+A worker rank of the runner (``python -m durable_dispatch.futures``), or a non-root rank inside
+a :class:`~durable_dispatch.futures.DurableCommExecutor`, waits in :func:`serve` for the master's
+messages on two tags of its own, outside the dispatch protocol: ``SESSION`` starts serving one
+executor (``run_worker`` until that executor's STOP), ``EXIT`` ends :func:`serve`. A session's
+message is the executor's set-up, pickled by rank 0 (a trusted peer, never read from disk): the
+state directory's key, whether to isolate, the memory limit and the initializer.
+
+:class:`Task` is the work function of a session: it checks the call's HMAC tag (see
+:mod:`._seal`), unpickles it, calls it, and seals what it returned or raised. An exception the
+call raised is its outcome (committed, not retried, as in the standard library); only a crash,
+a hang or a result that cannot be kept is a failure of the task (a retry, then ``TaskFailed``).
+
+The initializer runs once per process that runs calls: in the isolated child when it loads the
+task (so a child restarted after a crash runs it again), else in the worker rank before its first
+READY. An initializer that raises ends the worker's part in that session (the master sees it
+GONE); when every worker's fails, the executor is broken (``BrokenExecutor``), as in the
+standard library.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+import traceback
+from typing import Any
+
+from ..errors import IsolationError
+from ..mpi import protocol as P
+from ..mpi.context import WorkContext
+from ._seal import Sealer
+
+__all__ = ["SESSION", "EXIT", "Task", "serve", "exit_workers"]
+
+log = logging.getLogger("durable_dispatch.futures")
+
+SESSION, EXIT = 31, 32  # tags of the executor's own messages (the protocol's are 11-16)
+_TB_CHARS = 32 << 10  # a traceback is kept up to this many characters (its end)
+
+
+def _load_task(config: bytes) -> Task:
+    """How an isolated child builds the task (the pickle of a :class:`Task` calls this): it runs
+    the initializer there, so a failing one stops the child from starting."""
+    task = Task(config)
+    task.initialize()
+    return task
+
+
+class Task:
+    """The work function of one executor's session (see the module docs).
+
+    Args:
+        config: the session's set-up, pickled: ``key``, ``dir``, ``init`` (the pickled
+            ``(initializer, initargs)`` or None), ``isolate``, ``memory_limit``.
+    """
+
+    def __init__(self, config: bytes) -> None:
+        self._config = config
+        c = pickle.loads(config)
+        self.sealer = Sealer(c["key"], c["dir"])
+        self._init: bytes | None = c["init"]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_task, (self._config,))
+
+    def initialize(self) -> None:
+        """Run the executor's initializer (if it has one) in this process."""
+        if self._init is not None:
+            fn, args = pickle.loads(self._init)
+            fn(*args)
+
+    def __call__(self, payload: Any, ctx: WorkContext) -> dict[str, Any]:
+        """Run one task: its sealed result (JSON)."""
+        wid = ctx.work_id
+        fn, args, kwargs = self.sealer.open_call(wid, payload)
+        digest = payload["d"]
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - the call's outcome, kept and re-raised
+            return self._raised(wid, digest, e)
+        try:
+            return self.sealer.seal_result(wid, digest, "ok", value)
+        except Exception as e:  # noqa: BLE001 - a value pickle cannot hold
+            return self._raised(wid, digest, e)
+
+    def _raised(self, wid: str, digest: str, e: BaseException) -> dict[str, Any]:
+        tb = "".join(traceback.format_exception(e))[-_TB_CHARS:]
+        try:
+            pickle.loads(pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL))
+            return self.sealer.seal_result(wid, digest, "raised", e, tb)
+        except Exception:  # noqa: BLE001 - an exception that does not survive a pickle
+            stand_in = RuntimeError(f"{type(e).__name__}: {e}")
+            return self.sealer.seal_result(wid, digest, "raised", stand_in, tb)
+
+
+def serve(comm: Any = None) -> int:
+    """Serve the master's executors until it says EXIT; returns how many sessions were served.
+
+    Rank 0 is the master. Between sessions this rank polls for the next message with naps (up
+    to 10 ms), so an idle worker does not take a core from a master that computes.
+    """
+    from mpi4py import MPI
+
+    from ..mpi.worker import run_worker
+
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    status = MPI.Status()
+    sessions = 0
+    while True:
+        nap = 0.0001
+        while not comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=status):
+            time.sleep(nap)
+            nap = min(nap * 2, 0.01)
+        buf = bytearray(status.Get_count(MPI.BYTE))
+        tag = status.Get_tag()
+        comm.Recv([buf, MPI.BYTE], source=0, tag=tag)
+        if tag == EXIT:
+            return sessions
+        if tag != SESSION:
+            continue  # a STOP from a master that could not start, or a stray: not ours
+        sessions += 1
+        config = bytes(buf)
+        c = pickle.loads(config)
+        task = Task(config)
+        if not c["isolate"]:
+            try:
+                task.initialize()
+            except BaseException as e:  # noqa: BLE001 - the master learns it (GONE)
+                error = f"the initializer failed: {type(e).__name__}: {e}"
+                log.error("worker %d: %s", comm.Get_rank(), error)
+                comm.Send([P.encode({"error": error}), MPI.BYTE], dest=0, tag=P.GONE)
+                continue
+        try:
+            run_worker(
+                task,
+                comm=comm,
+                context=True,
+                isolate=c["isolate"],
+                memory_limit=c["memory_limit"],
+                max_result_bytes=c["max_result"],
+            )
+        except IsolationError as e:  # it told the master (GONE); wait for the next session
+            log.error("worker %d: %s", comm.Get_rank(), e)
+
+
+def exit_workers(comm: Any = None, timeout: float = 10.0) -> bool:
+    """Send EXIT to every other rank of ``comm`` (each leaves :func:`serve`); False when some
+    send did not complete within ``timeout``."""
+    from ..mpi.transport import MpiTransport
+
+    link = MpiTransport(comm)
+    return link.stop(range(1, link.size), b"", EXIT, timeout)

@@ -1,0 +1,22 @@
+"""``DurableCommExecutor`` (mpi4py's ``MPICommExecutor``): every rank runs this script under a
+plain ``mpiexec``; rank 0 submits, the others serve and get None. ``argv``: the state directory,
+and ``bug`` to raise in the ``with`` block on rank 0 (the job must end non-zero, not hang)."""
+
+import sys
+
+from mpi4py import MPI
+
+from durable_dispatch.futures import MPICommExecutor
+
+
+def cube(x):
+    return x**3
+
+
+if __name__ == "__main__":
+    with MPICommExecutor(MPI.COMM_WORLD, 0, state_dir=sys.argv[1]) as ex:
+        if ex is not None:
+            print("sum", sum(ex.map(cube, range(30))), "workers", ex.num_workers, flush=True)
+            if sys.argv[2:] == ["bug"]:
+                raise RuntimeError("a bug in the user's code")
+    print("rank", MPI.COMM_WORLD.Get_rank(), "left", flush=True)

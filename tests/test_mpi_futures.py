@@ -1,0 +1,126 @@
+"""The futures executor under a real ``mpiexec`` (issue 32): its conformance suite run by pytest on
+rank 0 under the runner, a job SIGKILLed mid-``map`` and re-run, the collective executor, and a
+user's bug on rank 0. Each ``mpiexec`` runs in its own session with a timeout
+(``run_mpiexec``)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from durable_dispatch import read_results
+from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILDREN = Path(__file__).parent / "children"
+
+
+def _runner(n: int, *target: str, state: Path | None = None) -> list[str]:
+    opts = ["--state-dir", str(state)] if state is not None else []
+    return mpiexec_command(n, [sys.executable, "-m", "durable_dispatch.futures", *opts, *target])
+
+
+def test_the_conformance_suite_passes_under_the_runner() -> None:
+    """Rank 0 runs pytest on ``tests/children/futures_suite.py`` (the stdlib's and mpi4py's
+    cases, durability and S7) while ranks 1-2 serve its executors one after the other."""
+    cmd = _runner(
+        3,
+        "-m",
+        "pytest",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--color=no",
+        str(CHILDREN / "futures_suite.py"),
+    )
+    res = run_mpiexec(cmd, timeout=400, cwd=ROOT, env={"FUTURES_WORKERS": "2"})
+    assert not res.timed_out and res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    m = re.search(r"(\d+) passed", res.stdout)
+    assert m and int(m.group(1)) >= 17 and "failed" not in res.stdout, res.stdout[-3000:]
+
+
+def _runs(count: Path) -> list[int]:
+    return [int(x) for x in count.read_text().split()] if count.exists() else []
+
+
+@pytest.mark.parametrize("kill_at", [7, 31])
+def test_a_job_killed_mid_map_reruns_only_what_was_not_committed(
+    tmp_path: Path, kill_at: int
+) -> None:
+    """The done-when of issue 32: an mpi4py.futures script (one changed import) is SIGKILLed
+    mid-``map`` and run again on its state directory: the re-run prints all 60 results once
+    each, in order, and runs only the calls the first run did not commit (counted in a side
+    file: each call ran at least once, and a committed call never ran again)."""
+    state, count = tmp_path / "state", tmp_path / "count"
+    script = str(CHILDREN / "futures_job.py")
+    first = run_mpiexec(_runner(4, script, str(count), str(kill_at), state=state), timeout=120)
+    assert not first.timed_out and first.returncode != 0
+    printed = [line for line in first.stdout.splitlines() if line.startswith("result")]
+    assert len(printed) == kill_at
+    committed = {r.work_id for r in read_results(state / "executor-1")}
+    assert len(committed) >= kill_at
+    ran_first = _runs(count)
+    second = run_mpiexec(_runner(4, script, str(count), "-1", state=state), timeout=120)
+    assert not second.timed_out and second.returncode == 0, second.stderr[-3000:]
+    lines = second.stdout.splitlines()
+    assert lines == [f"result {x} {x * x}" for x in range(60)] + ["done"]
+    ran_second = _runs(count)[len(ran_first) :]
+    assert len(ran_second) == 60 - len(committed)  # only the missing calls ran
+    assert set(ran_first) | set(ran_second) == set(range(60))
+    assert len({r.work_id for r in read_results(state / "executor-1")}) == 60
+
+
+def test_the_collective_executor_serves_from_every_rank(tmp_path: Path) -> None:
+    cmd = mpiexec_command(3, [sys.executable, str(CHILDREN / "futures_comm.py"), str(tmp_path)])
+    res = run_mpiexec(cmd, timeout=120)
+    assert not res.timed_out and res.returncode == 0, res.stderr[-3000:]
+    assert f"sum {sum(x**3 for x in range(30))} workers 2" in res.stdout
+    assert sorted(re.findall(r"rank (\d) left", res.stdout)) == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("how", ["runner", "collective"])
+def test_a_bug_in_the_users_script_ends_the_job_nonzero_within_seconds(
+    tmp_path: Path, how: str
+) -> None:
+    """U8 with the executor: rank 0 raises with calls in flight (runner) or inside the
+    collective ``with`` block: the job ends non-zero with the error shown, never hangs."""
+    if how == "runner":
+        cmd = _runner(3, str(CHILDREN / "futures_bug.py"), state=tmp_path)
+        error = "KeyError"
+    else:
+        script = str(CHILDREN / "futures_comm.py")
+        cmd = mpiexec_command(3, [sys.executable, script, str(tmp_path), "bug"])
+        error = "a bug in the user's code"
+    start = time.monotonic()
+    res = run_mpiexec(cmd, timeout=90)
+    assert not res.timed_out and res.returncode != 0
+    assert error in res.stderr, res.stderr[-3000:]
+    assert time.monotonic() - start < 60
+
+
+def test_the_runner_runs_a_module_and_a_command_and_passes_the_exit_status(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import sys\n"
+        "from durable_dispatch.futures import MPIPoolExecutor\n"
+        "with MPIPoolExecutor() as ex:\n"
+        "    print('max', max(ex.map(abs, range(-9, 3))))\n"
+        "sys.exit(3)\n"
+    )
+    res = run_mpiexec(_runner(2, "-c", code, state=tmp_path), timeout=90)
+    assert not res.timed_out and res.returncode == 3 and "max 9" in res.stdout, res.stderr
+    res = run_mpiexec(
+        _runner(2, "-m", "tests.children.futures_job", str(tmp_path / "c"), "-1", state=tmp_path),
+        timeout=90,
+        cwd=ROOT,
+    )
+    assert not res.timed_out and res.returncode == 0 and res.stdout.endswith("done\n"), res.stderr
+    res = run_mpiexec(_runner(2, "--bogus"), timeout=60)
+    assert res.returncode != 0 and "usage" in res.stderr
