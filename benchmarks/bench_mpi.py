@@ -7,6 +7,8 @@ Runs, one after another in this one invocation, on 1 master + 3 workers with tri
   ours     run_master/run_worker with a state directory and sync="batch"
   futures  mpi4py.futures.MPIPoolExecutor.map(fn, ..., chunksize=1), and for context with
            chunksize=--batch (the executor's own way of sending several tasks per message)
+  durable  durable_dispatch.futures' executor: the same map, each call durable, with
+           isolate=False and isolate=True (its default), under its runner
 and prints tasks/s, the ratios (targets: ours >= 5x futures, ours >= 0.3x bare), our per-task
 time in microseconds, and the ULFM kill-to-rollback latency measured by the demo campaign.
 "ours" runs twice: with one item per dispatch (``batch=1``) and with ``--batch`` items per
@@ -109,6 +111,19 @@ def role_futures(n: int, chunksize: int) -> None:
     print(json.dumps({"role": "futures", "tasks_per_s": n / el}), flush=True)
 
 
+def role_durable(n: int, state_dir: str, isolate: bool) -> None:
+    """durable_dispatch.futures: the same map, durable (run under its runner)."""
+    from durable_dispatch.futures import DurableExecutor
+
+    with DurableExecutor(state_dir=state_dir, isolate=isolate) as ex:
+        list(ex.map(trivial, range(min(n, 200))))  # warm up
+        t = time.perf_counter()
+        out = list(ex.map(trivial, range(n)))
+        el = time.perf_counter() - t
+    assert out == list(range(n))
+    print(json.dumps({"role": "durable", "tasks_per_s": n / el}), flush=True)
+
+
 def ceiling_without_mpi(n: int, workers: int, batch: int) -> float:
     """Tasks/s of the master's bookkeeping alone: CampaignState + Dispatcher, no messages."""
     import shutil
@@ -168,7 +183,7 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each; the fastest is kept")
-    ap.add_argument("--role", choices=["bare", "ours", "futures"])
+    ap.add_argument("--role", choices=["bare", "ours", "futures", "durable"])
     ap.add_argument("--state-dir")
     ap.add_argument("--batch", type=int, default=64, help="items per dispatch for 'ours batched'")
     ap.add_argument("--auto", action="store_true", help="role ours: run_master(batch='auto')")
@@ -182,6 +197,9 @@ def main() -> int:
         return 0
     if a.role == "futures":
         role_futures(a.tasks, a.batch)
+        return 0
+    if a.role == "durable":
+        role_durable(a.tasks, a.state_dir, a.isolate)
         return 0
     from durable_dispatch.mpi.launcher import mpiexec_command
 
@@ -210,6 +228,10 @@ def main() -> int:
             ):
                 fut = [me, "--role", "futures", "--tasks", str(count), "--batch", str(batch)]
                 runs[name] = run(mpiexec_command(n, [py, "-m", "mpi4py.futures", *fut]))
+            for name, iso in (("durable", []), ("durable-isolated", ["--isolate"])):
+                state = ["--state-dir", os.path.join(tmp, f"{name}-{k}")]
+                dur = [me, "--role", "durable", *tasks, *state, *iso]
+                runs[name] = run(mpiexec_command(n, [py, "-m", "durable_dispatch.futures", *dur]))
             for name, r in runs.items():
                 best[name] = max(best.get(name, 0.0), float(r["tasks_per_s"]))  # type: ignore[arg-type]
             auto_mean = float(runs["auto"]["items_per_dispatch"])  # type: ignore[arg-type]
@@ -279,6 +301,13 @@ def main() -> int:
         f"  / batch={k}               = {o / best['batched']:6.2f}  (target: about 1; "
         f"{auto_mean:.1f} items per dispatch on average, ramp-up included)"
     )
+    for name, label in (("durable", "isolate=False"), ("durable-isolated", "isolate=True")):
+        o = best[name]
+        line(f"durable_dispatch.futures map, {label}", o)
+        print(
+            f"  / MPIPoolExecutor.map(chunksize=1) = {o / f:6.2f}, "
+            f"/ (chunksize={k}) = {o / best['futures-chunked']:6.2f}"
+        )
     lat = demo.get("kill_to_rollback_seconds", {})
     for rank, sec in lat.items():  # type: ignore[union-attr]
         print(f"ULFM kill-to-rollback latency (rank {rank}): {float(sec) * 1000:.1f} ms")

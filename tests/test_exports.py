@@ -54,7 +54,7 @@ def test_every_top_level_name_is_documented() -> None:
     text = (root / "README.md").read_text() + "".join(
         p.read_text() for p in sorted((root / "docs").glob("*.md"))
     )
-    for modname in ("durable_dispatch", "durable_dispatch.mpi"):
+    for modname in ("durable_dispatch", "durable_dispatch.mpi", "durable_dispatch.futures"):
         mod = importlib.import_module(modname)
         missing = [n for n in mod.__all__ if not mentions(text, n)]
         assert not missing, f"{modname}: not in README.md or docs/: {missing}"

@@ -124,3 +124,19 @@ def test_the_runner_runs_a_module_and_a_command_and_passes_the_exit_status(
     assert not res.timed_out and res.returncode == 0 and res.stdout.endswith("done\n"), res.stderr
     res = run_mpiexec(_runner(2, "--bogus"), timeout=60)
     assert res.returncode != 0 and "usage" in res.stderr
+
+
+def test_the_readme_futures_example_runs_and_a_rerun_answers_from_the_record(
+    tmp_path: Path,
+) -> None:
+    """examples/futures_map.py, as the README runs it; the second run prints the same answer
+    and commits nothing new (every call resolved from the record)."""
+    example = str(ROOT / "examples" / "futures_map.py")
+    outs, seqs = [], []
+    for _ in range(2):
+        res = run_mpiexec(_runner(4, example, state=tmp_path), timeout=180)
+        assert not res.timed_out and res.returncode == 0, res.stderr[-3000:]
+        outs.append(res.stdout)
+        seqs.append([r.seq for r in read_results(tmp_path / "executor-1")])
+    assert outs[0] == outs[1] and outs[0].startswith("best seed ")
+    assert len(seqs[0]) == 200 and seqs[1] == seqs[0]
