@@ -1,0 +1,705 @@
+"""The torture harness: random campaigns that combine every feature under every fault, checked
+against a model (issue 35; after Jepsen's nemesis and checkers, FoundationDB's simulation and
+TigerBeetle's VOPR).
+
+Usage::
+
+    python benchmarks/torture.py --minutes 3 [--seed S ...] [--fresh]   # random scenarios
+    python benchmarks/torture.py --scenario FILE [--plant BUG]          # replay one
+    python benchmarks/torture.py --seed S --shrink                      # shrink a failing one
+
+Each **scenario** (a JSON file; a seed makes the same one) is a campaign under a real
+``mpiexec`` (4 to 6 ranks, isolated or not): items of every kind (:data:`KINDS`: instant,
+long-tailed, hanging, segfaulting, aborting, over ``memory_limit``, a huge result, raising, flaky,
+leaving a process behind), per-item timeouts, ``batch`` 1 / k / ``"auto"``, the fixed or the
+adaptive watchdog, retry budgets per kind, children spawned from results, priorities; and a
+**nemesis** schedule: SIGKILL of the master (the next run resumes on the same directory), of a
+worker, of an isolated child; SIGSTOP/SIGCONT of each; SIGUSR1 drains; ``results`` and
+``compact`` while the master runs, ``compact`` between runs; a tmpfs under the state directory
+that fills up and frees (real ENOSPC, as root); a journal forged between runs (expected: a typed
+refusal, the file unchanged).
+
+The **checker** (:func:`check`) reads the campaign's own record and the user's sink and holds
+them against the model: every submitted or spawned work ID ends committed or deferred, once;
+each committed result is the function of its payload; every commit reached the callback; no
+duplicate commit in the journal; each deferral's kinds are allowed for its item and its counts
+follow the retry budgets; no rank parked at the end with isolation; no process of the job left;
+each run ended by itself within a bound computed from the scenario's deadlines; ``verify``
+passes. A failing scenario is written to ``torture-failures/`` with its seed; ``--shrink`` drops
+faults and items while it still fails. Exit status: 0 no violation, 1 violations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+from torture_campaign import expected  # noqa: E402
+
+from durable_dispatch.mpi import launcher  # noqa: E402
+
+#: item kind -> (it commits, the failure kinds its deferral may carry, needs isolation)
+KINDS: dict[str, tuple[bool, frozenset[str], bool]] = {
+    "instant": (True, frozenset(), False),
+    "sleep": (True, frozenset(), False),
+    "flaky": (True, frozenset({"error"}), False),
+    "orphan": (True, frozenset(), True),
+    "raise": (False, frozenset({"error"}), False),
+    "huge": (False, frozenset({"result-too-large"}), False),
+    "hang": (False, frozenset({"timeout"}), True),
+    "segfault": (False, frozenset({"crash"}), True),
+    "abort": (False, frozenset({"crash"}), True),
+    "memory": (False, frozenset({"error", "crash"}), True),
+}
+MEMORY_LIMIT = 256 << 20
+MAX_RESULT = 64 << 10
+RUN_OVERHEAD = 30.0  # seconds a run may take beyond its items' deadlines (start, linger, stop)
+MAX_RUNS = 12
+
+
+# ------------------------------------------------------------------------------ scenarios
+def generate(seed: int, profile: str = "any") -> dict[str, Any]:
+    """The scenario of ``seed`` (``profile="restart"``: a master kill early in the first run
+    and hanging items after it, for the planted-deadline test)."""
+    rnd = random.Random(seed)
+    if profile != "any":
+        return _profiled(rnd, seed, profile)
+    isolate = rnd.random() < 0.75
+    kinds = [k for k, (_, _, iso) in KINDS.items() if isolate or not iso]
+    n = rnd.randint(8, 32)
+    items: list[dict[str, Any]] = []
+    for i in range(n):
+        kind = rnd.choice(kinds) if rnd.random() < 0.5 else rnd.choice(["instant", "sleep"])
+        it: dict[str, Any] = {"id": f"i{i:03d}", "kind": kind, "priority": rnd.choice([0, 0, 1, 5])}
+        if kind == "sleep":
+            it["arg"] = round(rnd.expovariate(1 / 0.3), 3)  # long-tailed
+        elif kind == "memory":
+            it["arg"] = 2 * MEMORY_LIMIT
+        elif kind == "huge":
+            it["arg"] = 2 * MAX_RESULT
+        if kind == "hang" or rnd.random() < 0.4:
+            it["timeout"] = round(rnd.uniform(1.0, 3.0), 2)
+            if kind == "sleep":
+                it["arg"] = min(it["arg"], it["timeout"] / 3)
+        items.append(it)
+    spawns = []
+    for parent in rnd.sample(items, k=min(len(items), rnd.randint(0, 4))):
+        kids = []
+        for j in range(rnd.randint(1, 3)):
+            kind = rnd.choice(["instant", "sleep", "flaky"] + (["hang"] if isolate else []))
+            kid: dict[str, Any] = {"id": f"{parent['id']}.c{j}", "kind": kind, "arg": 0.05}
+            if kind == "hang":
+                kid["timeout"] = 1.5
+            kid["priority"] = parent.get("priority", 0) + 1
+            kids.append(kid)
+        spawns.append({"parent": parent["id"], "children": kids})
+    watchdog: dict[str, Any] = {"seconds": rnd.choice([20.0, 30.0])}
+    if rnd.random() < 0.3:
+        watchdog["quantile"] = 0.95
+    per_kind = {k: rnd.randint(0, 2) for k in rnd.sample(["timeout", "crash", "error"], 2)}
+    scenario: dict[str, Any] = {
+        "seed": seed,
+        "ranks": rnd.randint(4, 6),
+        "isolate": isolate,
+        "memory_limit": MEMORY_LIMIT,
+        "max_result": MAX_RESULT,
+        "batch": rnd.choice([1, 1, 4, "auto"]),
+        "watchdog": watchdog,
+        "retries": rnd.randint(0, 2),
+        "per_kind": per_kind,
+        "items": items,
+        "spawns": spawns,
+        "nemesis": _nemesis(rnd, isolate, profile),
+    }
+    scenario["tmpfs"] = os.geteuid() == 0 and any(a["do"] == "fill" for a in scenario["nemesis"])
+    return scenario
+
+
+def _profiled(rnd: random.Random, seed: int, profile: str) -> dict[str, Any]:
+    """Small scenarios aimed at one promise (the harness's own tests): ``restart`` (hanging items
+    with their own timeouts, and the master killed while they run), ``spawn`` (children spawned
+    from results, no fault), ``commit`` (plain items, no fault)."""
+    items: list[dict[str, Any]] = [
+        {"id": f"i{i:03d}", "kind": "instant", "priority": 0} for i in range(6)
+    ]
+    spawns: list[dict[str, Any]] = []
+    nemesis: list[dict[str, Any]] = []
+    if profile == "restart":
+        items = [
+            {"id": f"h{i}", "kind": "hang", "timeout": 1.5, "priority": 1} for i in range(3)
+        ] + items
+        nemesis = [{"run": 0, "at": round(rnd.uniform(0.6, 1.2), 2), "do": "kill-master"}]
+    elif profile == "spawn":
+        spawns = [
+            {
+                "parent": it["id"],
+                "children": [{"id": f"{it['id']}.c{j}", "kind": "instant"} for j in range(2)],
+            }
+            for it in items[:3]
+        ]
+    return {
+        "seed": seed,
+        "ranks": 4,
+        "isolate": True,
+        "memory_limit": MEMORY_LIMIT,
+        "max_result": MAX_RESULT,
+        "batch": 1,
+        "watchdog": {"seconds": 120.0},
+        "retries": 1,
+        "per_kind": {},
+        "items": items,
+        "spawns": spawns,
+        "nemesis": nemesis,
+        "tmpfs": False,
+    }
+
+
+def _nemesis(rnd: random.Random, isolate: bool, profile: str) -> list[dict[str, Any]]:
+    """In-run faults mostly in the first run; faults between runs before the second, with a
+    fault that ends the first run early (a kill or a drain) so that there is a second."""
+    inside = [
+        "kill-master",
+        "kill-worker",
+        "stop-master",
+        "stop-worker",
+        "drain",
+        "results",
+        "compact",
+        "fill",
+    ] + (["kill-child", "stop-child"] if isolate else [])
+    between = ["compact-between", "forge-between"]
+    out: list[dict[str, Any]] = []
+    for _ in range(rnd.randint(1, 4)):
+        do = rnd.choice(inside + between)
+        out.append(
+            {
+                "run": 1 if do in between else 0,
+                "at": round(rnd.uniform(0.3, 2.5), 2),
+                "do": do,
+                "seconds": round(rnd.uniform(0.5, 4.0), 2),
+            }
+        )
+    ends = {"kill-master", "kill-worker", "drain"}
+    if any(a["run"] == 1 for a in out) and not any(a["do"] in ends for a in out):
+        out.append(
+            {"run": 0, "at": round(rnd.uniform(0.5, 2.0), 2), "do": rnd.choice(sorted(ends))}
+        )
+    if any(a["do"] in ends and a["run"] == 0 for a in out):
+        for a in out:  # some faults in the run that resumes
+            if a["do"] in inside and a["do"] not in ends and rnd.random() < 0.4:
+                a["run"] = 1
+    return sorted(out, key=lambda a: (a["run"], a["at"]))
+
+
+# ------------------------------------------------------------------------------ running
+@dataclass
+class Outcome:
+    """What a scenario did: its runs, its faults, and the checker's violations."""
+
+    violations: list[str] = field(default_factory=list)
+    runs: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+
+def _pid(workdir: Path, rank: int) -> int | None:
+    try:
+        return int((workdir / "pids" / str(rank)).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _signal(pid: int | None, sig: int) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _bound(s: dict[str, Any]) -> float:
+    """How long one run may take, from the scenario's deadlines: every item's worst case (each
+    attempt at its deadline) spread over the workers, plus the fixed overhead."""
+    wd = float(s["watchdog"]["seconds"])
+    total = 0.0
+    every = list(s["items"]) + [c for sp in s["spawns"] for c in sp["children"]]
+    budget = max([int(s["retries"]), *s["per_kind"].values()]) + 1
+    for it in every:
+        if it["kind"] == "hang":
+            total += it["timeout"] * budget  # each attempt to its own deadline
+        elif KINDS[it["kind"]][0]:
+            total += 1.0 + (it.get("arg", 0) if it["kind"] == "sleep" else 0)
+        else:
+            total += 1.0 * budget  # fails at once; a crashed child restarts
+    workers = s["ranks"] - 1
+    faults = {a["do"] for a in s["nemesis"]}
+    pauses = sum(a.get("seconds", 0) for a in s["nemesis"]) + 20.0  # pauses, drain_seconds
+    # a paused worker's item without a timeout of its own waits for the watchdog
+    stalled = wd if faults & {"stop-worker", "stop-child"} else 0.0
+    return RUN_OVERHEAD + pauses + 1.5 * total / workers + stalled
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "durable_dispatch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_scenario(
+    s: dict[str, Any], root: Path, plant: str | None = None, verbose: bool = False
+) -> Outcome:
+    """Run ``s`` to the end (a run per restart) in ``root``, then check it."""
+    out = Outcome()
+    start = time.monotonic()
+    workdir = root
+    state = workdir / "state"
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "scenario.json").write_text(json.dumps(s, indent=1))
+    mount = None
+    if s.get("tmpfs") and os.geteuid() == 0:
+        state.mkdir(exist_ok=True)
+        if (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(state)], capture_output=True
+            ).returncode
+            == 0
+        ):
+            mount = state
+    try:
+        finished = False
+        for r in range(MAX_RUNS):
+            out.runs += 1
+            for a in s["nemesis"]:
+                if a["run"] == r and a["do"] in ("compact-between", "forge-between") and r > 0:
+                    _between(a["do"], s, workdir, out, plant)
+            finished = _one_run(s, r, workdir, out, plant, verbose)
+            if finished or out.violations:
+                break
+        if not finished and not out.violations:
+            out.violations.append(f"not finished after {MAX_RUNS} runs")
+        if not out.violations:
+            out.violations += check(s, workdir)
+    finally:
+        if mount is not None:
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    out.seconds = time.monotonic() - start
+    return out
+
+
+def _between(what: str, s: dict[str, Any], workdir: Path, out: Outcome, plant: str | None) -> None:
+    state = workdir / "state"
+    if what == "compact-between":
+        out.faults["compact-between"] += 1
+        res = _cli("compact", str(state))
+        if res.returncode != 0:
+            out.violations.append(f"compact between runs failed: {res.stdout}{res.stderr}")
+        return
+    journal = state / "events.jsonl"
+    if not journal.exists() or journal.stat().st_size < 400:
+        return
+    out.faults["forge-between"] += 1
+    original = journal.read_bytes()
+    data = bytearray(original)
+    at = len(data) // 3
+    data[at] = ord("7") if data[at] != ord("7") else ord("3")  # a digit changed mid-file
+    journal.write_bytes(bytes(data))
+    cmd = launcher.mpiexec_command(
+        s["ranks"],
+        [
+            sys.executable,
+            str(HERE / "torture_campaign.py"),
+            str(workdir / "scenario.json"),
+            str(workdir),
+        ],
+    )
+    res = launcher.run_mpiexec(cmd, timeout=120)
+    after = journal.read_bytes()
+    journal.write_bytes(original)
+    if res.timed_out:
+        out.violations.append("a forged journal made the job hang")
+    elif res.returncode == 0:
+        out.violations.append("a forged journal was accepted")
+    elif "CorruptError" not in res.stderr:
+        out.violations.append(
+            f"a forged journal was refused without a typed error: {res.stderr[-800:]}"
+        )
+    if after != bytes(data):
+        out.violations.append("the refused open changed the forged journal")
+
+
+def _one_run(
+    s: dict[str, Any], r: int, workdir: Path, out: Outcome, plant: str | None, verbose: bool
+) -> bool:
+    shutil.rmtree(workdir / "pids", ignore_errors=True)
+    argv = [
+        sys.executable,
+        str(HERE / "torture_campaign.py"),
+        str(workdir / "scenario.json"),
+        str(workdir),
+    ]
+    if plant:
+        argv += ["--plant", plant]
+    env = launcher.launch_env(quiet=True)
+    proc = subprocess.Popen(
+        launcher.mpiexec_command(s["ranks"], argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    bound = _bound(s)
+    t0 = time.monotonic()
+    todo = [a for a in s["nemesis"] if a["run"] == r and not a["do"].endswith("-between")]
+    stopped: list[tuple[float, int]] = []
+    filler: Path | None = None
+    fill_until = 0.0
+    try:
+        while proc.poll() is None:
+            now = time.monotonic() - t0
+            if now > bound:
+                out.violations.append(f"run {r} did not end by itself within {bound:.0f} s")
+                break
+            for t_end, pid in list(stopped):
+                if now >= t_end:
+                    _signal(pid, signal.SIGCONT)
+                    stopped.remove((t_end, pid))
+            if filler is not None and now > fill_until:
+                filler.unlink(missing_ok=True)  # the disk frees: the journal recovers
+                filler = None
+            while todo and now >= todo[0]["at"]:
+                a = todo[0]
+                done, made = _act(a, s, workdir, proc, stopped, now, out)
+                if made is not None:
+                    filler, fill_until = made, now + a.get("seconds", 2.0)
+                if done or now > a["at"] + 5.0:  # its target came up, or never did
+                    todo.pop(0)
+                else:
+                    break
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            launcher.kill_session(proc)
+        for _, pid in stopped:
+            _signal(pid, signal.SIGCONT)
+        if filler is not None:
+            filler.unlink(missing_ok=True)
+        stdout, stderr = proc.communicate()
+    (workdir / f"run-{r}.out").write_text(stdout)
+    (workdir / f"run-{r}.err").write_text(stderr)
+    time.sleep(0.5)
+    left = [p for p in launcher.pids_in_session(proc.pid) if p != proc.pid]
+    if left:
+        out.violations.append(f"run {r}: {len(left)} process(es) of the job left: {left}")
+        for p in left:
+            _signal(p, signal.SIGKILL)
+    launcher.remove_session_dir(proc.pid)
+    launcher.remove_stale_shm()
+    if verbose:
+        print(f"  run {r}: rc {proc.returncode} in {time.monotonic() - t0:.1f}s", flush=True)
+    if proc.returncode == 0:
+        return True
+    if "Traceback" in stderr and "CorruptError" in stderr:
+        out.violations.append(f"run {r} refused its own state: {stderr[-1500:]}")
+    return False
+
+
+def _act(
+    a: dict[str, Any],
+    s: dict[str, Any],
+    workdir: Path,
+    proc: subprocess.Popen[str],
+    stopped: list[tuple[float, int]],
+    now: float,
+    out: Outcome,
+) -> tuple[bool, Path | None]:
+    """Inject ``a``; ``(done, ballast file)``, done False when its target is not up yet."""
+    do = a["do"]
+    workers = [p for p in (_pid(workdir, k) for k in range(1, s["ranks"])) if p]
+    master = _pid(workdir, 0)
+    target: int | None = None
+    if do in ("kill-master", "stop-master"):
+        target = master
+    elif do in ("kill-worker", "stop-worker") and workers:
+        target = random.Random(a["at"]).choice(workers)
+    elif do in ("kill-child", "stop-child") and workers:
+        kids = [c for w in workers for c in _children_of(w)]
+        target = random.Random(a["at"]).choice(kids) if kids else None
+    if do.startswith(("kill-", "stop-")):
+        if target is None:
+            return False, None
+        if do.startswith("kill-") and _signal(target, signal.SIGKILL):
+            out.faults[do] += 1
+        elif do.startswith("stop-") and _signal(target, signal.SIGSTOP):
+            out.faults[do] += 1
+            stopped.append((now + a.get("seconds", 1.0), target))
+        return True, None
+    if do == "drain":
+        if _signal(proc.pid, signal.SIGUSR1):
+            out.faults[do] += 1
+        return True, None
+    if do in ("results", "compact"):
+        if not (workdir / "state" / "events.jsonl").exists():
+            return False, None
+        out.faults[do] += 1
+        res = _cli(do, str(workdir / "state"), *(["--jsonl"] if do == "results" else []))
+        if res.returncode not in ((0,) if do == "results" else (0, 1)):
+            out.violations.append(
+                f"{do} beside the master: exit {res.returncode}: {res.stderr[-800:]}"
+            )
+        return True, None
+    if do == "fill" and s.get("tmpfs"):
+        if not (workdir / "state" / "events.jsonl").exists():
+            return False, None
+        ballast = workdir / "state" / "ballast"
+        try:
+            with open(ballast, "wb") as f:
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+        except OSError:
+            pass  # full: ENOSPC for the master from now on
+        out.faults[do] += 1
+        return True, ballast
+    return True, None
+
+
+# ------------------------------------------------------------------------------ the checker
+def check(s: dict[str, Any], workdir: Path) -> list[str]:
+    """The model's promises, held against the campaign's record (see the module docs)."""
+    from durable_dispatch import read_results
+    from durable_dispatch.core import RetryPolicy
+    from durable_dispatch.state import view_state
+    from durable_dispatch.storage.journal import read_journal
+
+    v: list[str] = []
+    state = workdir / "state"
+    policy = RetryPolicy(s["retries"], per_kind=s["per_kind"])
+    p = view_state(state).projection
+    committed = {r.work_id: r.result for r in read_results(state)}
+    deferred_ids = set(p.deferred)
+    spec = {i["id"]: i for i in s["items"]}
+    kids = {sp["parent"]: sp["children"] for sp in s["spawns"]}
+    for parent, children in kids.items():
+        if parent in committed:
+            spec.update({c["id"]: c for c in children})
+    nemesis = {a["do"] for a in s["nemesis"]}
+    suspect = set()
+    if nemesis & {"stop-worker", "stop-child", "stop-master"} or s["watchdog"].get("quantile"):
+        suspect.add("timeout")
+    if "kill-child" in nemesis:
+        suspect.add("crash")
+    for wid, it in spec.items():
+        commits, allowed, _ = KINDS[it["kind"]]
+        c, d = wid in committed, wid in deferred_ids
+        if c == d:
+            how = "both committed and deferred" if c else "neither committed nor deferred"
+            v.append(f"{wid} ({it['kind']}): {how}")
+            continue
+        if c:
+            if not commits and not (it["kind"] == "memory"):
+                v.append(f"{wid} ({it['kind']}) was committed, but it cannot succeed")
+            elif commits and committed[wid] != expected(it):
+                v.append(f"{wid}: committed {committed[wid]!r}, expected {expected(it)!r}")
+        else:
+            kinds = tuple(p.kinds.get(wid, ()))
+            ok = allowed | suspect
+            if commits:
+                ok = (allowed | suspect) if it["kind"] == "flaky" else suspect
+            bad = [k for k in kinds if k not in ok]
+            if bad or not kinds:
+                v.append(f"{wid} ({it['kind']}) deferred with kinds {kinds}, allowed {sorted(ok)}")
+            for n, k in enumerate(kinds[:-1], start=1):
+                if n > policy.retries_for(k):
+                    v.append(f"{wid}: failure {n} ({k}) was over its budget but requeued: {kinds}")
+            if kinds and len(kinds) <= policy.retries_for(kinds[-1]):
+                v.append(
+                    f"{wid}: deferred after {len(kinds)} failure(s) within its budget: {kinds}"
+                )
+    unknown = (set(committed) | deferred_ids) - set(spec)
+    if unknown:
+        v.append(f"work IDs nobody submitted or spawned: {sorted(unknown)[:5]}")
+    if p.duplicate_commits:
+        v.append(f"{p.duplicate_commits} duplicate commit(s) in the projection")
+    seqs: dict[str, set[int]] = {}  # work ID -> the state-journal records that committed it
+    for name in ("results.jsonl", "events.jsonl"):
+        path = state / name
+        if path.exists():
+            for rec in read_journal(str(path)):
+                ev = rec.payload
+                if name == "events.jsonl" and ev.get("event") != "committed":
+                    continue
+                seq = int(ev["seq"]) if name == "results.jsonl" else rec.seq
+                for wid in ev.get("work_ids") or [ev.get("work_id")]:
+                    seqs.setdefault(wid, set()).add(seq)
+    dup = [w for w, n in seqs.items() if len(n) > 1]
+    if dup:
+        v.append(f"work IDs committed more than once in the journal: {dup[:5]}")
+    sink = workdir / "sink.jsonl"
+    delivered = (
+        {json.loads(line)["id"] for line in sink.read_text().splitlines()}
+        if sink.exists()
+        else set()
+    )
+    missing = set(committed) - delivered
+    if missing:
+        v.append(f"commits that never reached the callback: {sorted(missing)[:5]}")
+    reports = sorted(workdir.glob("report-*.json"), key=lambda f: f.stat().st_mtime)
+    if reports and s["isolate"]:
+        st = json.loads(reports[-1].read_text())
+        parked = _find(st["stats"], "parked_ranks_now")
+        if parked:
+            v.append(f"{parked} rank(s) parked at the end with isolation on")
+    res = _cli("verify", str(state))
+    if res.returncode != 0:
+        v.append(f"verify: exit {res.returncode}: {res.stdout[-500:]}")
+    return v
+
+
+def _find(d: Any, key: str) -> Any:
+    if isinstance(d, dict):
+        if key in d:
+            return d[key]
+        for x in d.values():
+            got = _find(x, key)
+            if got is not None:
+                return got
+    return None
+
+
+# ------------------------------------------------------------------------------ shrinking
+def shrink(s: dict[str, Any], root: Path, plant: str | None = None) -> dict[str, Any]:
+    """Drop faults, then items, while the scenario still fails; the smallest one found."""
+    best = s
+    attempt = 0
+
+    def fails(c: dict[str, Any]) -> bool:
+        nonlocal attempt
+        attempt += 1
+        return bool(run_scenario(c, root / f"shrink-{attempt}", plant).violations)
+
+    for i in range(len(best["nemesis"]) - 1, -1, -1):
+        c = {**best, "nemesis": best["nemesis"][:i] + best["nemesis"][i + 1 :]}
+        if fails(c):
+            best = c
+    chunk = max(1, len(best["items"]) // 2)
+    while chunk >= 1:
+        i = 0
+        while i < len(best["items"]) and len(best["items"]) > 1:
+            c = {**best, "items": best["items"][:i] + best["items"][i + chunk :]}
+            c["spawns"] = [
+                sp for sp in c["spawns"] if sp["parent"] in {x["id"] for x in c["items"]}
+            ]
+            if fails(c):
+                best = c
+            else:
+                i += chunk
+        chunk //= 2
+    return best
+
+
+# ------------------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=3.0)
+    ap.add_argument("--seed", type=int, action="append", default=[])
+    ap.add_argument("--fresh", action="store_true", help="add one fresh random seed (printed)")
+    ap.add_argument("--scenario", type=Path)
+    ap.add_argument("--plant", choices=["double-commit", "drop-child", "deadline-after-restart"])
+    ap.add_argument("--profile", choices=["any", "restart", "spawn", "commit"], default="any")
+    ap.add_argument("--shrink", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("torture-failures"))
+    ap.add_argument("--json", type=Path, help="write the totals here")
+    a = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="dd-torture-"))
+    totals: Counter[str] = Counter()
+    scenarios = violations = 0
+    try:
+        if a.scenario:
+            queue = [json.loads(a.scenario.read_text())]
+            end = float("inf")
+        else:
+            seeds = list(a.seed)
+            if a.fresh or not seeds:
+                seeds.append(random.SystemRandom().randrange(1 << 31))
+            queue = None
+            end = time.monotonic() + 60 * a.minutes
+        k = 0
+        while True:
+            if queue is not None:
+                if not queue:
+                    break
+                s = queue.pop(0)
+            else:
+                if time.monotonic() >= end and k >= len(seeds):
+                    break
+                seed = seeds[k] if k < len(seeds) else random.SystemRandom().randrange(1 << 31)
+                s = generate(seed, a.profile)
+            k += 1
+            faults = [x["do"] for x in s["nemesis"]]
+            print(
+                f"scenario seed={s['seed']} ranks={s['ranks']} isolate={s['isolate']} "
+                f"batch={s['batch']} items={len(s['items'])} faults={faults}",
+                flush=True,
+            )
+            o = run_scenario(s, tmp / f"s{k}", a.plant, verbose=True)
+            scenarios += 1
+            totals.update(o.faults)
+            if o.violations:
+                violations += len(o.violations)
+                a.out.mkdir(exist_ok=True)
+                path = a.out / f"seed-{s['seed']}.json"
+                if a.shrink:
+                    s = shrink(s, tmp / f"shrink{k}", a.plant)
+                path.write_text(json.dumps(s, indent=1))
+                print(f"  VIOLATIONS (seed {s['seed']}, scenario {path}):", flush=True)
+                for err in sorted((tmp / f"s{k}").glob("run-*.err"))[-1:]:
+                    print("  last run's stderr:", err.read_text()[-3000:], flush=True)
+                for x in o.violations:
+                    print(f"    - {x}", flush=True)
+            else:
+                print(
+                    f"  ok: {o.runs} run(s), faults {dict(o.faults)}, {o.seconds:.1f}s", flush=True
+                )
+            if queue is None and time.monotonic() >= end and k >= len(seeds):
+                break
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{scenarios} scenario(s), faults injected {dict(totals)}, {violations} violation(s)")
+    if a.json:
+        a.json.write_text(
+            json.dumps({"scenarios": scenarios, "faults": dict(totals), "violations": violations})
+        )
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
