@@ -316,6 +316,8 @@ def run_scenario(
 
 def _between(what: str, s: dict[str, Any], workdir: Path, out: Outcome, plant: str | None) -> None:
     state = workdir / "state"
+    if not (state / "events.jsonl").exists():
+        return  # the first run was killed before its state directory was made
     if what == "compact-between":
         out.faults["compact-between"] += 1
         res = _cli("compact", str(state))

@@ -238,6 +238,48 @@ def test_a_daemon_the_function_left_dies_when_the_worker_closes(tmp_path: Path) 
                 os.kill(p, signal.SIGKILL)
 
 
+LEFTOVERS = """
+import subprocess, sys, time
+sys.path.insert(0, {tests!r})
+from durable_dispatch.mpi.isolation import IsolatedRunner
+
+def leave_two(payload, ctx):
+    subprocess.Popen(["sleep", "304.76"], start_new_session=True)   # the child's own child
+    subprocess.Popen(["setsid", "-f", "sleep", "304.77"])          # an orphan, re-parented
+    time.sleep(0.3)
+    return "ok"
+
+def alive():
+    out = subprocess.run(["pgrep", "-f", "sleep 304.7[67]"], capture_output=True, text=True)
+    return len(out.stdout.split())
+
+if __name__ == "__main__":
+    r = IsolatedRunner(leave_two, "context", 100, None)
+    o = r.run_item({{"work_id": "w", "attempt": 0, "payload": None}}, None, 1.0,
+                   lambda: False, lambda: None)
+    print(o.kind, alive(), flush=True)
+    r.close()
+"""
+
+
+def test_what_an_item_leaves_running_is_killed_when_its_dispatch_ends(tmp_path: Path) -> None:
+    """U3 (issue 35's harness found it): a process an item left running, the child's own or an
+    orphan re-parented to the worker, is killed when the dispatch ends, not when the worker
+    stops: a worker SIGKILLed later (the OOM killer) cannot kill it, and it kept the job's
+    output pipes open, so mpiexec never ended."""
+    script = tmp_path / "worker.py"
+    script.write_text(LEFTOVERS.format(tests=str(Path(__file__).parent)))
+    try:
+        out = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+        )
+        assert out.stdout.split() == ["None", "0"], out.stdout + out.stderr[-2000:]
+    finally:
+        for p in _pids():
+            if "sleep 304.7" in _cmdline(p):
+                os.kill(p, signal.SIGKILL)
+
+
 def _pids() -> list[int]:
     return [
         int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _alive(int(e.name))

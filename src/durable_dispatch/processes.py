@@ -22,7 +22,14 @@ import signal
 import time
 from pathlib import Path
 
-__all__ = ["kill_group", "become_subreaper", "die_with_parent", "kill_descendants"]
+__all__ = [
+    "kill_group",
+    "become_subreaper",
+    "die_with_parent",
+    "kill_descendants",
+    "children",
+    "kill_trees",
+]
 
 #: The longest :func:`kill_descendants` waits to reap what it killed.
 REAP_SECONDS = 1.0
@@ -84,17 +91,46 @@ def _parents() -> dict[int, int]:
     return out
 
 
+def children(pid: int | None = None) -> list[int]:
+    """The children of process ``pid`` (this one by default), read from
+    ``/proc/PID/task/*/children`` (the children of each of its threads): a few small reads, no
+    scan of ``/proc``; [] where there is no ``/proc``."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+    return out
+
+
 def kill_descendants(root: int | None = None) -> list[int]:
     """SIGKILL every descendant of ``root`` (this process by default) and reap those that are
     this process's children; returns the pids killed. With :func:`become_subreaper` this reaches
     the descendants that started a session of their own once their parent exited."""
     root = os.getpid() if root is None else root
+    return _kill_below([root], include_roots=False)
+
+
+def kill_trees(roots: list[int]) -> list[int]:
+    """SIGKILL each of ``roots`` and every descendant of them, and reap those that are this
+    process's children; returns the pids killed."""
+    return _kill_below(roots, include_roots=True)
+
+
+def _kill_below(roots: list[int], *, include_roots: bool) -> list[int]:
     parents = _parents()
     below: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
         below.setdefault(ppid, []).append(pid)
-    found: list[int] = []
-    todo = list(below.get(root, ()))
+    found: list[int] = list(roots) if include_roots else []
+    todo = [c for r in roots for c in below.get(r, ())]
     while todo:
         pid = todo.pop()
         found.append(pid)

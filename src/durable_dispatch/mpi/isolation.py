@@ -198,6 +198,7 @@ class IsolatedRunner:
         prep.pop("authkey", None)
         self._setup = pickle.dumps({"prepare": prep, "fn": ref, "mode": mode, "max": max_result})
         self._memory_limit = memory_limit
+        self._subreaper = subreaper  # then the orphans of its items are its children
         if subreaper:
             processes.become_subreaper()
         self._child: _Child | None = _Child(self._setup, memory_limit)
@@ -267,7 +268,23 @@ class IsolatedRunner:
                 if tick():
                     self.close()
                     raise StopRequested
+        self._kill_leftovers()
         return [o for o in out if o is not None], None
+
+    def _kill_leftovers(self) -> None:
+        """U3: kill what the dispatch's items left running: the child's own children, and the
+        orphans re-parented to this worker (its subreaper) from a daemon's double fork. Left
+        alive, such a process outlives a worker that is SIGKILLed (the OOM killer) and holds
+        the job's output pipes, so ``mpiexec`` never ends. Two small reads when nothing was
+        left."""
+        child = self._child
+        keep = child.proc.pid if child is not None else None
+        left = [p for p in processes.children() if p != keep] if self._subreaper else []
+        if keep is not None:
+            left += processes.children(keep)
+        if left:
+            killed = processes.kill_trees(left)
+            log.warning("worker: killed %d process(es) its last items left running", len(killed))
 
     def run_item(
         self,
