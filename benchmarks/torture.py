@@ -115,7 +115,7 @@ def generate(seed: int, profile: str = "any") -> dict[str, Any]:
     per_kind = {k: rnd.randint(0, 2) for k in rnd.sample(["timeout", "crash", "error"], 2)}
     scenario: dict[str, Any] = {
         "seed": seed,
-        "ranks": rnd.randint(4, 6),
+        "ranks": rnd.randint(4, 8),
         "isolate": isolate,
         "memory_limit": MEMORY_LIMIT,
         "max_result": MAX_RESULT,
@@ -128,7 +128,17 @@ def generate(seed: int, profile: str = "any") -> dict[str, Any]:
         "nemesis": _nemesis(rnd, isolate, profile),
     }
     scenario["tmpfs"] = os.geteuid() == 0 and any(a["do"] == "fill" for a in scenario["nemesis"])
+    # ULFM (Open MPI's --with-ft ulfm): a killed worker is a lost rank the master rolls back
+    # (uncharged) while the others go on, instead of the end of the job
+    scenario["ulfm"] = _ulfm() and rnd.random() < 0.3
     return scenario
+
+
+def _ulfm() -> bool:
+    try:
+        return launcher.ulfm_available()
+    except FileNotFoundError:
+        return False
 
 
 def _profiled(rnd: random.Random, seed: int, profile: str) -> dict[str, Any]:
@@ -371,7 +381,7 @@ def _one_run(
         argv += ["--plant", plant]
     env = launcher.launch_env(quiet=True)
     proc = subprocess.Popen(
-        launcher.mpiexec_command(s["ranks"], argv),
+        launcher.mpiexec_command(s["ranks"], argv, ulfm=bool(s.get("ulfm"))),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -379,7 +389,7 @@ def _one_run(
         start_new_session=True,
     )
     bound = _bound(s)
-    t0 = time.monotonic()
+    t0, t0_wall = time.monotonic(), time.time()
     todo = [a for a in s["nemesis"] if a["run"] == r and not a["do"].endswith("-between")]
     stopped: list[tuple[float, int]] = []
     filler: Path | None = None
@@ -427,10 +437,19 @@ def _one_run(
     launcher.remove_stale_shm()
     if verbose:
         print(f"  run {r}: rc {proc.returncode} in {time.monotonic() - t0:.1f}s", flush=True)
-    if proc.returncode == 0:
+    if proc.returncode == 0 and _finished_since(workdir, t0_wall):
         return True
     if "Traceback" in stderr and "CorruptError" in stderr:
         out.violations.append(f"run {r} refused its own state: {stderr[-1500:]}")
+    return False
+
+
+def _finished_since(workdir: Path, since: float) -> bool:
+    """The campaign's own word (its report), not the exit status: under ULFM ``mpiexec`` exits 0
+    when a rank was SIGKILLed (the others end cleanly)."""
+    for f in workdir.glob("report-*.json"):
+        if f.stat().st_mtime >= since and json.loads(f.read_text()).get("finished"):
+            return True
     return False
 
 
@@ -637,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenario", type=Path)
     ap.add_argument("--plant", choices=["double-commit", "drop-child", "deadline-after-restart"])
     ap.add_argument("--profile", choices=["any", "restart", "spawn", "commit"], default="any")
+    ap.add_argument("--ulfm", action="store_true", help="every scenario under ULFM")
     ap.add_argument("--shrink", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("torture-failures"))
     ap.add_argument("--json", type=Path, help="write the totals here")
@@ -665,10 +685,13 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 seed = seeds[k] if k < len(seeds) else random.SystemRandom().randrange(1 << 31)
                 s = generate(seed, a.profile)
+                if a.ulfm:
+                    s["ulfm"] = True
             k += 1
             faults = [x["do"] for x in s["nemesis"]]
             print(
-                f"scenario seed={s['seed']} ranks={s['ranks']} isolate={s['isolate']} "
+                f"scenario seed={s['seed']} ranks={s['ranks']} ulfm={s.get('ulfm', False)} "
+                f"isolate={s['isolate']} "
                 f"batch={s['batch']} items={len(s['items'])} faults={faults}",
                 flush=True,
             )

@@ -156,8 +156,9 @@ def main() -> int:
         json.dumps({"finished": report.finished, "reason": report.reason, "stats": report.stats})
     )
     sink.close()
-    finish()
-    return 0 if report.finished else 3
+    code = 0 if report.finished else 3
+    finish(code=code)  # under ULFM it leaves here, with this status
+    return code
 
 
 if __name__ == "__main__":

@@ -42,7 +42,14 @@ from typing import Any
 from .context import CHILD_MARKER
 from .transport import ulfm_mode
 
-__all__ = ["install", "abort_on_unhandled", "job_to_abort", "peer_failed", "exit_now"]
+__all__ = [
+    "install",
+    "abort_on_unhandled",
+    "job_to_abort",
+    "peer_failed",
+    "exit_now",
+    "exit_status",
+]
 
 _previous: Any = None
 _seen = {"unhandled": False, "peer_failed": False, "master_failed": False}
@@ -105,6 +112,15 @@ def peer_failed(*, master: bool = False) -> None:
     exception, else 0."""
     _seen["peer_failed"] = True
     _seen["master_failed"] = _seen["master_failed"] or master
+
+
+def exit_status(code: int) -> int:
+    """The status this process ends with when it asked for ``code``: 1 instead of 0 once its
+    master died or an exception went unhandled, so a job whose master was killed never ends
+    with status 0 (under ULFM ``mpiexec`` reports the status of the ranks that exited)."""
+    if code == 0 and (_seen["unhandled"] or _seen["master_failed"]):
+        return 1
+    return code
 
 
 def exit_now(code: int) -> None:

@@ -51,14 +51,16 @@ def finish(comm: Any = None, code: int = 0) -> None:
     has died, Open MPI's ``MPI_Finalize`` can wait forever for the dead process (a known runtime
     issue, open-mpi/ompi#11404), so the process flushes its output and leaves with ``os._exit``
     instead; with failure recovery enabled the runtime treats that as a normal end. Everything
-    durable has been fsynced before: ``run_master`` closes its state before returning.
+    durable has been fsynced before: ``run_master`` closes its state before returning. A worker
+    whose master died leaves with status 1, whatever ``code`` says: under ULFM the job's status
+    is its ranks', and a batch script must not read a killed master's job as a success.
     """
     if comm is None:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
     if ulfm_mode(comm):
-        guard.exit_now(code)
+        guard.exit_now(guard.exit_status(code))
 
 
 @dataclass
