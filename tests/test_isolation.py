@@ -280,6 +280,45 @@ def test_what_an_item_leaves_running_is_killed_when_its_dispatch_ends(tmp_path: 
                 os.kill(p, signal.SIGKILL)
 
 
+ORPHAN_HOLDS_OUTPUT = """
+import os, signal, subprocess, sys, threading, time
+sys.path.insert(0, {tests!r})
+from durable_dispatch.mpi.isolation import IsolatedRunner
+
+def start_and_wait(payload, ctx):
+    print("hello from the child", flush=True)
+    subprocess.Popen(["sleep", "304.78"], start_new_session=True)  # inherits the child's output
+    time.sleep(60)
+
+if __name__ == "__main__":
+    r = IsolatedRunner(start_and_wait, "context", 100, None)
+    threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()  # the OOM killer
+    r.run_item({{"work_id": "w", "attempt": 0, "payload": None}}, None, 1.0,
+               lambda: False, lambda: None)
+"""
+
+
+def test_a_process_left_running_does_not_hold_the_workers_output(tmp_path: Path) -> None:
+    """The torture harness's second finding: an item starts a process (in a session of its
+    own) and its worker is SIGKILLed mid-dispatch: the process, re-parented to init, held the
+    rank's output, so mpiexec waited for it forever. The child's output now goes through the
+    worker (a relay), and the worker's own output closes when the worker dies."""
+    script = tmp_path / "worker.py"
+    script.write_text(ORPHAN_HOLDS_OUTPUT.format(tests=str(Path(__file__).parent)))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, _err = proc.communicate(timeout=30)  # EOF once the worker is dead
+        assert "hello from the child" in out  # the relay copied the child's output
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        proc.kill()
+        for p in _pids():
+            if "sleep 304.78" in _cmdline(p):
+                os.kill(p, signal.SIGKILL)
+
+
 def _pids() -> list[int]:
     return [
         int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _alive(int(e.name))

@@ -71,10 +71,59 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+class _Relay:
+    """The children's standard output and error, copied by two threads of the worker to its
+    own (file descriptors 1 and 2), so that no child, and nothing a child starts, holds the
+    rank's own output. ``mpiexec`` ends once every rank's output is closed: a process an item
+    left running, holding the rank's output and re-parented to init when its worker was
+    SIGKILLed, kept the whole job from ending (the torture harness found it). Such a process
+    now holds only this pipe, whose reader died with the worker."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []  # the write ends the children get
+        self._threads: list[threading.Thread] = []
+        for target in (1, 2):
+            r, w = os.pipe()
+            self.fds.append(w)
+            t = threading.Thread(
+                target=self._copy, args=(r, target), name="child-output", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+
+    @staticmethod
+    def _copy(source: int, target: int) -> None:
+        try:
+            while chunk := os.read(source, 65536):
+                view = memoryview(chunk)
+                while view:
+                    try:
+                        view = view[os.write(target, view) :]
+                    except BrokenPipeError:
+                        view = view[:0]  # nobody reads the rank's output: drop it
+        except OSError:
+            pass
+        finally:
+            os.close(source)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Close the write ends; wait (at most ``timeout``) for what was written to be copied
+        (a process that still holds a write end keeps its thread alive, which is a daemon)."""
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+        end = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, end - time.monotonic()))
+
+
 class _Child:
     """One running child: its process, its two pipe ends."""
 
-    def __init__(self, setup: bytes, memory_limit: int | None) -> None:
+    def __init__(self, setup: bytes, memory_limit: int | None, output: _Relay) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         # Which item the child is running (job number, index), written by the child before
@@ -90,6 +139,8 @@ class _Child:
                 argv,
                 pass_fds=(to_child_r, from_child_w, progress),
                 stdin=subprocess.DEVNULL,
+                stdout=output.fds[0],
+                stderr=output.fds[1],
                 env=child_environment(),
                 process_group=0,  # its own group, still in the job's session
             )
@@ -201,7 +252,12 @@ class IsolatedRunner:
         self._subreaper = subreaper  # then the orphans of its items are its children
         if subreaper:
             processes.become_subreaper()
-        self._child: _Child | None = _Child(self._setup, memory_limit)
+        self._output = _Relay()
+        try:
+            self._child: _Child | None = _Child(self._setup, memory_limit, self._output)
+        except BaseException:
+            self._output.close()
+            raise
         self.restarts = 0
         self._job = 0  # jobs sent to a child, numbered
 
@@ -344,7 +400,7 @@ class IsolatedRunner:
 
     def _start(self) -> _Child:
         self.restarts += 1
-        self._child = _Child(self._setup, self._memory_limit)
+        self._child = _Child(self._setup, self._memory_limit, self._output)
         return self._child
 
     def _kill(self) -> None:
@@ -367,9 +423,11 @@ class IsolatedRunner:
         return ItemOutcome(None, "crash", f"{item['work_id']}: the work function's process {why}")
 
     def close(self) -> None:
-        """Kill the child and every descendant (on STOP and when the worker ends)."""
+        """Kill the child and every descendant (on STOP and when the worker ends), then copy
+        the last of their output."""
         self._kill()
         processes.kill_descendants()
+        self._output.close()
 
 
 class StopRequested(Exception):
