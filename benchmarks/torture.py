@@ -242,6 +242,23 @@ def _children_of(pid: int) -> list[int]:
         return []
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return "?"
+
+
+def _status(pid: int) -> str:
+    try:
+        st = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return "?"
+    keep = [x.split(":", 1)[1].strip() for x in st if x.startswith(("State", "PPid"))]
+    return f"state={keep[0]} ppid={keep[1]} wchan={wchan}"
+
+
 def _signal(pid: int | None, sig: int) -> bool:
     if pid is None:
         return False
@@ -430,7 +447,8 @@ def _one_run(
     time.sleep(0.5)
     left = [p for p in launcher.pids_in_session(proc.pid) if p != proc.pid]
     if left:
-        out.violations.append(f"run {r}: {len(left)} process(es) of the job left: {left}")
+        what = sorted({_cmdline(p)[:120] + " " + _status(p) for p in left})
+        out.violations.append(f"run {r}: {len(left)} process(es) of the job left: {left} {what}")
         for p in left:
             _signal(p, signal.SIGKILL)
     launcher.remove_session_dir(proc.pid)

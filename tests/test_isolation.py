@@ -319,6 +319,24 @@ def test_a_process_left_running_does_not_hold_the_workers_output(tmp_path: Path)
                 os.kill(p, signal.SIGKILL)
 
 
+def test_a_child_whose_worker_is_gone_before_it_runs_leaves_at_once() -> None:
+    """The torture harness's third finding: workers SIGKILLed while their children were still
+    importing (7 ranks on 2 cores) left the children running, since they asked to die with
+    their worker only after their imports. The bootstrap asks first, then leaves at once if its
+    worker is already gone: here a parent pid that is not its parent, and it exits 1 before
+    importing anything of the package."""
+    from durable_dispatch.mpi import isolation
+
+    code = isolation._BOOTSTRAP + "\nprint('imported')"
+    out = subprocess.run(
+        [sys.executable, "-c", code, "0", "0", "0", "0", "1"],  # pid 1 is not its parent
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and out.stdout == "", out.stdout + out.stderr
+
+
 def _pids() -> list[int]:
     return [
         int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _alive(int(e.name))

@@ -1,7 +1,7 @@
 """Worker isolation (U1-U3): the work function runs in a supervised child process.
 
 ``run_worker(fn, isolate=True)`` starts one child per worker rank and keeps it across items. The
-child is a fresh interpreter (``python -m durable_dispatch.mpi.isolation``), never a ``fork()`` of
+child is a fresh interpreter (``python -c BOOTSTRAP``, which runs this module), never a ``fork()`` of
 the MPI process: it loads the campaign script the way ``multiprocessing``'s spawn start method
 does (``multiprocessing.spawn.prepare``: the script is imported as ``__mp_main__``, so code under
 ``if __name__ == "__main__":`` does not run again), then finds ``fn`` by its module and name.
@@ -71,6 +71,23 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+# The child's first lines, before any import of this package: it asks to die with its worker
+# (PR_SET_PDEATHSIG), then leaves at once if the worker is already gone. Done after the imports,
+# a worker killed while its child was still importing (a second or more on a loaded machine)
+# left the child running on (the torture harness found six at once).
+_BOOTSTRAP = """\
+import ctypes, os, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[5]):
+    os._exit(1)
+import runpy
+runpy.run_module("durable_dispatch.mpi.isolation", run_name="__main__", alter_sys=True)
+"""
+
+
 class _Relay:
     """The children's standard output and error, copied by two threads of the worker to its
     own (file descriptors 1 and 2), so that no child, and nothing a child starts, holds the
@@ -132,7 +149,7 @@ class _Child:
         with os.fdopen(progress, "r+b", closefd=False) as page:  # memory, not storage
             page.truncate(_PROGRESS.size)
         self.progress = mmap.mmap(progress, _PROGRESS.size)
-        argv = [sys.executable, "-m", "durable_dispatch.mpi.isolation", str(to_child_r)]
+        argv = [sys.executable, "-c", _BOOTSTRAP, str(to_child_r)]
         argv += [str(from_child_w), str(progress), str(memory_limit or 0), str(os.getpid())]
         try:
             self.proc = subprocess.Popen(
@@ -442,7 +459,8 @@ def _child_main(argv: list[str]) -> int:
     mpi4py.rc.initialize = False  # a script that touches MPI at import fails fast, not hangs
     mpi4py.rc.finalize = False
     rfd, wfd, progress_fd, limit, parent = (int(a) for a in argv)
-    processes.die_with_parent(parent)
+    if not processes.die_with_parent(parent) and os.getppid() != parent:
+        return 1  # the worker is gone already
     # The batch system's signals are the worker's to handle: it finishes or kills this item.
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(s, lambda *_: None)  # a handler, not SIG_IGN: programs run get defaults
