@@ -2,9 +2,10 @@
 
 ``run_worker(fn, isolate=True)`` starts one child per worker rank and keeps it across items. The
 child is a fresh interpreter (``python -c _BOOTSTRAP``, which runs this module), never a
-``fork()`` of the MPI process: it loads the campaign script the way ``multiprocessing``'s spawn start method
-does (``multiprocessing.spawn.prepare``: the script is imported as ``__mp_main__``, so code under
-``if __name__ == "__main__":`` does not run again), then finds ``fn`` by its module and name.
+``fork()`` of the MPI process: it loads the campaign script the way ``multiprocessing``'s spawn
+start method does (``multiprocessing.spawn.prepare``: the script is imported as
+``__mp_main__``, so code under ``if __name__ == "__main__":`` does not run again), then finds
+``fn`` by its module and name.
 It never initialises MPI: ``mpi4py.rc.initialize`` is off and the launcher's variables are
 removed from its environment: Open MPI's ``OMPI_*``, ``PMIX_*`` and ``PRTE_*``, and Hydra's
 (MPICH, Intel MPI) ``PMI_*``, ``HYDI_*``, ``HYDRA_*`` and ``MPI_LOCAL*`` (an MPI_Init there would
