@@ -81,6 +81,7 @@ def test_the_collective_executor_serves_from_every_rank(tmp_path: Path) -> None:
     res = run_mpiexec(cmd, timeout=120)
     assert not res.timed_out and res.returncode == 0, res.stderr[-3000:]
     assert f"sum {sum(x**3 for x in range(30))} workers 2" in res.stdout
+    assert "raised Odd 3" in res.stdout  # a class the script defines, from an isolated child
     assert sorted(re.findall(r"rank (\d) left", res.stdout)) == ["0", "1", "2"]
 
 

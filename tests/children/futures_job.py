@@ -10,23 +10,32 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
 from durable_dispatch.futures import MPIPoolExecutor  # was: from mpi4py.futures import ...
+
+
+@dataclass
+class Square:
+    """A class this script defines: the isolated children pickle it as __mp_main__.Square."""
+
+    x: int
+    y: int
 
 
 def work(count, x):
     with open(count, "a") as f:
         f.write(f"{x}\n")
     time.sleep(0.02)
-    return (x, x * x)  # a tuple comes back a tuple
+    return (x, Square(x, x * x))  # a tuple comes back a tuple, a Square a Square
 
 
 if __name__ == "__main__":
     count, kill_at = sys.argv[1], int(sys.argv[2])
     with MPIPoolExecutor() as ex:
         for i, r in enumerate(ex.map(work, [count] * 60, range(60))):
-            assert isinstance(r, tuple)
-            print(f"result {r[0]} {r[1]}", flush=True)
+            assert isinstance(r, tuple) and isinstance(r[1], Square)
+            print(f"result {r[0]} {r[1].y}", flush=True)
             if i + 1 == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
     print("done", flush=True)

@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -310,6 +311,10 @@ class DurableExecutor(Executor):
                 "DurableCommExecutor (collective) in a script every rank runs"
             )
         self._dir = _state_dir(state_dir)
+        # Isolated children import the script as ``__mp_main__`` (as multiprocessing's spawn
+        # does), so a value of a class the script defines comes back pickled as
+        # ``__mp_main__.Name``: here that is the script's ``__main__``.
+        sys.modules.setdefault("__mp_main__", sys.modules["__main__"])
         if _job["active"] is not None:
             raise UsageError(
                 "another executor of this job is still open: its workers serve one executor "
