@@ -80,6 +80,8 @@ def generate(seed: int, profile: str = "any") -> dict[str, Any]:
     rnd = random.Random(seed)
     if profile != "any":
         return _profiled(rnd, seed, profile)
+    if rnd.random() < 0.25:
+        return _futures(rnd, seed)
     isolate = rnd.random() < 0.75
     kinds = [k for k, (_, _, iso) in KINDS.items() if isolate or not iso]
     n = rnd.randint(8, 32)
@@ -139,6 +141,44 @@ def _ulfm() -> bool:
         return launcher.ulfm_available()
     except FileNotFoundError:
         return False
+
+
+FUTURES_KINDS = {  # kind -> its outcome: "ok", "raised" or the kind of TaskFailed
+    "instant": "ok",
+    "sleep": "ok",
+    "raise": "raised",
+    "segfault": "crash",
+    "abort": "crash",
+    "hang": "timeout",
+}
+
+
+def _futures(rnd: random.Random, seed: int) -> dict[str, Any]:
+    """A scenario of the futures executor (``"mode": "futures"``): an mpi4py.futures-style
+    script under ``python -m durable_dispatch.futures``, a call per item, the same nemesis."""
+    isolate = rnd.random() < 0.8
+    kinds = list(FUTURES_KINDS) if isolate else ["instant", "sleep", "raise"]
+    timeout = round(rnd.uniform(1.5, 3.0), 2)
+    items: list[dict[str, Any]] = []
+    for _ in range(rnd.randint(6, 24)):
+        kind = rnd.choice(kinds) if rnd.random() < 0.5 else rnd.choice(["instant", "sleep"])
+        it: dict[str, Any] = {"kind": kind}
+        if kind == "sleep":
+            it["arg"] = round(min(rnd.expovariate(1 / 0.3), timeout / 3), 3)
+        items.append(it)
+    scenario: dict[str, Any] = {
+        "seed": seed,
+        "mode": "futures",
+        "ranks": rnd.randint(3, 6),
+        "isolate": isolate,
+        "task_timeout": timeout,
+        "retries": rnd.randint(0, 1),
+        "items": items,
+        "nemesis": _nemesis(rnd, isolate, "any"),
+    }
+    scenario["tmpfs"] = os.geteuid() == 0 and any(a["do"] == "fill" for a in scenario["nemesis"])
+    scenario["ulfm"] = _ulfm() and rnd.random() < 0.3
+    return scenario
 
 
 def _profiled(rnd: random.Random, seed: int, profile: str) -> dict[str, Any]:
@@ -272,14 +312,19 @@ def _signal(pid: int | None, sig: int) -> bool:
 def _bound(s: dict[str, Any]) -> float:
     """How long one run may take, from the scenario's deadlines: every item's worst case (each
     attempt at its deadline) spread over the workers, plus the fixed overhead."""
-    wd = float(s["watchdog"]["seconds"])
+    if s.get("mode") == "futures":
+        wd = float(s["task_timeout"])
+        every = [{**it, "timeout": wd} for it in s["items"]]
+        budget = int(s["retries"]) + 1
+    else:
+        wd = float(s["watchdog"]["seconds"])
+        every = list(s["items"]) + [c for sp in s["spawns"] for c in sp["children"]]
+        budget = max([int(s["retries"]), *s["per_kind"].values()]) + 1
     total = 0.0
-    every = list(s["items"]) + [c for sp in s["spawns"] for c in sp["children"]]
-    budget = max([int(s["retries"]), *s["per_kind"].values()]) + 1
     for it in every:
         if it["kind"] == "hang":
             total += it["timeout"] * budget  # each attempt to its own deadline
-        elif KINDS[it["kind"]][0]:
+        elif it["kind"] in ("instant", "sleep", "flaky", "orphan"):
             total += 1.0 + (it.get("arg", 0) if it["kind"] == "sleep" else 0)
         else:
             total += 1.0 * budget  # fails at once; a crashed child restarts
@@ -300,6 +345,17 @@ def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _statedir(s: dict[str, Any], workdir: Path) -> Path:
+    """The campaign's state directory (the futures executor's: ``fstate/executor-1``)."""
+    if s.get("mode") == "futures":
+        return workdir / "fstate" / "executor-1"
+    return workdir / "state"
+
+
+def _mountdir(s: dict[str, Any], workdir: Path) -> Path:
+    return workdir / "fstate" if s.get("mode") == "futures" else workdir / "state"
+
+
 def run_scenario(
     s: dict[str, Any], root: Path, plant: str | None = None, verbose: bool = False
 ) -> Outcome:
@@ -307,7 +363,7 @@ def run_scenario(
     out = Outcome()
     start = time.monotonic()
     workdir = root
-    state = workdir / "state"
+    state = _mountdir(s, workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "scenario.json").write_text(json.dumps(s, indent=1))
     mount = None
@@ -333,7 +389,10 @@ def run_scenario(
         if not finished and not out.violations:
             out.violations.append(f"not finished after {MAX_RUNS} runs")
         if not out.violations:
-            out.violations += check(s, workdir)
+            if s.get("mode") == "futures":
+                out.violations += check_futures(s, workdir, out.runs - 1)
+            else:
+                out.violations += check(s, workdir)
     finally:
         if mount is not None:
             subprocess.run(["umount", "-l", str(mount)], capture_output=True)
@@ -342,7 +401,7 @@ def run_scenario(
 
 
 def _between(what: str, s: dict[str, Any], workdir: Path, out: Outcome, plant: str | None) -> None:
-    state = workdir / "state"
+    state = _statedir(s, workdir)
     if not (state / "events.jsonl").exists():
         return  # the first run was killed before its state directory was made
     if what == "compact-between":
@@ -360,15 +419,7 @@ def _between(what: str, s: dict[str, Any], workdir: Path, out: Outcome, plant: s
     at = len(data) // 3
     data[at] = ord("7") if data[at] != ord("7") else ord("3")  # a digit changed mid-file
     journal.write_bytes(bytes(data))
-    cmd = launcher.mpiexec_command(
-        s["ranks"],
-        [
-            sys.executable,
-            str(HERE / "torture_campaign.py"),
-            str(workdir / "scenario.json"),
-            str(workdir),
-        ],
-    )
+    cmd = launcher.mpiexec_command(s["ranks"], _argv(s, workdir, None))
     res = launcher.run_mpiexec(cmd, timeout=120)
     after = journal.read_bytes()
     journal.write_bytes(original)
@@ -384,19 +435,23 @@ def _between(what: str, s: dict[str, Any], workdir: Path, out: Outcome, plant: s
         out.violations.append("the refused open changed the forged journal")
 
 
+def _argv(s: dict[str, Any], workdir: Path, plant: str | None) -> list[str]:
+    """The command line of one run: the campaign, or the futures script under its runner."""
+    args = [str(workdir / "scenario.json"), str(workdir)]
+    if s.get("mode") == "futures":
+        runner = [sys.executable, "-m", "durable_dispatch.futures", "--state-dir"]
+        return [*runner, str(workdir / "fstate"), str(HERE / "torture_futures.py"), *args]
+    return [sys.executable, str(HERE / "torture_campaign.py"), *args] + (
+        ["--plant", plant] if plant else []
+    )
+
+
 def _one_run(
     s: dict[str, Any], r: int, workdir: Path, out: Outcome, plant: str | None, verbose: bool
 ) -> bool:
     shutil.rmtree(workdir / "pids", ignore_errors=True)
-    argv = [
-        sys.executable,
-        str(HERE / "torture_campaign.py"),
-        str(workdir / "scenario.json"),
-        str(workdir),
-    ]
-    if plant:
-        argv += ["--plant", plant]
-    env = launcher.launch_env(quiet=True)
+    argv = _argv(s, workdir, plant)
+    env = launcher.launch_env({"TORTURE_RUN": str(r)}, quiet=True)
     proc = subprocess.Popen(
         launcher.mpiexec_command(s["ranks"], argv, ulfm=bool(s.get("ulfm"))),
         stdout=subprocess.PIPE,
@@ -455,16 +510,31 @@ def _one_run(
     launcher.remove_stale_shm()
     if verbose:
         print(f"  run {r}: rc {proc.returncode} in {time.monotonic() - t0:.1f}s", flush=True)
-    if proc.returncode == 0 and _finished_since(workdir, t0_wall):
+    if proc.returncode == 0 and _finished_since(s, workdir, t0_wall):
         return True
     if "Traceback" in stderr and "CorruptError" in stderr:
         out.violations.append(f"run {r} refused its own state: {stderr[-1500:]}")
     return False
 
 
-def _finished_since(workdir: Path, since: float) -> bool:
-    """The campaign's own word (its report), not the exit status: under ULFM ``mpiexec`` exits 0
-    when a rank was SIGKILLed (the others end cleanly)."""
+def _rank0(ranks: list[int]) -> int:
+    """Rank 0 among the runner's rank processes (Open MPI's ``OMPI_COMM_WORLD_RANK``)."""
+    for p in ranks:
+        try:
+            env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"OMPI_COMM_WORLD_RANK=0" in env or b"PMI_RANK=0" in env:
+            return p
+    return ranks[0]
+
+
+def _finished_since(s: dict[str, Any], workdir: Path, since: float) -> bool:
+    """The campaign's own word (its report, or the futures script's outcomes), not the exit
+    status alone: a drained or broken run ends with status 0 or 3."""
+    if s.get("mode") == "futures":
+        f = workdir / "outcomes.json"
+        return f.exists() and f.stat().st_mtime >= since
     for f in workdir.glob("report-*.json"):
         if f.stat().st_mtime >= since and json.loads(f.read_text()).get("finished"):
             return True
@@ -484,6 +554,11 @@ def _act(
     do = a["do"]
     workers = [p for p in (_pid(workdir, k) for k in range(1, s["ranks"])) if p]
     master = _pid(workdir, 0)
+    if s.get("mode") == "futures":  # the runner's ranks: mpiexec's children, rank 0 the first
+        ranks = sorted(c for c in _children_of(proc.pid) if "python" in _cmdline(c))
+        if len(ranks) < s["ranks"]:
+            return False, None
+        master, workers = _rank0(ranks), [p for p in ranks if p != _rank0(ranks)]
     target: int | None = None
     if do in ("kill-master", "stop-master"):
         target = master
@@ -506,19 +581,19 @@ def _act(
             out.faults[do] += 1
         return True, None
     if do in ("results", "compact"):
-        if not (workdir / "state" / "events.jsonl").exists():
+        if not (_statedir(s, workdir) / "events.jsonl").exists():
             return False, None
         out.faults[do] += 1
-        res = _cli(do, str(workdir / "state"), *(["--jsonl"] if do == "results" else []))
+        res = _cli(do, str(_statedir(s, workdir)), *(["--jsonl"] if do == "results" else []))
         if res.returncode not in ((0,) if do == "results" else (0, 1)):
             out.violations.append(
                 f"{do} beside the master: exit {res.returncode}: {res.stderr[-800:]}"
             )
         return True, None
     if do == "fill" and s.get("tmpfs"):
-        if not (workdir / "state" / "events.jsonl").exists():
+        if not (_statedir(s, workdir) / "events.jsonl").exists():
             return False, None
-        ballast = workdir / "state" / "ballast"
+        ballast = _mountdir(s, workdir) / "ballast"
         try:
             with open(ballast, "wb") as f:
                 while True:
@@ -537,7 +612,6 @@ def check(s: dict[str, Any], workdir: Path) -> list[str]:
     from durable_dispatch import read_results
     from durable_dispatch.core import RetryPolicy
     from durable_dispatch.state import view_state
-    from durable_dispatch.storage.journal import read_journal
 
     v: list[str] = []
     state = workdir / "state"
@@ -588,20 +662,7 @@ def check(s: dict[str, Any], workdir: Path) -> list[str]:
         v.append(f"work IDs nobody submitted or spawned: {sorted(unknown)[:5]}")
     if p.duplicate_commits:
         v.append(f"{p.duplicate_commits} duplicate commit(s) in the projection")
-    seqs: dict[str, set[int]] = {}  # work ID -> the state-journal records that committed it
-    for name in ("results.jsonl", "events.jsonl"):
-        path = state / name
-        if path.exists():
-            for rec in read_journal(str(path)):
-                ev = rec.payload
-                if name == "events.jsonl" and ev.get("event") != "committed":
-                    continue
-                seq = int(ev["seq"]) if name == "results.jsonl" else rec.seq
-                for wid in ev.get("work_ids") or [ev.get("work_id")]:
-                    seqs.setdefault(wid, set()).add(seq)
-    dup = [w for w, n in seqs.items() if len(n) > 1]
-    if dup:
-        v.append(f"work IDs committed more than once in the journal: {dup[:5]}")
+    v += _duplicate_commits(state)
     sink = workdir / "sink.jsonl"
     delivered = (
         {json.loads(line)["id"] for line in sink.read_text().splitlines()}
@@ -617,6 +678,80 @@ def check(s: dict[str, Any], workdir: Path) -> list[str]:
         parked = _find(st["stats"], "parked_ranks_now")
         if parked:
             v.append(f"{parked} rank(s) parked at the end with isolation on")
+    res = _cli("verify", str(state))
+    if res.returncode != 0:
+        v.append(f"verify: exit {res.returncode}: {res.stdout[-500:]}")
+    return v
+
+
+def _duplicate_commits(state: Path) -> list[str]:
+    """Work IDs that two records of the journals commit (results.jsonl keeps the sequence
+    number of the state-journal record it came from, so a moved result is not counted twice)."""
+    from durable_dispatch.storage.journal import read_journal
+
+    seqs: dict[str, set[int]] = {}  # work ID -> the state-journal records that committed it
+    for name in ("results.jsonl", "events.jsonl"):
+        path = state / name
+        if path.exists():
+            for rec in read_journal(str(path)):
+                ev = rec.payload
+                if name == "events.jsonl" and ev.get("event") != "committed":
+                    continue
+                seq = int(ev["seq"]) if name == "results.jsonl" else rec.seq
+                for wid in ev.get("work_ids") or [ev.get("work_id")]:
+                    seqs.setdefault(wid, set()).add(seq)
+    dup = [w for w, n in seqs.items() if len(n) > 1]
+    return [f"work IDs committed more than once in the journal: {dup[:5]}"] if dup else []
+
+
+def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]:
+    """The futures executor's promises: each call's outcome is its kind's (a value that is
+    the function of its input, its own exception re-raised, or TaskFailed of the right kind);
+    each one is in the record once (committed, or deferred when it failed); every call ran;
+    and the final run ran no call an earlier run had committed (it resolved them from the
+    record)."""
+    from durable_dispatch import read_results
+    from durable_dispatch.state import view_state
+
+    v: list[str] = []
+    state = _statedir(s, workdir)
+    outcomes = json.loads((workdir / "outcomes.json").read_text())
+    faults = {a["do"] for a in s["nemesis"]}
+    suspect = {"timeout"} if faults & {"stop-worker", "stop-child", "stop-master"} else set()
+    if "kill-child" in faults:
+        suspect.add("crash")
+    committed = {r.work_id: r for r in read_results(state)}
+    p = view_state(state).projection
+    final_epoch = max([r.epoch or 0 for r in committed.values()] + [p.epoch])
+    runs: dict[int, set[int]] = {}
+    for line in (workdir / "count").read_text().split("\n") if (workdir / "count").exists() else []:
+        if line.strip():
+            n, run = line.split()
+            runs.setdefault(int(n), set()).add(int(run) if run.isdigit() else -1)
+    if len(outcomes) != len(s["items"]):
+        return [f"{len(outcomes)} outcomes for {len(s['items'])} calls"]
+    for n, (it, o) in enumerate(zip(s["items"], outcomes, strict=True)):
+        want, wid = FUTURES_KINDS[it["kind"]], o["work_id"]
+        if want == "ok" and o.get("ok") == {"n": n, "square": n * n}:
+            pass
+        elif want == "raised" and o.get("raised") == n:
+            pass
+        elif o.get("failed") is not None and o["failed"] in ({want} | suspect) - {"ok", "raised"}:
+            pass
+        else:
+            v.append(f"call {n} ({it['kind']}): outcome {o}, expected {want}")
+        failed = o.get("failed") is not None
+        if failed != (wid in p.deferred) or (not failed) != (wid in committed):
+            v.append(
+                f"call {n} ({it['kind']}): outcome {o} but the record says committed="
+                f"{wid in committed} deferred={wid in p.deferred}"
+            )
+        if n not in runs:
+            v.append(f"call {n} ({it['kind']}) never ran")
+        r = committed.get(wid)
+        if r is not None and (r.epoch or 0) < final_epoch and final_run in runs.get(n, ()):
+            v.append(f"call {n} was committed in epoch {r.epoch}, and ran again in the final run")
+    v += _duplicate_commits(state)
     res = _cli("verify", str(state))
     if res.returncode != 0:
         v.append(f"verify: exit {res.returncode}: {res.stdout[-500:]}")
@@ -710,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"scenario seed={s['seed']} ranks={s['ranks']} ulfm={s.get('ulfm', False)} "
                 f"isolate={s['isolate']} "
-                f"batch={s['batch']} items={len(s['items'])} faults={faults}",
+                f"batch={s.get('batch', 'futures')} items={len(s['items'])} faults={faults}",
                 flush=True,
             )
             o = run_scenario(s, tmp / f"s{k}", a.plant, verbose=True)

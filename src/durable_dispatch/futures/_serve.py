@@ -28,6 +28,7 @@ import traceback
 from typing import Any
 
 from ..errors import IsolationError
+from ..mpi import guard
 from ..mpi import protocol as P
 from ..mpi.context import WorkContext
 from ._seal import Sealer
@@ -96,7 +97,8 @@ class Task:
 
 
 def serve(comm: Any = None) -> int:
-    """Serve the master's executors until it says EXIT; returns how many sessions were served.
+    """Serve the master's executors until it says EXIT, or (ULFM) until it is gone; returns how
+    many sessions were served.
 
     Rank 0 is the master. Between sessions this rank polls for the next message with naps (up
     to 10 ms), so an idle worker does not take a core from a master that computes.
@@ -110,9 +112,14 @@ def serve(comm: Any = None) -> int:
     sessions = 0
     while True:
         nap = 0.0001
-        while not comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=status):
-            time.sleep(nap)
-            nap = min(nap * 2, 0.01)
+        try:
+            while not comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=status):
+                time.sleep(nap)
+                nap = min(nap * 2, 0.01)
+        except MPI.Exception as e:  # ULFM: the master died between two sessions
+            guard.peer_failed(master=True)
+            log.warning("worker %d: the master (rank 0) is gone (%s)", comm.Get_rank(), e)
+            return sessions
         buf = bytearray(status.Get_count(MPI.BYTE))
         tag = status.Get_tag()
         comm.Recv([buf, MPI.BYTE], source=0, tag=tag)
@@ -143,6 +150,8 @@ def serve(comm: Any = None) -> int:
             )
         except IsolationError as e:  # it told the master (GONE); wait for the next session
             log.error("worker %d: %s", comm.Get_rank(), e)
+        if guard.master_failed():  # ULFM: the session ended because the master died
+            return sessions
 
 
 def exit_workers(comm: Any = None, timeout: float = 10.0) -> bool:

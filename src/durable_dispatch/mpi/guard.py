@@ -49,6 +49,7 @@ __all__ = [
     "peer_failed",
     "exit_now",
     "exit_status",
+    "master_failed",
 ]
 
 _previous: Any = None
@@ -112,6 +113,11 @@ def peer_failed(*, master: bool = False) -> None:
     exception, else 0."""
     _seen["peer_failed"] = True
     _seen["master_failed"] = _seen["master_failed"] or master
+
+
+def master_failed() -> bool:
+    """True once this process learnt that rank 0 (the master) died (:func:`peer_failed`)."""
+    return _seen["master_failed"]
 
 
 def exit_status(code: int) -> int:

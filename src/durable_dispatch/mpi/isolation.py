@@ -111,18 +111,20 @@ class _Relay:
 
     @staticmethod
     def _copy(source: int, target: int) -> None:
+        out = open(target, "wb", buffering=0, closefd=False)  # noqa: SIM115 - the rank's own
         try:
             while chunk := os.read(source, 65536):
                 view = memoryview(chunk)
                 while view:
                     try:
-                        view = view[os.write(target, view) :]
+                        view = view[out.write(view) or 0 :]
                     except BrokenPipeError:
                         view = view[:0]  # nobody reads the rank's output: drop it
         except OSError:
             pass
         finally:
             os.close(source)
+            out.close()
 
     def close(self, timeout: float = 1.0) -> None:
         """Close the write ends; wait (at most ``timeout``) for what was written to be copied
