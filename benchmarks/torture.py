@@ -578,7 +578,10 @@ def _act(
     master = _pid(workdir, 0)
     if s.get("mode") == "futures":  # the runner's ranks: mpiexec's children, rank 0 the first
         ranks = sorted(c for c in _children_of(proc.pid) if "python" in _cmdline(c))
-        if len(ranks) < s["ranks"]:
+        # not before the script wrote pids/0: MPI is up then. A rank killed inside MPI_Init
+        # leaves the others waiting there forever under ULFM (Open MPI's fault tolerance starts
+        # after it: docs/mpi.md), which no library above MPI can change.
+        if len(ranks) < s["ranks"] or master is None:
             return False, None
         master, workers = _rank0(ranks), [p for p in ranks if p != _rank0(ranks)]
     target: int | None = None

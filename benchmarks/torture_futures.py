@@ -48,6 +48,10 @@ def call(kind: str, arg: float, n: int, count: str) -> dict[str, int]:
 if __name__ == "__main__":
     scenario = json.loads(open(sys.argv[1]).read())
     workdir = sys.argv[2]
+    # MPI is up on every rank (the runner ran MPI_Init before this): the nemesis may act now
+    os.makedirs(os.path.join(workdir, "pids"), exist_ok=True)
+    with open(os.path.join(workdir, "pids", "0"), "w") as f:
+        f.write(str(os.getpid()))
     count = os.path.join(workdir, "count")
     out: list[dict[str, Any]] = []
     with MPIPoolExecutor(
