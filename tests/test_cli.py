@@ -66,6 +66,28 @@ def test_verify_empty_missing_and_unreadable(tmp_path: Path) -> None:
             assert err.getvalue().startswith("Error:") and "Permission denied" in err.getvalue()
 
 
+def test_verify_a_state_directory_with_a_journal_whose_creation_stopped(tmp_path: Path) -> None:
+    """The torture harness's finding (seed 1582496828: a full disk, the master killed, then
+    compaction): results.jsonl existed with 0 bytes, since a journal's file exists from the
+    moment its writer locks it, before its header. Journal.open takes such a file as new;
+    verify called the directory damaged (exit 1). A single empty file given to verify is
+    still not intact (test_verify_empty_missing_and_unreadable)."""
+    from durable_dispatch import CampaignState, WorkItem
+
+    state = tmp_path / "s"
+    with CampaignState.open(state) as st:
+        st.submit([WorkItem("a")])
+    (state / "results.jsonl").write_bytes(b"")
+    out = run("verify", str(state), "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["intact"], out.stdout
+    files = json.loads(run("inspect", str(state), "--json").stdout)["files"]
+    (row,) = [f for f in files if f["path"].endswith("results.jsonl")]
+    assert row["intact"] and "no header yet" in row["note"]
+    with CampaignState.open(state):  # and the next open takes it as it is
+        pass
+    assert run("verify", str(state)).returncode == 0
+
+
 def test_inspect_counts_kinds() -> None:
     out = run("inspect", str(FIXTURES / "valid.jsonl"), "--json")
     assert out.returncode == 0

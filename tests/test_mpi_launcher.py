@@ -98,7 +98,9 @@ def test_ranks_are_not_bound_to_cores(tmp_path: Path) -> None:
     """Issue 33: Intel MPI's Hydra pinned rank i to core i, so with more ranks than cores the
     master shared its core with a worker and that worker's isolated child. Each rank may run on
     every core this process may run on, on each MPI."""
-    code = "import os; print('CPUS', sorted(os.sched_getaffinity(0)), flush=True)"
+    # one write per line: three ranks' print() calls (a write per argument when the output
+    # is a terminal) came out interleaved under MPICH ("CPUSCPUS [0, 1]")
+    code = "import os; os.write(1, f'CPUS {sorted(os.sched_getaffinity(0))}\\n'.encode())"
     cmd = launcher.mpiexec_command(3, [sys.executable, "-c", code])
     res = launcher.run_mpiexec(cmd, timeout=60, quiet=True)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -188,3 +188,43 @@ def test_progress_true_draws_on_a_terminal_and_ends_its_line(tmp_path: Path) -> 
         [sys.executable, str(script), str(tmp_path / "s2")], capture_output=True, text=True
     )
     assert "REPORT True" in plain.stdout and plain.stderr == "AFTER\n", plain.stderr
+
+
+@pytest.mark.parametrize("heals", [False, True])
+def test_commits_in_memory_only_at_the_end_are_retried_then_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heals: bool
+) -> None:
+    """A disk that refuses the journal until the end of the campaign (the torture harness's
+    tmpfs, filled): the commits live in memory only. run_master retries the disk for a few
+    seconds at the end: if it frees, the campaign finishes durably; if not, closing the state
+    raises NotDurableError (never a quiet ``finished=True``), and a later run does those
+    items again."""
+    import errno
+
+    from durable_dispatch.errors import NotDurableError
+    from durable_dispatch.mpi import master
+    from durable_dispatch.testing import inject_faults
+
+    monkeypatch.setattr(master, "_PERSIST_SECONDS", 1.0)
+    items = [WorkItem(f"w{i:02d}", i) for i in range(10)]
+    state = tmp_path / "state"
+    with inject_faults() as faults:
+        # the journal's fsyncs fail from the 3rd on (its rewrites too): commits go to memory
+        faults.fail("fsync", errno.ENOSPC, path=str(state / "events.jsonl*"), nth=3, from_nth=True)
+        if heals:
+            real = master._persisted
+
+            def disk_frees(st: CampaignState, seconds: float) -> bool:
+                faults.heal()  # the ballast is removed as the campaign ends
+                return real(st, seconds)
+
+            monkeypatch.setattr(master, "_persisted", disk_frees)
+            report = run_master(items, state, comm=LocalWorkers(lambda p: p, workers=2), linger=0)
+            assert report.finished and report.stats["commits_in_memory"] == 0
+        else:
+            with pytest.raises(NotDurableError):
+                run_master(items, state, comm=LocalWorkers(lambda p: p, workers=2), linger=0)
+    if not heals:
+        again = run_master(items, state, comm=LocalWorkers(lambda p: p, workers=2), linger=0)
+        assert again.finished  # the disk works again: the rest is done, durably
+    assert set(view_state(state).projection.committed) == {i.work_id for i in items}

@@ -588,7 +588,13 @@ class DurableExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new calls; the submitted ones finish (or, ``cancel_futures``, those not yet
         started are cancelled), then the workers stop serving it. Everything committed is
-        durable before a ``wait=True`` shutdown returns."""
+        durable before a ``wait=True`` shutdown returns.
+
+        Raises:
+            NotDurableError: the disk refused the journal to the end: some results resolved
+                their futures but are in memory only (a re-run runs those calls again). Any
+                other error that ended the executor's campaign is raised here too, once.
+        """
         with self._lock:
             self._shut = True
             if cancel_futures:
@@ -602,6 +608,9 @@ class DurableExecutor(Executor):
                 fut.cancel()
         if wait:
             self._thread.join()
+            error, self._error = self._error, None
+            if error is not None:  # once: e.g. NotDurableError (the disk refused to the end)
+                raise error
 
     def __repr__(self) -> str:
         return f"DurableExecutor(state_dir={self._dir!r}, workers={self._workers})"

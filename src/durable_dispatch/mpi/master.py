@@ -70,7 +70,9 @@ class MasterReport:
     Attributes:
         stats: the campaign's statistics (``CampaignStats.as_dict()``).
         mode: ``"ulfm"`` or ``"no-ulfm"``.
-        finished: True when every work item was committed or deferred.
+        finished: True when every work item was committed or deferred. (When the disk refuses
+            the journal to the end, commits live in memory only: ``run_master`` retries it for a
+            few seconds, then raises ``NotDurableError`` from closing the state.)
         lost_ranks: rank -> wall-clock time the master rolled back its dispatch: ranks the
             runtime reported dead (ULFM), and workers that said they failed (GONE).
         seconds: the campaign's duration.
@@ -280,6 +282,7 @@ def run_master(
                     idle_sleep = min(0.001, idle_sleep * 2 or 0.00002)
                     time.sleep(idle_sleep)
             state._complete_commits(wait=True)
+            _persisted(state, _PERSIST_SECONDS)  # else close() raises NotDurableError
             _stop_all(link, range(1, size), lost, stop_timeout)
             report = MasterReport(
                 stats=state.statistics().as_dict(),
@@ -308,6 +311,29 @@ def run_master(
                 line.close()
             state.close()
     return report
+
+
+_PERSIST_SECONDS = 5.0  # at the end, how long to retry a disk that refuses the journal
+
+
+def _persisted(state: CampaignState, seconds: float) -> bool:
+    """True once nothing of the campaign lives in memory only: with the journal degraded (a
+    full or failing disk), retry persisting it for up to ``seconds`` (the workers wait for
+    their STOP meanwhile), so a disk that frees soon still gets the records; after that the
+    state's close raises ``NotDurableError``."""
+    end = time.monotonic() + seconds
+    while not state.journal.health.ok or state.statistics().commits_in_memory:
+        if state.try_restore() and not state.statistics().commits_in_memory:
+            return True
+        if time.monotonic() >= end:
+            log.error(
+                "master: the disk still refuses the journal: %d commit(s) are in memory only "
+                "(a later run does them again)",
+                state.statistics().commits_in_memory,
+            )
+            return False
+        time.sleep(0.25)
+    return True
 
 
 class Feed:
