@@ -36,9 +36,8 @@ def expected(payload: dict[str, Any]) -> dict[str, Any]:
     return {"id": payload["id"], "digest": digest}
 
 
-def work(payload: dict[str, Any], ctx: Any) -> Any:
-    """Behave as the item's ``kind`` says (see ``torture.KINDS``)."""
-    kind, arg = payload["kind"], payload.get("arg", 0)
+def misbehave(kind: str, arg: float) -> None:
+    """The kinds a campaign item and a futures call share: sleep, hang, segfault, abort."""
     if kind == "sleep":
         time.sleep(arg)
     elif kind == "hang":
@@ -47,7 +46,13 @@ def work(payload: dict[str, Any], ctx: Any) -> Any:
         ctypes.string_at(0)
     elif kind == "abort":
         os.abort()
-    elif kind == "memory":
+
+
+def work(payload: dict[str, Any], ctx: Any) -> Any:
+    """Behave as the item's ``kind`` says (see ``torture.KINDS``)."""
+    kind, arg = payload["kind"], payload.get("arg", 0)
+    misbehave(kind, arg)
+    if kind == "memory":
         _hog = bytearray(arg)  # over memory_limit: MemoryError (kind error) or a crash
         return {"bytes": len(_hog)}
     elif kind == "huge":

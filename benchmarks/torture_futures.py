@@ -13,12 +13,12 @@ which calls ran again after a restart. When every future is settled it writes
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import sys
-import time
 from typing import Any
+
+from torture_campaign import misbehave  # the same behaviours as a campaign's items
 
 from durable_dispatch.core import RetryPolicy
 from durable_dispatch.futures import MPIPoolExecutor, TaskFailed
@@ -32,15 +32,8 @@ def call(kind: str, arg: float, n: int, count: str) -> dict[str, int]:
     """Behave as the item's kind says; the value of a call that returns is a function of ``n``."""
     with open(count, "a") as f:
         f.write(f"{n} {os.environ.get('TORTURE_RUN', '?')}\n")
-    if kind == "sleep":
-        time.sleep(arg)
-    elif kind == "hang":
-        time.sleep(3600)
-    elif kind == "segfault":
-        ctypes.string_at(0)
-    elif kind == "abort":
-        os.abort()
-    elif kind == "raise":
+    misbehave(kind, arg)
+    if kind == "raise":
         raise ItemError(n)
     return {"n": n, "square": n * n}
 
