@@ -199,6 +199,51 @@ def test_a_script_that_runs_mpi_at_import_is_refused_with_the_fix(tmp_path: Path
     assert "if __name__" in out.stdout and "exited with code" in out.stdout
 
 
+KILLED_AT_START = """
+import os, signal, sys
+from pathlib import Path
+
+COUNT = Path({count!r})
+if __name__ == "__mp_main__":  # the child, importing this script: SIGKILLed while it starts
+    n = int(COUNT.read_text()) if COUNT.exists() else 0
+    COUNT.write_text(str(n + 1))
+    if n < {kills}:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+def fn(payload):
+    return payload
+
+if __name__ == "__main__":
+    from durable_dispatch.mpi.isolation import IsolatedRunner, IsolationError
+    try:
+        r = IsolatedRunner(fn, "payload", 100, None, subreaper=False)
+    except IsolationError as e:
+        print("REFUSED", e, flush=True)
+        sys.exit(0)
+    out = r.run_item({{"work_id": "w", "attempt": 0, "payload": 7}}, None, 1.0,
+                     lambda: False, lambda: None)
+    r.close()
+    print("RAN", out.raw, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("kills", "expect"), [(2, "RAN b'7'"), (3, "REFUSED")])
+def test_a_child_killed_by_a_signal_while_it_starts_is_started_again(
+    tmp_path: Path, kills: int, expect: str
+) -> None:
+    """A child SIGKILLed before it said it was up (the OOM killer, an operator) says nothing
+    about the work function: the start is tried again, and only three in a row end the rank
+    (torture seed 917007198 once ended the rank at the first)."""
+    script = tmp_path / "campaign.py"
+    count = tmp_path / "starts"
+    script.write_text(KILLED_AT_START.format(count=str(count), kills=kills))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert expect in out.stdout, out.stdout + out.stderr[-2000:]
+    assert count.read_text() == str(min(kills + 1, 3))
+    if expect == "REFUSED":
+        assert "killed by SIGKILL while it started, 3 times in a row" in out.stdout
+
+
 SUBREAPER = """
 import sys, time
 sys.path.insert(0, {tests!r})

@@ -53,6 +53,7 @@ __all__ = ["IsolatedRunner", "IsolationError", "CHILD_MARKER", "child_environmen
 log = logging.getLogger("durable_dispatch.mpi")
 _LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDI_", "HYDRA_", "MPI_LOCAL")
 _START_TIMEOUT = 120.0
+_START_ATTEMPTS = 3  # starts in a row a signal may kill before the worker gives up
 _PROGRESS = struct.Struct("=qq")  # the job number and the index of the item the child runs
 _FLUSH_SECONDS = 0.02  # the child sends what it has at least this often, and after each job
 
@@ -140,6 +141,11 @@ class _Relay:
             t.join(max(0.0, end - time.monotonic()))
 
 
+class _StartKilled(IsolationError):
+    """A signal killed the child before it said it was up: the start is tried again, as that
+    says nothing about the work function (a load that fails says ``X``, or exits non-zero)."""
+
+
 class _Child:
     """One running child: its process, its two pipe ends."""
 
@@ -173,6 +179,9 @@ class _Child:
         self.send.send_bytes(setup)
         end = time.monotonic() + _START_TIMEOUT
         first = self._first_frame(end)
+        if first is None and self._exit_code() < 0:
+            self.kill()  # SIGKILLed (the OOM killer, an operator) before it was up
+            raise _StartKilled(f"the isolated child {self._ended()} while it started")
         if first != b"S":
             self.kill()
             raise IsolationError(
@@ -194,6 +203,13 @@ class _Child:
             if self.proc.poll() is not None and not self.recv.poll(0):
                 return None
         return b"Xit did not start within %ds" % int(_START_TIMEOUT)
+
+    def _exit_code(self) -> int:
+        """The status of a child whose pipe closed (0 when it is still alive after a while)."""
+        try:
+            return self.proc.wait(timeout=processes.REAP_SECONDS)
+        except subprocess.TimeoutExpired:
+            return 0
 
     def _ended(self) -> str:
         code = self.proc.wait()
@@ -273,8 +289,9 @@ class IsolatedRunner:
         if subreaper:
             processes.become_subreaper()
         self._output = _Relay()
+        self._child: _Child | None = None
         try:
-            self._child: _Child | None = _Child(self._setup, memory_limit, self._output)
+            self._child = self._new_child()
         except BaseException:
             self._output.close()
             raise
@@ -420,8 +437,21 @@ class IsolatedRunner:
 
     def _start(self) -> _Child:
         self.restarts += 1
-        self._child = _Child(self._setup, self._memory_limit, self._output)
+        self._child = self._new_child()
         return self._child
+
+    def _new_child(self) -> _Child:
+        """A started child; a start a signal killed is tried again, up to
+        ``_START_ATTEMPTS`` in a row (then :class:`IsolationError`, and the rank ends: U8)."""
+        attempt = 1
+        while True:
+            try:
+                return _Child(self._setup, self._memory_limit, self._output)
+            except _StartKilled as e:
+                if attempt == _START_ATTEMPTS:
+                    raise IsolationError(f"{e}, {attempt} times in a row") from e
+                log.warning("worker: %s; starting it again", e)
+                attempt += 1
 
     def _kill(self) -> None:
         if self._child is not None:
