@@ -35,6 +35,7 @@ __all__ = [
     "SOURCE_SEND_FAILURE",
     "SOURCE_RANK_LOST",
     "SOURCE_MASTER_RESTART",
+    "UNCHARGED_SOURCES",
 ]
 
 SOURCE_INVALID_RESULT = "invalid-result"
@@ -42,6 +43,8 @@ SOURCE_WATCHDOG = "watchdog-timeout"
 SOURCE_SEND_FAILURE = "send-failure"
 SOURCE_RANK_LOST = "rank-lost"
 SOURCE_MASTER_RESTART = "master-restart"
+#: Rollbacks never charged to the item (U2: the loss of infrastructure, not the item's failure).
+UNCHARGED_SOURCES = frozenset({SOURCE_RANK_LOST, SOURCE_MASTER_RESTART})
 
 
 @dataclass(frozen=True)
