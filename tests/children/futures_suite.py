@@ -325,3 +325,20 @@ def test_the_state_directory_is_an_ordinary_campaign_directory(tmp_path: Path) -
         text=True,
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_a_journal_that_fails_at_the_first_submission_still_resolves_every_call(
+    tmp_path: Path,
+) -> None:
+    """The journal degrades (EIO at the third fsync of events.jsonl, right at the first
+    submission): every call still runs and resolves, and shutdown says the record is not
+    durable (NotDurableError) instead of returning quietly."""
+    from durable_dispatch.errors import NotDurableError
+    from durable_dispatch.testing import inject_faults
+
+    with inject_faults() as faults:
+        faults.fail("fsync", path=f"{tmp_path}/s/events.jsonl*", nth=3, from_nth=True)
+        ex = MPIPoolExecutor(state_dir=tmp_path / "s")
+        assert list(ex.map(add, range(5), range(5), timeout=60)) == [0, 2, 4, 6, 8]
+        with pytest.raises(NotDurableError):
+            ex.shutdown()
