@@ -112,3 +112,25 @@ def test_the_mpi_shell_and_the_fault_injection_do_not_reach_up() -> None:
         assert not reach, f"{m} imports {reach}"
     allowed = {"durable_dispatch.errors", "durable_dispatch.storage.fs"}
     assert g["durable_dispatch.testing.faults"] <= allowed, g["durable_dispatch.testing.faults"]
+
+
+def test_the_core_imports_no_io() -> None:
+    """The sans-I/O core (DESIGN.md): it stands on errors, tokens and schema only, and of the
+    standard library it imports no module that reaches files, clocks, processes or MPI."""
+    g = imports()
+    allowed = {"durable_dispatch.errors", "durable_dispatch.tokens", "durable_dispatch.schema"}
+    allowed |= {"durable_dispatch._lazy"}
+    io = {"os", "io", "time", "socket", "subprocess", "threading", "signal", "mpi4py", "pathlib"}
+    io |= {"shutil", "tempfile", "select", "asyncio", "multiprocessing", "logging", "sys"}
+    for path in (SRC / "core").glob("*.py"):
+        name = _module(path)
+        assert {d for d in g[name] if not d.startswith("durable_dispatch.core")} <= allowed, name
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            assert not {n.split(".")[0] for n in names} & io, f"{name} imports {names}"

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import StorageError, ValueCorruptError
 from ..storage import fs
+from ..storage.rewrite import replace_file
 
 __all__ = ["KEY_FILE", "VALUES_DIR", "INLINE_BYTES", "load_or_create_key", "Sealer"]
 
@@ -211,15 +212,7 @@ class Sealer:
         if os.path.exists(path):
             return name
         fs.makedirs(folder)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = fs.create_exclusive(tmp)
-        try:
-            fs.write_all(fd, data)
-            fs.fsync(fd)
-        finally:
-            fs.close(fd)
-        fs.replace(tmp, path)
-        fs.fsync_dir(folder)
+        replace_file(path, f"{path}.{os.getpid()}.tmp", [data])
         return name
 
     def _load(self, name: Any) -> bytes:

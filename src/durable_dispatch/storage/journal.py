@@ -31,27 +31,18 @@ still held in memory is dropped with a warning in the log.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import stat
 import threading
 import time
-import weakref
-import zlib
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain, repeat
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any
 
-import filelock
 import orjson
 
 from ..errors import (
-    JournalCorruptError,
     JournalVersionError,
-    LockHeldError,
-    MemoryBoundError,
     NotDurableError,
     RecordEncodeError,
     RecordTooLargeError,
@@ -60,25 +51,28 @@ from ..errors import (
     UsageError,
 )
 from . import fs, resources
+from .degraded import Degradation
 from .format import (
     Damage,
-    Gap,
     Header,
     RawBatch,
-    ReadDamage,
-    _bulk_check,
-    _payload_slices,
-    checked_record,
     frame_record,
-    line_offsets,
     new_salt,
-    payload_of,
-    read_chunks,
-    read_header,
-    read_lines,
     scan,
 )
 from .health import Health, HealthState, Receipt, Record, RecoveryReport
+from .journal_file import OPEN_TOKEN
+from .reader import read_journal
+from .recovery import (
+    CUT,
+    RECOVERY_MODES,
+    RESTART,
+    SALVAGE,
+    nothing_to_lose,
+    plan_recovery,
+    refuse_unsafe_path,
+    save_side,
+)
 
 __all__ = [
     "Journal",
@@ -96,7 +90,6 @@ __all__ = [
 log = logging.getLogger("durable_dispatch.journal")
 
 SYNC_POLICIES = ("always", "batch", "never")
-RECOVERY_MODES = ("tolerate-torn-tail", "absolute", "point-in-time", "skip-corrupted")
 
 
 class _Degraded(Exception):
@@ -108,114 +101,11 @@ class _Degraded(Exception):
         self.err = err
 
 
-class _Owned:
-    """What a journal holds (descriptor, writer lock) and the filesystem it was opened on.
-
-    Kept apart from the journal for its finalizer, which must not refer to the journal.
-    """
-
-    __slots__ = ("fd", "flock", "inode_lock", "filesystem")
-
-    def __init__(self, filesystem: object) -> None:
-        self.fd: int | None = None
-        self.flock: filelock.BaseFileLock | None = None
-        #: A descriptor holding a ``flock`` on the journal file itself (S12).
-        self.inode_lock: int | None = None
-        self.filesystem = filesystem
-
-    def shadowed(self) -> bool:
-        """True when calls may reach this filesystem again later (see :func:`fs.comes_back`)."""
-        return fs.comes_back(self.filesystem)
-
-    def release(self) -> None:
-        """Let go of the descriptor and the lock (at close, at an abandon, in the finalizer).
-
-        On their own filesystem they are closed and released; on any other they are only
-        forgotten, never closed: their numbers name other (real) descriptors there.
-        """
-        fds = [fd for fd in (self.fd, self.inode_lock) if fd is not None]
-        flock, self.flock = self.flock, None
-        self.fd = self.inode_lock = None
-        if not fs.reaches(self.filesystem):
-            # Their numbers name other (real) descriptors now: never close them.
-            for fd in fds:
-                fs.forget(fd)
-            if flock is not None:
-                resources.disown_lock(flock)
-            return
-        for fd in fds:
-            try:
-                fs.close(fd)
-            except OSError:
-                pass
-        if flock is not None:
-            try:
-                flock.release()
-            except OSError:
-                pass
-
-
-class Journal:
+class Journal(Degradation):
     """An append-only, checksummed JSON Lines journal with one writer process (S1, S2, S4, S5).
 
     Open with :meth:`Journal.open`; use as a context manager or call :meth:`close`.
     """
-
-    def __init__(self, path: str, *, _token: object = None, **kw: Any) -> None:
-        if _token is not _OPEN_TOKEN:
-            raise UsageError("use Journal.open(path, ...) to open a journal")
-        self.path = path
-        self._dir = os.path.dirname(os.path.abspath(path))
-        self.sync: str = kw["sync"]
-        self.max_record_bytes: int = kw["max_record_bytes"]
-        self._batch_max = kw["batch_max_records"]
-        self._batch_delay = kw["batch_max_delay"]
-        self._max_mem = kw["max_memory_bytes"]
-        self._file_mode = kw["mode"]
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._io_lock = threading.Lock()
-        # Guarded by _lock:
-        # Records are framed (checksummed line bytes) when appended: (seq, line).
-        self._queue: list[tuple[int, bytes]] = []  # appended, not yet written
-        self._queue_since = 0.0
-        self._memory: list[tuple[int, bytes]] = []  # memory-only while degraded
-        self._mem_bytes = 0
-        self._health = Health()
-        self._degraded = False  # mirrors "not self._health.ok" for the hot path
-        self._batch = kw["sync"] == "batch"
-        self._closed = False
-        self._next_seq = 0
-        self._durable_seq = -1
-        # Guarded by _io_lock:
-        self._owned = _Owned(fs.filesystem())  # self._fd lives here, for the finalizer
-        self._unsynced: list[tuple[int, bytes]] = []  # written, not fsynced
-        self._written = 0  # file size after our writes
-        self._synced = 0  # file size covered by the last good fsync
-        self._header = Header(new_salt(), 0)
-        self._seed = self._header.seed
-        self._header_len = 0
-        self._file_exists = False
-        self._flusher: threading.Thread | None = None
-        self._file_read = False  # the file on disk was read, verified and repaired by this open
-        self.recovery = RecoveryReport(mode=kw["recovery"])
-        weakref.finalize(self, self._owned.release)
-
-    @property
-    def _fd(self) -> int | None:
-        return self._owned.fd
-
-    @_fd.setter
-    def _fd(self, fd: int | None) -> None:
-        self._owned.fd = fd
-
-    @property
-    def _flock(self) -> filelock.BaseFileLock | None:
-        return self._owned.flock
-
-    @_flock.setter
-    def _flock(self, lock: filelock.BaseFileLock | None) -> None:
-        self._owned.flock = lock
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -286,7 +176,7 @@ class Journal:
             raise UsageError(f"batch_max_delay must be >= 0, got {batch_max_delay!r}")
         j = cls(
             os.fspath(path),
-            _token=_OPEN_TOKEN,
+            _token=OPEN_TOKEN,
             sync=sync,
             recovery=recovery,
             max_record_bytes=max_record_bytes,
@@ -307,7 +197,7 @@ class Journal:
     ) -> None:
         try:
             try:
-                self._refuse_unsafe_path()
+                refuse_unsafe_path(self.path)
                 if not os.path.isdir(self._dir):
                     fs.makedirs(self._dir)
                 self._take_lock(lock_timeout)
@@ -320,7 +210,7 @@ class Journal:
                 # file was read, verified and repaired (its records are then known and kept), or
                 # when there is no file to lose. Before that, fail closed: a typed error, and
                 # nothing was changed.
-                if not fs.is_degradable(e) or not (self._file_read or self._nothing_to_lose()):
+                if not fs.is_degradable(e) or not (self._file_read or nothing_to_lose(self.path)):
                     raise StorageError(
                         f"cannot open journal: {e.strerror or e}"
                         + ("" if self._file_read else "; the journal was left as it was"),
@@ -340,32 +230,6 @@ class Journal:
                 target=self._flush_loop, name=f"journal-flusher:{self.path}", daemon=True
             )
             self._flusher.start()
-
-    def _take_lock(self, timeout: float) -> None:
-        lock = filelock.FileLock(
-            self.path + ".lock", timeout=timeout, mode=0o600, thread_local=False
-        )
-        try:
-            fs.check_fault("open", lock.lock_file)  # filelock creates it, outside the seam
-            lock.acquire()
-        except filelock.Timeout:
-            raise LockHeldError(
-                "another writer holds this journal's lock", path=self.path + ".lock"
-            ) from None
-        self._flock = lock
-
-    def _lock_inode(self) -> None:
-        """Lock the journal file itself (S12), after its lock file: an operator who deletes or
-        replaces ``<path>.lock`` under a running writer lets a second one take the lock file, but
-        never this lock. A rewrite moves it to the new file before renaming it into place."""
-        try:
-            self._owned.inode_lock = fs.lock_file(self.path, self._file_mode)
-        except BlockingIOError:
-            raise LockHeldError(
-                "another writer holds this journal (its lock file was deleted or replaced under "
-                "it)",
-                path=self.path,
-            ) from None
 
     def _recover_and_open(self, mode: str, visit: Callable[[RawBatch], None] | None = None) -> None:
         size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
@@ -407,60 +271,36 @@ class Journal:
                 self._header_len = res.header_len
                 self._written = self._synced = res.end
             damage = tuple(res.damage)
-            first = res.damage[0] if res.damage else None
-            if res.header is None:
-                # Without a valid header no record can be verified.
-                if mode == "absolute" or not res.tail_only:
-                    assert first is not None
-                    raise JournalCorruptError(
-                        f"journal header is damaged: {first.reason}",
-                        path=self.path,
-                        offset=0,
-                        reason=first.reason,
-                    )
-                side = self._save_side(0, size)
+            plan = plan_recovery(res, mode, self.path)
+            if plan.action == RESTART:
+                side = save_side(self.path, 0, size, self._file_mode)
                 self._written = self._synced = 0
                 fs.truncate(self.path, 0)
                 cut_offset, created = 0, True
             else:
+                assert res.header is not None
                 self._header = res.header
                 self._seed = res.header.seed
                 records = res.prefix_records
                 self._next_seq = res.prefix_next_seq
-                if first is not None:
-                    tail_ok = mode == "point-in-time" or (
-                        mode in ("tolerate-torn-tail", "skip-corrupted") and res.tail_only
-                    )
-                    if mode == "skip-corrupted" and res.after_damage:
-                        self._next_seq = res.next_seq
-                        side = self._salvage(res, size)
-                        records = res.records
-                        self._next_seq = res.next_seq
-                    elif tail_ok:
-                        side = self._save_side(first.offset, size)
-                        fs.truncate(self.path, first.offset)
-                        cut_offset = first.offset
-                    else:
-                        why = (
-                            "a later record proves it was durable"
-                            if mode == "tolerate-torn-tail"
-                            else "recovery mode is absolute"
-                        )
-                        raise JournalCorruptError(
-                            f"journal damaged at offset {first.offset}: {first.reason} ({why})",
-                            path=self.path,
-                            offset=first.offset,
-                            reason=first.reason,
-                        )
-                    log.warning(
-                        "journal %s: recovery %s dropped %d damaged span(s) starting at offset %d; "
-                        "bytes saved to %s",
-                        self.path,
-                        mode,
-                        len(damage),
-                        first.offset,
-                        side,
-                    )
+                if plan.action == SALVAGE:
+                    side = self._salvage(res, size)
+                    records = res.records
+                    self._next_seq = res.next_seq
+                elif plan.action == CUT:
+                    side = save_side(self.path, plan.offset, size, self._file_mode)
+                    fs.truncate(self.path, plan.offset)
+                    cut_offset = plan.offset
+            if side is not None:
+                log.warning(
+                    "journal %s: recovery %s dropped %d damaged span(s) starting at offset %d; "
+                    "bytes saved to %s",
+                    self.path,
+                    mode,
+                    len(damage),
+                    damage[0].offset,
+                    side,
+                )
         self.recovery = RecoveryReport(
             mode=mode,
             created=created,
@@ -489,211 +329,13 @@ class Journal:
             fs.fsync(self._fd)
         self._durable_seq = self._next_seq - 1
 
-    def _refuse_unsafe_path(self) -> None:
-        """Refuse, before anything is read or written, a journal path that is not a plain file.
-
-        A symbolic link (its target would be read, copied and written), a FIFO, device, socket or
-        directory (a reader would block or read forever), or a file with more than one hard link
-        (writing it would change the file under its other names too).
-        """
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        why, code = "", errno.EINVAL
-        if stat.S_ISLNK(st.st_mode):
-            why, code = "is a symbolic link; a journal path is never followed", errno.ELOOP
-        elif not stat.S_ISREG(st.st_mode):
-            why = "is not a regular file (a FIFO, device, socket or directory)"
-        elif st.st_nlink > 1:
-            why = (
-                f"has {st.st_nlink} hard links; writing it would change the same file under "
-                f"its other names"
-            )
-        if why:
-            raise StorageError(
-                f"refusing to open the journal: its path {why}",
-                path=self.path,
-                op="open",
-                errno=code,
-            )
-
-    def _nothing_to_lose(self) -> bool:
-        """True when no journal file (or only an empty one) is at the path."""
-        try:
-            return os.lstat(self.path).st_size == 0
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-
-    def _save_side(self, offset: int, size: int) -> str:
-        """Copy bytes ``[offset, size)`` of the journal to a new side file; return its path."""
-        base = f"{self.path}.damaged-{offset}"
-        side, n = base, 0
-        while os.path.lexists(side):
-            n += 1
-            side = f"{base}.{n}"
-        fd: int | None = None
-        try:
-            fd = fs.create_exclusive(side, self._file_mode)
-            try:
-                with fs.open_read(self.path) as f:
-                    f.seek(offset)
-                    left = size - offset  # the span measured, however the file changes
-                    while left > 0 and (chunk := f.read(min(1 << 20, left))):
-                        fs.write_all(fd, chunk)
-                        left -= len(chunk)
-                fs.fsync(fd)
-            finally:
-                fs.close(fd)
-            fs.fsync_dir(self._dir)
-        except BaseException as e:
-            # The copy is not whole (a full disk, EIO): nothing may be cut (S9). Remove the
-            # partial copy, which is ours, and let the open fail.
-            if fd is not None:
-                try:
-                    fs.unlink(side)
-                except OSError:
-                    pass
-            if isinstance(e, OSError):
-                raise StorageError(
-                    f"cannot save damaged bytes [{offset}, {size}) to a side file before cutting "
-                    f"them: {e.strerror or e}; nothing was cut",
-                    path=side,
-                    op="save-damaged",
-                    errno=e.errno,
-                ) from e
-            raise
-        return side
-
     def _salvage(self, res: Any, size: int) -> str:
         """skip-corrupted: save the whole file aside, rewrite it with the intact records only."""
-        side = self._save_side(0, size)
+        side = save_side(self.path, 0, size, self._file_mode)
         holes = tuple(sorted(set(self._header.holes) | set(res.holes)))
         hdr = Header(new_salt(), self._header.first_seq, holes)
-        self._rewrite(hdr, self._intact_lines(self.path, self._seed, None, strict=False), [])
+        self._rewrite(hdr, self._view(size).intact_lines(strict=False), [])
         return side
-
-    def _intact_lines(
-        self, path: str, seed: int, end: int | None, *, strict: bool
-    ) -> Iterator[tuple[int, int, bytes]]:
-        """Yield ``(seq, durable_mark, payload_bytes)`` of the records of ``path`` before ``end``.
-
-        With ``strict`` a damaged record raises :class:`JournalCorruptError` (it was durable and
-        must not be dropped silently); without it damaged records are skipped (salvage).
-        """
-        with fs.open_read(path) as f:
-            stop = os.fstat(f.fileno()).st_size if end is None else end
-            last = -1
-            for item in read_lines(f, self._header_len, stop, self.max_record_bytes + 256):
-                found: Iterable[tuple[int, bytes | str]] = (
-                    [(item.offset, item.reason)]
-                    if isinstance(item, Gap)
-                    else zip(
-                        line_offsets(item.offset, item.lines),
-                        [x + b"\n" for x in item.lines],
-                        strict=True,
-                    )
-                )
-                for off, got in found:
-                    r = got if isinstance(got, str) else checked_record(got, seed)
-                    if not isinstance(r, str) and r[0] <= last:
-                        # A repeated number (a spliced or replayed span) is damage, as in scan().
-                        r = f"sequence {r[0]} after {last}"
-                    if isinstance(r, str):
-                        if strict:
-                            raise JournalCorruptError(
-                                f"durable record damaged at offset {off}: {r}",
-                                path=path,
-                                offset=off,
-                                reason=r,
-                            )
-                        continue
-                    last = r[0]
-                    yield r
-
-    def _rewrite(
-        self,
-        hdr: Header,
-        durable: Iterator[tuple[int, int, bytes]],
-        extra: list[tuple[int, bytes]],
-    ) -> None:
-        """Write header + records to a fresh temp file, fsync, rename over the journal, fsync dir.
-
-        Called with ``_io_lock`` held (or before the journal is shared). Once the rename is done the
-        new file *is* the journal, whatever happens next: the header, salt and durable prefix end
-        are switched to it. Only when the directory fsync also succeeds does ``self._fd`` become
-        the new file's descriptor (and the records in it durable); otherwise the caller stays
-        degraded and a later rewrite starts from the new file's durable prefix.
-        """
-        tmp = f"{self.path}.rewrite-{new_salt()}.tmp"
-        fd = fs.create_exclusive(tmp, self._file_mode)
-        inode_lock: int | None = None
-        try:
-            inode_lock = fs.lock_file(tmp, self._file_mode)  # S12: locked before it is the journal
-            seed = hdr.seed
-            head = hdr.frame()
-            chunk: list[bytes] = [head]
-            size = 0
-            pending = len(head)
-            last = -1
-            for seq, mark, payload in durable:
-                chunk.append(frame_record(seed, seq, mark, payload))
-                pending += len(chunk[-1])
-                last = seq
-                if pending >= 1 << 18:
-                    data = b"".join(chunk)
-                    fs.write_all(fd, data)
-                    size += len(data)
-                    chunk, pending = [], 0
-            prefix_end = size + pending
-            for seq, line in extra:
-                chunk.append(frame_record(seed, seq, last, payload_of(line)))
-            data = b"".join(chunk)
-            fs.write_all(fd, data)
-            size += len(data)
-            fs.fsync(fd)
-            fs.replace(tmp, self.path)
-        except BaseException:
-            for held in (fd, inode_lock):
-                try:
-                    if held is not None:
-                        fs.close(held)
-                except OSError:
-                    pass
-            try:
-                fs.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        old_lock, self._owned.inode_lock = self._owned.inode_lock, inode_lock
-        if old_lock is not None:
-            try:
-                fs.close(old_lock)
-            except OSError:
-                pass
-        old, self._fd = self._fd, None
-        if old is not None:
-            try:
-                fs.close(old)
-            except OSError:
-                pass
-        with self._lock:
-            self._header, self._seed = hdr, hdr.seed
-        self._header_len = len(head)
-        self._file_exists = True
-        self._written = self._synced = prefix_end
-        try:
-            fs.fsync_dir(self._dir)
-        except BaseException:
-            try:
-                fs.close(fd)
-            except OSError:
-                pass
-            raise
-        self._fd = fd
-        self._written = self._synced = size
 
     # ---------------------------------------------------------------- appending
     def append(self, payload: Any) -> Receipt:
@@ -728,8 +370,7 @@ class Journal:
             seq = self._next_seq
             # Frame now: the orjson buffer is dropped at once, and the durable mark is the
             # conservative "known durable at append time".
-            region = b'"seq":%d,"d":%d,"p":%s' % (seq, self._durable_seq, data)
-            line = b'{"v":1,"crc":"%08x",%s}\n' % (_crc32(region, self._seed), region)
+            line = frame_record(self._seed, seq, self._durable_seq, data)
             if self._degraded:
                 self._append_to_memory(seq, line)
                 return _receipt(Receipt, (seq, False))
@@ -750,21 +391,6 @@ class Journal:
         self._flush(sync=self.sync == "always")
         with self._lock:
             return Receipt(seq, self.sync == "always" and self._durable_seq >= seq)
-
-    def _append_to_memory(self, seq: int, line: bytes) -> None:
-        """Degraded append, with ``_lock`` held."""
-        if self._mem_bytes + len(line) > self._max_mem:
-            raise MemoryBoundError(
-                "degraded journal's memory bound reached; record not accepted",
-                path=self.path,
-                op="append",
-                errno=self._health.errno,
-                pending=len(self._memory),
-            )
-        self._next_seq = seq + 1
-        self._memory.append((seq, line))
-        self._mem_bytes += len(line)
-        self._refresh_pending()
 
     def wait_durable(self, seq: int, timeout: float | None = None) -> None:
         """Return once an fsync covers ``seq`` (flushing now if needed, whatever the policy).
@@ -876,243 +502,7 @@ class Journal:
                 continue
             self._flush(sync=True)
 
-    # ------------------------------------------------------------- degradation
-    def _degrade(self, op: str, err: OSError, batch: list[tuple[int, bytes]]) -> None:
-        """Called with ``_io_lock`` held: never trust this descriptor again (S4)."""
-        with self._lock:
-            moved = self._unsynced + batch + self._queue
-            self._memory = moved + self._memory
-            self._mem_bytes = sum(len(line) for _, line in self._memory)
-            self._queue, self._unsynced = [], []
-            self._health = Health(
-                HealthState.DEGRADED, op, err.errno, self.path, time.time(), len(self._memory)
-            )
-            self._degraded = True
-            self._cond.notify_all()
-        fd, self._fd = self._fd, None
-        self._written = self._synced
-        if fd is not None and not fs.reaches(self._owned.filesystem):
-            fs.forget(fd)  # never close a descriptor number on another filesystem
-        elif fd is not None:
-            try:
-                fs.close(fd)
-            except OSError:
-                pass
-        log.error(
-            "journal %s degraded: %s failed (%s); %d record(s) held in memory, not durable",
-            self.path,
-            op,
-            err,
-            len(moved),
-        )
-
-    def _enter_degraded(self, op: str, err: OSError) -> None:
-        with self._io_lock:
-            self._degrade(op, err, [])
-
-    def _refresh_pending(self) -> None:
-        h = self._health
-        if not h.ok:
-            self._health = Health(h.state, h.op, h.errno, h.path, h.since, len(self._memory))
-
-    @property
-    def health(self) -> Health:
-        """The storage health now: ``OK``, or ``DEGRADED(op, errno, path, since, pending)``."""
-        with self._lock:
-            return self._health
-
-    def try_restore(self) -> bool:
-        """Try to make the memory-only records durable again, in a fresh file.
-
-        Writes the durable prefix and the memory records to a new temp file, fsyncs it, renames it
-        over the journal and fsyncs the directory. Never re-fsyncs the failed descriptor.
-
-        Returns:
-            True when the journal is healthy (it was, or it is now); False when the disk still
-            refused (``health`` shows the newest error; the records stay in memory), or when the
-            filesystem the journal was opened on is gone (see the module docs).
-        """
-        with self._io_lock:
-            if self._filesystem_gone():
-                return False
-            with self._lock:
-                if self._health.ok:
-                    return True
-                mem = list(self._memory)
-            try:
-                if not os.path.isdir(self._dir):
-                    fs.makedirs(self._dir)
-                if self._flock is None:
-                    # Started degraded before the lock could be taken (S5 still holds: a
-                    # competing writer makes this raise LockHeldError).
-                    self._take_lock(0)
-                if self._owned.inode_lock is None:
-                    self._lock_inode()
-                    if not self._file_read and not self._nothing_to_lose():
-                        # A journal appeared at the path meanwhile, unread by this one: never
-                        # replace it (S9). Stay degraded; the caller sees it in health.
-                        raise OSError(
-                            errno.EEXIST,
-                            "a journal this one never read is now at the path",
-                            self.path,
-                        )
-                if self._synced > self._header_len and self._file_exists:
-                    prefix: Iterator[tuple[int, int, bytes]] = self._intact_lines(
-                        self.path, self._seed, self._synced, strict=True
-                    )
-                else:
-                    prefix = iter(())
-                hdr = Header(new_salt(), self._header.first_seq, self._header.holes)
-                self._rewrite(hdr, prefix, mem)
-            except OSError as e:
-                with self._lock:
-                    h = self._health
-                    self._health = Health(
-                        h.state, "restore", e.errno, self.path, h.since, len(self._memory)
-                    )
-                log.warning("journal %s: restore failed (%s); still degraded", self.path, e)
-                return False
-            with self._lock:
-                if mem:
-                    self._durable_seq = mem[-1][0]
-                # Appended while the rewrite ran: framed with the old salt, so frame again.
-                rest = [
-                    (q, frame_record(hdr.seed, q, self._durable_seq, payload_of(line)))
-                    for q, line in self._memory[len(mem) :]
-                ]
-                self._memory = []
-                self._mem_bytes = 0
-                self._health = Health()
-                self._degraded = False
-                if rest:
-                    self._queue_since = time.monotonic()
-                self._queue = rest + self._queue
-                self._cond.notify_all()
-        log.warning("journal %s restored: %d memory record(s) now durable", self.path, len(mem))
-        return True
-
     # ------------------------------------------------------------------ rewriting
-    def raw_batches(self) -> Iterator[RawBatch]:
-        """Every record in the file, verified but not decoded, in batches of consecutive lines.
-
-        For copying records without decoding them (compaction): each :class:`RawBatch` holds the
-        records' file offsets, sequence numbers and payload JSON bytes, checked in bulk. Records
-        not yet written to the file are not included: call :meth:`sync_now` first.
-
-        Raises:
-            JournalCorruptError: a record fails its checks.
-        """
-        f, end, seed = self._open_for_raw()
-        # The file is opened now, not when iteration starts: replace_contents() holds the I/O
-        # lock while it consumes an iterator over it.
-        return self._raw_iter(f, end, seed)
-
-    def raw_at(self, offsets: Iterable[int]) -> Iterator[RawBatch]:
-        """Re-read and verify, in batches, the records that start at ``offsets`` (ascending, as
-        found in :attr:`RawBatch.offsets`).
-
-        Raises:
-            JournalCorruptError: no intact record starts at one of the offsets.
-            UsageError: the offsets are not ascending or lie outside the records.
-        """
-        f, end, seed = self._open_for_raw()
-        return self._raw_at(f, end, seed, offsets)
-
-    def _open_for_raw(self) -> tuple[BinaryIO | None, int, int]:
-        with self._io_lock, self._lock:
-            end, seed = self._written, self._seed
-            f = fs.open_read(self.path) if self._file_exists and end > self._header_len else None
-        return f, end, seed
-
-    def _raw_iter(self, f: BinaryIO | None, end: int, seed: int) -> Iterator[RawBatch]:
-        if f is None:
-            return
-        with f:
-            for block in read_lines(f, self._header_len, end, self.max_record_bytes + 256):
-                if isinstance(block, Gap):
-                    raise self._damage(block.offset, block.reason)
-                yield self._raw_batch(block.offset, block.lines, seed)
-
-    def _raw_batch(self, pos: int, lines: list[bytes], seed: int) -> RawBatch:
-        """A block of lines (without newlines) that starts at ``pos``, verified."""
-        return self._verified(line_offsets(pos, lines), lines, seed, 1)
-
-    def _verified(self, offsets: list[int], lines: list[bytes], seed: int, tail: int) -> RawBatch:
-        """Verify lines in bulk; line by line (naming the damage) only if that fails. ``tail`` is
-        2 for lines that keep their newline, 1 for lines split without it."""
-        checked = _bulk_check(lines, seed, tail)
-        if checked is not None:
-            seqs, commas = checked
-            return RawBatch(offsets, seqs, list(_payload_slices(lines, commas, tail)))
-        nl = b"\n" if tail == 1 else b""
-        rows = [self._checked(o, line + nl, seed) for o, line in zip(offsets, lines, strict=True)]
-        return RawBatch(offsets, [r[0] for r in rows], [r[1] for r in rows])
-
-    def _checked(self, off: int, line: bytes, seed: int) -> tuple[int, bytes]:
-        r = checked_record(line, seed) if line else "oversized record"
-        if isinstance(r, str):
-            raise self._damage(off, r)
-        return r[0], r[2]
-
-    def _damage(self, offset: int, reason: str) -> JournalCorruptError:
-        return JournalCorruptError(
-            f"journal damaged at offset {offset}: {reason}",
-            path=self.path,
-            offset=offset,
-            reason=reason,
-        )
-
-    def _raw_at(
-        self, f: BinaryIO | None, end: int, seed: int, offsets: Iterable[int]
-    ) -> Iterator[RawBatch]:
-        """One sequential pass of :func:`read_lines` from the first offset, keeping the lines
-        that start at the wanted offsets (the one line reader, S10)."""
-        wanted = iter(offsets)
-        last = -1
-
-        def next_offset() -> int | None:
-            nonlocal last
-            off = next(wanted, None)
-            if off is None:
-                return None
-            if f is None or off <= last or off < self._header_len or off >= end:
-                raise UsageError(f"{off} is not a record offset in ascending order")
-            last = off
-            return off
-
-        try:
-            nxt = next_offset()
-            if nxt is None or f is None:
-                return
-            offs: list[int] = []
-            lines: list[bytes] = []
-            for block in read_lines(f, nxt, end, self.max_record_bytes + 256):
-                if isinstance(block, Gap):
-                    if block.offset <= nxt < block.offset + max(block.length, 1):
-                        raise self._damage(nxt, block.reason)
-                    continue
-                pos = block.offset
-                for line in block.lines:
-                    if nxt is not None and nxt < pos:
-                        raise self._damage(nxt, "no record starts at this offset")
-                    if pos == nxt:
-                        offs.append(pos)
-                        lines.append(line)
-                        nxt = next_offset()
-                    pos += len(line) + 1
-                if len(offs) >= 1024 or (nxt is None and offs):
-                    yield self._verified(offs, lines, seed, 1)
-                    offs, lines = [], []
-                if nxt is None:
-                    return
-            if offs:
-                yield self._verified(offs, lines, seed, 1)
-            if nxt is not None:
-                raise self._damage(nxt, "no record starts at this offset")
-        finally:
-            if f is not None:
-                f.close()
-
     def replace_contents(
         self, payloads: Iterable[Any], first_seq: int | None = None, *, raw: bool = False
     ) -> int:
@@ -1177,60 +567,6 @@ class Journal:
                 self._durable_seq = self._next_seq - 1
         return count[0]
 
-    # ------------------------------------------------------------------ reading
-    def records(self, from_seq: int = 0) -> Iterator[Record]:
-        """Iterate every record with ``seq >= from_seq``, verifying each checksum.
-
-        Includes records not yet durable (queued, or memory-only while degraded), in order.
-
-        Raises:
-            JournalCorruptError: a record in the file fails its checks while being read.
-        """
-        with self._io_lock, self._lock:
-            if self._closed:
-                raise UsageError("journal is closed")
-            if self._health.ok:
-                end, tail = self._written, list(self._queue)
-            else:
-                end, tail = self._synced, list(self._memory)
-            seed = self._seed
-            f = fs.open_read(self.path) if self._file_exists and end > self._header_len else None
-        return self._iter(f, end, seed, tail, from_seq)
-
-    def _iter(
-        self,
-        f: Any,
-        end: int,
-        seed: int,
-        tail: list[tuple[int, bytes]],
-        from_seq: int,
-    ) -> Iterator[Record]:
-        parts: list[Iterable[Record]] = []
-        if f is not None:
-            chunks = self._chunks(f, end, seed, from_seq)
-            parts.append(chain.from_iterable(map(_as_records, chunks)))
-        parts.append(
-            Record(seq, orjson.loads(payload_of(line))) for seq, line in tail if seq >= from_seq
-        )
-        return chain.from_iterable(parts)
-
-    def _chunks(
-        self, f: Any, end: int, seed: int, from_seq: int
-    ) -> Iterator[Iterable[tuple[int, Any]]]:
-        with f:
-            try:
-                yield from read_chunks(
-                    f,
-                    seed,
-                    self._header_len,
-                    end,
-                    from_seq,
-                    self._header.holes,
-                    max_line=self.max_record_bytes + 256,
-                )
-            except ReadDamage as d:
-                raise self._damage(d.offset, d.reason) from None
-
     # --------------------------------------------------------------- properties
     @property
     def next_seq(self) -> int:
@@ -1241,11 +577,6 @@ class Journal:
     def durable_seq(self) -> int:
         """The highest sequence number covered by a successful fsync (-1 if none yet this open)."""
         return self._durable_seq
-
-    @property
-    def closed(self) -> bool:
-        """True after :meth:`close`."""
-        return self._closed
 
     # ------------------------------------------------------------------ closing
     def close(self) -> None:
@@ -1293,34 +624,6 @@ class Journal:
                 pending=pending,
             )
 
-    def _filesystem_gone(self) -> bool:
-        """Called with ``_io_lock`` held: True when this journal must not touch its descriptors.
-
-        That is when the fs seam calls into another filesystem than the one the journal was opened
-        on: a fake one that is gone (the journal is then abandoned for good), or a fake one that
-        shadows the real one for a while (a pyfakefs test running beside a journal on real files:
-        the journal waits until the real filesystem is back).
-        """
-        if fs.reaches(self._owned.filesystem):
-            return False
-        if self._owned.shadowed():
-            return True  # for a while, not gone
-        with self._lock:
-            if not self._closed:
-                log.warning(
-                    "journal %s: the filesystem it was opened on is gone (a fake filesystem torn "
-                    "down while the journal was open?); abandoned without touching its "
-                    "descriptors, %d record(s) not written",
-                    self.path,
-                    len(self._queue) + len(self._memory),
-                )
-            self._closed = True
-            self._queue, self._memory, self._unsynced = [], [], []
-            self._cond.notify_all()
-        self._owned.release()  # forgets both: they are of the gone filesystem
-        resources.unregister(self)
-        return True
-
     def __enter__(self) -> Journal:
         return self
 
@@ -1345,77 +648,4 @@ class Journal:
         )
 
 
-def read_journal(
-    path: str | os.PathLike[str], from_seq: int = 0, *, max_record_bytes: int = 1 << 20
-) -> Iterator[Record]:
-    """Stream the intact records of a journal file without locking or changing it.
-
-    For readers beside a running writer (``stats``, ``deferred list``) or of files one must not
-    repair: a torn last line (a write in progress, or a crash) is not returned; damage before it
-    raises.
-
-    Raises:
-        JournalCorruptError: the header or a record before the tail is damaged.
-        JournalVersionError: another format version.
-        OSError: the file cannot be read.
-    """
-    p = os.fspath(path)
-    try:
-        f = fs.open_read(p)
-    except StorageError:
-        raise
-    except OSError as e:
-        raise StorageError(
-            f"cannot read journal: {e.strerror or e}", path=p, op="read", errno=e.errno
-        ) from e
-    return _read_journal(f, p, from_seq, max_record_bytes + 256)
-
-
-def _read_journal(f: Any, p: str, from_seq: int, bound: int) -> Iterator[Record]:
-    with f:
-        size = os.fstat(f.fileno()).st_size  # what is appended from now on is not read
-        first = next(read_lines(f, 0, size, bound, 4096), None)
-        if first is None:
-            return
-        try:
-            hdr, header_len, _rest = read_header(first)
-        except ValueError as e:
-            raise JournalVersionError(
-                f"journal format version {e.args[1]!r} is not supported",
-                path=p,
-                reason="unsupported version",
-            ) from None
-        if isinstance(hdr, str):
-            raise JournalCorruptError(
-                f"journal header is damaged: {hdr}", path=p, offset=0, reason=hdr
-            )
-        try:
-            chunks = read_chunks(
-                f,
-                hdr.seed,
-                header_len,
-                size,
-                from_seq,
-                hdr.holes,
-                max_line=bound,
-                torn_tail_ok=True,
-            )
-            for rows in chunks:
-                for seq, payload in rows:
-                    yield Record(seq, payload)
-        except ReadDamage as d:
-            raise JournalCorruptError(
-                f"journal damaged at offset {d.offset}: {d.reason}",
-                path=p,
-                offset=d.offset,
-                reason=d.reason,
-            ) from None
-
-
-_OPEN_TOKEN = object()
-_crc32 = zlib.crc32
 _receipt = tuple.__new__
-
-
-def _as_records(rows: Iterable[tuple[int, Any]]) -> Iterator[Record]:
-    return map(_receipt, repeat(Record), rows)

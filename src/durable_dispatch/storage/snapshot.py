@@ -38,6 +38,7 @@ from ..errors import (
 from . import fs
 from .format import new_salt
 from .health import Health, HealthState
+from .rewrite import replace_file
 
 __all__ = ["SnapshotStore", "Snapshot"]
 
@@ -229,27 +230,8 @@ class SnapshotStore:
         return gen
 
     def _write(self, gen: int, body: bytes) -> None:
-        target = self.path_of(gen)
         tmp = os.path.join(self.directory, f".{self.name}.{gen}.{new_salt()}.tmp")
-        fd = fs.create_exclusive(tmp, self._mode)
-        try:
-            fs.write_all(fd, encode_snapshot(gen, body))
-            fs.fsync(fd)
-            fs.close(fd)
-            fd = -1
-            fs.replace(tmp, target)
-        except BaseException:
-            if fd >= 0:
-                try:
-                    fs.close(fd)
-                except OSError:
-                    pass
-            try:
-                fs.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        fs.fsync_dir(self.directory)
+        replace_file(self.path_of(gen), tmp, [encode_snapshot(gen, body)], self._mode)
 
     def _prune(self, newest: int) -> None:
         """Remove generations older than the newest ``keep`` and stale temp files (best effort)."""

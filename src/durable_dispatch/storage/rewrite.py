@@ -1,0 +1,85 @@
+"""The one way a file of the state directory is replaced whole (S6): write a fresh temporary file
+beside it, fsync it, rename it over the target, fsync the directory. At every instant either the
+old or the new file is at the path. Journal recovery, restore and compaction, snapshots and the
+futures side store all use it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from . import fs
+
+__all__ = ["Replaced", "replace_file"]
+
+
+class Replaced(NamedTuple):
+    """What :func:`replace_file` wrote: the new file's descriptor and the descriptor that holds
+    its inode lock (when asked to keep them open, else None), and its size."""
+
+    fd: int | None
+    inode_lock: int | None
+    size: int
+
+
+def replace_file(
+    target: str,
+    tmp: str,
+    chunks: Iterable[bytes],
+    mode: int = 0o600,
+    *,
+    keep_open: bool = False,
+    lock: bool = False,
+    sync_dir: bool = True,
+) -> Replaced:
+    """Write ``chunks`` to the new file ``tmp`` (it must not exist), fsync it and rename it over
+    ``target``, then fsync the directory (unless ``sync_dir`` is False: the caller does, after it
+    switched to the new file).
+
+    ``lock`` takes the new file's inode lock (:func:`fs.lock_file`, S12) before it is renamed
+    into place; ``keep_open`` returns its descriptors open (the caller owns them), else they are
+    closed. On any failure before the rename the temporary file is removed, the target is
+    untouched and the error propagates.
+    """
+    new = fs.create_exclusive(tmp, mode)
+    fd: int | None = new
+    inode_lock: int | None = None
+    size = 0
+    try:
+        if lock:
+            inode_lock = fs.lock_file(tmp, mode)  # locked before it is the target
+        for data in chunks:
+            fs.write_all(new, data)
+            size += len(data)
+        fs.fsync(new)
+        if not keep_open:  # a close that fails (NFS reports write errors there) fails it
+            _close(inode_lock)
+            fd = inode_lock = None
+            fs.close(new)
+        fs.replace(tmp, target)
+    except BaseException:
+        _close(fd, inode_lock)
+        try:
+            fs.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if sync_dir:
+        try:
+            fs.fsync_dir(os.path.dirname(target) or ".")
+        except BaseException:
+            if keep_open:
+                _close(fd, inode_lock)
+            raise
+    return Replaced(fd, inode_lock, size)
+
+
+def _close(*fds: int | None) -> None:
+    for held in fds:
+        if held is not None:
+            try:
+                fs.close(held)
+            except OSError:
+                pass
