@@ -289,7 +289,7 @@ def test_fast_event_reading_agrees_with_decoding(runs: list[list[bytes]]) -> Non
     """The compactor's C-level reading of event and work ID gives, run by run and over a whole
     journal, exactly what decoding every payload gives: the property its safety rests on."""
     from durable_dispatch.storage.defer import _last_events, _LiveSet
-    from durable_dispatch.storage.format import RawBatch
+    from durable_dispatch.storage.scan import RawBatch
 
     live, expect = _LiveSet(), {}
     off = 100

@@ -17,15 +17,9 @@ from hypothesis import strategies as st
 
 from durable_dispatch import Journal
 from durable_dispatch.errors import DurableDispatchError
-from durable_dispatch.storage.format import (
-    Header,
-    frame_record,
-    parse_record,
-    read_chunks,
-    scan,
-    verify_record,
-)
+from durable_dispatch.storage.format import Header, frame_record, parse_record, verify_record
 from durable_dispatch.storage.journal import read_journal
+from durable_dispatch.storage.scan import read_chunks, scan
 from durable_dispatch.storage.snapshot import decode_snapshot, encode_snapshot
 
 from .helpers import examples

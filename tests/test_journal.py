@@ -27,8 +27,9 @@ from durable_dispatch.errors import (
     StorageError,
     UsageError,
 )
-from durable_dispatch.storage.format import Header, RawBatch, frame_record
+from durable_dispatch.storage.format import Header, frame_record
 from durable_dispatch.storage.journal import read_journal
+from durable_dispatch.storage.scan import RawBatch
 from durable_dispatch.testing import inject_faults
 
 from .helpers import file_mode, line_offsets, read_all, sample_payloads, write_journal

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from durable_dispatch.errors import JournalCorruptError, StorageError
-from durable_dispatch.storage.format import Damage, Header, ScanResult
+from durable_dispatch.storage.format import Header
 from durable_dispatch.storage.recovery import RECOVERY_MODES, Plan, plan_recovery, save_side
+from durable_dispatch.storage.scan import Damage, ScanResult
 from durable_dispatch.testing import inject_faults
 
 HDR = Header("salt", 0)

@@ -34,7 +34,8 @@ from .statedir import (
     is_state_dir,
 )
 from .storage import DeferJournal, Journal
-from .storage.format import Header, RawBatch, new_salt
+from .storage.format import Header, new_salt
+from .storage.scan import RawBatch
 
 __all__ = [
     "StateView",

@@ -20,7 +20,7 @@ import orjson
 
 from .errors import DurableDispatchError, UsageError
 from .storage import fs as _fs
-from .storage.format import scan
+from .storage.scan import scan
 from .storage.snapshot import decode_snapshot, read_snapshot_file
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2

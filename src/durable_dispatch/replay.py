@@ -29,8 +29,8 @@ from .statedir import (
     SUBMISSIONS,
 )
 from .storage import Journal, SnapshotStore
-from .storage.format import RawBatch
 from .storage.journal import read_journal
+from .storage.scan import RawBatch
 from .storage.snapshot import Snapshot
 
 __all__ = ["replay", "event_work_ids"]

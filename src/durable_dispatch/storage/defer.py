@@ -26,9 +26,9 @@ import orjson
 
 from ..errors import JournalCorruptError, NotDurableError, UsageError
 from ..schema import Invalid, check_defer_record
-from .format import RawBatch
 from .health import Health
 from .journal import Journal
+from .scan import RawBatch
 
 __all__ = [
     "DeferJournal",

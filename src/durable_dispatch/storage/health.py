@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
-from .format import Damage
+from .scan import Damage
 
 __all__ = ["Receipt", "Record", "HealthState", "Health", "RecoveryReport"]
 

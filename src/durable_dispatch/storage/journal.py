@@ -52,14 +52,7 @@ from ..errors import (
 )
 from . import fs, resources
 from .degraded import Degradation
-from .format import (
-    Damage,
-    Header,
-    RawBatch,
-    frame_record,
-    new_salt,
-    scan,
-)
+from .format import Header, frame_record, new_salt
 from .health import Health, HealthState, Receipt, Record, RecoveryReport
 from .journal_file import OPEN_TOKEN
 from .reader import read_journal
@@ -73,6 +66,7 @@ from .recovery import (
     refuse_unsafe_path,
     save_side,
 )
+from .scan import Damage, RawBatch, scan
 
 __all__ = [
     "Journal",

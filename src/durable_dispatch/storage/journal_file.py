@@ -20,9 +20,10 @@ import filelock
 
 from ..errors import LockHeldError, UsageError
 from . import fs, resources, rewrite
-from .format import Header, RawBatch, frame_record, new_salt, payload_of
+from .format import Header, frame_record, new_salt, payload_of
 from .health import Health, Record, RecoveryReport
 from .reader import FileView
+from .scan import RawBatch
 
 __all__ = ["JournalFile"]
 

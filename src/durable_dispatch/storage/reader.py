@@ -22,20 +22,9 @@ import orjson
 
 from ..errors import JournalCorruptError, JournalVersionError, StorageError, UsageError
 from . import fs
-from .format import (
-    Gap,
-    RawBatch,
-    ReadDamage,
-    _bulk_check,
-    _payload_slices,
-    checked_record,
-    line_offsets,
-    payload_of,
-    read_chunks,
-    read_header,
-    read_lines,
-)
+from .format import _bulk_check, _payload_slices, checked_record, line_offsets, payload_of
 from .health import Record
+from .scan import Gap, RawBatch, ReadDamage, read_chunks, read_header, read_lines
 
 __all__ = ["FileView", "follows", "read_journal"]
 

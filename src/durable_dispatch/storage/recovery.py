@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..errors import JournalCorruptError, StorageError
 from . import fs
-from .format import ScanResult
+from .scan import ScanResult
 
 __all__ = [
     "RECOVERY_MODES",
