@@ -850,13 +850,15 @@ def test_send_work_refuses_a_multi_item_dispatch_instead_of_dropping_items() -> 
 
 # ------------------------------------------------------------ structure (issue 21)
 def test_a_transaction_changes_state_only_through_the_transition_table() -> None:
-    """One table of allowed transitions and one _advance that raises on any other; no other
+    """One table of allowed transitions and one advance that raises on any other; no other
     code assigns a transaction's state."""
     import inspect
 
-    from durable_dispatch.core import dispatcher as mod
+    from durable_dispatch.core import dispatcher
+    from durable_dispatch.core import transactions as mod
 
-    assert inspect.getsource(mod).count(".state = ") == 1  # the one in _advance
+    assert inspect.getsource(mod).count(".state = ") == 1  # the one in advance
+    assert inspect.getsource(dispatcher).count(".state = ") == 0
     d = Dispatcher(1, WatchdogConfig(10), ranks=(1,))
     d.submit([WorkItem("a")])
     s = d.reserve(0.0)
@@ -884,10 +886,10 @@ def test_every_counter_is_a_statistic_and_duplicates_are_reported() -> None:
     fails); duplicate READYs and RESULTs used to be counted under keys no statistic showed."""
     from dataclasses import fields
 
-    from durable_dispatch.core import dispatcher as mod
+    from durable_dispatch.core import stats as mod
 
     stats = {f.name for f in fields(mod.DispatchStats)}
-    assert {f.name for f in fields(mod._Counters)} <= stats
+    assert {f.name for f in fields(mod.Counters)} <= stats
     d = Dispatcher(1, WatchdogConfig(10), ranks=(1,))
     d.submit([WorkItem("a")])
     s = d.reserve(0.0)

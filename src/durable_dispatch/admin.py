@@ -13,7 +13,8 @@ from typing import Any
 
 from .core.decisions import WorkItem
 from .core.events import RequeuedDeferred, Submitted, encode
-from .core.ledger import Ledger, store_form
+from .core.indexed import store_form
+from .core.ledger import Ledger
 from .errors import StorageError
 from .replay import (
     Stored,

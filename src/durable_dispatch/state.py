@@ -63,7 +63,8 @@ from .core import (
     WorkItem,
 )
 from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
-from .core.ledger import Ledger, store_form
+from .core.indexed import store_form
+from .core.ledger import Ledger
 from .core.ranks import RankState
 from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
 from .logs import log_decisions

@@ -33,10 +33,11 @@ an otherwise good RESULT is charged at once and the rest commit.
 Ordering assumption: messages from one rank arrive in the order it sent them (the MPI shell receives
 with ``ANY_TAG``, which MPI's non-overtaking rule orders per sender), so when the turn's join step
 sees a current READY without a RESULT, the RESULT is missing, not late.
-Reading order. This module is the states and their transitions (:class:`TxState`, the table
-``_TX_TRANSITIONS`` and :func:`_advance`, the only code that changes a transaction's state), the
-counters, then :class:`Dispatcher`: set-up, dispatch, messages, join and sweep, and the two shared
-paths every failure takes (:meth:`Dispatcher._roll_back` and :meth:`Dispatcher._retry_or_defer`).
+Reading order. This module is :class:`Dispatcher`: set-up, dispatch, messages, join and sweep,
+and the two shared paths every failure takes (:meth:`Dispatcher._roll_back` and
+:meth:`Dispatcher._retry_or_defer`). A transaction's states and the one table of their
+transitions are in :mod:`transactions <durable_dispatch.core.transactions>`, the counters and
+:class:`DispatchStats` in :mod:`stats <durable_dispatch.core.stats>`.
 A rank's state (idle, busy, parked, lost) is :class:`~durable_dispatch.core.ranks.RankState` in
 :mod:`ranks <durable_dispatch.core.ranks>`; the watchdog's deadlines are a
 :class:`~durable_dispatch.core.watchdog.DeadlineHeap`; the durable facts are a
@@ -45,10 +46,7 @@ A rank's state (idle, busy, parked, lost) is :class:`~durable_dispatch.core.rank
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from enum import Enum
 from typing import Any, TypeVar
 
 from ..errors import UsageError
@@ -78,6 +76,8 @@ from .decisions import (
 from .events import Committed, EpochStarted, Event, RequeuedDeferred, Submitted, of_decision
 from .ledger import Ledger
 from .ranks import Ranks, RankState
+from .stats import Counters, DispatchStats
+from .transactions import Transaction, TxEvent, TxState, WorkStatus, advance
 from .watchdog import DeadlineHeap, ObservedClock, QuantileWindow
 
 __all__ = [
@@ -92,203 +92,6 @@ __all__ = [
 
 
 _D = TypeVar("_D", bound=Decision)
-
-
-# ---------------------------------------------------------------------------------- states
-class TxState(str, Enum):
-    """The life of one reservation transaction (see ``_TX_TRANSITIONS``)."""
-
-    PREPARING = "PREPARING"
-    DISPATCHED = "DISPATCHED"
-    COMMITTING = "COMMITTING"
-    CLOSED = "CLOSED"
-    ROLLED_BACK = "ROLLED_BACK"
-
-    def __repr__(self) -> str:
-        return self.value
-
-
-class TxEvent(str, Enum):
-    """What happens to a transaction."""
-
-    SENT = "SENT"  # the WORK send returned (mark_dispatched)
-    READY = "READY"  # a current READY came before the send was reported
-    RESULT = "RESULT"  # a current, valid RESULT: its good items are being journaled
-    COMMITTED = "COMMITTED"  # the shell journaled its commits (commit_done)
-    EMPTIED = "EMPTIED"  # every item left it (failed, refused or already committed)
-    ROLLED_BACK = "ROLLED_BACK"  # timeout, send failure, invalid result or lost rank (W4)
-
-    def __repr__(self) -> str:
-        return self.value
-
-
-#: (state, event) -> next state; any other pair is illegal. A transaction is open in PREPARING,
-#: DISPATCHED and COMMITTING; CLOSED and ROLLED_BACK are final.
-_TX_TRANSITIONS: dict[tuple[TxState, TxEvent], TxState] = {
-    (TxState.PREPARING, TxEvent.SENT): TxState.DISPATCHED,
-    (TxState.PREPARING, TxEvent.READY): TxState.DISPATCHED,  # the send evidently completed
-    (TxState.PREPARING, TxEvent.RESULT): TxState.COMMITTING,
-    (TxState.DISPATCHED, TxEvent.RESULT): TxState.COMMITTING,
-    (TxState.COMMITTING, TxEvent.COMMITTED): TxState.CLOSED,
-    (TxState.COMMITTING, TxEvent.EMPTIED): TxState.CLOSED,
-    (TxState.PREPARING, TxEvent.ROLLED_BACK): TxState.ROLLED_BACK,
-    (TxState.DISPATCHED, TxEvent.ROLLED_BACK): TxState.ROLLED_BACK,
-}
-
-
-def _advance(tx: Transaction, event: TxEvent) -> None:
-    """The one place a transaction's state changes.
-
-    Raises:
-        UsageError: ``event`` is not allowed in ``tx``'s state (the shell reported something
-            out of order, such as ``commit_done`` for a dispatch that is not committing).
-    """
-    to = _TX_TRANSITIONS.get((tx.state, event))
-    if to is None:
-        allowed = " or ".join(s.value for s, e in _TX_TRANSITIONS if e is event)
-        raise UsageError(f"{tx.token} is {tx.state.value}, not {allowed} ({event.value})")
-    tx.state = to
-
-
-class WorkStatus(str, Enum):
-    """Where a work ID is: every known work ID is in exactly one of these."""
-
-    PENDING = "PENDING"
-    IN_FLIGHT = "IN_FLIGHT"
-    COMMITTED = "COMMITTED"
-    DEFERRED = "DEFERRED"
-
-    def __repr__(self) -> str:
-        return self.value
-
-
-@dataclass(slots=True)
-class Transaction:
-    """One dispatch of one or more work items to one rank (mutable, owned by the core).
-
-    ``items`` are the items still owned by the dispatch: an item whose RESULT entry reported an
-    error leaves it at once (it is requeued or deferred), the others commit together.
-    """
-
-    token: Token
-    rank: int
-    items: tuple[WorkItem, ...]
-    state: TxState = TxState.PREPARING
-    deadline: float | None = None
-    ready_seen: bool = False
-    failure: ItemFailure | None = None  # why its RESULT failed; the READY then rolls it back
-    sent_at: float | None = None  # when its send returned (for batch="auto")
-    seconds: float | None = None  # its deadline from the send, as the WORK told the worker
-    beaten: bool = False  # a current HEARTBEAT extended its deadline
-
-
-# -------------------------------------------------------------------------------- counters
-@dataclass(slots=True)
-class _Counters:
-    """The core's counters; each field is the :class:`DispatchStats` field of the same name (a
-    mistyped name is an AttributeError, not a counter that silently stays zero)."""
-
-    dispatches: int = 0
-    dispatched_items: int = 0
-    commits: int = 0
-    dispatch_watchdog_timeouts: int = 0
-    watchdog_worker_recoveries: int = 0
-    protocol_requeued_dispatches: int = 0
-    protocol_deferred_dispatches: int = 0
-    deferred_in_memory: int = 0
-    invalid_result_rollbacks: int = 0
-    batch_splits: int = 0
-    send_failures: int = 0
-    ranks_lost: int = 0
-    master_restart_rollbacks: int = 0
-    duplicate_commits_ignored: int = 0
-    heartbeats: int = 0
-    parked_ready_missing: int = 0
-    parked_ready_malformed: int = 0
-    parked_ready_other_token: int = 0
-    # by message kind ("RESULT", "READY", "HEARTBEAT"), one per Classification not CURRENT
-    stale: Counter[str] = field(default_factory=Counter)
-    unowned: Counter[str] = field(default_factory=Counter)
-    malformed: Counter[str] = field(default_factory=Counter)
-    duplicate: Counter[str] = field(default_factory=Counter)
-
-    def by_class(self, cls: Classification) -> Counter[str]:
-        """The by-message-kind counter of a classification."""
-        return {
-            Classification.STALE: self.stale,
-            Classification.UNOWNED: self.unowned,
-            Classification.MALFORMED: self.malformed,
-            Classification.DUPLICATE: self.duplicate,
-        }[cls]
-
-    def values(self) -> dict[str, Any]:
-        """Every counter by name (by-kind counters as plain dicts)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = dict(v) if isinstance(v, Counter) else v
-        return out
-
-
-@dataclass(frozen=True)
-class DispatchStats:
-    """An immutable snapshot of the core's counters (all zero in a campaign with no faults,
-    except the work counters ``dispatches`` and ``commits`` and the gauges).
-
-    Counters by message kind (``stale``, ``unowned``, ``malformed``, ``duplicate``) are dicts
-    keyed ``"RESULT"``, ``"READY"``, ``"HEARTBEAT"``. ``dispatches`` counts WORK messages
-    (tokens), ``dispatched_items`` the work items they carried, ``commits`` committed work items,
-    and ``batch_splits`` items requeued uncharged because their multi-item dispatch failed as a
-    whole. The ``*_now`` fields are gauges: ``in_flight_now`` counts work *items* in flight
-    (a multi-item dispatch's items, and items whose commit is still being made durable while
-    their rank already took new work), ``busy_ranks_now`` the ranks running a dispatch, and
-    ``watchdog_deadline_now`` the deadline an item without its own timeout gets now (the
-    watchdog's seconds, or the adaptive rule's fitted deadline; 0 when the watchdog is off).
-    ``starting_ranks_now`` counts ranks that have not said their first READY yet.
-    ``master_pauses`` counts the gaps in the master's own turns that were not counted against
-    the workers (U7: it was stopped or blocked), ``master_paused_seconds`` their total length.
-    """
-
-    dispatches: int = 0
-    dispatched_items: int = 0
-    commits: int = 0
-    dispatch_watchdog_timeouts: int = 0
-    watchdog_worker_recoveries: int = 0
-    protocol_requeued_dispatches: int = 0
-    protocol_deferred_dispatches: int = 0
-    deferred_in_memory: int = 0
-    invalid_result_rollbacks: int = 0
-    batch_splits: int = 0
-    send_failures: int = 0
-    ranks_lost: int = 0
-    master_restart_rollbacks: int = 0
-    duplicate_commits_ignored: int = 0
-    heartbeats: int = 0
-    stale: Mapping[str, int] = field(default_factory=dict)
-    unowned: Mapping[str, int] = field(default_factory=dict)
-    malformed: Mapping[str, int] = field(default_factory=dict)
-    duplicate: Mapping[str, int] = field(default_factory=dict)
-    parked_ready_missing: int = 0
-    parked_ready_malformed: int = 0
-    parked_ready_other_token: int = 0
-    parked_ranks_now: int = 0
-    starting_ranks_now: int = 0
-    idle_ranks_now: int = 0
-    busy_ranks_now: int = 0
-    in_flight_now: int = 0
-    pending_now: int = 0
-    deferred_now: int = 0
-    auto_batch_now: int = 1
-    watchdog_enabled: bool = True
-    watchdog_seconds: float = 0.0
-    watchdog_deadline_now: float = 0.0
-    config_corrections: int = 0
-    master_pauses: int = 0
-    master_paused_seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field."""
-        return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(self).items()}
 
 
 # ------------------------------------------------------------------------------ the core
@@ -341,7 +144,7 @@ class Dispatcher:
         #: against the workers); the core never reads a clock itself
         self.clock = ObservedClock()
         self._snapshot_required: str | None = None
-        self._n = _Counters()
+        self._n = Counters()
         self._sizer = BatchSizer()
         self._task_times = QuantileWindow(ADAPTIVE_WINDOW)  # the adaptive rule's measurements
         for r in ranks:
@@ -479,7 +282,7 @@ class Dispatcher:
     def mark_dispatched(self, token: Token, now: float) -> list[Decision]:
         """The WORK send for ``token`` returned: the deadline starts now (W1)."""
         tx = self._open_tx(token)
-        _advance(tx, TxEvent.SENT)
+        advance(tx, TxEvent.SENT)
         tx.sent_at = now
         if self.watchdog.enabled:
             seconds = tx.seconds if tx.seconds is not None else self.allowed_seconds(tx.items)
@@ -583,7 +386,7 @@ class Dispatcher:
             return self._quarantine(tx.rank, "READY", Classification.DUPLICATE, "second READY")
         tx.ready_seen = True
         if tx.state is TxState.PREPARING:
-            _advance(tx, TxEvent.READY)  # never time out a generation that said READY
+            advance(tx, TxEvent.READY)  # never time out a generation that said READY
         return self._free_rank_if_done(tx)
 
     def _parked_ready(self, rank: int, token: object) -> list[Decision]:
@@ -664,7 +467,7 @@ class Dispatcher:
                 self._deadlines.push(tx.deadline, tx.token)
             return []
         assert results is not None
-        _advance(tx, TxEvent.RESULT)
+        advance(tx, TxEvent.RESULT)
         if tx.sent_at is not None:
             self._sizer.observe(len(tx.items), now - tx.sent_at)
             # under the adaptive rule, the task times it governs: items without a timeout
@@ -704,13 +507,13 @@ class Dispatcher:
                 rank, "RESULT", Classification.DUPLICATE, "work ID already committed"
             )
         if not keep:
-            _advance(tx, TxEvent.EMPTIED)
+            advance(tx, TxEvent.EMPTIED)
         return out + self._free_rank_if_done(tx)  # READY already seen: the rank is free now
 
     def commit_done(self, token: Token) -> list[Decision]:
         """The shell journaled the :class:`Commit` for ``token``: the work ID is committed."""
         tx = self._open_tx(token)
-        _advance(tx, TxEvent.COMMITTED)
+        advance(tx, TxEvent.COMMITTED)
         self._apply(Committed(token, tx.rank, tuple(w.work_id for w in tx.items)))
         self._n.commits += len(tx.items)
         for item in tx.items:
@@ -740,7 +543,7 @@ class Dispatcher:
             self._require_snapshot(f"commit of {work_id} under {token} refused"),
         ]
         if not tx.items:
-            _advance(tx, TxEvent.EMPTIED)
+            advance(tx, TxEvent.EMPTIED)
             out += self._free_rank_if_done(tx)
         return out
 
@@ -869,7 +672,7 @@ class Dispatcher:
         The rank goes to ``then``: PARKED (timeout, send failure: only its exact READY proves
         the old generation over), IDLE (it said READY) or LOST.
         """
-        _advance(tx, TxEvent.ROLLED_BACK)
+        advance(tx, TxEvent.ROLLED_BACK)
         for item in tx.items:
             self._unlease(item, tx.token)
         del self._open[str(tx.token)]
