@@ -51,8 +51,8 @@ from typing import Any, TypeVar
 
 from ..errors import UsageError
 from ..tokens import Token
-from .batching import BatchSizer
-from .config import ADAPTIVE_WINDOW, WORKER_FAILURE_KINDS, RetryPolicy, WatchdogConfig
+from .config import WORKER_FAILURE_KINDS, RetryPolicy, WatchdogConfig
+from .deadlines import DeadlinePolicy
 from .decisions import (
     SOURCE_INVALID_RESULT,
     SOURCE_MASTER_RESTART,
@@ -78,7 +78,7 @@ from .ledger import Ledger
 from .ranks import Ranks, RankState
 from .stats import Counters, DispatchStats
 from .transactions import Transaction, TxEvent, TxState, WorkStatus, advance
-from .watchdog import DeadlineHeap, ObservedClock, QuantileWindow
+from .watchdog import DeadlineHeap, ObservedClock
 
 __all__ = [
     "Dispatcher",
@@ -145,8 +145,8 @@ class Dispatcher:
         self.clock = ObservedClock()
         self._snapshot_required: str | None = None
         self._n = Counters()
-        self._sizer = BatchSizer()
-        self._task_times = QuantileWindow(ADAPTIVE_WINDOW)  # the adaptive rule's measurements
+        #: the deadline policy: a dispatch's time, the heartbeat lease, the adaptive rule
+        self.policy = DeadlinePolicy(self.watchdog)
         for r in ranks:
             self.add_rank(r, starting=starting)
 
@@ -291,50 +291,28 @@ class Dispatcher:
         return []
 
     def auto_batch(self) -> int:
-        """How many items the next dispatch should carry under ``batch="auto"``: sized from the
-        measured time per item so that a dispatch lasts about 50 ms and stays within a quarter
-        of the watchdog's deadline, from 1 up to 64 (the rule: :mod:`~durable_dispatch.core.
-        batching`)."""
-        return self._sizer.size(self.watchdog.seconds if self.watchdog.enabled else None)
+        """How many items the next dispatch carries under ``batch="auto"``
+        (:meth:`DeadlinePolicy.auto_batch`)."""
+        return self.policy.auto_batch()
 
     def allowed_seconds(self, items: Sequence[WorkItem]) -> float:
-        """A dispatch's time: its items' own timeouts added up, plus, if any item has none, the
-        watchdog's seconds once (one item: its timeout, or the watchdog's seconds); under the
-        adaptive rule, :meth:`deadline_seconds` for each item without one, at most the
-        watchdog's seconds in all. The shell sends it with the WORK, so that an isolating worker
-        kills the work at the same deadline."""
-        own = [w.timeout for w in items if w.timeout is not None]
-        rest = len(items) - len(own)
-        if not rest:
-            return sum(own)
-        if self.watchdog.adaptive:
-            return sum(own) + min(self.watchdog.seconds, rest * self.deadline_seconds())
-        return sum(own) + self.watchdog.seconds
+        """A dispatch's time (:meth:`DeadlinePolicy.allowed_seconds`); the shell sends it with
+        the WORK."""
+        return self.policy.allowed_seconds(items)
 
     def deadline_seconds(self) -> float:
-        """The deadline an item without its own timeout gets now: the watchdog's seconds, or
-        under the adaptive rule (``WatchdogConfig.quantile``) ``multiple`` x the measured
-        ``quantile`` of task time, within ``floor`` .. ``seconds``, once ``min_samples``
-        dispatches succeeded."""
-        wd = self.watchdog
-        if not wd.adaptive or len(self._task_times) < wd.min_samples:
-            return wd.seconds
-        fitted = wd.multiple * self._task_times.quantile(wd.quantile or 1.0)
-        return min(wd.seconds, max(wd.floor, fitted))
+        """The deadline an item without its own timeout gets now
+        (:meth:`DeadlinePolicy.deadline_seconds`)."""
+        return self.policy.deadline_seconds()
 
     def lease_seconds(self) -> float:
-        """How far a HEARTBEAT pushes a deadline now: the configured lease, or the deadline an
-        item gets now (:meth:`deadline_seconds`). The shell sends it with the WORK."""
-        lease = self.watchdog.heartbeat_lease
-        return lease if lease is not None else self.deadline_seconds()
+        """How far a HEARTBEAT pushes a deadline now (:meth:`DeadlinePolicy.lease_seconds`)."""
+        return self.policy.lease_seconds()
 
     def lease_for(self, items: Sequence[WorkItem]) -> float:
-        """How far a HEARTBEAT pushes the deadline of a dispatch of ``items``: 0 when every
-        item has its own timeout (U9: that deadline is fixed; a heartbeat never extends it),
-        else :meth:`lease_seconds`. The shell sends it with the WORK."""
-        if all(w.timeout is not None for w in items):
-            return 0.0
-        return self.lease_seconds()
+        """How far a HEARTBEAT pushes the deadline of a dispatch of ``items``
+        (:meth:`DeadlinePolicy.lease_for`); the shell sends it with the WORK."""
+        return self.policy.lease_for(items)
 
     def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
         """The WORK send for ``token`` failed: the same compensation path as a timeout (W4)."""
@@ -468,13 +446,8 @@ class Dispatcher:
             return []
         assert results is not None
         advance(tx, TxEvent.RESULT)
-        if tx.sent_at is not None:
-            self._sizer.observe(len(tx.items), now - tx.sent_at)
-            # under the adaptive rule, the task times it governs: items without a timeout
-            if self.watchdog.adaptive and all(w.timeout is None for w in tx.items):
-                self._task_times.add((now - tx.sent_at) / len(tx.items))
-                if len(self._task_times) == self.watchdog.min_samples:
-                    self._fit_open_deadlines()
+        if tx.sent_at is not None and self.policy.observe(tx.items, now - tx.sent_at):
+            self._fit_open_deadlines()
         out: list[Decision] = []
         keep: list[WorkItem] = []
         failed: list[tuple[WorkItem, ItemFailure]] = []
