@@ -667,8 +667,8 @@ def _act(
 def check(s: dict[str, Any], workdir: Path) -> list[str]:
     """The model's promises, held against the campaign's record (see the module docs)."""
     from durable_dispatch import read_results
+    from durable_dispatch.admin import view_state
     from durable_dispatch.core import RetryPolicy
-    from durable_dispatch.state import view_state
 
     v: list[str] = []
     state = workdir / "state"
@@ -768,7 +768,7 @@ def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]
     and the final run ran no call an earlier run had committed (it resolved them from the
     record)."""
     from durable_dispatch import read_results
-    from durable_dispatch.state import view_state
+    from durable_dispatch.admin import view_state
 
     v: list[str] = []
     state = _statedir(s, workdir)

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from durable_dispatch import WorkItem
+from durable_dispatch.admin import view_state
 from durable_dispatch.core import RetryPolicy
-from durable_dispatch.state import view_state
 from durable_dispatch.testing import LocalWorkers
 
 ROOT = Path(__file__).resolve().parent.parent

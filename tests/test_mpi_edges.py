@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
+from durable_dispatch.admin import view_state
 from durable_dispatch.mpi.launcher import (
     find_mpiexec,
     kill_session,
@@ -28,7 +29,6 @@ from durable_dispatch.mpi.launcher import (
     pids_in_session,
     run_mpiexec,
 )
-from durable_dispatch.state import view_state
 
 pytestmark = pytest.mark.mpi
 

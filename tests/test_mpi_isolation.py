@@ -14,13 +14,13 @@ from typing import Any
 
 import orjson
 
+from durable_dispatch.admin import view_state
 from durable_dispatch.mpi.launcher import (
     find_mpiexec,
     mpiexec_command,
     pids_in_session,
     run_mpiexec,
 )
-from durable_dispatch.state import view_state
 
 if find_mpiexec() is None:  # the mpi extra is part of the test install; fail loudly without it
     raise RuntimeError("mpiexec not found: install the project with '.[test,mpi]'")
@@ -39,7 +39,7 @@ def _run(tmp_path: Path, mode: str) -> tuple[Any, dict[str, Any] | None, float]:
 
 def _results(state: Path) -> dict[str, Any]:
     """work ID -> committed result, read from the state journal."""
-    from durable_dispatch.state import STATE_JOURNAL
+    from durable_dispatch.statedir import STATE_JOURNAL
     from durable_dispatch.storage.journal import read_journal
 
     out: dict[str, Any] = {}

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from durable_dispatch import CampaignState, WatchdogConfig, WorkItem
+from durable_dispatch.admin import view_state
 from durable_dispatch.mpi import run_master
-from durable_dispatch.state import view_state
 from durable_dispatch.testing import LocalWorkers
 
 STEPS = ("on_ready", "on_heartbeat", "next_send", "sent", "on_results", "tick")

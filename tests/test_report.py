@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from durable_dispatch import CampaignState, RetryPolicy, WatchdogConfig, WorkItem
+from durable_dispatch.admin import compact_state
 from durable_dispatch.report import report_series, write_report
-from durable_dispatch.state import compact_state
 from durable_dispatch.storage.journal import read_journal
 
 from .helpers import fake_campaign
@@ -82,7 +82,7 @@ def test_the_plotted_series_equal_what_the_journal_says(tmp_path: Path) -> None:
         "malformed-result", 0
     )
     assert s["totals"] == {k: facts[k] for k in ("committed", "timeouts", "deferred", "epochs")}
-    from durable_dispatch.state import view_state
+    from durable_dispatch.admin import view_state
 
     view = view_state(d).projection  # deferrals before the compaction are in the snapshot only
     assert s["committed"][-1] == facts["committed"] == len(view.committed)

@@ -12,16 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable_dispatch import CampaignState, SnapshotStore
+from durable_dispatch.admin import view_state
 from durable_dispatch.core import Commit, Dispatcher, RetryPolicy, Send, WatchdogConfig, WorkItem
+from durable_dispatch.core.ledger import Ledger
 from durable_dispatch.errors import LockHeldError
-from durable_dispatch.state import (
-    STATE_JOURNAL,
-    SUBMISSIONS,
-    Ledger,
-    event_work_ids,
-    replay,
-    view_state,
-)
+from durable_dispatch.replay import event_work_ids, replay
+from durable_dispatch.statedir import STATE_JOURNAL, SUBMISSIONS
 from durable_dispatch.storage import Journal
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import inject_faults
@@ -297,7 +293,7 @@ def test_compaction_folds_the_journal_in_the_open_scan(
     """compact_state reads a clean journal once (the open's scan feeds the fold) and reports its
     progress; after a repaired torn tail it reads the records again. Either way the folded state
     equals the replayed one."""
-    from durable_dispatch.state import compact_state, view_state
+    from durable_dispatch.admin import compact_state, view_state
 
     root = tmp_path / "s"
     with CampaignState.open(root, ranks=(1, 2)) as s:
@@ -338,8 +334,8 @@ def test_compaction_names_an_intact_record_that_is_not_json(tmp_path: Path) -> N
     """A checksummed payload that does not decode is damage to report; nothing is changed."""
     import orjson
 
+    from durable_dispatch.admin import compact_state
     from durable_dispatch.errors import JournalCorruptError
-    from durable_dispatch.state import compact_state
 
     root = tmp_path / "s"
     with CampaignState.open(root, ranks=(1,)) as s:
@@ -360,7 +356,7 @@ def test_open_replays_the_journal_in_the_open_scan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A master restart reads a clean state journal once; the replayed state is the same."""
-    from durable_dispatch.state import view_state
+    from durable_dispatch.admin import view_state
 
     root = tmp_path / "s"
     s = CampaignState.open(root, ranks=(1, 2))
@@ -479,7 +475,7 @@ def test_commits_too_large_for_one_record_are_split_and_an_oversized_result_is_r
 def test_a_second_master_is_refused_after_the_lock_files_were_deleted(tmp_path: Path) -> None:
     """Issue 13, example 4 (S12): ``rm state/*.lock`` under a running master (in another
     process) lets no second master in, and read-only commands still see the master."""
-    from durable_dispatch.state import view_state
+    from durable_dispatch.admin import view_state
 
     from .test_journal import _held_elsewhere
 
@@ -562,7 +558,7 @@ def test_a_forged_event_with_a_valid_checksum_is_typed_corruption(
 def test_a_snapshot_body_of_the_wrong_shape_is_passed_over(tmp_path: Path) -> None:
     """Issue 13, example 5: a snapshot body of [] crashed every reader."""
     from durable_dispatch.errors import SnapshotCorruptError
-    from durable_dispatch.state import SNAPSHOT_NAME
+    from durable_dispatch.statedir import SNAPSHOT_NAME
     from durable_dispatch.storage.snapshot import encode_snapshot
 
     d = tmp_path / "st"
@@ -677,8 +673,8 @@ def test_forged_records_in_a_state_directory_open_or_are_typed_corruption(
     """Issue 29.5, the same forgeries on disk, checksummed, behind a real campaign's records:
     CampaignState.open and compaction either succeed or raise JournalCorruptError, and a
     refused journal is left as it was."""
+    from durable_dispatch.admin import compact_state
     from durable_dispatch.errors import JournalCorruptError
-    from durable_dispatch.state import compact_state
 
     d = tmp_path_factory.mktemp("forged")
     with _open(d) as s:
@@ -772,7 +768,7 @@ def _some_fail(send: Send) -> str:
 
 
 def _newest_state(d: Path) -> dict[str, Any]:
-    from durable_dispatch.state import SNAPSHOT_NAME
+    from durable_dispatch.statedir import SNAPSHOT_NAME
 
     snap = SnapshotStore(d, name=SNAPSHOT_NAME).load()
     assert snap is not None
@@ -817,7 +813,7 @@ def test_a_state_directory_of_the_last_version_opens_and_moves_to_the_store(
     import shutil
 
     from durable_dispatch.results import read_results
-    from durable_dispatch.state import SUBMISSIONS
+    from durable_dispatch.statedir import SUBMISSIONS
 
     d = tmp_path / "old"
     shutil.copytree(OLD, d)
@@ -864,7 +860,7 @@ def test_items_stored_before_a_crash_are_submitted_at_the_next_open(
 def test_a_store_that_is_not_durable_keeps_submissions_in_the_journal(tmp_path: Path) -> None:
     """When the submissions store cannot be fsynced, the journal's records carry the items and
     no snapshot names what the store may lose; a crash then loses nothing."""
-    from durable_dispatch.state import SUBMISSIONS
+    from durable_dispatch.statedir import SUBMISSIONS
 
     items = [WorkItem(f"w{i}", {"i": i}) for i in range(700)]  # more than one record
     s = _open(tmp_path)
@@ -923,7 +919,7 @@ def test_an_item_too_large_to_store_is_refused_after_the_ones_before_it(tmp_path
 
 
 def test_compaction_keeps_every_payload_in_the_store(tmp_path: Path) -> None:
-    from durable_dispatch.state import compact_state
+    from durable_dispatch.admin import compact_state
 
     items = [WorkItem(f"w{i}", {"i": i, "blob": "y" * i}) for i in range(600)]
     with _open(tmp_path) as s:

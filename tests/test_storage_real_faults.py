@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from durable_dispatch import CampaignState, Journal, WorkItem
+from durable_dispatch.admin import view_state
 from durable_dispatch.errors import StorageError
-from durable_dispatch.state import view_state
 
 from .helpers import Tmpfs, fake_campaign, read_all
 

@@ -42,13 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .admin import (
-    CompactReport,
-    StateView,
     _reconcile_store,
-    compact_state,
-    drop_deferred,
-    requeue_deferred,
-    view_state,
 )
 from .core import (
     Commit,
@@ -64,54 +58,26 @@ from .core import (
 )
 from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
 from .core.indexed import store_form
-from .core.ledger import Ledger
 from .core.ranks import RankState
 from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
 from .logs import log_decisions
 from .replay import (
     _load_snapshot,
     _open_and_fold,
-    event_work_ids,
     paused_gc,
-    replay,
 )
 from .statedir import (
     LIVE_STATS_NAME,
-    LOCK_NAME,
-    RESULT_RECORD_BYTES,
-    SNAPSHOT_NAME,
     STATE_JOURNAL,
-    SUBMISSIONS,
     SUBMIT_CHUNK,
     _take_master_lock,
-    is_state_dir,
 )
 from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
 from .storage import resources as _resources
 from .tokens import Token
 
-# The offline operations (admin.py), replay (replay.py) and the state directory's names
-# (statedir.py) are re-exported here for the names this module always had.
-__all__ = [
-    "CampaignState",
-    "CampaignStats",
-    "Ledger",
-    "StateView",
-    "CompactReport",
-    "replay",
-    "event_work_ids",
-    "view_state",
-    "is_state_dir",
-    "compact_state",
-    "requeue_deferred",
-    "drop_deferred",
-    "STATE_JOURNAL",
-    "SUBMISSIONS",
-    "SNAPSHOT_NAME",
-    "LOCK_NAME",
-    "RESULT_RECORD_BYTES",
-]
+__all__ = ["CampaignState", "CampaignStats", "OnCommit"]
 
 log = logging.getLogger("durable_dispatch.state")
 
@@ -889,6 +855,3 @@ class CampaignState:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# --------------------------------------------------------------------- offline operations
