@@ -14,10 +14,11 @@ campaign, S8). Loading = the submissions store + newest valid snapshot + replay 
 records after it.
 
 The module is split by job: replay (the projection, the fold, the snapshot loader) is in
-``replay.py``; offline operations (view, compact, requeue, drop) are in ``admin.py``; this module
-is the live campaign. :class:`CampaignState` is also the facade the master loop calls, one
-method per thing that happened (:meth:`~CampaignState.on_ready`, ``on_results``, ``sent``,
-``tick`` ...): each asks the core and persists what it decided.
+``replay.py``; offline operations (view, compact, requeue, drop) are in ``admin.py``; the
+submissions store is ``submissions.py``; this module is the live campaign.
+:class:`CampaignState` is also the facade the master loop calls, one method per thing that
+happened (:meth:`~CampaignState.on_ready`, ``on_results``, ``sent``, ``tick`` ...): each asks the
+core and persists what it decided.
 
 Durability contract.
 
@@ -57,7 +58,6 @@ from .core import (
     WorkItem,
 )
 from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
-from .core.indexed import store_form
 from .core.ranks import RankState
 from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
 from .logs import log_decisions
@@ -66,6 +66,7 @@ from .replay import (
     _open_and_fold,
     paused_gc,
 )
+from .results import read_results
 from .statedir import (
     LIVE_STATS_NAME,
     STATE_JOURNAL,
@@ -75,6 +76,7 @@ from .statedir import (
 from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
 from .storage import resources as _resources
+from .submissions import SubmissionStore
 from .tokens import Token
 
 __all__ = ["CampaignState", "CampaignStats", "OnCommit"]
@@ -148,8 +150,7 @@ class CampaignState:
         self.journal: Journal = kw["journal"]
         #: the submissions store (``submissions.jsonl``): every item's payload, once (S8)
         self.submissions: Journal = kw["submissions"]
-        self._stored: int = kw["stored"]  # the indices the store covers
-        self._stored_seq = self.submissions.next_seq - 1  # its newest record
+        self._store = SubmissionStore(self.submissions, kw["stored"])
         self.snapshots: SnapshotStore = kw["snapshots"]
         self.defer: DeferJournal = kw["defer"]
         self.core: Dispatcher = kw["core"]
@@ -300,59 +301,26 @@ class CampaignState:
                 seen.add(wid)
         if not new:
             return 0
-        first = self._stored
+        first = self._store.stored
         try:
-            self._store(new, first)
+            self._store.store(new, first)
         except RecordTooLargeError:
-            done = self._stored - first
+            done = self._store.stored - first
             if done:
                 self._announce(new[:done], first)
             raise
         self._announce(new, first)
         return len(new)
 
-    def _store(self, items: list[WorkItem], first: int) -> None:
-        """Append ``items`` to the submissions store from index ``first``: records of up to
-        :data:`SUBMIT_CHUNK` items, halved while one is too large for a record."""
-        for k in range(0, len(items), SUBMIT_CHUNK):
-            self._store_chunk(items[k : k + SUBMIT_CHUNK], first + k)
-
-    def _store_chunk(self, items: list[WorkItem], first: int) -> None:
-        try:
-            r = self.submissions.append({"first": first, "items": [store_form(w) for w in items]})
-        except RecordTooLargeError as e:
-            if len(items) == 1:
-                raise RecordTooLargeError(
-                    f"work item {items[0].work_id!r} is too large to store: {e}",
-                    size=e.size,
-                    limit=e.limit,
-                ) from None
-            half = len(items) // 2
-            self._store_chunk(items[:half], first)
-            self._store_chunk(items[half:], first + half)
-            return
-        self._stored = first + len(items)
-        self._stored_seq = r.seq
-
     def _announce(self, items: list[WorkItem], first: int) -> None:
         """Journal the submission of the stored ``items`` and hand them to the core. The
         records name the items by index once the store is durable; if the store cannot be
         made durable (a disk fault), they carry the items themselves."""
-        stored = self._store_durable()
+        stored = self._store.durable()
         for k in range(0, len(items), SUBMIT_CHUNK):
             chunk = tuple(items[k : k + SUBMIT_CHUNK])
             self.journal.append(encode(Submitted(chunk, first + k, stored=stored)))
         self.core.submit(items, first=first, checked=True)
-
-    def _store_durable(self) -> bool:
-        """True once an fsync covers every record of the submissions store."""
-        if self._stored_seq < 0:
-            return True
-        try:
-            self.submissions.wait_durable(self._stored_seq)
-        except NotDurableError:
-            return False
-        return True
 
     def next_send(self, now: float, max_items: int = 1) -> Send | None:
         """The next dispatch of up to ``max_items`` items, journaled (persist before you send),
@@ -681,8 +649,6 @@ class CampaignState:
         Raises:
             UsageError: the callback returned something else than None or work items.
         """
-        from .results import read_results
-
         if on_commit is None:
             self._on_commit = None
         else:
@@ -741,7 +707,7 @@ class CampaignState:
         seq = self.journal.next_seq - 1
         ok = True
         try:
-            if not self._store_durable():
+            if not self._store.durable():
                 # A compact snapshot names items by index: without the store on disk it would
                 # name what a crash could lose. The journal still holds every event.
                 raise StorageDegradedError(
@@ -773,7 +739,7 @@ class CampaignState:
         between a commit's record and its delivery would fold that record in as in flight, and a
         restart would run the work again and record a second commit."""
         done = {c.work_id for p in self._pending_commits for c in p.commits}
-        assert self._stored >= len(self.core.ledger.ids), "the store covers every index"
+        assert self._store.stored >= len(self.core.ledger.ids), "the store covers every index"
         return self.core.ledger.to_compact(done)
 
     def try_restore(self) -> bool:
