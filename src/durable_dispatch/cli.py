@@ -14,26 +14,26 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
 from .errors import DurableDispatchError, UsageError
-from .storage import fs as _fs
-from .storage.scan import scan
-from .storage.snapshot import decode_snapshot, read_snapshot_file
+from .examine import examine, kind_of
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the demo was stopped by a second Ctrl-C (128 + SIGINT)
 EXIT_TERMINATED = 143  # the demo was stopped by SIGTERM (128 + SIGTERM)
 _PROGRESS_MIN = 8 << 20
-#: The longest line a reading command holds in memory: the default ``max_record_bytes`` of
-#: ``Journal.open`` (S10). A longer line is reported as damage, never read whole.
-RECORD_BOUND = 1 << 20
 
 
 class _IOFailure(Exception):
     pass
+
+
+def _file_meter(name: str, size: int) -> _Meter:
+    """The progress line of reading one file (``examine``'s ``progress``)."""
+    return _Meter(f"reading {name}", size)
 
 
 class _Meter:
@@ -65,157 +65,6 @@ class _Meter:
         if self._show:
             sys.stderr.write("\r" + " " * (len(self._label) + 9) + "\r")
             sys.stderr.flush()
-
-
-class _Progress:
-    """A file wrapper that reports how far reading got (see :class:`_Meter`)."""
-
-    def __init__(self, f: BinaryIO, size: int, label: str) -> None:
-        self._f = f
-        self._meter = _Meter(label, size)
-
-    def read(self, n: int = -1) -> bytes:
-        self._meter(self._f.tell())
-        return self._f.read(n)
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        return self._f.seek(pos, whence)
-
-    def tell(self) -> int:
-        return self._f.tell()
-
-    def done(self) -> None:
-        self._meter.done()
-
-
-def _kind(path: str) -> str:
-    from .admin import is_state_dir
-
-    if os.path.isdir(path):
-        return "state-directory" if is_state_dir(path) else "directory"
-    if path.endswith(".snap"):
-        return "snapshot"
-    if not path.endswith(".jsonl") and not _looks_like_a_journal(path):
-        raise _IOFailure(f"{path}: not a journal (.jsonl), a snapshot (.snap) or a state directory")
-    return "journal"
-
-
-def _looks_like_a_journal(path: str) -> bool:
-    """A file of another name is a journal when its first bytes start a journal header (so a
-    ``.py`` file is a wrong argument, exit 2, not a damaged journal, exit 1)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError:
-        return True  # let the reader report why it cannot be read
-    return head.startswith(b'{"v":') or head == b""
-
-
-def _examine_file(path: str, count_kinds: bool) -> dict[str, Any]:
-    """Read-only examination of one journal or snapshot file."""
-    try:
-        with _fs.open_read(path) as raw:
-            size = os.fstat(raw.fileno()).st_size  # reading stops there, however the file grows
-            if _kind(path) == "snapshot":
-                data = read_snapshot_file(raw)
-                r = data if isinstance(data, str) else decode_snapshot(data)
-                if isinstance(r, str):
-                    return {
-                        "path": path,
-                        "kind": "snapshot",
-                        "size": size,
-                        "intact": False,
-                        "damage": [{"offset": 0, "length": size, "reason": r}],
-                    }
-                return {
-                    "path": path,
-                    "kind": "snapshot",
-                    "size": size,
-                    "intact": True,
-                    "format_version": 1,
-                    "generation": r[0],
-                    "damage": [],
-                }
-            f = _Progress(raw, size, f"reading {os.path.basename(path)}")
-            try:
-                res = scan(f, size, RECORD_BOUND, count_kinds=count_kinds)  # type: ignore[arg-type]
-            except ValueError as e:
-                return {
-                    "path": path,
-                    "kind": "journal",
-                    "size": size,
-                    "intact": False,
-                    "damage": [
-                        {
-                            "offset": 0,
-                            "length": size,
-                            "reason": f"unsupported format version {e.args[1]!r}",
-                        }
-                    ],
-                }
-            finally:
-                f.done()
-    except OSError as e:
-        raise _IOFailure(f"{path}: {e.strerror or e}") from e
-    torn = bool(res.damage) and res.tail_only
-    out: dict[str, Any] = {
-        "path": path,
-        "kind": "journal",
-        "format_version": 1 if res.header else None,
-        "size": size,
-        "records": res.records,
-        "first_seq": res.first_seq,
-        "last_seq": res.last_seq,
-        "intact": not res.damage and size > 0,
-        "torn_tail": torn,
-        "torn_tail_bytes": size - res.damage[0].offset if torn else 0,
-        "damage": [
-            {"offset": d.offset, "length": d.length, "reason": d.reason} for d in res.damage
-        ],
-    }
-    if size == 0:
-        out["damage"] = [{"offset": 0, "length": 0, "reason": "empty file (no header)"}]
-    if count_kinds:
-        out["kinds"] = res.kinds
-        out["first_ts"], out["last_ts"] = res.first_ts, res.last_ts
-    return out
-
-
-def _state_files(d: str) -> list[str]:
-    return sorted(
-        os.path.join(d, n)
-        for n in os.listdir(d)
-        if n.endswith((".jsonl", ".snap")) and not n.startswith(".") or n.endswith("deferred.jsonl")
-    )
-
-
-def _examine(path: str, count_kinds: bool) -> dict[str, Any]:
-    if not os.path.exists(path):
-        raise _IOFailure(f"{path}: no such file or directory")
-    kind = _kind(path)
-    if kind == "directory":
-        raise _IOFailure(f"{path} is a directory but not a durable-dispatch state directory")
-    if kind != "state-directory":
-        return _examine_file(path, count_kinds)
-    files = [_examine_file(p, count_kinds) for p in _state_files(path)]
-    for f in files:
-        # In a state directory a journal of 0 bytes is one whose creation stopped before its
-        # header (the disk was full, or the process was killed: the file exists from the moment
-        # its writer locks it). It never held a record, and the next open writes the header,
-        # as Journal.open does; the torture harness found verify calling it damage.
-        if f["kind"] == "journal" and f["size"] == 0:
-            f.update(
-                intact=True, damage=[], note="empty: created, no header yet (an open writes it)"
-            )
-    out: dict[str, Any] = {
-        "path": path,
-        "kind": "state-directory",
-        "intact": all(f["intact"] for f in files),
-        "files": files,
-    }
-    damage = [dict(d, path=f["path"]) for f in files for d in f["damage"]]
-    out["damage"] = damage
-    return out
 
 
 def _print(obj: Any, as_json: bool) -> None:
@@ -269,7 +118,7 @@ def _text(v: Any) -> str:
 # ---------------------------------------------------------------------------------- commands
 def cmd_verify(args: argparse.Namespace) -> int:
     """Full checksum and structure check; never modifies anything."""
-    res = _examine(args.path, count_kinds=False)
+    res = examine(args.path, count_kinds=False, progress=_file_meter)
     if res["kind"] == "state-directory" and res["intact"]:
         from .admin import view_state
         from .errors import CorruptionError
@@ -298,7 +147,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Describe a journal, a snapshot or a state directory."""
-    res = _examine(args.path, count_kinds=True)
+    res = examine(args.path, count_kinds=True, progress=_file_meter)
     if res["kind"] == "state-directory":
         from .admin import view_state
 
@@ -312,7 +161,7 @@ def _need_state_dir(path: str) -> None:
         raise _IOFailure(f"{path}: no such directory")
     if not os.path.isdir(path):
         raise _IOFailure(f"{path}: not a directory")
-    if _kind(path) != "state-directory":
+    if kind_of(path) != "state-directory":
         raise _IOFailure(f"{path} is not a durable-dispatch state directory")
 
 
