@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -406,150 +407,45 @@ def cmd_deferred(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Launch the bundled campaign under mpiexec, show progress, print the summary."""
-    import signal
-    import subprocess
-    import time
+    from .demo import DemoFailed, DemoStopped, launch
 
-    from .mpi.launcher import kill_session, launch_env, mpiexec_command
-
-    for name, value, low in (
-        ("--ranks", args.ranks, 2),
-        ("--items", args.items, 1),
-        ("--batch", args.batch, 1),
-    ):
-        if value < low:
-            raise UsageError(f"{name} must be at least {low}, got {value}")
-    for name, value in (
-        ("--watchdog", args.watchdog),
-        ("--timeout", args.timeout),
-        ("--ms", args.ms),
-    ):
-        if not value > 0 or value != value or value == float("inf"):
-            raise UsageError(f"{name} must be a positive number of seconds, got {value}")
-    state = os.path.abspath(args.state_dir)
-    os.makedirs(state, mode=0o700, exist_ok=True)
-    progress_file = os.path.join(state, "progress.json")
-    summary_file = os.path.join(state, "summary.json")
-    for stale in (progress_file, summary_file):
-        if os.path.exists(stale):
-            os.unlink(stale)
-    # Without isolation a segfault ends the whole job, so that fault is left out then.
-    kinds = "hang,segfault,slow,malformed,missing,old-token"
-    if not args.isolate:
-        kinds = kinds.replace("segfault,", "")
-    if args.ulfm:
-        kinds += ",crash"
-    if args.no_faults:
-        kinds = "none"
-    argv = [
-        sys.executable,
-        "-m",
-        "durable_dispatch.demo",
-        state,
-        "--items",
-        str(args.items),
-        "--faults",
-        kinds,
-        "--seed",
-        str(args.seed),
-        "--watchdog",
-        str(args.watchdog),
-        "--ms",
-        str(args.ms),
-        "--batch",
-        str(args.batch),
-        "--progress-file",
-        progress_file,
-        "--summary",
-        summary_file,
-    ]
-    if not args.isolate:
-        argv.append("--no-isolate")
-    try:
-        cmd = mpiexec_command(args.ranks, argv, ulfm=args.ulfm)
-    except FileNotFoundError as e:
-        raise _IOFailure(str(e)) from None
-    log_path = os.path.join(state, "demo-mpiexec.log")
     tty = sys.stdout.isatty() and not args.json
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=launch_env(), start_new_session=True
+    try:
+        run = launch(
+            args.state_dir,
+            ranks=args.ranks,
+            items=args.items,
+            batch=args.batch,
+            watchdog=args.watchdog,
+            timeout=args.timeout,
+            ms=args.ms,
+            seed=args.seed,
+            isolate=args.isolate,
+            ulfm=args.ulfm,
+            faults=not args.no_faults,
+            show=_show_progress if tty else None,
         )
-        deadline = time.monotonic() + args.timeout
-        interrupted = False
-
-        def terminated(signum: int, _frame: Any) -> None:
-            raise _Terminated(signum)
-
-        previous = signal.signal(signal.SIGTERM, terminated)
-        try:
-            while proc.poll() is None:
-                if time.monotonic() > deadline:
-                    kill_session(proc)  # and waits for it
-                    raise _IOFailure(f"demo did not finish within {args.timeout}s; see {log_path}")
-                if tty:
-                    _show_progress(progress_file, args.items)
-                try:
-                    time.sleep(0.2)
-                except KeyboardInterrupt:
-                    if interrupted:
-                        raise
-                    # Ctrl-C drains, as a batch system's warning does: mpiexec forwards SIGUSR1
-                    # to every rank; the master commits what is in flight and stops.
-                    interrupted = True
-                    print("\ninterrupted: draining (Ctrl-C again to stop at once)", file=sys.stderr)
-                    proc.send_signal(signal.SIGUSR1)
-                    deadline = min(deadline, time.monotonic() + 90)
-        except (KeyboardInterrupt, _Terminated) as e:
-            kill_session(proc)  # and waits for it
-            print(f"stopped; the state directory {state} resumes", file=sys.stderr)
-            return EXIT_TERMINATED if isinstance(e, _Terminated) else EXIT_INTERRUPTED
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+    except DemoStopped as e:
+        print(f"stopped; the state directory {e.state} resumes", file=sys.stderr)
+        return EXIT_TERMINATED if e.signum == signal.SIGTERM else EXIT_INTERRUPTED
+    except DemoFailed as e:
+        raise _IOFailure(str(e)) from None
     if tty:
-        _show_progress(progress_file, args.items)
         print()
-    if not os.path.exists(summary_file):
-        raise _IOFailure(
-            f"mpiexec exited with {proc.returncode} and no summary; see {log_path}"
-            + "".join(f"\n  {line}" for line in _last_error(log_path))
-        )
-    with open(summary_file, "rb") as fh:
-        summary = orjson.loads(fh.read())
+    summary = run.summary
     shown = {k: v for k, v in summary.items() if k not in ("lost_ids",)}
     if args.json:
         _print(summary, True)
     else:
-        print(f"state directory  {state} (run again to resume)")
-        print(f"mpiexec log      {log_path}")
+        print(f"state directory  {run.state} (run again to resume)")
+        print(f"mpiexec log      {run.log_path}")
         _print(shown, False)
     ok = summary["lost"] == 0 and summary["duplicate_commits"] == 0 and summary.get("finished")
     return EXIT_OK if ok else EXIT_FINDING
 
 
-class _Terminated(Exception):
-    """SIGTERM reached ``durable-dispatch demo``."""
-
-
-def _last_error(log_path: str, keep: int = 8) -> list[str]:
-    """The last lines of an mpiexec log from the last traceback or error on (the master's own
-    message when it failed), at most ``keep``."""
-    try:
-        with open(log_path, errors="replace") as f:
-            lines = f.read().splitlines()[-400:]
-    except OSError:
-        return []
-    marks = [i for i, x in enumerate(lines) if x.startswith("Traceback") or "Error" in x]
-    start = marks[-1] if marks else len(lines) - keep
-    return [x for x in lines[max(0, start) :][-keep:] if x.strip()]
-
-
-def _show_progress(path: str, total: int) -> None:
-    try:
-        with open(path, "rb") as f:
-            st = orjson.loads(f.read())
-    except (OSError, orjson.JSONDecodeError):
-        return
+def _show_progress(st: dict[str, Any], total: int) -> None:
+    """The demo's progress line (its master's statistics), on a terminal."""
     c = st.get("core", {})
     line = (
         f"committed {c.get('commits', 0)}/{total}  in flight {c.get('in_flight_now', 0)} items "

@@ -10,7 +10,8 @@ without RESULT, a RESULT for an old token, and (under ULFM only) death by SIGKIL
 checks the durable record against the full set of work IDs and writes a summary: committed,
 deferred, ``lost`` (must be 0) and ``duplicate_commits`` (must be 0).
 
-Usage (under mpiexec): ``python -m durable_dispatch.demo STATE_DIR [options]``.
+Usage (under mpiexec): ``python -m durable_dispatch.demo STATE_DIR [options]``. :func:`launch`
+runs it under ``mpiexec`` and supervises the job (``durable-dispatch demo`` calls it).
 """
 
 from __future__ import annotations
@@ -20,15 +21,20 @@ import hashlib
 import logging
 import os
 import random
+import signal
+import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from .core import RetryPolicy, WatchdogConfig, WorkItem
+from .errors import UsageError
 from .mpi.context import WorkContext
 from .replay import event_work_ids
 from .statedir import STATE_JOURNAL
@@ -271,6 +277,157 @@ def main(argv: list[str] | None = None) -> int:
     print(orjson.dumps(summary, option=orjson.OPT_NON_STR_KEYS).decode(), flush=True)
     finish(comm)
     return 0
+
+
+# ------------------------------------------------------------------ launching it (the command)
+class DemoFailed(Exception):
+    """The demo job did not end with a summary (it ran past its time, or mpiexec failed)."""
+
+
+class DemoStopped(Exception):
+    """SIGTERM, or a second Ctrl-C, stopped the demo; its state directory resumes."""
+
+    def __init__(self, signum: int, state: str) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+        self.state = state
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """A finished demo job: its summary (see :func:`summarize`), state directory and log."""
+
+    summary: dict[str, Any]
+    state: str
+    log_path: str
+
+
+def launch(
+    state_dir: str,
+    *,
+    ranks: int = 4,
+    items: int = 80,
+    batch: int = 1,
+    watchdog: float = 2.0,
+    timeout: float = 600.0,
+    ms: float = 40.0,
+    seed: int = 7,
+    isolate: bool = True,
+    ulfm: bool = False,
+    faults: bool = True,
+    show: Callable[[dict[str, Any], int], None] | None = None,
+) -> DemoRun:
+    """Run the demo campaign under ``mpiexec`` in a session of its own, wait for it and return
+    its summary (``durable-dispatch demo``). ``show(statistics, items)`` is called about every
+    200 ms with the master's latest statistics. Ctrl-C drains the job (SIGUSR1 to ``mpiexec``,
+    as a batch system's warning does); a second one, or SIGTERM, stops it at once.
+
+    Raises:
+        UsageError: a bad number.
+        DemoFailed: no ``mpiexec``, or the job ran past ``timeout`` seconds, or it ended
+            without a summary (the error names the log and its last error lines).
+        DemoStopped: stopped by SIGTERM or a second Ctrl-C.
+    """
+    from .mpi.launcher import kill_session, launch_env, mpiexec_command
+
+    for name, value, low in (("--ranks", ranks, 2), ("--items", items, 1), ("--batch", batch, 1)):
+        if value < low:
+            raise UsageError(f"{name} must be at least {low}, got {value}")
+    for name, seconds in (("--watchdog", watchdog), ("--timeout", timeout), ("--ms", ms)):
+        if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+            raise UsageError(f"{name} must be a positive number of seconds, got {seconds}")
+    state = os.path.abspath(state_dir)
+    os.makedirs(state, mode=0o700, exist_ok=True)
+    progress_file = os.path.join(state, "progress.json")
+    summary_file = os.path.join(state, "summary.json")
+    for stale in (progress_file, summary_file):
+        if os.path.exists(stale):
+            os.unlink(stale)
+    # Without isolation a segfault ends the whole job, so that fault is left out then.
+    kinds = "hang,segfault,slow,malformed,missing,old-token"
+    if not isolate:
+        kinds = kinds.replace("segfault,", "")
+    if ulfm:
+        kinds += ",crash"
+    if not faults:
+        kinds = "none"
+    argv = [sys.executable, "-m", "durable_dispatch.demo", state, "--items", str(items)]
+    argv += ["--faults", kinds, "--seed", str(seed), "--watchdog", str(watchdog)]
+    argv += ["--ms", str(ms), "--batch", str(batch), "--progress-file", progress_file]
+    argv += ["--summary", summary_file] + ([] if isolate else ["--no-isolate"])
+    try:
+        cmd = mpiexec_command(ranks, argv, ulfm=ulfm)
+    except FileNotFoundError as e:
+        raise DemoFailed(str(e)) from None
+    log_path = os.path.join(state, "demo-mpiexec.log")
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=launch_env(), start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        interrupted = False
+
+        def terminated(signum: int, _frame: Any) -> None:
+            raise DemoStopped(signum, state)
+
+        previous = signal.signal(signal.SIGTERM, terminated)
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    kill_session(proc)  # and waits for it
+                    raise DemoFailed(f"demo did not finish within {timeout}s; see {log_path}")
+                _show(show, progress_file, items)
+                try:
+                    time.sleep(0.2)
+                except KeyboardInterrupt:
+                    if interrupted:
+                        raise
+                    # Ctrl-C drains, as a batch system's warning does: mpiexec forwards SIGUSR1
+                    # to every rank; the master commits what is in flight and stops.
+                    interrupted = True
+                    print("\ninterrupted: draining (Ctrl-C again to stop at once)", file=sys.stderr)
+                    proc.send_signal(signal.SIGUSR1)
+                    deadline = min(deadline, time.monotonic() + 90)
+        except KeyboardInterrupt:
+            kill_session(proc)  # and waits for it
+            raise DemoStopped(signal.SIGINT, state) from None
+        except BaseException:
+            kill_session(proc)
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    _show(show, progress_file, items)
+    if not os.path.exists(summary_file):
+        raise DemoFailed(
+            f"mpiexec exited with {proc.returncode} and no summary; see {log_path}"
+            + "".join(f"\n  {line}" for line in _last_error(log_path))
+        )
+    with open(summary_file, "rb") as fh:
+        return DemoRun(orjson.loads(fh.read()), state, log_path)
+
+
+def _show(show: Callable[[dict[str, Any], int], None] | None, path: str, items: int) -> None:
+    if show is None:
+        return
+    try:
+        with open(path, "rb") as f:
+            st = orjson.loads(f.read())
+    except (OSError, orjson.JSONDecodeError):
+        return
+    show(st, items)
+
+
+def _last_error(log_path: str, keep: int = 8) -> list[str]:
+    """The last lines of an mpiexec log from the last traceback or error on (the master's own
+    message when it failed), at most ``keep``."""
+    try:
+        with open(log_path, errors="replace") as f:
+            lines = f.read().splitlines()[-400:]
+    except OSError:
+        return []
+    marks = [i for i, x in enumerate(lines) if x.startswith("Traceback") or "Error" in x]
+    start = marks[-1] if marks else len(lines) - keep
+    return [x for x in lines[max(0, start) :][-keep:] if x.strip()]
 
 
 if __name__ == "__main__":
