@@ -120,77 +120,79 @@ class Ledger:
                 refused); a ``requeued``, ``deferred`` or ``requeued_deferred`` event for a work
                 ID never submitted; a submission over indices already numbered.
         """
-        t = type(ev)
-        if t is Dispatched:
-            assert isinstance(ev, Dispatched)
-            if ev.token.epoch != self.epoch:
-                raise Invalid("token", f"{ev.token} is not of the current epoch {self.epoch}")
-            where = (ev.token, ev.rank)
-            for wid in ev.work_ids:
-                if wid not in self.frontier:
-                    raise Invalid("work_ids", f"{wid!r} is not a pending item of this campaign")
-                self.frontier.remove(wid)
-                self.in_flight[wid] = where
-            if ev.token.n > self.counter:
-                self.counter = ev.token.n
-        elif t is Committed:
-            assert isinstance(ev, Committed)
-            index, runs, flying = self.ids.index, self.committed.runs, self.in_flight
-            for wid in ev.work_ids:
-                held = flying.get(wid)
-                if held is None or (ev.token is not None and held[0] != ev.token):
-                    i = index.get(wid)
-                    if i is not None and i in runs:
-                        self.duplicate_commits += 1  # a second commit: the first one stands
-                        continue
-                    why = "not in flight" if held is None else f"in flight under {held[0]}"
-                    raise Invalid("work_ids", f"commit of {wid!r} under {ev.token}: it is {why}")
-                runs.add(index[wid])
-                self._leave(wid)
-                self.items.discard(wid)
-                self.solo.discard(wid)
-        elif t is Requeued:
-            assert isinstance(ev, Requeued)
-            wid = self._known_item(ev.work_id)
-            self._leave(wid)
-            self.frontier.appendleft(wid, self.items[wid].priority)
-            if ev.split:
-                self.solo.add(wid)
-            elif ev.charged:
-                self.attempts[wid] = int(ev.attempts or 0)
-                self.kinds.setdefault(wid, []).append(ev.kind or "")
-                self.last_error[wid] = ev.error or ""
-        elif t is Deferred:
-            assert isinstance(ev, Deferred)
-            wid = self._known_item(ev.work_id)
-            self._leave(wid)
-            self.deferred[wid] = self.items[wid]
-            self.solo.discard(wid)
-            self.attempts[wid] = ev.attempts
-            self.kinds[wid] = list(ev.kinds)
-            self.last_error[wid] = ev.last_error or ""
-        elif t is Submitted:
-            assert isinstance(ev, Submitted)
-            self._submit(ev.items, ev.first)
-        elif t is EpochStarted:
-            assert isinstance(ev, EpochStarted)
-            self.epoch = ev.epoch
-            self.counter = 0
-        elif t is RequeuedDeferred:
-            assert isinstance(ev, RequeuedDeferred)
-            wid = ev.work_id
-            if wid not in self.ids.index:
-                raise Invalid("work_id", f"{wid!r} names no work item of this campaign")
-            if self.deferred.pop(wid, None) is not None:
-                self.attempts.pop(wid, None)
-                self.kinds.pop(wid, None)
-                self.last_error.pop(wid, None)
-                self.frontier.append(wid, self.items[wid].priority)
-        elif t is Delivered:
-            assert isinstance(ev, Delivered)
-            self.delivered = max(self.delivered, ev.upto)
-        else:
+        apply = _APPLY.get(type(ev))
+        if apply is None:
             raise TypeError(f"not a state event: {ev!r}")
+        apply(self, ev)
+
+    # One method per event type (the table _APPLY below maps each type to its method).
+    def _dispatched(self, ev: Dispatched) -> None:
+        if ev.token.epoch != self.epoch:
+            raise Invalid("token", f"{ev.token} is not of the current epoch {self.epoch}")
+        where = (ev.token, ev.rank)
+        for wid in ev.work_ids:
+            if wid not in self.frontier:
+                raise Invalid("work_ids", f"{wid!r} is not a pending item of this campaign")
+            self.frontier.remove(wid)
+            self.in_flight[wid] = where
+        if ev.token.n > self.counter:
+            self.counter = ev.token.n
+
+    def _committed(self, ev: Committed) -> None:
+        index, runs, flying = self.ids.index, self.committed.runs, self.in_flight
+        for wid in ev.work_ids:
+            held = flying.get(wid)
+            if held is None or (ev.token is not None and held[0] != ev.token):
+                i = index.get(wid)
+                if i is not None and i in runs:
+                    self.duplicate_commits += 1  # a second commit: the first one stands
+                    continue
+                why = "not in flight" if held is None else f"in flight under {held[0]}"
+                raise Invalid("work_ids", f"commit of {wid!r} under {ev.token}: it is {why}")
+            runs.add(index[wid])
+            self._leave(wid)
+            self.items.discard(wid)
+            self.solo.discard(wid)
+
+    def _requeued(self, ev: Requeued) -> None:
+        wid = self._known_item(ev.work_id)
+        self._leave(wid)
+        self.frontier.appendleft(wid, self.items[wid].priority)
+        if ev.split:
+            self.solo.add(wid)
+        elif ev.charged:
+            self.attempts[wid] = int(ev.attempts or 0)
+            self.kinds.setdefault(wid, []).append(ev.kind or "")
+            self.last_error[wid] = ev.error or ""
+
+    def _deferred(self, ev: Deferred) -> None:
+        wid = self._known_item(ev.work_id)
+        self._leave(wid)
+        self.deferred[wid] = self.items[wid]
+        self.solo.discard(wid)
+        self.attempts[wid] = ev.attempts
+        self.kinds[wid] = list(ev.kinds)
+        self.last_error[wid] = ev.last_error or ""
+
+    def _submitted(self, ev: Submitted) -> None:
+        self._submit(ev.items, ev.first)
+
+    def _epoch_started(self, ev: EpochStarted) -> None:
+        self.epoch = ev.epoch
+        self.counter = 0
+
+    def _requeued_deferred(self, ev: RequeuedDeferred) -> None:
+        wid = ev.work_id
+        if wid not in self.ids.index:
+            raise Invalid("work_id", f"{wid!r} names no work item of this campaign")
+        if self.deferred.pop(wid, None) is not None:
+            self.attempts.pop(wid, None)
+            self.kinds.pop(wid, None)
+            self.last_error.pop(wid, None)
+            self.frontier.append(wid, self.items[wid].priority)
+
+    def _delivered(self, ev: Delivered) -> None:
+        self.delivered = max(self.delivered, ev.upto)
 
     def _submit(self, items: Sequence[WorkItem], first: int | None) -> None:
         """New items join the back of their priority's level of the frontier, numbered from
@@ -392,6 +394,19 @@ class Ledger:
             f"in_flight={len(self.in_flight)} committed={len(self.committed)} "
             f"deferred={len(self.deferred)}>"
         )
+
+
+#: Event type -> the Ledger method that applies it (Ledger.apply).
+_APPLY: dict[type, Callable[[Ledger, Any], None]] = {
+    Dispatched: Ledger._dispatched,
+    Committed: Ledger._committed,
+    Requeued: Ledger._requeued,
+    Deferred: Ledger._deferred,
+    Submitted: Ledger._submitted,
+    EpochStarted: Ledger._epoch_started,
+    RequeuedDeferred: Ledger._requeued_deferred,
+    Delivered: Ledger._delivered,
+}
 
 
 def _first(v: Sequence[Any]) -> Any:
