@@ -687,6 +687,8 @@ def check(s: dict[str, Any], workdir: Path) -> list[str]:
         suspect.add("timeout")
     if "kill-child" in nemesis:
         suspect.add("crash")
+    if "kill-worker" in nemesis:  # under ULFM a lost rank, charged (docs/protocol.md)
+        suspect.add("lost-rank")
     for wid, it in spec.items():
         commits, allowed, _ = KINDS[it["kind"]]
         c, d = wid in committed, wid in deferred_ids
@@ -777,6 +779,8 @@ def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]
     suspect = {"timeout"} if faults & {"stop-worker", "stop-child", "stop-master"} else set()
     if "kill-child" in faults:
         suspect.add("crash")
+    if "kill-worker" in faults:
+        suspect.add("lost-rank")
     committed = {r.work_id: r for r in read_results(state)}
     p = view_state(state).projection
     final_epoch = max([r.epoch or 0 for r in committed.values()] + [p.epoch])

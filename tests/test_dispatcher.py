@@ -519,8 +519,6 @@ def test_rank_lost_rolls_back_at_once_and_removes_the_rank() -> None:
     assert kinds(out) == ["Requeue", "PersistSnapshot"]
     assert out[0].source == "rank-lost"  # type: ignore[attr-defined]
     assert d.idle_ranks() == [2] and d.statistics().ranks_lost == 1
-    # U2: the loss of a rank is not charged to its item (before, it used up a retry)
-    assert d.attempts(s.items[0].work_id) == 0 and d.ledger.kinds.get(s.items[0].work_id) is None
 
 
 def test_misuse_raises_usage_errors() -> None:

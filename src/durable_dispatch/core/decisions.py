@@ -35,7 +35,6 @@ __all__ = [
     "SOURCE_SEND_FAILURE",
     "SOURCE_RANK_LOST",
     "SOURCE_MASTER_RESTART",
-    "UNCHARGED_SOURCES",
 ]
 
 SOURCE_INVALID_RESULT = "invalid-result"
@@ -43,8 +42,6 @@ SOURCE_WATCHDOG = "watchdog-timeout"
 SOURCE_SEND_FAILURE = "send-failure"
 SOURCE_RANK_LOST = "rank-lost"
 SOURCE_MASTER_RESTART = "master-restart"
-#: Rollbacks never charged to the item (U2: the loss of infrastructure, not the item's failure).
-UNCHARGED_SOURCES = frozenset({SOURCE_RANK_LOST, SOURCE_MASTER_RESTART})
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,6 @@ from .decisions import (
     SOURCE_RANK_LOST,
     SOURCE_SEND_FAILURE,
     SOURCE_WATCHDOG,
-    UNCHARGED_SOURCES,
     Classification,
     Commit,
     Decision,
@@ -684,9 +683,8 @@ class Dispatcher:
         """The shared retry path (W5): requeue at the front, or defer after the budget."""
         wid = item.work_id
         ledger = self.ledger
-        if source in UNCHARGED_SOURCES:  # U2: the infrastructure's loss, not the item's
-            if source == SOURCE_MASTER_RESTART:
-                self._n.master_restart_rollbacks += 1
+        if source == SOURCE_MASTER_RESTART:
+            self._n.master_restart_rollbacks += 1
             return self._record(Requeue(wid, token, source, kind, ledger.attempts.get(wid, 0)))
         n = ledger.attempts.get(wid, 0) + 1
         if n <= self.retry.retries_for(kind):

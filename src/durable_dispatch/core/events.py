@@ -32,7 +32,7 @@ from typing import Any
 
 from ..schema import Invalid, check_event
 from ..tokens import Token
-from .decisions import UNCHARGED_SOURCES, Defer, Requeue, Send, WorkItem
+from .decisions import SOURCE_MASTER_RESTART, Defer, Requeue, Send, WorkItem
 
 __all__ = [
     "Event",
@@ -113,7 +113,7 @@ class Requeued:
     @property
     def charged(self) -> bool:
         """True when this requeue charged a failure to the work ID."""
-        return not self.split and self.source not in UNCHARGED_SOURCES
+        return not self.split and self.source != SOURCE_MASTER_RESTART
 
 
 @dataclass(frozen=True, slots=True)
