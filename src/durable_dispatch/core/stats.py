@@ -1,66 +1,20 @@
-"""The dispatch core's statistics: the live counters it increments (:class:`Counters`) and the
-immutable snapshot it hands out (:class:`DispatchStats`: the counters plus the gauges read at
-that moment).
+"""The dispatch core's statistics: the immutable snapshot it hands out (:class:`DispatchStats`:
+its counters plus the gauges read at that moment) and the live counters it increments
+(:data:`Counters`), made from the same field list.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from typing import Any
 
 from .decisions import Classification
 
 __all__ = ["Counters", "DispatchStats"]
 
-
-# -------------------------------------------------------------------------------- counters
-@dataclass(slots=True)
-class Counters:
-    """The core's counters; each field is the :class:`DispatchStats` field of the same name (a
-    mistyped name is an AttributeError, not a counter that silently stays zero)."""
-
-    dispatches: int = 0
-    dispatched_items: int = 0
-    commits: int = 0
-    dispatch_watchdog_timeouts: int = 0
-    watchdog_worker_recoveries: int = 0
-    protocol_requeued_dispatches: int = 0
-    protocol_deferred_dispatches: int = 0
-    deferred_in_memory: int = 0
-    invalid_result_rollbacks: int = 0
-    batch_splits: int = 0
-    send_failures: int = 0
-    ranks_lost: int = 0
-    master_restart_rollbacks: int = 0
-    duplicate_commits_ignored: int = 0
-    heartbeats: int = 0
-    parked_ready_missing: int = 0
-    parked_ready_malformed: int = 0
-    parked_ready_other_token: int = 0
-    # by message kind ("RESULT", "READY", "HEARTBEAT"), one per Classification not CURRENT
-    stale: Counter[str] = field(default_factory=Counter)
-    unowned: Counter[str] = field(default_factory=Counter)
-    malformed: Counter[str] = field(default_factory=Counter)
-    duplicate: Counter[str] = field(default_factory=Counter)
-
-    def by_class(self, cls: Classification) -> Counter[str]:
-        """The by-message-kind counter of a classification."""
-        return {
-            Classification.STALE: self.stale,
-            Classification.UNOWNED: self.unowned,
-            Classification.MALFORMED: self.malformed,
-            Classification.DUPLICATE: self.duplicate,
-        }[cls]
-
-    def values(self) -> dict[str, Any]:
-        """Every counter by name (by-kind counters as plain dicts)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = dict(v) if isinstance(v, Counter) else v
-        return out
+_GAUGE = {"gauge": True}
 
 
 @dataclass(frozen=True)
@@ -104,21 +58,64 @@ class DispatchStats:
     parked_ready_missing: int = 0
     parked_ready_malformed: int = 0
     parked_ready_other_token: int = 0
-    parked_ranks_now: int = 0
-    starting_ranks_now: int = 0
-    idle_ranks_now: int = 0
-    busy_ranks_now: int = 0
-    in_flight_now: int = 0
-    pending_now: int = 0
-    deferred_now: int = 0
-    auto_batch_now: int = 1
-    watchdog_enabled: bool = True
-    watchdog_seconds: float = 0.0
-    watchdog_deadline_now: float = 0.0
-    config_corrections: int = 0
-    master_pauses: int = 0
-    master_paused_seconds: float = 0.0
+    # the gauges, read when the snapshot is taken (not counters of the core)
+    parked_ranks_now: int = field(default=0, metadata=_GAUGE)
+    starting_ranks_now: int = field(default=0, metadata=_GAUGE)
+    idle_ranks_now: int = field(default=0, metadata=_GAUGE)
+    busy_ranks_now: int = field(default=0, metadata=_GAUGE)
+    in_flight_now: int = field(default=0, metadata=_GAUGE)
+    pending_now: int = field(default=0, metadata=_GAUGE)
+    deferred_now: int = field(default=0, metadata=_GAUGE)
+    auto_batch_now: int = field(default=1, metadata=_GAUGE)
+    watchdog_enabled: bool = field(default=True, metadata=_GAUGE)
+    watchdog_seconds: float = field(default=0.0, metadata=_GAUGE)
+    watchdog_deadline_now: float = field(default=0.0, metadata=_GAUGE)
+    config_corrections: int = field(default=0, metadata=_GAUGE)
+    master_pauses: int = field(default=0, metadata=_GAUGE)
+    master_paused_seconds: float = field(default=0.0, metadata=_GAUGE)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(self).items()}
+
+
+# ------------------------------------------------------------------------------- counters
+def _by_class(self: Any, cls: Classification) -> Counter[str]:
+    """The by-message-kind counter of a classification."""
+    by: Counter[str] = getattr(self, _BY_CLASS[cls])
+    return by
+
+
+def _values(self: Any) -> dict[str, Any]:
+    """Every counter by name (by-kind counters as plain dicts)."""
+    out: dict[str, Any] = {}
+    for f in fields(self):
+        v = getattr(self, f.name)
+        out[f.name] = dict(v) if isinstance(v, Counter) else v
+    return out
+
+
+_BY_CLASS = {
+    Classification.STALE: "stale",
+    Classification.UNOWNED: "unowned",
+    Classification.MALFORMED: "malformed",
+    Classification.DUPLICATE: "duplicate",
+}
+
+#: The core's live counters: a mutable dataclass made from the fields of
+#: :class:`DispatchStats` that are not gauges (one field list), by-kind counters as ``Counter``.
+#: A mistyped name is an AttributeError (slots), not a counter that silently stays zero.
+Counters: type = make_dataclass(
+    "Counters",
+    [
+        (f.name, "Counter[str]", field(default_factory=Counter))
+        if f.default_factory is not MISSING
+        else (f.name, f.type, field(default=f.default))
+        for f in fields(DispatchStats)
+        if not f.metadata.get("gauge")
+    ],
+    slots=True,
+    namespace={"by_class": _by_class, "values": _values},
+)
+Counters.__module__ = __name__
+Counters.__doc__ = "The core's live counters (see :data:`Counters`)."
