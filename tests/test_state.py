@@ -994,3 +994,34 @@ def test_priorities_are_served_first_and_kept_by_snapshots_and_the_journal(
     first_low = min(order.index(w.work_id) for w in low)
     assert all(order.index(w.work_id) < first_low for w in high)
     assert order.index("last") > max(order.index(w.work_id) for w in low)
+
+
+def test_a_deferral_the_defer_journal_lost_is_recorded_again_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    """The disk fills as an item is deferred: the state journal's ``deferred`` event is
+    durable, the defer journal's record only in memory, and the master ends (NotDurableError).
+    The next open records it again from the state journal: ``deferred list`` shows it, and the
+    futures executor, which reads failures there, does not wait for it forever (torture seed
+    60472493 hung so)."""
+    from durable_dispatch.errors import NotDurableError
+
+    with inject_faults() as f:
+        s = _open(tmp_path, ranks=(1,), retry=RetryPolicy(0))
+        s.submit(ITEMS[:1])
+        f.fail("fsync", errno.ENOSPC, path=f"{tmp_path}/.dispatch_protocol_deferred.jsonl*")
+        f.fail("write", errno.ENOSPC, path=f"{tmp_path}/.dispatch_protocol_deferred.jsonl*")
+        x = s.next_send(0.0)
+        assert x is not None
+        s._apply(s.core.mark_dispatched(x.token, 0.0))
+        s._apply(s.core.on_results(1, str(x.token), [None], 0.0, errors={0: "boom"}))
+        s._apply(s.core.on_ready(1, str(x.token), 0.0))
+        s._apply(s.core.join_invalid(0.0))
+        assert set(s.core.deferred()) == {"w0"} and "w0" in s.defer
+        with pytest.raises(NotDurableError):
+            s.close()
+    with _open(tmp_path, ranks=(1,)) as s2:
+        assert set(s2.core.deferred()) == {"w0"}
+        d = s2.defer.get("w0")
+        assert d is not None and d.attempts == 1 and list(d.kinds) == ["error"]
+        assert "boom" in (d.last_error or "")

@@ -58,6 +58,7 @@ from .core import (
     WorkItem,
 )
 from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
+from .core.ledger import Ledger
 from .core.ranks import RankState
 from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
 from .logs import log_decisions
@@ -233,6 +234,7 @@ class CampaignState:
             core, restarts = Dispatcher.restore(
                 proj, epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks, starting=starting
             )
+            _record_lost_deferrals(defer, core.ledger)
         except BaseException:
             for opened in (journal, store, defer):
                 if opened is not None:
@@ -821,3 +823,26 @@ class CampaignState:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _record_lost_deferrals(defer: DeferJournal, ledger: Ledger) -> int:
+    """Record again each item the state journal says is deferred but the defer journal lacks:
+    its record was held in memory when the last master ended (a full disk, EIO) and the state
+    journal's ``deferred`` event was durable. Without it ``deferred list`` would not show the
+    item and the futures executor would wait for it forever. Returns how many."""
+    if not ledger.deferred:
+        return 0
+    lost = [(wid, w) for wid, w in ledger.deferred.items() if wid not in defer]
+    for wid, w in lost:
+        defer.defer(
+            wid,
+            w.to_json(),
+            attempts=ledger.attempts.get(wid, 0),
+            kinds=ledger.kinds.get(wid, ()),
+            last_error=ledger.last_error.get(wid),
+            inputs=w.inputs,
+            self_contained=w.self_contained,
+        )
+    if lost:
+        log.warning("recorded %d deferred item(s) the defer journal had lost", len(lost))
+    return len(lost)
