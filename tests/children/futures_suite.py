@@ -342,3 +342,28 @@ def test_a_journal_that_fails_at_the_first_submission_still_resolves_every_call(
         assert list(ex.map(add, range(5), range(5), timeout=60)) == [0, 2, 4, 6, 8]
         with pytest.raises(NotDurableError):
             ex.shutdown()
+
+
+def test_a_call_deferred_while_the_disk_was_full_fails_from_the_record_in_the_next_run(
+    tmp_path: Path,
+) -> None:
+    """The defer journal cannot write as a crashed call is deferred (ENOSPC): that executor's
+    shutdown says so (NotDurableError), and the next executor on the directory fails the same
+    call from the record at once (torture seed 60472493's re-run waited for it forever)."""
+    import errno
+
+    from durable_dispatch.errors import NotDurableError
+    from durable_dispatch.testing import inject_faults
+
+    deferrals = f"{tmp_path}/s/.dispatch_protocol_deferred.jsonl*"
+    with inject_faults() as faults:
+        faults.fail("write", errno.ENOSPC, path=deferrals)
+        faults.fail("fsync", errno.ENOSPC, path=deferrals)
+        ex = MPIPoolExecutor(retry=RetryPolicy(0), state_dir=tmp_path / "s")
+        with pytest.raises(TaskCrashed):
+            ex.submit(segfault).result(timeout=60)
+        with pytest.raises(NotDurableError):
+            ex.shutdown()
+    with MPIPoolExecutor(retry=RetryPolicy(0), state_dir=tmp_path / "s") as ex:
+        again = ex.submit(segfault)
+        assert isinstance(again.exception(timeout=30), TaskCrashed)
