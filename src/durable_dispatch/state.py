@@ -60,6 +60,7 @@ from .core import (
 from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
 from .core.ledger import Ledger
 from .core.ranks import RankState
+from .core.records import fast_init
 from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
 from .logs import log_decisions
 from .replay import (
@@ -98,6 +99,7 @@ DELIVERY_MARK_RECORDS = 256
 STATS_SECONDS = 2.0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _PendingCommit:
     """A ``committed`` record journaled but not yet delivered (a group commit in progress)."""
@@ -411,7 +413,9 @@ class CampaignState:
         (``ts``: informational, for ``durable-dispatch report``; replay ignores it)."""
         ev = of_decision(d)
         assert ev is not None, d
-        self.journal.append({**encode(ev), "ts": time.time()})
+        rec = encode(ev)
+        rec["ts"] = time.time()
+        self.journal.append(rec)
 
     # ---------------------------------------------------------------- the facade
     # One call per thing that happened: each asks the core and persists what it decided, so a
@@ -551,13 +555,13 @@ class CampaignState:
         exceed the journal's record bound. A single result too large for any record is refused:
         the core retries that item (returns its decisions)."""
         first = commits[0]
-        ev = Committed(
-            first.token,
-            first.rank,
-            tuple(c.work_id for c in commits),
-            tuple(c.result for c in commits),
-            time.time(),
-        )
+        wids: tuple[str, ...]
+        results: tuple[Any, ...]
+        if len(commits) == 1:
+            wids, results = (first.work_id,), (first.result,)
+        else:
+            wids, results = tuple([c.work_id for c in commits]), tuple([c.result for c in commits])
+        ev = Committed(first.token, first.rank, wids, results, time.time())
         try:
             r = self.journal.append(encode(ev))
         except RecordTooLargeError as e:
@@ -584,8 +588,10 @@ class CampaignState:
             return 0
         if wait:
             self._durable(pending[-1].seq)
-        degraded = not self.journal.health.ok
+        degraded = not self.journal.healthy
         durable = self.journal.durable_seq
+        if not degraded and pending[0].seq > durable:
+            return 0  # no fsync covers the oldest yet (the usual answer during a group commit)
         n = items = 0
         try:
             while n < len(pending) and (degraded or pending[n].seq <= durable):

@@ -23,15 +23,25 @@ class DeadlinePolicy:
 
     def __init__(self, watchdog: WatchdogConfig) -> None:
         self.watchdog = watchdog
+        # the config is frozen: its derived flags are read once (every dispatch asks them)
+        self._enabled = watchdog.enabled
+        self._adaptive = watchdog.adaptive
+        self._seconds = watchdog.seconds
+        self._lease = watchdog.heartbeat_lease
         self._sizer = BatchSizer()
         self._task_times = QuantileWindow(ADAPTIVE_WINDOW)  # the adaptive rule's measurements
+
+    @property
+    def enabled(self) -> bool:
+        """False when the watchdog is off (its ``seconds`` is 0)."""
+        return self._enabled
 
     def observe(self, items: Sequence[WorkItem], seconds: float) -> bool:
         """A dispatch of ``items`` succeeded after ``seconds``; True when the adaptive rule has
         just fitted its first deadline (the dispatcher then fits the open ones)."""
         self._sizer.observe(len(items), seconds)
         # under the adaptive rule, the task times it governs: items without a timeout
-        if self.watchdog.adaptive and all(w.timeout is None for w in items):
+        if self._adaptive and all(w.timeout is None for w in items):
             self._task_times.add(seconds / len(items))
             return len(self._task_times) == self.watchdog.min_samples
         return False
@@ -41,7 +51,7 @@ class DeadlinePolicy:
         measured time per item so that a dispatch lasts about 50 ms and stays within a quarter
         of the watchdog's deadline, from 1 up to 64 (the rule: :mod:`~durable_dispatch.core.
         batching`)."""
-        return self._sizer.size(self.watchdog.seconds if self.watchdog.enabled else None)
+        return self._sizer.size(self._seconds if self._enabled else None)
 
     def allowed_seconds(self, items: Sequence[WorkItem]) -> float:
         """A dispatch's time: its items' own timeouts added up, plus, if any item has none, the
@@ -49,13 +59,18 @@ class DeadlinePolicy:
         adaptive rule, :meth:`deadline_seconds` for each item without one, at most the
         watchdog's seconds in all. The shell sends it with the WORK, so that an isolating worker
         kills the work at the same deadline."""
+        if len(items) == 1:  # the usual dispatch: its timeout, or the deadline of one item
+            own1 = items[0].timeout
+            if own1 is not None:
+                return own1
+            return self.deadline_seconds() if self._adaptive else self._seconds
         own = [w.timeout for w in items if w.timeout is not None]
         rest = len(items) - len(own)
         if not rest:
             return sum(own)
-        if self.watchdog.adaptive:
-            return sum(own) + min(self.watchdog.seconds, rest * self.deadline_seconds())
-        return sum(own) + self.watchdog.seconds
+        if self._adaptive:
+            return sum(own) + min(self._seconds, rest * self.deadline_seconds())
+        return sum(own) + self._seconds
 
     def deadline_seconds(self) -> float:
         """The deadline an item without its own timeout gets now: the watchdog's seconds, or
@@ -63,21 +78,25 @@ class DeadlinePolicy:
         ``quantile`` of task time, within ``floor`` .. ``seconds``, once ``min_samples``
         dispatches succeeded."""
         wd = self.watchdog
-        if not wd.adaptive or len(self._task_times) < wd.min_samples:
-            return wd.seconds
+        if not self._adaptive or len(self._task_times) < wd.min_samples:
+            return self._seconds
         fitted = wd.multiple * self._task_times.quantile(wd.quantile or 1.0)
         return min(wd.seconds, max(wd.floor, fitted))
 
     def lease_seconds(self) -> float:
         """How far a HEARTBEAT pushes a deadline now: the configured lease, or the deadline an
         item gets now (:meth:`deadline_seconds`). The shell sends it with the WORK."""
-        lease = self.watchdog.heartbeat_lease
+        lease = self._lease
         return lease if lease is not None else self.deadline_seconds()
 
     def lease_for(self, items: Sequence[WorkItem]) -> float:
         """How far a HEARTBEAT pushes the deadline of a dispatch of ``items``: 0 when every
         item has its own timeout (U9: that deadline is fixed; a heartbeat never extends it),
         else :meth:`lease_seconds`. The shell sends it with the WORK."""
-        if all(w.timeout is not None for w in items):
+        if len(items) == 1:
+            if items[0].timeout is not None:
+                return 0.0
+        elif all(w.timeout is not None for w in items):
             return 0.0
-        return self.lease_seconds()
+        lease = self._lease
+        return lease if lease is not None else self.deadline_seconds()

@@ -10,12 +10,13 @@ appended to the defer journal (and its outcome reported back with ``defer_record
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
 from ..tokens import Token
+from .records import fast_init
 
 __all__ = [
     "WorkItem",
@@ -70,7 +71,8 @@ def _no_leases() -> Mapping[str, str]:
     return NO_LEASES
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@fast_init
+@dataclass(frozen=True, slots=True)
 class WorkItem:
     """One unit of work, identified by a stable semantic ID.
 
@@ -95,26 +97,17 @@ class WorkItem:
     self_contained: bool = False
     priority: int = 0
 
-    def __init__(
-        self,
-        work_id: str,
-        payload: Any = None,
-        timeout: float | None = None,
-        leases: Mapping[str, str] = NO_LEASES,
-        inputs: tuple[str, ...] = (),
-        self_contained: bool = False,
-        priority: int = 0,
-    ) -> None:
-        # Written out: the __init__ dataclass generates for a frozen class sets each field
-        # through object.__setattr__ and costs about 1.8 us, a campaign builds millions.
-        # The slots' own setters cost a third of that; the instance stays frozen.
-        _set_work_id(self, work_id)
-        _set_payload(self, payload)
-        _set_timeout(self, timeout)
-        _set_leases(self, leases)
-        _set_inputs(self, inputs)
-        _set_self_contained(self, self_contained)
-        _set_priority(self, priority)
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # pickle: the shared empty mapping cannot be pickled, a dict copy of the leases can
+        return _work_item, (
+            self.work_id,
+            self.payload,
+            self.timeout,
+            dict(self.leases),
+            self.inputs,
+            self.self_contained,
+            self.priority,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the inverse of :meth:`from_json`); ``priority`` only when it is
@@ -146,15 +139,19 @@ class WorkItem:
         )
 
 
-(
-    _set_work_id,
-    _set_payload,
-    _set_timeout,
-    _set_leases,
-    _set_inputs,
-    _set_self_contained,
-    _set_priority,
-) = (vars(WorkItem)[f.name].__set__ for f in fields(WorkItem))
+def _work_item(
+    work_id: str,
+    payload: Any,
+    timeout: float | None,
+    leases: dict[str, str],
+    inputs: tuple[str, ...],
+    self_contained: bool,
+    priority: int,
+) -> WorkItem:
+    """A pickled :class:`WorkItem` again (an item without leases shares :data:`NO_LEASES`)."""
+    return WorkItem(
+        work_id, payload, timeout, leases or NO_LEASES, inputs, self_contained, priority
+    )
 
 
 class Classification(str, Enum):
@@ -176,7 +173,8 @@ class Decision:
     __slots__ = ()
 
 
-@dataclass(frozen=True)
+@fast_init
+@dataclass(frozen=True, slots=True)
 class Send(Decision):
     """Send WORK to ``rank`` with ``token``; then report ``mark_dispatched`` or ``send_failed``.
 
@@ -186,6 +184,8 @@ class Send(Decision):
     dispatch's deadline in seconds from the send (None with the watchdog off; an isolating
     worker kills the work then); ``lease``, how far a HEARTBEAT pushes it (0: the deadline is
     fixed, every item has its own timeout); ``attempts``, each item's failed attempts so far.
+    ``event`` is the ``dispatched`` event the core applied to its ledger for it, which the shell
+    journals (None for a Send made by hand: the shell then derives it, ``events.of_decision``).
     """
 
     rank: int
@@ -194,6 +194,7 @@ class Send(Decision):
     seconds: float | None = None
     lease: float = 0.0
     attempts: tuple[int, ...] = ()
+    event: Any = field(default=None, compare=False, repr=False)
 
     @property
     def work(self) -> WorkItem:
@@ -210,7 +211,8 @@ class Send(Decision):
         return self.items[0]
 
 
-@dataclass(frozen=True)
+@fast_init
+@dataclass(frozen=True, slots=True)
 class Commit(Decision):
     """Journal this result durably, then report ``commit_done(token)`` (exactly-once record).
 

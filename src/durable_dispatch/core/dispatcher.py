@@ -72,7 +72,15 @@ from .decisions import (
     Send,
     WorkItem,
 )
-from .events import Committed, EpochStarted, Event, RequeuedDeferred, Submitted, of_decision
+from .events import (
+    Committed,
+    Dispatched,
+    EpochStarted,
+    Event,
+    RequeuedDeferred,
+    Submitted,
+    of_decision,
+)
 from .ledger import Ledger
 from .ranks import Ranks, RankState
 from .stats import Counters, DispatchStats
@@ -235,23 +243,30 @@ class Dispatcher:
                     break
                 self._lease(head, token)
                 items.append(head)
-        tx = Transaction(token, rank, tuple(items))
+        chosen = tuple(items)
+        wire = str(token)
+        tx = Transaction(token, rank, chosen, wire=wire)
         self._ranks.start(rank, tx)
-        self._open[str(token)] = tx
-        self._n.dispatches += 1
-        self._n.dispatched_items += len(items)
-        if self.watchdog.enabled:
-            tx.seconds = self.allowed_seconds(tx.items)
-        attempts = self.ledger.attempts
-        sent = Send(
+        self._open[wire] = tx
+        n = self._n
+        n.dispatches += 1
+        n.dispatched_items += len(chosen)
+        policy = self.policy
+        if policy.enabled:
+            tx.seconds = self.allowed_seconds(chosen)
+        attempts = ledger.attempts
+        # The event the core applies now and the shell journals (one model, made once).
+        ev = Dispatched(token, rank, tuple([w.work_id for w in chosen]))
+        ledger.apply(ev)
+        return Send(
             rank,
             token,
-            tx.items,
+            chosen,
             tx.seconds,
-            self.lease_for(tx.items),
-            tuple(attempts.get(w.work_id, 0) for w in tx.items),
+            policy.lease_for(chosen),
+            tuple([attempts.get(w.work_id, 0) for w in chosen]) if attempts else (0,) * len(chosen),
+            ev,
         )
-        return self._record(sent)
 
     def _first_free_item(self) -> WorkItem | None:
         """The first frontier item whose leases are free (it stays in the frontier until the
@@ -451,11 +466,14 @@ class Dispatcher:
         keep: list[WorkItem] = []
         failed: list[tuple[WorkItem, ItemFailure]] = []
         dups: list[WorkItem] = []
+        flying, committed = self.ledger.in_flight, self.ledger.committed
         for i, (item, value) in enumerate(zip(tx.items, results, strict=True)):
             bad = errors.get(i) if errors else None
             if bad is not None:
                 failed.append((item, _failure(bad, "error")))
-            elif item.work_id in self.ledger.committed:
+            elif item.work_id not in flying and item.work_id in committed:
+                # (an item in flight is not committed: the ledger keeps one place per work ID,
+                # so the cheaper question answers the usual case)
                 dups.append(item)
             else:
                 keep.append(item)
@@ -486,10 +504,12 @@ class Dispatcher:
         """The shell journaled the :class:`Commit` for ``token``: the work ID is committed."""
         tx = self._open_tx(token)
         advance(tx, TxEvent.COMMITTED)
-        self._apply(Committed(token, tx.rank, tuple(w.work_id for w in tx.items)))
-        self._n.commits += len(tx.items)
-        for item in tx.items:
-            self._unlease(item, token)
+        items = tx.items
+        self.ledger.apply(Committed(token, tx.rank, tuple([w.work_id for w in items])))
+        self._n.commits += len(items)
+        if self._leases:  # (no item holds a lease in most campaigns)
+            for item in items:
+                self._unlease(item, token)
         return self._free_rank_if_done(tx)
 
     def commit_refused(self, token: Token, work_id: str, error: str) -> list[Decision]:
@@ -647,7 +667,7 @@ class Dispatcher:
         advance(tx, TxEvent.ROLLED_BACK)
         for item in tx.items:
             self._unlease(item, tx.token)
-        del self._open[str(tx.token)]
+        del self._open[tx.wire]
         out: list[Decision] = []
         if then is RankState.PARKED:
             self._ranks.park(tx.rank, tx.token)
@@ -741,7 +761,7 @@ class Dispatcher:
         if self._ranks.current(tx.rank) is tx:
             self._ranks.finish(tx.rank, tx.token)
         if tx.state is TxState.CLOSED:
-            self._open.pop(str(tx.token), None)
+            self._open.pop(tx.wire, None)
         return []
 
     # ------------------------------------------------------------- queries

@@ -33,6 +33,7 @@ from typing import Any
 from ..schema import Invalid, check_event
 from ..tokens import Token
 from .decisions import SOURCE_MASTER_RESTART, Defer, Requeue, Send, WorkItem
+from .records import fast_init
 
 __all__ = [
     "Event",
@@ -72,6 +73,7 @@ class Submitted:
     stored: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Dispatched:
     """The items ``work_ids`` left the frontier in one dispatch under ``token`` to ``rank``."""
@@ -81,6 +83,7 @@ class Dispatched:
     work_ids: tuple[str, ...]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Committed:
     """The items ``work_ids`` of the dispatch ``token`` committed with ``results`` (one per item;
@@ -304,6 +307,8 @@ def of_decision(d: object) -> Event | None:
     that changes no durable fact. The core applies this event to its ledger when it decides; the
     shell journals the same event, so the two cannot disagree."""
     if type(d) is Send:
+        if d.event is not None:
+            return d.event  # type: ignore[no-any-return]
         return Dispatched(d.token, d.rank, tuple(w.work_id for w in d.items))
     if type(d) is Requeue:
         return Requeued(d.work_id, d.token, d.source, d.kind, d.attempts, d.error, d.split)

@@ -212,6 +212,13 @@ class Items(MutableMapping[str, WorkItem]):
         self._n -= 1
         return True
 
+    def discard_indices(self, indices: Iterable[int]) -> None:
+        """Forget the items of ``indices`` (each one there: a dispatch's committed items)."""
+        by = self._by
+        for i in indices:
+            by[i] = None
+            self._n -= 1
+
     def put(self, first: int, items: Sequence[Any]) -> None:
         """Items (or their stored forms) of the new indices ``first, first+1, ...``, at once."""
         by = self._by
@@ -366,12 +373,12 @@ class Frontier:
         else:
             runs.appendleft([i, i + 1])
 
-    def remove(self, wid: str) -> None:
-        """Remove ``wid`` if it is here."""
+    def remove(self, wid: str) -> bool:
+        """Remove ``wid`` if it is here; True when it was."""
         i = self._ids.index.get(wid)
         flag = self._flag
         if i is None or i >= len(flag) or not flag[i]:
-            return
+            return False
         flag[i] = 0
         self._n -= 1
         level = self._level_of.pop(i, 0) if self._level_of else 0
@@ -383,7 +390,7 @@ class Frontier:
                 runs.popleft()
                 if level and not runs:
                     self._drop(level)
-            return
+            return True
         k = next(k for k, (a, b) in enumerate(runs) if a <= i < b)  # the flag says it is there
         run = runs[k]
         a, b = run
@@ -396,6 +403,7 @@ class Frontier:
             runs.insert(k + 1, [i + 1, b])
         if run[0] == run[1]:
             del runs[k]
+        return True
 
     def _drop(self, level: int) -> None:
         """Forget an emptied level (not 0), so the head is not looked for there."""

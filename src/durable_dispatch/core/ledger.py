@@ -130,16 +130,17 @@ class Ledger:
         if ev.token.epoch != self.epoch:
             raise Invalid("token", f"{ev.token} is not of the current epoch {self.epoch}")
         where = (ev.token, ev.rank)
+        frontier, flying = self.frontier, self.in_flight
         for wid in ev.work_ids:
-            if wid not in self.frontier:
+            if not frontier.remove(wid):
                 raise Invalid("work_ids", f"{wid!r} is not a pending item of this campaign")
-            self.frontier.remove(wid)
-            self.in_flight[wid] = where
+            flying[wid] = where
         if ev.token.n > self.counter:
             self.counter = ev.token.n
 
     def _committed(self, ev: Committed) -> None:
-        index, runs, flying = self.ids.index, self.committed.runs, self.in_flight
+        index, runs, flying, solo = self.ids.index, self.committed.runs, self.in_flight, self.solo
+        done: list[int] = []
         for wid in ev.work_ids:
             held = flying.get(wid)
             if held is None or (ev.token is not None and held[0] != ev.token):
@@ -149,10 +150,13 @@ class Ledger:
                     continue
                 why = "not in flight" if held is None else f"in flight under {held[0]}"
                 raise Invalid("work_ids", f"commit of {wid!r} under {ev.token}: it is {why}")
-            runs.add(index[wid])
-            self._leave(wid)
-            self.items.discard(wid)
-            self.solo.discard(wid)
+            i = index[wid]
+            runs.add(i)
+            del flying[wid]  # (it left the frontier when it was dispatched)
+            done.append(i)
+            if solo:
+                solo.discard(wid)
+        self.items.discard_indices(done)
 
     def _requeued(self, ev: Requeued) -> None:
         wid = self._known_item(ev.work_id)

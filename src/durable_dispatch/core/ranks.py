@@ -122,7 +122,10 @@ class Ranks(Generic[TX]):
         self._move(rank, RankState.LOST)
 
     def _retire(self, rank: int, token: Token) -> None:
-        self._retired.setdefault(rank, deque(maxlen=_RETIRED_KEEP)).append(token)
+        kept = self._retired.get(rank)
+        if kept is None:
+            kept = self._retired[rank] = deque(maxlen=_RETIRED_KEEP)
+        kept.append(token)
 
     # ---------------------------------------------------------------- queries
     def state(self, rank: int) -> RankState | None:

@@ -102,3 +102,4 @@ class Transaction:
     sent_at: float | None = None  # when its send returned (for batch="auto")
     seconds: float | None = None  # its deadline from the send, as the WORK told the worker
     beaten: bool = False  # a current HEARTBEAT extended its deadline
+    wire: str = ""  # str(token): the key of the open transactions, made once at reserve
