@@ -111,8 +111,13 @@ _LEVELS: dict[type, int] = {
 def log_decisions(decisions: Iterable[Decision], logger: logging.Logger | None = None) -> None:
     """Emit one structured record per decision."""
     lg = logger or _LOG
+    debug = lg.isEnabledFor(logging.DEBUG)  # asked once: most decisions are logged at DEBUG
     for d in decisions:
-        if not lg.isEnabledFor(_LEVELS.get(type(d), logging.DEBUG)):
+        level = _LEVELS.get(type(d))
+        if level is None:
+            if not debug:
+                continue
+        elif not lg.isEnabledFor(level):
             continue
         event, level, fields = decision_fields(d)
         text = " ".join(f"{k}={v}" for k, v in fields.items())

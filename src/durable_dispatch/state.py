@@ -367,8 +367,29 @@ class CampaignState:
         out = list(decisions)
         if not out:
             return out
-        group: list[Commit] = []
+        first = out[0]
+        if type(first) is Commit and all(
+            type(d) is Commit and d.token == first.token
+            for d in out
+        ):  # the usual answer to a RESULT: the Commits of one dispatch, one record
+            refused = self._journal_commits(out, on_commit)  # type: ignore[arg-type]
+        else:
+            refused = self._persist_each(out, on_commit)
+        log_decisions(out)
+        if refused:
+            out += self._apply(refused)
+        if self._pending_commits:
+            # Wait only for commits this call journaled; earlier ones complete when durable.
+            self._complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
+        return out
+
+    def _persist_each(
+        self, out: list[Decision], on_commit: Callable[[Commit], None] | None
+    ) -> list[Decision]:
+        """:meth:`_apply`'s persist step for any mix of decisions; returns the decisions of
+        the commits the journal refused (a result too large for a record)."""
         refused: list[Decision] = []
+        group: list[Commit] = []
         for i, d in enumerate(out):
             if isinstance(d, Commit):
                 group.append(d)
@@ -399,13 +420,7 @@ class CampaignState:
                     self.on_defer(d)
             elif isinstance(d, PersistSnapshot):
                 self._save_snapshot(d.reason)
-        log_decisions(out)
-        if refused:
-            out += self._apply(refused)
-        if self._pending_commits:
-            # Wait only for commits this call journaled; earlier ones complete when durable.
-            self._complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
-        return out
+        return refused
 
     def _journal_event_of(self, d: Decision) -> None:
         """Journal the event the core applied to its ledger for decision ``d`` (one encoding:

@@ -228,7 +228,8 @@ class Dispatcher:
         if first is None:
             return None
         token = Token(self.epoch, ledger.counter + 1)
-        self._lease(first, token)
+        if first.leases:
+            self._lease(first, token)
         items = [first]
         if max_items > 1 and first.work_id not in ledger.solo:
             # the items that follow at the head of the frontier (none when ``first`` was found
@@ -241,7 +242,8 @@ class Dispatcher:
                 head = ledger.items[wid]
                 if wid in ledger.solo or (head.leases and not self._leases_free(head)):
                     break
-                self._lease(head, token)
+                if head.leases:
+                    self._lease(head, token)
                 items.append(head)
         chosen = tuple(items)
         wire = str(token)
