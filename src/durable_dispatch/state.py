@@ -369,8 +369,7 @@ class CampaignState:
             return out
         first = out[0]
         if type(first) is Commit and all(
-            type(d) is Commit and d.token == first.token
-            for d in out
+            type(d) is Commit and d.token == first.token for d in out
         ):  # the usual answer to a RESULT: the Commits of one dispatch, one record
             refused = self._journal_commits(out, on_commit)  # type: ignore[arg-type]
         else:
