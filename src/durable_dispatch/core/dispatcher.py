@@ -33,11 +33,15 @@ an otherwise good RESULT is charged at once and the rest commit.
 Ordering assumption: messages from one rank arrive in the order it sent them (the MPI shell receives
 with ``ANY_TAG``, which MPI's non-overtaking rule orders per sender), so when the turn's join step
 sees a current READY without a RESULT, the RESULT is missing, not late.
-Reading order. This module is :class:`Dispatcher`: set-up, dispatch, messages, join and sweep,
-and the two shared paths every failure takes (:meth:`Dispatcher._roll_back` and
-:meth:`Dispatcher._retry_or_defer`). A transaction's states and the one table of their
-transitions are in :mod:`transactions <durable_dispatch.core.transactions>`, the counters and
-:class:`DispatchStats` in :mod:`stats <durable_dispatch.core.stats>`.
+
+Reading order. The dispatcher is built in parts, one job each: this module (set-up, dispatch,
+messages and commits), :mod:`rollback <durable_dispatch.core.rollback>` (join, sweep, lost
+ranks, deferrals, the restart, and the two shared paths every failure takes:
+``Rollbacks._roll_back`` and ``Rollbacks._retry_or_defer``), :mod:`views
+<durable_dispatch.core.views>` (queries, statistics, the snapshot), over :mod:`dispatch_base
+<durable_dispatch.core.dispatch_base>` (the state they share). A transaction's states and the
+one table of their transitions are in :mod:`transactions <durable_dispatch.core.transactions>`,
+the counters and :class:`DispatchStats` in :mod:`stats <durable_dispatch.core.stats>`.
 A rank's state (idle, busy, parked, lost) is :class:`~durable_dispatch.core.ranks.RankState` in
 :mod:`ranks <durable_dispatch.core.ranks>`; the watchdog's deadlines are a
 :class:`~durable_dispatch.core.watchdog.DeadlineHeap`; the durable facts are a
@@ -47,45 +51,29 @@ A rank's state (idle, busy, parked, lost) is :class:`~durable_dispatch.core.rank
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import UsageError
 from ..tokens import Token
-from .config import WORKER_FAILURE_KINDS, RetryPolicy, WatchdogConfig
-from .deadlines import DeadlinePolicy
+from .config import WORKER_FAILURE_KINDS
 from .decisions import (
     SOURCE_INVALID_RESULT,
-    SOURCE_MASTER_RESTART,
-    SOURCE_RANK_LOST,
     SOURCE_SEND_FAILURE,
-    SOURCE_WATCHDOG,
     Classification,
     Commit,
     Decision,
-    Defer,
     ItemFailure,
-    Park,
     PersistSnapshot,
-    Quarantine,
     Release,
-    Requeue,
     Send,
     WorkItem,
 )
-from .events import (
-    Committed,
-    Dispatched,
-    EpochStarted,
-    Event,
-    RequeuedDeferred,
-    Submitted,
-    of_decision,
-)
-from .ledger import Ledger
-from .ranks import Ranks, RankState
-from .stats import Counters, DispatchStats
+from .events import Committed, Dispatched, Submitted
+from .ranks import RankState
+from .rollback import Rollbacks
+from .stats import DispatchStats
 from .transactions import Transaction, TxEvent, TxState, WorkStatus, advance
-from .watchdog import DeadlineHeap, ObservedClock
+from .views import Views
 
 __all__ = [
     "Dispatcher",
@@ -98,11 +86,8 @@ __all__ = [
 ]
 
 
-_D = TypeVar("_D", bound=Decision)
-
-
 # ------------------------------------------------------------------------------ the core
-class Dispatcher:
+class Dispatcher(Rollbacks, Views):
     """The dispatch state machine. See the module docs for the turn order.
 
     Its durable state is a :class:`~durable_dispatch.core.ledger.Ledger` (:attr:`ledger`), changed
@@ -120,58 +105,7 @@ class Dispatcher:
             running), so no deadline runs while a worker starts.
     """
 
-    def __init__(
-        self,
-        epoch: int = 1,
-        watchdog: WatchdogConfig | None = None,
-        retry: RetryPolicy | None = None,
-        ranks: Iterable[int] = (),
-        *,
-        starting: bool = False,
-    ) -> None:
-        if not isinstance(epoch, int) or epoch < 0:
-            raise UsageError(f"epoch must be an integer >= 0, got {epoch!r}")
-        for name, value, want in (
-            ("watchdog", watchdog, WatchdogConfig),
-            ("retry", retry, RetryPolicy),
-        ):
-            if value is not None and not isinstance(value, want):
-                raise UsageError(
-                    f"{name} must be a {want.__name__} (or None), got {type(value).__name__}"
-                )
-        self.watchdog = watchdog or WatchdogConfig()
-        self.retry = retry or RetryPolicy()
-        #: the durable facts (frontier, in flight, committed, deferred, failures, solo marks)
-        self.ledger = Ledger(epoch)
-        self._ranks: Ranks[Transaction] = Ranks()
-        self._open: dict[str, Transaction] = {}  # wire form of the token -> open transaction
-        self._leases: dict[tuple[str, str], Token] = {}
-        self._deadlines = DeadlineHeap()
-        #: the shell reads its monotonic clock through this (U7: a master pause is not held
-        #: against the workers); the core never reads a clock itself
-        self.clock = ObservedClock()
-        self._snapshot_required: str | None = None
-        self._n = Counters()
-        #: the deadline policy: a dispatch's time, the heartbeat lease, the adaptive rule
-        self.policy = DeadlinePolicy(self.watchdog)
-        for r in ranks:
-            self.add_rank(r, starting=starting)
-
-    @property
-    def epoch(self) -> int:
-        """This master run's epoch."""
-        return self.ledger.epoch
-
     # ----------------------------------------------------------------- set-up
-    def add_rank(self, rank: int, *, starting: bool = False) -> None:
-        """Make ``rank`` a worker that starts idle, or STARTING (``starting``: it gets work
-        once its first READY without a token arrives)."""
-        if not isinstance(rank, int) or rank < 0:
-            raise UsageError(f"rank must be an integer >= 0, got {rank!r}")
-        if self._ranks.is_live(rank):
-            raise UsageError(f"rank {rank} was already added")
-        self._ranks.add(rank, starting=starting)
-
     def submit(
         self, items: Iterable[WorkItem], *, first: int | None = None, checked: bool = False
     ) -> int:
@@ -289,12 +223,6 @@ class Dispatcher:
         for k, v in item.leases.items():
             self._leases[(k, v)] = token
 
-    def _unlease(self, item: WorkItem, token: Token) -> None:
-        """``item`` no longer holds its leases (its ledger entry moves with its event)."""
-        for k, v in item.leases.items():
-            if self._leases.get((k, v)) == token:
-                del self._leases[(k, v)]
-
     def mark_dispatched(self, token: Token, now: float) -> list[Decision]:
         """The WORK send for ``token`` returned: the deadline starts now (W1)."""
         tx = self._open_tx(token)
@@ -305,30 +233,6 @@ class Dispatcher:
             tx.deadline = now + seconds  # what the Send told the worker
             self._deadlines.push(tx.deadline, token)
         return []
-
-    def auto_batch(self) -> int:
-        """How many items the next dispatch carries under ``batch="auto"``
-        (:meth:`DeadlinePolicy.auto_batch`)."""
-        return self.policy.auto_batch()
-
-    def allowed_seconds(self, items: Sequence[WorkItem]) -> float:
-        """A dispatch's time (:meth:`DeadlinePolicy.allowed_seconds`); the shell sends it with
-        the WORK."""
-        return self.policy.allowed_seconds(items)
-
-    def deadline_seconds(self) -> float:
-        """The deadline an item without its own timeout gets now
-        (:meth:`DeadlinePolicy.deadline_seconds`)."""
-        return self.policy.deadline_seconds()
-
-    def lease_seconds(self) -> float:
-        """How far a HEARTBEAT pushes a deadline now (:meth:`DeadlinePolicy.lease_seconds`)."""
-        return self.policy.lease_seconds()
-
-    def lease_for(self, items: Sequence[WorkItem]) -> float:
-        """How far a HEARTBEAT pushes the deadline of a dispatch of ``items``
-        (:meth:`DeadlinePolicy.lease_for`); the shell sends it with the WORK."""
-        return self.policy.lease_for(items)
 
     def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
         """The WORK send for ``token`` failed: the same compensation path as a timeout (W4)."""
@@ -571,335 +475,6 @@ class Dispatcher:
             if tx.deadline is not None and fitted < tx.deadline:
                 tx.deadline = fitted
                 self._deadlines.push(fitted, tx.token)
-
-    # ------------------------------------------------------- join and sweep
-    def join_invalid(self, now: float) -> list[Decision]:
-        """Roll back every generation whose current READY came without a valid RESULT (W3 step 4).
-
-        The worker finished (READY) but its result was lost or broken: the task is recovered through
-        the shared retry path with ``source=invalid-result`` and the rank goes back to idle.
-        """
-        out: list[Decision] = []
-        busy = self._ranks.busy()
-        for rank in sorted(busy):
-            tx = busy[rank]
-            if tx.ready_seen and tx.state is TxState.DISPATCHED:
-                f = tx.failure or ItemFailure("missing-result", "READY without RESULT")
-                self._n.invalid_result_rollbacks += 1
-                out += self._roll_back(tx, SOURCE_INVALID_RESULT, f.kind, f.reason, RankState.IDLE)
-        return out
-
-    def expired(self, now: float) -> list[tuple[int, Token]]:
-        """A sorted snapshot of ``(rank, exact token)`` of dispatches past their deadline.
-
-        Generations whose current READY was already seen are not included (W3). Cost: O(1) when
-        nothing expired, O(k log n) for k expired entries.
-        """
-        out: list[tuple[int, Token]] = []
-        for token in self._deadlines.due(now, self._deadline_stands):
-            tx = self._open[str(token)]
-            if not tx.ready_seen:
-                out.append((tx.rank, token))
-        return sorted(out)
-
-    def _deadline_stands(self, token: Token, deadline: float) -> bool:
-        tx = self._open.get(str(token))
-        return tx is not None and tx.state is TxState.DISPATCHED and tx.deadline == deadline
-
-    def sweep(self, now: float) -> list[Decision]:
-        """Roll back every expired dispatch and park its rank (W3 step 5, W4, W6).
-
-        Nothing is judged while :attr:`clock` holds (U7: after a master pause, until the shell
-        has drained what arrived during it)."""
-        out: list[Decision] = []
-        if self.clock.hold:
-            return out
-        for _rank, token in self.expired(now):
-            tx = self._open[str(token)]
-            self._n.dispatch_watchdog_timeouts += 1
-            out += self._roll_back(
-                tx, SOURCE_WATCHDOG, "timeout", "deadline passed", RankState.PARKED
-            )
-        return out
-
-    def rank_lost(self, rank: int, now: float, error: str = "rank lost") -> list[Decision]:
-        """The runtime reported ``rank`` dead (ULFM): roll back its dispatch now, drop the rank."""
-        if not self._ranks.is_live(rank):
-            raise UsageError(f"unknown rank {rank}")
-        out: list[Decision] = []
-        tx = self._ranks.current(rank)
-        self._n.ranks_lost += 1
-        if tx is not None and tx.state in (TxState.PREPARING, TxState.DISPATCHED):
-            out += self._roll_back(tx, SOURCE_RANK_LOST, "lost-rank", error, RankState.LOST)
-        else:
-            self._ranks.lose(rank)
-        return out
-
-    # ------------------------------------------------ deferral bookkeeping
-    def defer_recorded(self, work_id: str, persisted: bool) -> None:
-        """Report the outcome of a :class:`Defer`: on disk, or held in memory after a fault."""
-        if work_id not in self.ledger.deferred:
-            raise UsageError(f"{work_id!r} is not deferred")
-        if persisted:
-            self._n.protocol_deferred_dispatches += 1
-        else:
-            self._n.deferred_in_memory += 1
-
-    def defer_persisted_later(self, count: int = 1) -> None:
-        """``count`` deferrals held in memory were since written durably (after a restore)."""
-        count = min(count, self._n.deferred_in_memory)
-        self._n.deferred_in_memory -= count
-        self._n.protocol_deferred_dispatches += count
-
-    def requeue_deferred(self, work_id: str) -> None:
-        """Put a deferred item back at the end of the frontier (an operator's decision)."""
-        if work_id not in self.ledger.deferred:
-            raise UsageError(f"{work_id!r} is not deferred")
-        self._apply(RequeuedDeferred(work_id))
-
-    # ------------------------------------------- the paths every failure takes
-    def _roll_back(
-        self, tx: Transaction, source: str, kind: str, error: str, then: RankState
-    ) -> list[Decision]:
-        """The one compensation path: timeout, invalid result, send failure, rank lost (W4, S8).
-
-        The rank goes to ``then``: PARKED (timeout, send failure: only its exact READY proves
-        the old generation over), IDLE (it said READY) or LOST.
-        """
-        advance(tx, TxEvent.ROLLED_BACK)
-        for item in tx.items:
-            self._unlease(item, tx.token)
-        del self._open[tx.wire]
-        out: list[Decision] = []
-        if then is RankState.PARKED:
-            self._ranks.park(tx.rank, tx.token)
-            out.append(Park(tx.rank, tx.token, source))
-        elif then is RankState.IDLE:
-            self._ranks.finish(tx.rank, tx.token)
-        else:
-            self._ranks.lose(tx.rank)
-        if len(tx.items) == 1:
-            out.append(self._retry_or_defer(tx.items[0], tx.token, source, kind, error))
-        else:  # which item failed is unknown: each goes back uncharged, to run alone (W5)
-            # last item first: each goes to the front, so the frontier keeps the dispatch's
-            # order (and replay, applying the journaled events in this order, gets the same)
-            out += [
-                self._requeue_alone(w, tx.token, source, kind, error) for w in reversed(tx.items)
-            ]
-        out.append(self._require_snapshot(f"rollback of {tx.token} ({source})"))
-        return out
-
-    def _requeue_alone(
-        self, item: WorkItem, token: Token, source: str, kind: str, error: str
-    ) -> Decision:
-        """Requeue one item of a failed multi-item dispatch at the front, uncharged; from now on
-        it is dispatched alone, where a failure is charged to it."""
-        wid = item.work_id
-        self._n.batch_splits += 1
-        attempts = self.ledger.attempts.get(wid, 0)
-        return self._record(Requeue(wid, token, source, kind, attempts, error, split=True))
-
-    def _retry_or_defer(
-        self, item: WorkItem, token: Token, source: str, kind: str, error: str
-    ) -> Decision:
-        """The shared retry path (W5): requeue at the front, or defer after the budget."""
-        wid = item.work_id
-        ledger = self.ledger
-        if source == SOURCE_MASTER_RESTART:
-            self._n.master_restart_rollbacks += 1
-            return self._record(Requeue(wid, token, source, kind, ledger.attempts.get(wid, 0)))
-        n = ledger.attempts.get(wid, 0) + 1
-        if n <= self.retry.retries_for(kind):
-            self._n.protocol_requeued_dispatches += 1
-            return self._record(Requeue(wid, token, source, kind, n, error))
-        kinds = (*ledger.kinds.get(wid, ()), kind)
-        return self._record(Defer(item, token, source, n, kinds, error))
-
-    def _require_snapshot(self, reason: str) -> PersistSnapshot:
-        """No dispatch until the shell persisted a snapshot (S8)."""
-        self._snapshot_required = reason
-        return PersistSnapshot(reason)
-
-    # ----------------------------------------------------------- internals
-    def _record(self, d: _D) -> _D:
-        """Apply the durable event of decision ``d`` to the ledger (the shell journals the same
-        event); returns ``d``."""
-        ev = of_decision(d)
-        assert ev is not None, d
-        self.ledger.apply(ev)
-        return d
-
-    def _apply(self, ev: Event) -> None:
-        self.ledger.apply(ev)
-
-    def _open_tx(self, token: Token) -> Transaction:
-        tx = self._open.get(str(token))
-        if tx is None:
-            raise UsageError(f"no open transaction has token {token}")
-        return tx
-
-    def _quarantine(
-        self, rank: int, message: str, cls: Classification, reason: str
-    ) -> list[Decision]:
-        self._n.by_class(cls)[message] += 1
-        return [Quarantine(rank, message, cls, reason)]
-
-    def _classify_not_current(self, rank: int, t: Token, message: str) -> list[Decision]:
-        """A well-formed token that names no current transaction of ``rank``: stale when it is
-        older (an earlier epoch, or retired by the rank), else unowned."""
-        if t.epoch < self.epoch or self._ranks.retired(rank, t):
-            return self._quarantine(rank, message, Classification.STALE, "older token")
-        return self._quarantine(rank, message, Classification.UNOWNED, "no transaction owns it")
-
-    def _free_rank_if_done(self, tx: Transaction) -> list[Decision]:
-        """A generation whose READY was seen frees its rank as soon as its result was accepted.
-
-        The endpoint is free even while the commit is still being made durable (``COMMITTING``):
-        the work ID stays leased to the transaction until ``commit_done``, but the rank may take
-        new work, so a group commit never stalls the workers.
-        """
-        if not tx.ready_seen or tx.state not in (TxState.COMMITTING, TxState.CLOSED):
-            return []
-        if self._ranks.current(tx.rank) is tx:
-            self._ranks.finish(tx.rank, tx.token)
-        if tx.state is TxState.CLOSED:
-            self._open.pop(tx.wire, None)
-        return []
-
-    # ------------------------------------------------------------- queries
-    def status(self, work_id: str) -> WorkStatus | None:
-        """Where ``work_id`` is, or None if the core never saw it."""
-        ledger = self.ledger
-        if work_id in ledger.committed:
-            return WorkStatus.COMMITTED
-        if work_id in ledger.in_flight:
-            return WorkStatus.IN_FLIGHT
-        if work_id in ledger.deferred:
-            return WorkStatus.DEFERRED
-        if work_id in ledger.frontier:
-            return WorkStatus.PENDING
-        return None
-
-    @property
-    def done(self) -> bool:
-        """True when nothing is pending or in flight (everything committed or deferred)."""
-        return not self.ledger.frontier and not self.ledger.in_flight
-
-    @property
-    def snapshot_required(self) -> bool:
-        """True while a rollback waits for its snapshot (no dispatch until then)."""
-        return self._snapshot_required is not None
-
-    def live_ranks(self) -> list[int]:
-        """Every worker rank not lost (idle, busy or parked), sorted."""
-        return self._ranks.live()
-
-    def idle_ranks(self) -> list[int]:
-        """Idle ranks, sorted."""
-        return self._ranks.idle()
-
-    def starting_ranks(self) -> int:
-        """How many ranks have not said their first READY yet (STARTING)."""
-        return self._ranks.count(RankState.STARTING)
-
-    def parked_ranks(self) -> dict[int, Token]:
-        """Parked ranks and the exact token that releases each."""
-        return self._ranks.parked()
-
-    def rank_state(self, rank: int) -> RankState | None:
-        """Where ``rank`` is (idle, busy, parked, lost), or None for a rank never added."""
-        return self._ranks.state(rank)
-
-    def in_flight(self) -> dict[str, Token]:
-        """Work ID -> token of every open transaction."""
-        return {w: t for w, (t, _) in self.ledger.in_flight.items()}
-
-    def transaction(self, token: Token) -> Transaction | None:
-        """The open transaction with ``token`` (for inspection; do not mutate)."""
-        return self._open.get(str(token))
-
-    def lease_holder(self, table: str, key: str) -> Token | None:
-        """The token holding side-table entry ``table[key]``, or None."""
-        return self._leases.get((table, key))
-
-    def committed(self) -> frozenset[str]:
-        """Committed work IDs."""
-        return frozenset(self.ledger.committed)
-
-    def deferred(self) -> dict[str, WorkItem]:
-        """Deferred work items by work ID."""
-        return dict(self.ledger.deferred)
-
-    def pending(self) -> list[str]:
-        """Pending work IDs in frontier order."""
-        return list(self.ledger.frontier)
-
-    def attempts(self, work_id: str) -> int:
-        """Failures charged to ``work_id`` so far."""
-        return self.ledger.attempts.get(work_id, 0)
-
-    def statistics(self) -> DispatchStats:
-        """An immutable snapshot of every counter and gauge."""
-        return DispatchStats(
-            **self._n.values(),
-            parked_ranks_now=self._ranks.count(RankState.PARKED),
-            starting_ranks_now=self._ranks.count(RankState.STARTING),
-            idle_ranks_now=self._ranks.count(RankState.IDLE),
-            busy_ranks_now=self._ranks.count(RankState.BUSY),
-            in_flight_now=len(self.ledger.in_flight),
-            pending_now=len(self.ledger.frontier),
-            deferred_now=len(self.ledger.deferred),
-            auto_batch_now=self.auto_batch(),
-            watchdog_enabled=self.watchdog.enabled,
-            watchdog_seconds=self.watchdog.seconds,
-            watchdog_deadline_now=self.deadline_seconds() if self.watchdog.enabled else 0.0,
-            config_corrections=len(self.watchdog.corrections),
-            master_pauses=self.clock.pauses,
-            master_paused_seconds=self.clock.paused_seconds,
-        )
-
-    # ------------------------------------------------------ durable state
-    def snapshot(self, committing: Iterable[str] = ()) -> dict[str, Any]:
-        """The durable part of the state as a JSON-ready dict (deadlines are never saved, W2):
-        :meth:`Ledger.to_snapshot <durable_dispatch.core.ledger.Ledger.to_snapshot>`.
-
-        In-flight dispatches are saved with their work so that :meth:`restore` can roll them back.
-        """
-        return self.ledger.to_snapshot(frozenset(committing))
-
-    @classmethod
-    def restore(
-        cls,
-        state: Mapping[str, Any] | Ledger,
-        *,
-        epoch: int,
-        watchdog: WatchdogConfig | None = None,
-        retry: RetryPolicy | None = None,
-        ranks: Iterable[int] = (),
-        starting: bool = False,
-    ) -> tuple[Dispatcher, list[Decision]]:
-        """Rebuild a core for a new master ``epoch`` from :meth:`snapshot` output or from a
-        ledger that replay built (which it takes over).
-
-        Every dispatch that was in flight is rolled back to the front of the frontier without
-        charging a retry (the fault was the master's); its token's epoch is older than ``epoch``,
-        so any late message from it is stale.
-
-        Raises:
-            UsageError: ``epoch`` is not greater than the saved one.
-        """
-        ledger = state if isinstance(state, Ledger) else Ledger.from_snapshot(state)
-        if epoch <= ledger.epoch:
-            raise UsageError(f"new epoch {epoch} must be greater than {ledger.epoch}")
-        d = cls(epoch, watchdog, retry, ranks, starting=starting)
-        d.ledger = ledger
-        ledger.apply(EpochStarted(epoch))
-        out: list[Decision] = []
-        for wid, (token, _rank) in reversed(list(ledger.in_flight.items())):
-            item = ledger.items[wid]
-            restart = SOURCE_MASTER_RESTART
-            out.append(d._retry_or_defer(item, token, restart, "master-restart", "restart"))
-        return d, out
 
 
 def _whole_failure(

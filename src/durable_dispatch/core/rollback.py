@@ -1,0 +1,215 @@
+"""The paths every failure takes (pure, no I/O): a rollback of a dispatch (W4, S8), the retry
+or deferral of its items (W5), the join of READYs without a valid RESULT and the watchdog's
+sweep (W3), a lost rank, the deferral bookkeeping, and the restart of a master (every dispatch
+that was in flight is rolled back uncharged). One compensation path: :meth:`Rollbacks._roll_back`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Self
+
+from ..errors import UsageError
+from ..tokens import Token
+from .config import RetryPolicy, WatchdogConfig
+from .decisions import (
+    SOURCE_INVALID_RESULT,
+    SOURCE_MASTER_RESTART,
+    SOURCE_RANK_LOST,
+    SOURCE_WATCHDOG,
+    Decision,
+    Defer,
+    ItemFailure,
+    Park,
+    Requeue,
+    WorkItem,
+)
+from .dispatch_base import DispatcherBase
+from .events import EpochStarted, RequeuedDeferred
+from .ledger import Ledger
+from .ranks import RankState
+from .transactions import Transaction, TxEvent, TxState, advance
+
+__all__ = ["Rollbacks"]
+
+
+class Rollbacks(DispatcherBase):
+    """The failure paths of a :class:`~durable_dispatch.core.dispatcher.Dispatcher`."""
+
+    # ------------------------------------------------------- join and sweep
+    def join_invalid(self, now: float) -> list[Decision]:
+        """Roll back every generation whose current READY came without a valid RESULT (W3 step 4).
+
+        The worker finished (READY) but its result was lost or broken: the task is recovered through
+        the shared retry path with ``source=invalid-result`` and the rank goes back to idle.
+        """
+        out: list[Decision] = []
+        busy = self._ranks.busy()
+        for rank in sorted(busy):
+            tx = busy[rank]
+            if tx.ready_seen and tx.state is TxState.DISPATCHED:
+                f = tx.failure or ItemFailure("missing-result", "READY without RESULT")
+                self._n.invalid_result_rollbacks += 1
+                out += self._roll_back(tx, SOURCE_INVALID_RESULT, f.kind, f.reason, RankState.IDLE)
+        return out
+
+    def expired(self, now: float) -> list[tuple[int, Token]]:
+        """A sorted snapshot of ``(rank, exact token)`` of dispatches past their deadline.
+
+        Generations whose current READY was already seen are not included (W3). Cost: O(1) when
+        nothing expired, O(k log n) for k expired entries.
+        """
+        out: list[tuple[int, Token]] = []
+        for token in self._deadlines.due(now, self._deadline_stands):
+            tx = self._open[str(token)]
+            if not tx.ready_seen:
+                out.append((tx.rank, token))
+        return sorted(out)
+
+    def _deadline_stands(self, token: Token, deadline: float) -> bool:
+        tx = self._open.get(str(token))
+        return tx is not None and tx.state is TxState.DISPATCHED and tx.deadline == deadline
+
+    def sweep(self, now: float) -> list[Decision]:
+        """Roll back every expired dispatch and park its rank (W3 step 5, W4, W6).
+
+        Nothing is judged while :attr:`clock` holds (U7: after a master pause, until the shell
+        has drained what arrived during it)."""
+        out: list[Decision] = []
+        if self.clock.hold:
+            return out
+        for _rank, token in self.expired(now):
+            tx = self._open[str(token)]
+            self._n.dispatch_watchdog_timeouts += 1
+            out += self._roll_back(
+                tx, SOURCE_WATCHDOG, "timeout", "deadline passed", RankState.PARKED
+            )
+        return out
+
+    def rank_lost(self, rank: int, now: float, error: str = "rank lost") -> list[Decision]:
+        """The runtime reported ``rank`` dead (ULFM): roll back its dispatch now, drop the rank."""
+        if not self._ranks.is_live(rank):
+            raise UsageError(f"unknown rank {rank}")
+        out: list[Decision] = []
+        tx = self._ranks.current(rank)
+        self._n.ranks_lost += 1
+        if tx is not None and tx.state in (TxState.PREPARING, TxState.DISPATCHED):
+            out += self._roll_back(tx, SOURCE_RANK_LOST, "lost-rank", error, RankState.LOST)
+        else:
+            self._ranks.lose(rank)
+        return out
+
+    # ------------------------------------------------ deferral bookkeeping
+    def defer_recorded(self, work_id: str, persisted: bool) -> None:
+        """Report the outcome of a :class:`Defer`: on disk, or held in memory after a fault."""
+        if work_id not in self.ledger.deferred:
+            raise UsageError(f"{work_id!r} is not deferred")
+        if persisted:
+            self._n.protocol_deferred_dispatches += 1
+        else:
+            self._n.deferred_in_memory += 1
+
+    def defer_persisted_later(self, count: int = 1) -> None:
+        """``count`` deferrals held in memory were since written durably (after a restore)."""
+        count = min(count, self._n.deferred_in_memory)
+        self._n.deferred_in_memory -= count
+        self._n.protocol_deferred_dispatches += count
+
+    def requeue_deferred(self, work_id: str) -> None:
+        """Put a deferred item back at the end of the frontier (an operator's decision)."""
+        if work_id not in self.ledger.deferred:
+            raise UsageError(f"{work_id!r} is not deferred")
+        self._apply(RequeuedDeferred(work_id))
+
+    # ------------------------------------------- the paths every failure takes
+    def _roll_back(
+        self, tx: Transaction, source: str, kind: str, error: str, then: RankState
+    ) -> list[Decision]:
+        """The one compensation path: timeout, invalid result, send failure, rank lost (W4, S8).
+
+        The rank goes to ``then``: PARKED (timeout, send failure: only its exact READY proves
+        the old generation over), IDLE (it said READY) or LOST.
+        """
+        advance(tx, TxEvent.ROLLED_BACK)
+        for item in tx.items:
+            self._unlease(item, tx.token)
+        del self._open[tx.wire]
+        out: list[Decision] = []
+        if then is RankState.PARKED:
+            self._ranks.park(tx.rank, tx.token)
+            out.append(Park(tx.rank, tx.token, source))
+        elif then is RankState.IDLE:
+            self._ranks.finish(tx.rank, tx.token)
+        else:
+            self._ranks.lose(tx.rank)
+        if len(tx.items) == 1:
+            out.append(self._retry_or_defer(tx.items[0], tx.token, source, kind, error))
+        else:  # which item failed is unknown: each goes back uncharged, to run alone (W5)
+            # last item first: each goes to the front, so the frontier keeps the dispatch's
+            # order (and replay, applying the journaled events in this order, gets the same)
+            out += [
+                self._requeue_alone(w, tx.token, source, kind, error) for w in reversed(tx.items)
+            ]
+        out.append(self._require_snapshot(f"rollback of {tx.token} ({source})"))
+        return out
+
+    def _requeue_alone(
+        self, item: WorkItem, token: Token, source: str, kind: str, error: str
+    ) -> Decision:
+        """Requeue one item of a failed multi-item dispatch at the front, uncharged; from now on
+        it is dispatched alone, where a failure is charged to it."""
+        wid = item.work_id
+        self._n.batch_splits += 1
+        attempts = self.ledger.attempts.get(wid, 0)
+        return self._record(Requeue(wid, token, source, kind, attempts, error, split=True))
+
+    def _retry_or_defer(
+        self, item: WorkItem, token: Token, source: str, kind: str, error: str
+    ) -> Decision:
+        """The shared retry path (W5): requeue at the front, or defer after the budget."""
+        wid = item.work_id
+        ledger = self.ledger
+        if source == SOURCE_MASTER_RESTART:
+            self._n.master_restart_rollbacks += 1
+            return self._record(Requeue(wid, token, source, kind, ledger.attempts.get(wid, 0)))
+        n = ledger.attempts.get(wid, 0) + 1
+        if n <= self.retry.retries_for(kind):
+            self._n.protocol_requeued_dispatches += 1
+            return self._record(Requeue(wid, token, source, kind, n, error))
+        kinds = (*ledger.kinds.get(wid, ()), kind)
+        return self._record(Defer(item, token, source, n, kinds, error))
+
+    # ------------------------------------------------------ durable state
+    @classmethod
+    def restore(
+        cls,
+        state: Mapping[str, Any] | Ledger,
+        *,
+        epoch: int,
+        watchdog: WatchdogConfig | None = None,
+        retry: RetryPolicy | None = None,
+        ranks: Iterable[int] = (),
+        starting: bool = False,
+    ) -> tuple[Self, list[Decision]]:
+        """Rebuild a core for a new master ``epoch`` from :meth:`snapshot` output or from a
+        ledger that replay built (which it takes over).
+
+        Every dispatch that was in flight is rolled back to the front of the frontier without
+        charging a retry (the fault was the master's); its token's epoch is older than ``epoch``,
+        so any late message from it is stale.
+
+        Raises:
+            UsageError: ``epoch`` is not greater than the saved one.
+        """
+        ledger = state if isinstance(state, Ledger) else Ledger.from_snapshot(state)
+        if epoch <= ledger.epoch:
+            raise UsageError(f"new epoch {epoch} must be greater than {ledger.epoch}")
+        d = cls(epoch, watchdog, retry, ranks, starting=starting)
+        d.ledger = ledger
+        ledger.apply(EpochStarted(epoch))
+        out: list[Decision] = []
+        for wid, (token, _rank) in reversed(list(ledger.in_flight.items())):
+            item = ledger.items[wid]
+            restart = SOURCE_MASTER_RESTART
+            out.append(d._retry_or_defer(item, token, restart, "master-restart", "restart"))
+        return d, out
