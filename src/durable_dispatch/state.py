@@ -15,7 +15,9 @@ records after it.
 
 The module is split by job: replay (the projection, the fold, the snapshot loader) is in
 ``replay.py``; offline operations (view, compact, requeue, drop) are in ``admin.py``; the
-submissions store is ``submissions.py``; this module is the live campaign.
+submissions store is ``submissions.py``; persisting the core's decisions and delivering the
+commits (U6, G1) is ``delivery.py``, a part of :class:`CampaignState`; this module is the live
+campaign.
 :class:`CampaignState` is also the facade the master loop calls, one method per thing that
 happened (:meth:`~CampaignState.on_ready`, ``on_results``, ``sent``, ``tick`` ...): each asks the
 core and persists what it decided.
@@ -51,24 +53,21 @@ from .core import (
     Defer,
     Dispatcher,
     PersistSnapshot,
-    Requeue,
     RetryPolicy,
     Send,
     WatchdogConfig,
     WorkItem,
 )
-from .core.events import Committed, Delivered, EpochStarted, Submitted, encode, of_decision
+from .core.events import EpochStarted, Submitted, encode
 from .core.ledger import Ledger
 from .core.ranks import RankState
-from .core.records import fast_init
-from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
-from .logs import log_decisions
+from .delivery import Delivery, OnCommit, _PendingCommit
+from .errors import RecordTooLargeError, StorageDegradedError, UsageError
 from .replay import (
     _load_snapshot,
     _open_and_fold,
     paused_gc,
 )
-from .results import read_results
 from .statedir import (
     LIVE_STATS_NAME,
     STATE_JOURNAL,
@@ -85,29 +84,9 @@ __all__ = ["CampaignState", "CampaignStats", "OnCommit"]
 
 log = logging.getLogger("durable_dispatch.state")
 
-#: ``on_commit(work_id, result)``: called once a commit is durable, at least once (U6); it may
-#: return the work items the result spawns (G1), which are submitted before it counts as
-#: delivered
-OnCommit = Callable[[str, Any], "Iterable[WorkItem] | None"]
-
-#: A ``delivered`` event records the delivery point between snapshots once it is this old or
-#: this many records behind: after a crash at most about that much is delivered again.
-DELIVERY_MARK_SECONDS = 0.25
-DELIVERY_MARK_RECORDS = 256
 #: The master publishes its statistics (``master-stats.*.snap``) at most this often, from
 #: ``tick``, so that ``durable-dispatch stats`` and ``watch`` show current figures with their age.
 STATS_SECONDS = 2.0
-
-
-@fast_init
-@dataclass(frozen=True, slots=True)
-class _PendingCommit:
-    """A ``committed`` record journaled but not yet delivered (a group commit in progress)."""
-
-    seq: int  # its journal sequence number
-    token: Token  # the dispatch it belongs to
-    commits: list[Commit]  # the Commits it holds
-    callback: Callable[[Commit], None] | None  # who gets them once an fsync covers the record
 
 
 @dataclass(frozen=True)
@@ -141,7 +120,7 @@ class CampaignStats:
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(self).items()}
 
 
-class CampaignState:
+class CampaignState(Delivery):
     """A campaign's durable state in one directory, driving a :class:`Dispatcher`.
 
     Open with :meth:`open`; use as a context manager or call :meth:`close`.
@@ -341,96 +320,6 @@ class CampaignState:
                 self._record_send(d)
             return d
 
-    # ---------------------------------------------------------------- actions
-    def _record_send(self, send: Send) -> None:
-        """Journal a dispatch before its WORK is sent (persist before you send): one record for
-        all its items."""
-        self._journal_event_of(send)
-
-    def _apply(
-        self,
-        decisions: Iterable[Decision],
-        on_commit: Callable[[Commit], None] | None = None,
-        *,
-        wait: bool = True,
-    ) -> list[Decision]:
-        """Persist each decision that changes durable state, in order; returns them all.
-
-        * :class:`Commit`: journal it (the Commits of one dispatch, which the core returns next to
-          each other, as one record). Once an fsync covers it (``wait=True``: now; ``wait=False``:
-          whenever :meth:`_complete_commits` finds it durable, so the master keeps dispatching while
-          the group commit runs) ``on_commit`` is called and the core closes it.
-        * :class:`Requeue` / :class:`Defer`: journal it; a Defer is appended to the defer journal
-          and its outcome (on disk or in memory) reported to the core.
-        * :class:`PersistSnapshot`: write the snapshot now.
-        """
-        out = list(decisions)
-        if not out:
-            return out
-        first = out[0]
-        if type(first) is Commit and all(
-            type(d) is Commit and d.token == first.token for d in out
-        ):  # the usual answer to a RESULT: the Commits of one dispatch, one record
-            refused = self._journal_commits(out, on_commit)  # type: ignore[arg-type]
-        else:
-            refused = self._persist_each(out, on_commit)
-        log_decisions(out)
-        if refused:
-            out += self._apply(refused)
-        if self._pending_commits:
-            # Wait only for commits this call journaled; earlier ones complete when durable.
-            self._complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
-        return out
-
-    def _persist_each(
-        self, out: list[Decision], on_commit: Callable[[Commit], None] | None
-    ) -> list[Decision]:
-        """:meth:`_apply`'s persist step for any mix of decisions; returns the decisions of
-        the commits the journal refused (a result too large for a record)."""
-        refused: list[Decision] = []
-        group: list[Commit] = []
-        for i, d in enumerate(out):
-            if isinstance(d, Commit):
-                group.append(d)
-                nxt = out[i + 1] if i + 1 < len(out) else None
-                if not isinstance(nxt, Commit) or nxt.token != d.token:
-                    refused += self._journal_commits(group, on_commit)
-                    group = []
-            elif isinstance(d, Requeue):
-                self._journal_event_of(d)
-            elif isinstance(d, Defer):
-                w = d.work
-                self._journal_event_of(d)
-                try:
-                    rec = self.defer.defer(
-                        w.work_id,
-                        w.to_json(),
-                        attempts=d.attempts,
-                        kinds=d.kinds,
-                        last_error=d.last_error,
-                        inputs=w.inputs,
-                        self_contained=w.self_contained,
-                    )
-                    persisted = rec.persisted
-                except StorageDegradedError:
-                    persisted = False
-                self.core.defer_recorded(w.work_id, persisted)
-                if self.on_defer is not None:
-                    self.on_defer(d)
-            elif isinstance(d, PersistSnapshot):
-                self._save_snapshot(d.reason)
-        return refused
-
-    def _journal_event_of(self, d: Decision) -> None:
-        """Journal the event the core applied to its ledger for decision ``d`` (one encoding:
-        replay decodes it into the same ledger change), with the wall-clock time it happened
-        (``ts``: informational, for ``durable-dispatch report``; replay ignores it)."""
-        ev = of_decision(d)
-        assert ev is not None, d
-        rec = encode(ev)
-        rec["ts"] = time.time()
-        self.journal.append(rec)
-
     # ---------------------------------------------------------------- the facade
     # One call per thing that happened: each asks the core and persists what it decided, so a
     # loop built on these cannot forget a persist step (run_master is built on them).
@@ -561,167 +450,6 @@ class CampaignState:
             log.warning("statistics not published: %s", e)
             return False
         return True
-
-    def _journal_commits(
-        self, commits: list[Commit], on_commit: Callable[[Commit], None] | None
-    ) -> list[Decision]:
-        """One ``committed`` record for the Commits of one dispatch, or several when one would
-        exceed the journal's record bound. A single result too large for any record is refused:
-        the core retries that item (returns its decisions)."""
-        first = commits[0]
-        wids: tuple[str, ...]
-        results: tuple[Any, ...]
-        if len(commits) == 1:
-            wids, results = (first.work_id,), (first.result,)
-        else:
-            wids, results = tuple([c.work_id for c in commits]), tuple([c.result for c in commits])
-        ev = Committed(first.token, first.rank, wids, results, time.time())
-        try:
-            r = self.journal.append(encode(ev))
-        except RecordTooLargeError as e:
-            if len(commits) > 1:
-                half = len(commits) // 2
-                return self._journal_commits(commits[:half], on_commit) + self._journal_commits(
-                    commits[half:], on_commit
-                )
-            log.error("result of %s cannot be journaled: %s", first.work_id, e)
-            return self.core.commit_refused(first.token, first.work_id, f"result too large: {e}")
-        self._pending_commits.append(_PendingCommit(r.seq, first.token, commits, on_commit))
-        return []
-
-    def _complete_commits(self, *, wait: bool = False) -> int:
-        """Deliver every journaled commit an fsync now covers: callback, then close in the core.
-
-        With ``wait=True`` it first waits for the newest pending commit to be durable. While the
-        journal is degraded, pending commits are delivered as memory-only commits (counted in
-        ``statistics().commits_in_memory``) so the campaign goes on. Returns how many work
-        items were committed.
-        """
-        pending = self._pending_commits
-        if not pending:
-            return 0
-        if wait:
-            self._durable(pending[-1].seq)
-        degraded = not self.journal.healthy
-        durable = self.journal.durable_seq
-        if not degraded and pending[0].seq > durable:
-            return 0  # no fsync covers the oldest yet (the usual answer during a group commit)
-        n = items = 0
-        try:
-            while n < len(pending) and (degraded or pending[n].seq <= durable):
-                p = pending[n]
-                if p.seq > durable:
-                    self._commits_in_memory.extend([p.seq] * len(p.commits))
-                if p.callback is not None and not self._callback_failed:
-                    try:
-                        for c in p.commits:
-                            p.callback(c)
-                    except BaseException:
-                        # U6: this record and every later one are delivered again on the next
-                        # open; from now on nothing is handed to the callback (it failed).
-                        self._callback_failed = True
-                        raise
-                if not self._callback_failed:
-                    self._delivered = max(self._delivered, p.seq)
-                if n + 1 == len(pending) or pending[n + 1].token != p.token:
-                    follow = self.core.commit_done(p.token)  # the dispatch's last record is in
-                    if follow:
-                        self._apply(follow)
-                n += 1
-                items += len(p.commits)
-        finally:
-            del pending[:n]
-        self._mark_delivered()
-        return items
-
-    def _mark_delivered(self, *, now: bool = False) -> None:
-        """Journal the delivery point if it moved and the last mark is old enough (or ``now``)."""
-        if self._delivered <= self._delivered_marked:
-            return
-        t = time.monotonic()
-        behind = self._delivered - self._delivered_marked
-        if (
-            now
-            or t - self._delivered_at >= DELIVERY_MARK_SECONDS
-            or behind >= DELIVERY_MARK_RECORDS
-        ):
-            mark = Delivered(self._delivered)
-            self.journal.append(encode(mark))
-            self.core.ledger.apply(mark)
-            self._delivered_marked, self._delivered_at = self._delivered, t
-
-    @property
-    def delivered_seq(self) -> int:
-        """The delivery point (U6): every commit journaled up to this sequence number was handed
-        to the callback, which returned."""
-        return self._delivered
-
-    def redeliver(self, on_commit: OnCommit | None) -> int:
-        """Hand every commit after the delivery point to ``on_commit(work_id, result)`` again,
-        in commit order (U6: at least once), and make it the callback of every later commit
-        made through the facade (:meth:`on_results` ...). Call it after :meth:`open`, before
-        dispatching; ``run_master`` does. Returns how many results it delivered.
-
-        A commit is redelivered when the master crashed after it was durable but before its
-        callback returned, or when the callback raised. The callback must be idempotent by work
-        ID (an upsert keyed by work ID); see ``docs/state-format.md``. The work items it
-        returns are submitted (known work IDs skipped) before the delivery point passes its
-        commit (G1).
-
-        Raises:
-            UsageError: the callback returned something else than None or work items.
-        """
-        if on_commit is None:
-            self._on_commit = None
-        else:
-            self._on_commit = lambda c: self._spawn(c.work_id, on_commit(c.work_id, c.result))
-        n = 0
-        upto = self.journal.next_seq - 1
-        for r in read_results(self.directory, after_seq=self._delivered):
-            if r.seq > upto:
-                break
-            if on_commit is not None:
-                self._spawn(r.work_id, on_commit(r.work_id, r.result))
-            self._delivered = max(self._delivered, r.seq)
-            n += 1
-        if n:
-            log.warning("redelivered %d committed result(s) to the callback (U6)", n)
-        self._delivered = max(self._delivered, upto)  # nothing after it is a commit yet
-        self._mark_delivered(now=True)
-        return n
-
-    def _spawn(self, parent: str, children: Any) -> None:
-        """G1: the work items a callback returned for ``parent``'s commit, submitted durably
-        (their store records fsynced, their ``submitted`` record journaled) before the
-        delivery point may pass that commit; known work IDs are skipped, so a callback run
-        again after a crash submits nothing twice.
-
-        Raises:
-            UsageError: the callback returned something else than None or work items.
-        """
-        if children is None:
-            return
-        if isinstance(children, (str, bytes, dict)) or not hasattr(children, "__iter__"):
-            raise UsageError(
-                f"on_commit({parent!r}, ...) returned {type(children).__name__}: return None, "
-                "or an iterable of WorkItem (the work this result spawns)"
-            )
-        items = list(children)
-        bad = next((i for i in items if not isinstance(i, WorkItem)), None)
-        if bad is not None:
-            raise UsageError(
-                f"on_commit({parent!r}, ...) returned {bad!r} among its children: each must be "
-                "a WorkItem"
-            )
-        if items:
-            self.submit(items)
-
-    def _durable(self, seq: int) -> bool:
-        try:
-            self.journal.wait_durable(seq)
-            return True
-        except NotDurableError:
-            return False
 
     def _save_snapshot(self, reason: str = "") -> bool:
         """Write the projection atomically; tells the core it is persisted. False if the disk
