@@ -7,8 +7,11 @@ corruption error naming the path, where it is, and the field, never a ``KeyError
 ``TypeError`` from deep inside a reader.
 
 Theory of operation: a schema is a mapping of member name to a check (a small predicate), with
-required and optional members. :func:`check_event`, :func:`check_defer_record` and
-:func:`check_state_snapshot` raise :class:`Invalid` naming the first bad field; the readers in
+required and optional members (:func:`check_members`). Each state event states its own schema
+next to its encoding (:mod:`durable_dispatch.core.events`, whose ``check_event`` uses the
+checks here); :func:`check_defer_record`, :func:`check_submission_record` and
+:func:`check_state_snapshot` check the other files. Each raises :class:`Invalid` naming the
+first bad field; the readers in
 :mod:`durable_dispatch.state` and :mod:`durable_dispatch.storage.defer` turn it into
 :class:`~durable_dispatch.errors.JournalCorruptError` or
 :class:`~durable_dispatch.errors.SnapshotCorruptError`. Unknown events stay allowed (forward
@@ -24,7 +27,15 @@ from .tokens import Token
 
 __all__ = [
     "Invalid",
-    "check_event",
+    "Check",
+    "check_members",
+    "is_int",
+    "is_str",
+    "is_bool",
+    "is_num_or_none",
+    "is_str_or_none",
+    "is_int_or_none",
+    "list_of",
     "check_defer_record",
     "check_state_snapshot",
     "check_submission_record",
@@ -43,27 +54,38 @@ class Invalid(ValueError):
         self.why = why
 
 
-def _int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
+    """True for an int (not a bool)."""
     return type(v) is int
 
 
-def _str(v: Any) -> bool:
+def is_str(v: Any) -> bool:
+    """True for a str."""
     return type(v) is str
 
 
-def _num_or_none(v: Any) -> bool:
+def is_bool(v: Any) -> bool:
+    """True for a bool."""
+    return type(v) is bool
+
+
+def is_num_or_none(v: Any) -> bool:
+    """True for an int, a float or None."""
     return v is None or (type(v) in (int, float))
 
 
-def _str_or_none(v: Any) -> bool:
+def is_str_or_none(v: Any) -> bool:
+    """True for a str or None."""
     return v is None or type(v) is str
 
 
-def _int_or_none(v: Any) -> bool:
+def is_int_or_none(v: Any) -> bool:
+    """True for an int or None."""
     return v is None or type(v) is int
 
 
-def _list_of(check: Check) -> Check:
+def list_of(check: Check) -> Check:
+    """A check for a list whose every element passes ``check``."""
     return lambda v: type(v) is list and all(map(check, v))
 
 
@@ -78,7 +100,7 @@ def _item(v: Any) -> bool:
     return (
         type(v) is dict
         and type(v.get("work_id")) is str
-        and _num_or_none(v.get("timeout"))
+        and is_num_or_none(v.get("timeout"))
         and type(v.get("leases") or {}) is dict
         and type(v.get("inputs") or []) is list
         and type(v.get("priority", 0)) is int
@@ -93,7 +115,10 @@ def _token(v: Any) -> bool:
 
 def _in_flight(v: Any) -> bool:
     return (
-        type(v) is dict and _token(v.get("token")) and _int(v.get("rank")) and _item(v.get("work"))
+        type(v) is dict
+        and _token(v.get("token"))
+        and is_int(v.get("rank"))
+        and _item(v.get("work"))
     )
 
 
@@ -102,45 +127,26 @@ def _dict_of(check: Check) -> Check:
 
 
 _WHY: dict[Check, str] = {
-    _int: "not an integer",
-    _str: "not a string",
+    is_int: "not an integer",
+    is_str: "not a string",
     _token: "not a dispatch token (e<epoch>-<n>)",
-    _num_or_none: "not a number or null",
-    _str_or_none: "not a string or null",
-    _int_or_none: "not an integer or null",
+    is_num_or_none: "not a number or null",
+    is_str_or_none: "not a string or null",
+    is_int_or_none: "not an integer or null",
     _item: "not a work item (an object with a string work_id)",
     _in_flight: "not an in-flight entry (token, rank, work)",
 }
 
-# event -> (required members, optional members). "work_id | work_ids" is handled apart.
-_EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
-    "epoch": ({"epoch": _int}, {"ts": _num_or_none}),
-    "submitted": ({}, {"items": _list_of(_item), "first": _int, "count": _int}),
-    "dispatched": ({"token": _str, "rank": _int}, {}),
-    "committed": ({}, {"token": _str_or_none, "rank": _int}),
-    "requeued": (
-        {"work_id": _str},
-        {
-            "attempts": _int_or_none,
-            "kind": _str_or_none,
-            "error": _str_or_none,
-            "source": _str_or_none,
-            "split": lambda v: type(v) is bool,
-        },
-    ),
-    "deferred": (
-        {"work_id": _str, "attempts": _int, "kinds": _list_of(_str)},
-        {"last_error": _str_or_none},
-    ),
-    "requeued_deferred": ({"work_id": _str}, {}),
-    "delivered": ({"upto": _int}, {}),
-}
-_NAMES_WORK = ("dispatched", "committed")  # work_id, or work_ids for a multi-item dispatch
 
-
-def _members(
-    obj: Mapping[str, Any], required: dict[str, Check], optional: dict[str, Check]
+def check_members(
+    obj: Mapping[str, Any], required: Mapping[str, Check], optional: Mapping[str, Check]
 ) -> None:
+    """Check the ``required`` members of ``obj`` (each there, each passing its check) and its
+    ``optional`` ones (each passing its check when there); unknown members are allowed.
+
+    Raises:
+        Invalid: naming the first member that is missing or of the wrong type.
+    """
     for name, check in required.items():
         if name not in obj:
             raise Invalid(name, "missing")
@@ -151,49 +157,18 @@ def _members(
             raise Invalid(name, _WHY.get(check, "of the wrong type"))
 
 
-def check_event(ev: Any) -> None:
-    """Check one state-journal event (``events.jsonl``).
-
-    Raises:
-        Invalid: the event is not an object, names no event kind, or a member of a known kind
-            is missing or of the wrong type.
-    """
-    if type(ev) is not dict:
-        raise Invalid("(record)", "not an object")
-    kind = ev.get("event")
-    if type(kind) is not str:
-        raise Invalid("event", "missing or not a string")
-    spec = _EVENTS.get(kind)
-    if spec is None:
-        return  # a later version's event: ignored by the fold
-    _members(ev, *spec)
-    if kind in _NAMES_WORK:
-        ids = ev.get("work_ids")
-        if ids is not None:
-            if type(ids) is not list or not ids or not all(map(_str, ids)):
-                raise Invalid("work_ids", "not a non-empty list of strings")
-        elif not _str(ev.get("work_id")):
-            raise Invalid("work_id", "missing or not a string (nor is work_ids given)")
-    if kind == "submitted" and "items" not in ev:
-        _members(ev, {"first": _int, "count": _int}, {})
-        if ev["first"] < 0 or ev["count"] < 1:
-            raise Invalid("count", "a stored submission of no items or at a negative index")
-    if kind == "requeued" and not ev.get("split") and ev.get("source") != "master-restart":
-        _members(ev, {"attempts": _int, "kind": _str}, {})
-
-
 _DEFER_EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "deferred": (
-        {"work_id": _str},
+        {"work_id": is_str},
         {
-            "attempts": _int,
-            "kinds": _list_of(_str),
-            "last_error": _str_or_none,
+            "attempts": is_int,
+            "kinds": list_of(is_str),
+            "last_error": is_str_or_none,
             "inputs": lambda v: type(v) is list,
             "self_contained": lambda v: type(v) is bool,
         },
     ),
-    "resolved": ({"work_id": _str}, {"how": _str_or_none}),
+    "resolved": ({"work_id": is_str}, {"how": is_str_or_none}),
 }
 
 
@@ -201,28 +176,28 @@ def check_defer_record(p: Any) -> None:
     """Check one defer-journal record (``deferred`` or ``resolved``; others are ignored).
 
     Raises:
-        Invalid: as :func:`check_event`.
+        Invalid: naming the first member that is missing or of the wrong type.
     """
     if type(p) is not dict:
         raise Invalid("(record)", "not an object")
     spec = _DEFER_EVENTS.get(p.get("event"))  # type: ignore[arg-type]
     if spec is not None:
-        _members(p, *spec)
+        check_members(p, *spec)
 
 
 _STATE: tuple[dict[str, Check], dict[str, Check]] = (
     {},
     {
-        "epoch": _int,
-        "counter": _int,
-        "frontier": _list_of(_item),
-        "in_flight": _list_of(_in_flight),
-        "committed": _list_of(_str),
-        "deferred": _list_of(_item),
-        "attempts": _dict_of(_int),
-        "kinds": _dict_of(_list_of(_str)),
-        "last_error": _dict_of(_str_or_none),
-        "solo": _list_of(_str),
+        "epoch": is_int,
+        "counter": is_int,
+        "frontier": list_of(_item),
+        "in_flight": list_of(_in_flight),
+        "committed": list_of(is_str),
+        "deferred": list_of(_item),
+        "attempts": _dict_of(is_int),
+        "kinds": _dict_of(list_of(is_str)),
+        "last_error": _dict_of(is_str_or_none),
+        "solo": list_of(is_str),
     },
 )
 
@@ -238,7 +213,7 @@ def _index_flight(v: Any) -> bool:
         and type(v[0]) is int
         and v[0] >= 0
         and _token(v[1])
-        and _int(v[2])
+        and is_int(v[2])
     )
 
 
@@ -247,7 +222,7 @@ def _index(v: Any) -> bool:
 
 
 def _level(v: Any) -> bool:
-    return type(v) is list and len(v) == 2 and type(v[0]) is int and _list_of(_run)(v[1])
+    return type(v) is list and len(v) == 2 and type(v[0]) is int and list_of(_run)(v[1])
 
 
 _WHY[_run] = "not a run [start, end] of indices"
@@ -258,19 +233,19 @@ _WHY[_index] = "not an index (an integer >= 0)"
 # The compact form (``"form": 2``, Ledger.to_compact): indices, runs of them, no payloads.
 _COMPACT_STATE: tuple[dict[str, Check], dict[str, Check]] = (
     {
-        "form": _int,
+        "form": is_int,
         "size": _index,
-        "frontier": _list_of(_run),
-        "in_flight": _list_of(_index_flight),
-        "committed": _list_of(_run),
-        "deferred": _list_of(_index),
+        "frontier": list_of(_run),
+        "in_flight": list_of(_index_flight),
+        "committed": list_of(_run),
+        "deferred": list_of(_index),
     },
     {
         k: v
         for k, v in _STATE[1].items()
         if k in ("epoch", "counter", "attempts", "kinds", "last_error", "solo")
     }
-    | {"priorities": _list_of(_level)},
+    | {"priorities": list_of(_level)},
 )
 
 #: A submissions store record (``submissions.jsonl``): the items of indices ``first, ...``.
@@ -286,11 +261,11 @@ def check_submission_record(rec: Any) -> None:
     checked as the ledger's loader takes it, in the same pass).
 
     Raises:
-        Invalid: as :func:`check_event`.
+        Invalid: naming the first member that is missing or of the wrong type.
     """
     if type(rec) is not dict:
         raise Invalid("(record)", "not an object")
-    _members(rec, *_SUBMISSION)
+    check_members(rec, *_SUBMISSION)
 
 
 def check_state_snapshot(body: Any) -> None:
@@ -302,10 +277,10 @@ def check_state_snapshot(body: Any) -> None:
     """
     if type(body) is not dict:
         raise Invalid("(body)", "not an object")
-    _members(
+    check_members(
         body,
         {},
-        {"journal_seq": _int, "delivered_seq": _int, "stats": lambda v: type(v) is dict},
+        {"journal_seq": is_int, "delivered_seq": is_int, "stats": lambda v: type(v) is dict},
     )
     state = body.get("state")
     if state is None:
@@ -313,6 +288,6 @@ def check_state_snapshot(body: Any) -> None:
     if type(state) is not dict:
         raise Invalid("state", "not an object")
     try:
-        _members(state, *(_COMPACT_STATE if "form" in state else _STATE))
+        check_members(state, *(_COMPACT_STATE if "form" in state else _STATE))
     except Invalid as e:
         raise Invalid(f"state.{e.field}", e.why) from None

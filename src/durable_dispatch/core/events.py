@@ -1,4 +1,6 @@
-"""The events that change a campaign's durable state: one class each, one encode/decode pair.
+"""The events that change a campaign's durable state: one class each, and each class is the
+whole of its event: its name in the journal (``NAME``), its schema (``REQUIRED`` and
+``OPTIONAL`` members, plus any rule of its own in ``check``), its ``encode`` and its ``decode``.
 
 The live dispatcher applies an event to its :class:`~durable_dispatch.core.ledger.Ledger` when it
 decides; the shell journals :func:`encode` of the same event (persist before you act); replay
@@ -19,7 +21,7 @@ event (``"event"``)    what it records
 ``delivered``          every commit journaled up to ``upto`` was handed to the callback (U6)
 =====================  ==================================================================
 
-:func:`decode` checks a record against its schema (S11) and raises
+:func:`decode` checks a record against its event's schema (S11, :func:`check_event`) and raises
 :class:`~durable_dispatch.schema.Invalid` when it does not match; an event of a later version is
 ``None`` (forward compatibility: the fold ignores it).
 """
@@ -28,15 +30,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from ..schema import Invalid, check_event
+from ..schema import (
+    Check,
+    Invalid,
+    check_members,
+    is_bool,
+    is_int,
+    is_int_or_none,
+    is_num_or_none,
+    is_str,
+    is_str_or_none,
+    is_work_item,
+    list_of,
+)
 from ..tokens import Token
 from .decisions import SOURCE_MASTER_RESTART, Defer, Requeue, Send, WorkItem
 from .records import fast_init
 
 __all__ = [
     "Event",
+    "EVENTS",
     "EpochStarted",
     "Submitted",
     "Dispatched",
@@ -47,20 +62,55 @@ __all__ = [
     "Delivered",
     "encode",
     "decode",
+    "check_event",
     "of_decision",
 ]
 
+#: ``stored(first, count)``: the items of a stored submission (see :func:`decode`)
+Stored = Callable[[int, int], Sequence[WorkItem]]
+
+
+class _Event:
+    """What every event class states (see the module docs); the base adds no field."""
+
+    __slots__ = ()
+    NAME: ClassVar[str]
+    REQUIRED: ClassVar[Mapping[str, Check]] = {}
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {}
+
+    @classmethod
+    def check(cls, rec: Mapping[str, Any]) -> None:
+        """Check a record of this event against its schema (S11).
+
+        Raises:
+            Invalid: a member is missing or of the wrong type.
+        """
+        check_members(rec, cls.REQUIRED, cls.OPTIONAL)
+
 
 @dataclass(frozen=True, slots=True)
-class EpochStarted:
+class EpochStarted(_Event):
     """A master started with ``epoch`` (``ts``: wall-clock seconds, informational)."""
+
+    NAME: ClassVar[str] = "epoch"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {"epoch": is_int}
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {"ts": is_num_or_none}
 
     epoch: int
     ts: float | None = None
 
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        return {"event": "epoch", "epoch": self.epoch, "ts": self.ts}
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> EpochStarted:
+        """The event of a checked record."""
+        return cls(rec["epoch"], rec.get("ts"))
+
 
 @dataclass(frozen=True, slots=True)
-class Submitted:
+class Submitted(_Event):
     """``items`` joined the back of the frontier (an item whose work ID is known is ignored).
 
     ``first``: the dense index of the first item (None: the ledger's next one). ``stored``: the
@@ -68,26 +118,114 @@ class Submitted:
     (``{"event": "submitted", "first": 7, "count": 512}``); otherwise it holds the items.
     """
 
+    NAME: ClassVar[str] = "submitted"
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {
+        "items": list_of(is_work_item),
+        "first": is_int,
+        "count": is_int,
+    }
+
     items: tuple[WorkItem, ...]
     first: int | None = None
     stored: bool = False
 
+    @classmethod
+    def check(cls, rec: Mapping[str, Any]) -> None:
+        """As :meth:`_Event.check`; a stored submission names ``first`` (>= 0) and ``count``
+        (>= 1)."""
+        check_members(rec, cls.REQUIRED, cls.OPTIONAL)
+        if "items" not in rec:
+            check_members(rec, {"first": is_int, "count": is_int}, {})
+            if rec["first"] < 0 or rec["count"] < 1:
+                raise Invalid("count", "a stored submission of no items or at a negative index")
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        if self.stored:
+            return {"event": "submitted", "first": self.first, "count": len(self.items)}
+        out: dict[str, Any] = {"event": "submitted", "items": [i.to_json() for i in self.items]}
+        if self.first is not None:
+            out["first"] = self.first
+        return out
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> Submitted:
+        """The event of a checked record; a stored submission's items come from ``stored``.
+
+        Raises:
+            Invalid: a stored submission, and ``stored`` is None.
+        """
+        first = rec.get("first")
+        if "items" in rec:
+            return cls(tuple(WorkItem.from_json(i) for i in rec["items"]), first)
+        if stored is None:
+            raise Invalid("items", "a stored submission, read without its submissions store")
+        return cls(tuple(stored(first, rec["count"])), first, True)  # type: ignore[arg-type]
+
+
+def _check_work_ids(rec: Mapping[str, Any]) -> None:
+    """A dispatch's work IDs: ``work_id`` for one item, ``work_ids`` for several."""
+    ids = rec.get("work_ids")
+    if ids is not None:
+        if type(ids) is not list or not ids or not all(map(is_str, ids)):
+            raise Invalid("work_ids", "not a non-empty list of strings")
+    elif not is_str(rec.get("work_id")):
+        raise Invalid("work_id", "missing or not a string (nor is work_ids given)")
+
+
+def _put_ids(wids: tuple[str, ...], out: dict[str, Any]) -> None:
+    if len(wids) == 1:
+        out["work_id"] = wids[0]
+    else:
+        out["work_ids"] = list(wids)
+
+
+def _work_ids(rec: Mapping[str, Any]) -> tuple[str, ...]:
+    ids = rec.get("work_ids")
+    return tuple(ids) if ids is not None else (rec["work_id"],)
+
 
 @fast_init
 @dataclass(frozen=True, slots=True)
-class Dispatched:
+class Dispatched(_Event):
     """The items ``work_ids`` left the frontier in one dispatch under ``token`` to ``rank``."""
+
+    NAME: ClassVar[str] = "dispatched"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {"token": is_str, "rank": is_int}
 
     token: Token
     rank: int
     work_ids: tuple[str, ...]
 
+    @classmethod
+    def check(cls, rec: Mapping[str, Any]) -> None:
+        """As :meth:`_Event.check`, and ``work_id`` or ``work_ids``."""
+        check_members(rec, cls.REQUIRED, cls.OPTIONAL)
+        _check_work_ids(rec)
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        out: dict[str, Any] = {"event": "dispatched", "token": str(self.token), "rank": self.rank}
+        _put_ids(self.work_ids, out)
+        return out
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> Dispatched:
+        """The event of a checked record (its token parsed, and so checked, here)."""
+        t = Token.parse(rec["token"])
+        if t is None:
+            raise Invalid("token", f"not a dispatch token (e<epoch>-<n>): {rec['token']!r}")
+        return cls(t, rec["rank"], _work_ids(rec))
+
 
 @fast_init
 @dataclass(frozen=True, slots=True)
-class Committed:
+class Committed(_Event):
     """The items ``work_ids`` of the dispatch ``token`` committed with ``results`` (one per item;
     the ledger keeps the work IDs, the results store keeps the results)."""
+
+    NAME: ClassVar[str] = "committed"
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {"token": is_str_or_none, "rank": is_int}
 
     token: Token | None
     rank: int | None
@@ -95,15 +233,57 @@ class Committed:
     results: tuple[Any, ...] = ()
     ts: float | None = None
 
+    @classmethod
+    def check(cls, rec: Mapping[str, Any]) -> None:
+        """As :meth:`_Event.check`, and ``work_id`` or ``work_ids``."""
+        check_members(rec, cls.REQUIRED, cls.OPTIONAL)
+        _check_work_ids(rec)
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        out: dict[str, Any] = {"event": "committed"}
+        if self.token is not None:
+            out["token"] = str(self.token)
+        if self.rank is not None:
+            out["rank"] = self.rank
+        out["ts"] = self.ts
+        if len(self.work_ids) == 1:
+            out["work_id"] = self.work_ids[0]
+            out["result"] = self.results[0] if self.results else None
+        else:
+            out["work_ids"], out["results"] = list(self.work_ids), list(self.results)
+        return out
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> Committed:
+        """The event of a checked record."""
+        wids = _work_ids(rec)
+        if "work_ids" in rec:
+            results = rec.get("results")
+            results = tuple(results) if type(results) is list else (None,) * len(wids)
+        else:
+            results = (rec.get("result"),)
+        return cls(Token.parse(rec.get("token")), rec.get("rank"), wids, results, rec.get("ts"))
+
 
 @dataclass(frozen=True, slots=True)
-class Requeued:
+class Requeued(_Event):
     """``work_id`` went back to the front of the frontier.
 
     ``split``: it was one of a multi-item dispatch that failed as a whole (not charged; it runs
     alone from now on). ``source == "master-restart"``: not charged either. Otherwise one failure
     of ``kind`` was charged and ``attempts`` is its new count.
     """
+
+    NAME: ClassVar[str] = "requeued"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {"work_id": is_str}
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {
+        "attempts": is_int_or_none,
+        "kind": is_str_or_none,
+        "error": is_str_or_none,
+        "source": is_str_or_none,
+        "split": is_bool,
+    }
 
     work_id: str
     token: Token | None
@@ -118,10 +298,53 @@ class Requeued:
         """True when this requeue charged a failure to the work ID."""
         return not self.split and self.source != SOURCE_MASTER_RESTART
 
+    @classmethod
+    def check(cls, rec: Mapping[str, Any]) -> None:
+        """As :meth:`_Event.check`; a charged requeue names its ``attempts`` and ``kind``."""
+        check_members(rec, cls.REQUIRED, cls.OPTIONAL)
+        if not rec.get("split") and rec.get("source") != SOURCE_MASTER_RESTART:
+            check_members(rec, {"attempts": is_int, "kind": is_str}, {})
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        out = {
+            "event": "requeued",
+            "token": _str(self.token),
+            "work_id": self.work_id,
+            "source": self.source,
+            "kind": self.kind,
+            "attempts": self.attempts,
+            "error": self.error,
+        }
+        if self.split:
+            out["split"] = True
+        return out
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> Requeued:
+        """The event of a checked record."""
+        return cls(
+            rec["work_id"],
+            Token.parse(rec.get("token")),
+            rec.get("source"),
+            rec.get("kind"),
+            rec.get("attempts"),
+            rec.get("error") or "",
+            bool(rec.get("split", False)),
+        )
+
 
 @dataclass(frozen=True, slots=True)
-class Deferred:
+class Deferred(_Event):
     """``work_id`` ran out of retries: set aside, with its failures ``kinds`` (oldest first)."""
+
+    NAME: ClassVar[str] = "deferred"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {
+        "work_id": is_str,
+        "attempts": is_int,
+        "kinds": list_of(is_str),
+    }
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {"last_error": is_str_or_none}
 
     work_id: str
     token: Token | None
@@ -130,20 +353,68 @@ class Deferred:
     kinds: tuple[str, ...]
     last_error: str | None
 
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        return {
+            "event": "deferred",
+            "token": _str(self.token),
+            "work_id": self.work_id,
+            "source": self.source,
+            "attempts": self.attempts,
+            "kinds": list(self.kinds),
+            "last_error": self.last_error,
+        }
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> Deferred:
+        """The event of a checked record."""
+        return cls(
+            rec["work_id"],
+            Token.parse(rec.get("token")),
+            rec.get("source"),
+            rec["attempts"],
+            tuple(rec["kinds"]),
+            rec.get("last_error") or "",
+        )
+
 
 @dataclass(frozen=True, slots=True)
-class RequeuedDeferred:
+class RequeuedDeferred(_Event):
     """An operator put the deferred ``work_id`` back at the end of the frontier, its failure
     counts cleared."""
 
+    NAME: ClassVar[str] = "requeued_deferred"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {"work_id": is_str}
+
     work_id: str
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        return {"event": "requeued_deferred", "work_id": self.work_id}
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> RequeuedDeferred:
+        """The event of a checked record."""
+        return cls(rec["work_id"])
 
 
 @dataclass(frozen=True, slots=True)
-class Delivered:
+class Delivered(_Event):
     """Every commit journaled up to sequence number ``upto`` was handed to the callback (U6)."""
 
+    NAME: ClassVar[str] = "delivered"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {"upto": is_int}
+
     upto: int
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        return {"event": "delivered", "upto": self.upto}
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> Delivered:
+        """The event of a checked record."""
+        return cls(rec["upto"])
 
 
 Event = (
@@ -157,75 +428,53 @@ Event = (
     | Delivered
 )
 
-
-def _ids(wids: tuple[str, ...], ev: dict[str, Any]) -> None:
-    """A dispatch's work IDs: ``work_id`` for one item, ``work_ids`` for several."""
-    if len(wids) == 1:
-        ev["work_id"] = wids[0]
-    else:
-        ev["work_ids"] = list(wids)
+#: Every event class, in the order of the module docs' table.
+EVENTS: tuple[type[Event], ...] = (
+    EpochStarted,
+    Submitted,
+    Dispatched,
+    Committed,
+    Requeued,
+    Deferred,
+    RequeuedDeferred,
+    Delivered,
+)
+_BY_NAME: dict[str, type[Event]] = {c.NAME: c for c in EVENTS}
 
 
 def encode(ev: Event) -> dict[str, Any]:
-    """The journal record of ``ev`` (a JSON-ready dict; the inverse of :func:`decode`)."""
-    if type(ev) is Dispatched:
-        out: dict[str, Any] = {"event": "dispatched", "token": str(ev.token), "rank": ev.rank}
-        _ids(ev.work_ids, out)
-        return out
-    if type(ev) is Committed:
-        out = {"event": "committed"}
-        if ev.token is not None:
-            out["token"] = str(ev.token)
-        if ev.rank is not None:
-            out["rank"] = ev.rank
-        out["ts"] = ev.ts
-        if len(ev.work_ids) == 1:
-            out["work_id"], out["result"] = ev.work_ids[0], ev.results[0] if ev.results else None
-        else:
-            out["work_ids"], out["results"] = list(ev.work_ids), list(ev.results)
-        return out
-    if type(ev) is Requeued:
-        out = {
-            "event": "requeued",
-            "token": _str(ev.token),
-            "work_id": ev.work_id,
-            "source": ev.source,
-            "kind": ev.kind,
-            "attempts": ev.attempts,
-            "error": ev.error,
-        }
-        if ev.split:
-            out["split"] = True
-        return out
-    if type(ev) is Deferred:
-        return {
-            "event": "deferred",
-            "token": _str(ev.token),
-            "work_id": ev.work_id,
-            "source": ev.source,
-            "attempts": ev.attempts,
-            "kinds": list(ev.kinds),
-            "last_error": ev.last_error,
-        }
-    if type(ev) is Submitted:
-        if ev.stored:
-            return {"event": "submitted", "first": ev.first, "count": len(ev.items)}
-        out = {"event": "submitted", "items": [i.to_json() for i in ev.items]}
-        if ev.first is not None:
-            out["first"] = ev.first
-        return out
-    if type(ev) is EpochStarted:
-        return {"event": "epoch", "epoch": ev.epoch, "ts": ev.ts}
-    if type(ev) is RequeuedDeferred:
-        return {"event": "requeued_deferred", "work_id": ev.work_id}
-    if type(ev) is Delivered:
-        return {"event": "delivered", "upto": ev.upto}
-    raise TypeError(f"not a state event: {ev!r}")
+    """The journal record of ``ev`` (a JSON-ready dict; the inverse of :func:`decode`).
+
+    Raises:
+        TypeError: ``ev`` is not a state event.
+    """
+    if type(ev) not in _TYPES:
+        raise TypeError(f"not a state event: {ev!r}")
+    return ev.encode()
 
 
-def decode(
-    rec: Any, stored: Callable[[int, int], Sequence[WorkItem]] | None = None
-) -> Event | None:
+_TYPES = frozenset(EVENTS)
+
+
+def check_event(rec: Any) -> None:
+    """Check one state-journal record (``events.jsonl``) against its event's schema (S11); a
+    record of an event kind this version does not know passes (a later version's event).
+
+    Raises:
+        Invalid: the record is not an object, names no event kind, or a member of a known
+            kind is missing or of the wrong type.
+    """
+    if type(rec) is not dict:
+        raise Invalid("(record)", "not an object")
+    kind = rec.get("event")
+    if type(kind) is not str:
+        raise Invalid("event", "missing or not a string")
+    cls = _BY_NAME.get(kind)
+    if cls is not None:
+        cls.check(rec)
+
+
+def decode(rec: Any, stored: Stored | None = None) -> Event | None:
     """The event a journal record holds, checked against its schema; None for an event kind of
     a later version.
 
@@ -237,64 +486,8 @@ def decode(
             submission and ``stored`` is None or does not hold its items.
     """
     check_event(rec)
-    kind = rec["event"]
-    if kind == "dispatched":
-        return Dispatched(_token(rec["token"]), rec["rank"], _work_ids(rec))
-    if kind == "committed":
-        wids = _work_ids(rec)
-        if "work_ids" in rec:
-            results = rec.get("results")
-            results = tuple(results) if type(results) is list else (None,) * len(wids)
-        else:
-            results = (rec.get("result"),)
-        return Committed(
-            Token.parse(rec.get("token")), rec.get("rank"), wids, results, rec.get("ts")
-        )
-    if kind == "requeued":
-        return Requeued(
-            rec["work_id"],
-            Token.parse(rec.get("token")),
-            rec.get("source"),
-            rec.get("kind"),
-            rec.get("attempts"),
-            rec.get("error") or "",
-            bool(rec.get("split", False)),
-        )
-    if kind == "deferred":
-        return Deferred(
-            rec["work_id"],
-            Token.parse(rec.get("token")),
-            rec.get("source"),
-            rec["attempts"],
-            tuple(rec["kinds"]),
-            rec.get("last_error") or "",
-        )
-    if kind == "submitted":
-        first = rec.get("first")
-        if "items" in rec:
-            return Submitted(tuple(WorkItem.from_json(i) for i in rec["items"]), first)
-        if stored is None:
-            raise Invalid("items", "a stored submission, read without its submissions store")
-        return Submitted(tuple(stored(first, rec["count"])), first, True)
-    if kind == "epoch":
-        return EpochStarted(rec["epoch"], rec.get("ts"))
-    if kind == "requeued_deferred":
-        return RequeuedDeferred(rec["work_id"])
-    if kind == "delivered":
-        return Delivered(rec["upto"])
-    return None
-
-
-def _work_ids(rec: Mapping[str, Any]) -> tuple[str, ...]:
-    ids = rec.get("work_ids")
-    return tuple(ids) if ids is not None else (rec["work_id"],)
-
-
-def _token(value: Any) -> Token:
-    t = Token.parse(value)
-    if t is None:
-        raise Invalid("token", f"not a dispatch token (e<epoch>-<n>): {value!r}")
-    return t
+    cls = _BY_NAME.get(rec["event"])
+    return None if cls is None else cls.decode(rec, stored)
 
 
 def _str(t: Token | None) -> str | None:
