@@ -14,11 +14,12 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import filelock
+import orjson
 
-from ..errors import LockHeldError, UsageError
+from ..errors import LockHeldError, RecordTooLargeError, StorageDegradedError, UsageError
 from . import fs, resources, rewrite
 from .format import Header, frame_record, new_salt, payload_of
 from .health import Health, Record, RecoveryReport
@@ -231,6 +232,75 @@ class JournalFile:
             raise
         self._fd = fd
         self._written = self._synced = size
+
+    # ------------------------------------------------------------------ rewriting
+    def replace_contents(
+        self, payloads: Iterable[Any], first_seq: int | None = None, *, raw: bool = False
+    ) -> int:
+        """Atomically replace every record with ``payloads`` (compaction, S6).
+
+        Writes a fresh file (temp file, fsync, rename over the journal, directory fsync): at every
+        instant either the old or the new file is the journal. The new records are numbered from
+        ``first_seq`` (default: the next sequence number, so numbers never repeat). With
+        ``raw=True`` the payloads are JSON bytes already (for example from :meth:`raw_at`)
+        and are copied as they are. The caller must not append concurrently.
+
+        Returns:
+            How many records the new file holds.
+
+        Raises:
+            StorageDegradedError: the journal is degraded, or the disk refused the rewrite (the
+                old file is then still the journal).
+            UsageError: the journal is closed, appends are in progress, or ``first_seq`` < 0.
+        """
+        self.sync_now()
+        with self._io_lock:
+            with self._lock:
+                if self._closed:
+                    raise UsageError("journal is closed")
+                if self._degraded:
+                    raise StorageDegradedError(
+                        "cannot rewrite a degraded journal",
+                        path=self.path,
+                        op="rewrite",
+                        errno=self._health.errno,
+                    )
+                if self._queue:
+                    raise UsageError("replace_contents() while appends are in progress")
+                first = self._next_seq if first_seq is None else first_seq
+            if first < 0:
+                raise UsageError(f"first_seq must be >= 0, got {first}")
+            count = [0]
+
+            def numbered() -> Iterator[tuple[int, int, bytes]]:
+                for p in payloads:
+                    data = p if raw else orjson.dumps(p)
+                    if len(data) > self.max_record_bytes:
+                        raise RecordTooLargeError(
+                            f"record of {len(data)} bytes exceeds max_record_bytes",
+                            size=len(data),
+                            limit=self.max_record_bytes,
+                        )
+                    yield first + count[0], first - 1, data
+                    count[0] += 1
+
+            try:
+                self._rewrite(Header(new_salt(), first), numbered(), [])
+            except OSError as e:
+                raise StorageDegradedError(
+                    f"rewrite failed: {e.strerror or e}",
+                    path=self.path,
+                    op="rewrite",
+                    errno=e.errno,
+                ) from e
+            with self._lock:
+                self._next_seq = first + count[0]
+                self._durable_seq = self._next_seq - 1
+        return count[0]
+
+    if TYPE_CHECKING:  # the write path (Journal) provides it
+
+        def sync_now(self) -> int: ...
 
     def _filesystem_gone(self) -> bool:
         """Called with ``_io_lock`` held: True when this journal must not touch its descriptors.
