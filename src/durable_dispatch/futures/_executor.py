@@ -28,18 +28,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import (
-    FIRST_COMPLETED,
     BrokenExecutor,
     Executor,
     Future,
-    TimeoutError,
-    wait,
 )
 from typing import Any
 
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..core.decisions import Defer
-from ..errors import RecordTooLargeError, TaskCrashed, TaskFailed, TaskTimedOut, UsageError
+from ..errors import RecordTooLargeError, UsageError
 from ..mpi.context import MAX_RESULT_BYTES
 from ..mpi.master import Feed, MasterReport, run_master
 from ..results import read_results
@@ -47,6 +44,7 @@ from ..state import CampaignState
 from ..storage import fs
 from . import _serve
 from ._calls import call_digest, call_id, function_name
+from ._outcomes import failure, gather, resolve
 from ._seal import Sealer, load_or_create_key
 
 __all__ = ["DurableExecutor", "STATE_DIR_ENV"]
@@ -58,17 +56,6 @@ STATE_DIR_ENV = "DURABLE_DISPATCH_STATE_DIR"
 
 _job: dict[str, Any] = {"runner": False, "state_dir": None, "made": 0, "active": None}
 _executors: list[DurableExecutor] = []  # the runner shuts down those the script left open
-
-
-class _RemoteTraceback(Exception):
-    """The worker's traceback of an exception a call raised (its ``__cause__``)."""
-
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return self.tb
 
 
 class _Subset:
@@ -189,7 +176,7 @@ class _CallFeed(Feed):
             return True
         if failed is not None:
             if fut.set_running_or_notify_cancel():
-                fut.set_exception(_failure(wid, *failed))
+                fut.set_exception(failure(wid, *failed))
             return True
         return False
 
@@ -214,7 +201,7 @@ class _CallFeed(Feed):
         with self.ex._lock:
             self.ex._failed[wid] = (d.kinds, d.last_error, d.attempts)
         for f in self.waiting.pop(wid, ()):
-            f.set_exception(_failure(wid, d.kinds, d.last_error, d.attempts))
+            f.set_exception(failure(wid, d.kinds, d.last_error, d.attempts))
 
     def abandon(self, why: str) -> None:
         """The campaign ended before these calls: each future fails with BrokenExecutor."""
@@ -233,19 +220,6 @@ class _CallFeed(Feed):
         self.waiting.clear()
         self.local.clear()
         self.queued.clear()
-
-
-def _failure(wid: str, kinds: Iterable[str], last_error: str | None, attempts: int) -> TaskFailed:
-    kinds = tuple(kinds)
-    kind = kinds[-1] if kinds else None
-    cls = {"crash": TaskCrashed, "timeout": TaskTimedOut}.get(kind or "", TaskFailed)
-    why = (last_error or "").removeprefix(f"{wid}: ")
-    return cls(
-        f"the task failed ({kind}) after {attempts} attempt(s): {why}",
-        work_id=wid,
-        kind=kind,
-        attempts=attempts,
-    )
 
 
 class DurableExecutor(Executor):
@@ -410,17 +384,7 @@ class DurableExecutor(Executor):
 
     def _resolve(self, fut: Future[Any], wid: str, result: Any) -> None:
         assert self._sealer is not None
-        try:
-            how, value, tb = self._sealer.open_result(wid, result)
-        except Exception as e:  # noqa: BLE001 - a corrupt record fails this future only
-            fut.set_exception(e)
-            return
-        if how == "ok":
-            fut.set_result(value)
-        else:
-            if tb is not None and isinstance(value, BaseException):
-                value.__cause__ = _RemoteTraceback(tb)
-            fut.set_exception(value)
+        resolve(fut, self._sealer, wid, result)
 
     # ------------------------------------------------------------------ the API
     @property
@@ -544,46 +508,14 @@ class DurableExecutor(Executor):
         end = None if timeout is None else time.monotonic() + timeout
         args = iter(iterable)
         ahead = itertools.islice(args, buffersize) if buffersize is not None else args
-        fs = collections.deque(self.submit(fn, *a) for a in ahead)
+        first = collections.deque(self.submit(fn, *a) for a in ahead)
 
-        def left() -> float | None:
-            return None if end is None else max(0.0, end - time.monotonic())
+        def refill() -> Future[Any] | None:
+            for a in itertools.islice(args, 1):
+                return self.submit(fn, *a)
+            return None
 
-        def more() -> None:
-            if buffersize is not None:
-                for a in itertools.islice(args, 1):
-                    fs.append(self.submit(fn, *a))
-
-        def ordered() -> Iterator[Any]:
-            try:
-                while fs:
-                    f = fs.popleft()
-                    try:
-                        value = f.result(left())
-                    finally:
-                        more()
-                    yield value
-            finally:
-                for f in fs:
-                    f.cancel()
-
-        def any_order() -> Iterator[Any]:
-            pending = set(fs)
-            try:
-                while pending:
-                    done, pending = wait(pending, left(), FIRST_COMPLETED)
-                    if not done:
-                        raise TimeoutError()
-                    for f in done:
-                        if buffersize is not None:
-                            for a in itertools.islice(args, 1):
-                                pending.add(self.submit(fn, *a))
-                        yield f.result()
-            finally:
-                for f in pending:
-                    f.cancel()
-
-        return any_order() if unordered else ordered()
+        return gather(first, refill if buffersize is not None else None, end, unordered=unordered)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new calls; the submitted ones finish (or, ``cancel_futures``, those not yet
