@@ -93,7 +93,12 @@ class Delivery:
     def _record_send(self, send: Send) -> None:
         """Journal a dispatch before its WORK is sent (persist before you send): one record for
         all its items."""
-        self._journal_event_of(send)
+        if send.event is None:  # a Send made by hand
+            self._journal_event_of(send)
+            return
+        rec = send.event.encode()  # the event the core applied (events.of_decision's answer)
+        rec["ts"] = time.time()
+        self.journal.append(rec)
 
     def _apply(
         self,
@@ -195,7 +200,7 @@ class Delivery:
             wids, results = tuple([c.work_id for c in commits]), tuple([c.result for c in commits])
         ev = Committed(first.token, first.rank, wids, results, time.time())
         try:
-            r = self.journal.append(encode(ev))
+            r = self.journal.append(ev.encode())
         except RecordTooLargeError as e:
             if len(commits) > 1:
                 half = len(commits) // 2

@@ -353,7 +353,12 @@ class Dispatcher(Rollbacks, Views):
         tx = found
         if tx.state in (TxState.COMMITTING, TxState.CLOSED):
             return self._quarantine(rank, "RESULT", Classification.DUPLICATE, "second RESULT")
-        whole = _whole_failure(len(tx.items), results, errors, failure)
+        whole = (
+            None  # the usual RESULT: one value per item, nothing failed
+            if failure is None and not errors and results is not None
+            and len(results) == len(tx.items)
+            else _whole_failure(len(tx.items), results, errors, failure)
+        )  # fmt: skip
         if whole is not None:
             tx.failure = whole
             if whole.kind == "malformed-result":
