@@ -68,12 +68,24 @@ def ceiling(tree: Path, tasks: int, batch: int) -> float:
     return _last_json(out.stdout + out.stderr, f"ceiling {batch} in {tree}")["tasks_per_s"]
 
 
+#: Launches of one figure: Open MPI's runtime sometimes fails to start at all ("The PMIx
+#: server's listener thread failed to start", exit 213) before any rank ran; such a launch is
+#: made again, any other failure ends the comparison.
+LAUNCH_TRIES = 3
+
+
 def mpi(tree: Path, tasks: int, role: list[str]) -> float:
     script = str(tree / "benchmarks" / "bench_mpi.py")
-    with tempfile.TemporaryDirectory(prefix="dd-compare-") as d:
-        args = [sys.executable, script, *role, "--tasks", str(tasks), "--state-dir", d + "/s"]
-        res = run_mpiexec(mpiexec_command(4, args), timeout=900, env=_env(tree), quiet=True)
-    return _last_json(res.stdout + res.stderr, f"{role} in {tree}")["tasks_per_s"]
+    for attempt in range(LAUNCH_TRIES):
+        with tempfile.TemporaryDirectory(prefix="dd-compare-") as d:
+            args = [sys.executable, script, *role, "--tasks", str(tasks), "--state-dir", d + "/s"]
+            res = run_mpiexec(mpiexec_command(4, args), timeout=900, env=_env(tree), quiet=True)
+        out = res.stdout + res.stderr
+        never_started = res.returncode == 213 or "listener thread failed to start" in out
+        if not never_started or attempt == LAUNCH_TRIES - 1:
+            break
+        print(f"{role} in {tree}: the MPI runtime did not start; again", file=sys.stderr)
+    return _last_json(out, f"{role} in {tree}")["tasks_per_s"]
 
 
 def measures(tasks: int) -> dict[str, Callable[[Path], float]]:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,3 +44,36 @@ def test_compare_against_head_prints_a_ratio_per_figure_and_leaves_no_worktree()
         ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True
     ).stdout
     assert after == before  # the base's worktree is removed
+
+
+def test_a_launch_whose_mpi_runtime_never_started_is_made_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Open MPI sometimes fails to start at all (exit 213, "listener thread failed to start"):
+    the figure is launched again; a run that started and failed is not."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("compare", ROOT / "benchmarks" / "compare.py")
+    assert spec is not None and spec.loader is not None
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    runs = iter(
+        [
+            SimpleNamespace(returncode=213, stdout="", stderr="listener thread failed to start"),
+            SimpleNamespace(returncode=0, stdout='{"tasks_per_s": 5.0}\n', stderr=""),
+        ]
+    )
+    monkeypatch.setattr(compare, "run_mpiexec", lambda *a, **k: next(runs))
+    assert compare.mpi(tmp_path, 10, ["--role", "bare"]) == 5.0
+    monkeypatch.setattr(
+        compare,
+        "run_mpiexec",
+        lambda *a, **k: SimpleNamespace(returncode=1, stdout="", stderr="boom"),
+    )
+    try:
+        compare.mpi(tmp_path, 10, ["--role", "bare"])
+    except SystemExit as e:
+        assert "no result" in str(e) and "boom" in str(e)
+    else:
+        raise AssertionError("a failed run must end the comparison")
