@@ -375,8 +375,12 @@ class Journal(Degradation):
                     self._cond.notify_all()  # start the flusher's delay clock
             queue.append((seq, line))
             if self._batch:
-                if len(queue) >= self._batch_max:
-                    self._cond.notify_all()  # a full batch
+                n = len(queue)
+                if n >= self._batch_max:
+                    if n == self._batch_max:
+                        # A full batch: wake the flusher once (a flusher busy with the last
+                        # batch finds this one full when it looks again).
+                        self._cond.notify_all()
                     # Back-pressure: never let the queue run far ahead of the disk.
                     while len(self._queue) >= 8 * self._batch_max and not self._degraded:
                         self._cond.wait(0.05)
