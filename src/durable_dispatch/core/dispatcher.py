@@ -168,13 +168,13 @@ class Dispatcher(Rollbacks, Views):
         if max_items > 1 and first.work_id not in ledger.solo:
             # the items that follow at the head of the frontier (none when ``first`` was found
             # behind a head whose lease is taken: that head stops the run at once)
-            for wid in ledger.frontier.first(max_items + 1):
+            solo = ledger.solo
+            for head in ledger.items.of(ledger.frontier.first(max_items + 1)):
                 if len(items) == max_items:
                     break
-                if wid == first.work_id:
+                if head is first:
                     continue
-                head = ledger.items[wid]
-                if wid in ledger.solo or (head.leases and not self._leases_free(head)):
+                if (solo and head.work_id in solo) or (head.leases and not self._leases_free(head)):
                     break
                 if head.leases:
                     self._lease(head, token)

@@ -185,6 +185,23 @@ class Items(MutableMapping[str, WorkItem]):
             v = by[i] = stored_item(v)
         return v
 
+    def of(self, wids: Iterable[str]) -> list[WorkItem]:
+        """The items of ``wids`` (each one open), in order: one call for a dispatch's items.
+
+        Raises:
+            KeyError: a work ID without an open item.
+        """
+        index, by, out = self._ids.index, self._by, []
+        for wid in wids:
+            i = index.get(wid)
+            v = by[i] if i is not None and i < len(by) else None
+            if v is None:
+                raise KeyError(wid)
+            if type(v) is not WorkItem:
+                v = by[i] = stored_item(v)  # type: ignore[index]
+            out.append(v)
+        return out
+
     def __contains__(self, wid: object) -> bool:
         i = self._ids.index.get(wid) if type(wid) is str else None
         return i is not None and i < len(self._by) and self._by[i] is not None
@@ -372,6 +389,35 @@ class Frontier:
             runs[0][0] = i
         else:
             runs.appendleft([i, i + 1])
+
+    def remove_all(self, wids: Sequence[str]) -> int:
+        """Remove each of ``wids`` in turn, up to the first that is not here; returns how many
+        were removed (``len(wids)`` when all were). A dispatch's items at the head of level 0,
+        in order (the usual case), go in a few C-level steps; any others one by one
+        (:meth:`remove`)."""
+        index = self._ids.index
+        k = len(wids)
+        if k > 1 and not self._level_of:
+            a = index.get(wids[0])
+            runs = self._levels[0]
+            if (
+                a is not None
+                and runs
+                and runs[0][0] == a
+                and runs[0][1] >= a + k
+                and list(map(index.get, wids)) == list(range(a, a + k))
+            ):
+                self._flag[a : a + k] = bytes(k)  # (all set: inside the head run)
+                self._n -= k
+                head = runs[0]
+                head[0] = a + k
+                if head[0] == head[1]:
+                    runs.popleft()
+                return k
+        for n, wid in enumerate(wids):
+            if not self.remove(wid):
+                return n
+        return k
 
     def remove(self, wid: str) -> bool:
         """Remove ``wid`` if it is here; True when it was."""

@@ -130,11 +130,13 @@ class Ledger:
         if ev.token.epoch != self.epoch:
             raise Invalid("token", f"{ev.token} is not of the current epoch {self.epoch}")
         where = (ev.token, ev.rank)
-        frontier, flying = self.frontier, self.in_flight
-        for wid in ev.work_ids:
-            if not frontier.remove(wid):
-                raise Invalid("work_ids", f"{wid!r} is not a pending item of this campaign")
+        wids = ev.work_ids
+        taken = self.frontier.remove_all(wids)
+        flying = self.in_flight
+        for wid in wids[:taken]:
             flying[wid] = where
+        if taken < len(wids):
+            raise Invalid("work_ids", f"{wids[taken]!r} is not a pending item of this campaign")
         if ev.token.n > self.counter:
             self.counter = ev.token.n
 
