@@ -93,12 +93,7 @@ class Delivery:
     def _record_send(self, send: Send) -> None:
         """Journal a dispatch before its WORK is sent (persist before you send): one record for
         all its items."""
-        if send.event is None:  # a Send made by hand
-            self._journal_event_of(send)
-            return
-        rec = send.event.encode()  # the event the core applied (events.of_decision's answer)
-        rec["ts"] = time.time()
-        self.journal.append(rec)
+        self._journal_event_of(send)
 
     def _apply(
         self,
@@ -178,9 +173,9 @@ class Delivery:
         """Journal the event the core applied to its ledger for decision ``d`` (one encoding:
         replay decodes it into the same ledger change), with the wall-clock time it happened
         (``ts``: informational, for ``durable-dispatch report``; replay ignores it)."""
-        ev = of_decision(d)
+        ev = of_decision(d)  # (a Send's own event: the one the core applied)
         assert ev is not None, d
-        rec = encode(ev)
+        rec = ev.encode()
         rec["ts"] = time.time()
         self.journal.append(rec)
 
