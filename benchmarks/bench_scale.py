@@ -56,6 +56,7 @@ def per_task_us(ranks: int, batch: int, tasks: int) -> float:
         t = time.perf_counter()
         while not core.done:
             now = time.monotonic()
+            st.stop_reason(now, grace=5.0)  # as every turn of run_master asks
             sends = []
             while (s := st.next_send(now, batch)) is not None:
                 st.sent(s.token, now)

@@ -136,3 +136,69 @@ def test_a_starting_rank_moves_only_to_idle_or_lost() -> None:
     assert r.state(1) is RankState.IDLE and r.lowest_idle() == 1
     with pytest.raises(UsageError):
         r.announce(1)  # IDLE -> IDLE
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["add", "add_starting", "announce", "start", "finish", "park", "release", "lose"]
+            ),
+            st.integers(1, 5),
+        )
+    )
+)
+def test_every_count_is_the_number_of_ranks_in_that_state(ops: list) -> None:
+    """Issue 34: the master asks for the live, parked and starting counts every turn; they are
+    kept as the ranks move (O(1)), and must equal counting the states one by one."""
+    r: Ranks[str] = Ranks()
+    for op, rank in ops:
+        try:
+            if op == "add":
+                r.add(rank)
+            elif op == "add_starting":
+                r.add(rank, starting=True)
+            elif op == "announce":
+                r.announce(rank)
+            elif op == "start":
+                r.start(rank, f"tx{rank}")
+            elif op == "finish":
+                r.finish(rank, T1)
+            elif op == "park":
+                r.park(rank, T2)
+            elif op == "release":
+                r.release(rank)
+            else:
+                r.lose(rank)
+        except (UsageError, KeyError):
+            pass  # a move the diagram does not have changes nothing
+        states = [r.state(k) for k in range(1, 6)]
+        for s in RankState:
+            assert r.count(s) == states.count(s), (s, states)
+        assert r.live_count() == len(r.live())
+
+
+def test_the_masters_turn_never_lists_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: stop_reason runs every turn of the master's loop; it listed and sorted every
+    live rank (about 1 ms a turn at 10,000 ranks). It now asks only O(1) counts."""
+    import tempfile
+
+    from durable_dispatch import CampaignState, RetryPolicy
+
+    def listed(self: object) -> None:
+        raise AssertionError("a turn listed the ranks")
+
+    with tempfile.TemporaryDirectory() as d:
+        s = CampaignState.open(
+            d, watchdog=WatchdogConfig(10), retry=RetryPolicy(1), ranks=range(1, 4)
+        )
+        try:
+            s.submit([WorkItem("a")])
+            monkeypatch.setattr(Ranks, "live", listed)
+            monkeypatch.setattr(Ranks, "parked", listed)
+            assert s.stop_reason(0.0, grace=5.0) is None
+            s.tick(0.0)
+        finally:
+            monkeypatch.undo()
+            s.close()

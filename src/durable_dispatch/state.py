@@ -381,13 +381,13 @@ class CampaignState(Delivery):
         (every rank was lost or said it is gone), or ``"every worker parked"`` (every live
         worker is parked or still starting, at least one parked, and none sent its exact READY
         for ``grace`` seconds of ``now``). Logs the reason; the state directory resumes."""
-        core = self.core
-        live = core.live_ranks()
+        core = self.core  # (every question O(1): this runs every turn, at 10,000 ranks too)
+        live = core.live_rank_count()
         if not live:
             log.error("master: no worker left; %d item(s) pending", len(core.pending()))
             return "no workers left"
-        parked = len(core.parked_ranks())
-        if core.done or not parked or parked + core.starting_ranks() < len(live):
+        parked = core.parked_rank_count()
+        if core.done or not parked or parked + core.starting_ranks() < live:
             self._stuck_since = None  # some worker serves, or may still come up
             return None
         if self._stuck_since is None:
@@ -398,7 +398,7 @@ class CampaignState(Delivery):
             "master: every worker (%d) is parked and %d item(s) remain; no exact READY came "
             "within %.0fs: stopping (resumable; hung work functions need worker isolation to "
             "give their ranks back)",
-            len(live),
+            live,
             len(core.pending()),
             grace,
         )

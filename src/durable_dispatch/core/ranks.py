@@ -60,7 +60,7 @@ class Ranks(Generic[TX]):
     """The worker ranks: each one's :class:`RankState`, the transaction a BUSY rank runs, the
     token a PARKED rank waits for, and the tokens each rank retired."""
 
-    __slots__ = ("_state", "_idle", "_current", "_parked", "_retired")
+    __slots__ = ("_state", "_idle", "_current", "_parked", "_retired", "_starting", "_lost")
 
     def __init__(self) -> None:
         self._state: dict[int, RankState] = {}
@@ -68,6 +68,10 @@ class Ranks(Generic[TX]):
         self._current: dict[int, TX] = {}
         self._parked: dict[int, Token] = {}
         self._retired: dict[int, deque[Token]] = {}
+        # how many are STARTING and LOST (the other states have their own containers), so
+        # that every count is O(1): the master asks for them every turn (stop_reason)
+        self._starting = 0
+        self._lost = 0
 
     def _move(self, rank: int, to: RankState) -> None:
         """The one place a rank's state changes."""
@@ -80,9 +84,17 @@ class Ranks(Generic[TX]):
             del self._current[rank]
         elif was is RankState.PARKED:
             del self._parked[rank]
+        elif was is RankState.STARTING:
+            self._starting -= 1
+        elif was is RankState.LOST:
+            self._lost -= 1
         self._state[rank] = to
         if to is RankState.IDLE:
             self._idle.add(rank)
+        elif to is RankState.STARTING:
+            self._starting += 1
+        elif to is RankState.LOST:
+            self._lost += 1
 
     # ------------------------------------------------------------ transitions
     def add(self, rank: int, *, starting: bool = False) -> None:
@@ -170,14 +182,18 @@ class Ranks(Generic[TX]):
         return sorted(self._idle)
 
     def count(self, state: RankState) -> int:
-        """How many ranks are in ``state`` (O(1) for IDLE, BUSY and PARKED)."""
+        """How many ranks are in ``state`` (O(1))."""
         if state is RankState.IDLE:
             return len(self._idle)
         if state is RankState.BUSY:
             return len(self._current)
         if state is RankState.PARKED:
             return len(self._parked)
-        return sum(1 for s in self._state.values() if s is state)
+        return self._starting if state is RankState.STARTING else self._lost
+
+    def live_count(self) -> int:
+        """How many ranks are not lost (O(1))."""
+        return len(self._state) - self._lost
 
 
 class _IdleRanks:

@@ -48,6 +48,14 @@ class Views(DispatcherBase):
         """Every worker rank not lost (idle, busy or parked), sorted."""
         return self._ranks.live()
 
+    def live_rank_count(self) -> int:
+        """How many worker ranks are not lost (O(1), where :meth:`live_ranks` lists them)."""
+        return self._ranks.live_count()
+
+    def parked_rank_count(self) -> int:
+        """How many ranks are parked (O(1), where :meth:`parked_ranks` lists them)."""
+        return self._ranks.count(RankState.PARKED)
+
     def idle_ranks(self) -> list[int]:
         """Idle ranks, sorted."""
         return self._ranks.idle()

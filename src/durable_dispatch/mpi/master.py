@@ -250,7 +250,7 @@ def run_master(
                 if source.exhausted and state.done:  # G1: every callback returned, too
                     if linger_until is None:
                         linger_until = now + linger
-                    if not core.parked_ranks() or now >= linger_until:
+                    if not core.parked_rank_count() or now >= linger_until:
                         break
                 reason = stopping.reason(now, state, caught.received, raw)
                 if reason is not None:
