@@ -6,6 +6,7 @@ Usage: ``python benchmarks/bench_scale.py [--items 1000000] [--quick]``
 
 Prints, each as a ratio against its small case (the targets in parentheses):
   per-task cost at 8, 1,000 and 10,000 ranks, batch 1 and batch 64   (10,000 within 1.3x of 8)
+  a turn's own cost (stop_reason and tick) with every rank busy, the same ranks   (the same)
   one rollback (a timeout: requeue + the S8 snapshot before the next dispatch) with 10k, 100k
   and --items queued items, in the compact snapshot form and, measured in the same run, in the
   self-contained form every snapshot had before (every payload in it)   (1M within 2x of 10k)
@@ -72,6 +73,27 @@ def per_task_us(ranks: int, batch: int, tasks: int) -> float:
         el = time.perf_counter() - t
         st.close()
         return el / tasks * 1e6
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def turn_us(ranks: int, turns: int = 2000) -> float:
+    """Microseconds of the bookkeeping of one turn of run_master that received nothing
+    (``stop_reason`` and ``tick``) while every rank is busy: the cost of a turn itself, which
+    must not grow with the ranks (a master of 10,000 ranks turns thousands of times a second)."""
+    d = tempfile.mkdtemp(prefix="dd-turn-")
+    try:
+        st = _open(d, ranks)
+        st.submit(WorkItem(f"t{i}", {"i": i}) for i in range(ranks))
+        while (s := st.next_send(0.0)) is not None:
+            st.sent(s.token, 0.0)
+        t = time.perf_counter()
+        for _ in range(turns):
+            st.stop_reason(1.0, grace=5.0)
+            st.tick(1.0)
+        el = time.perf_counter() - t
+        st.close()
+        return el / turns * 1e6
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -303,6 +325,14 @@ def main() -> int:
             us = per_task_us(ranks, batch, tasks)
             row.append(f"{ranks:,} ranks {us:7.1f} ({us / base:4.2f}x)")
         print(f"  batch {batch:<3} " + "   ".join(row) + "   (target: 10,000 within 1.3x)")
+    if a.priorities == 1:
+        turn_us(8)  # warm up
+        base = turn_us(8)
+        row = [f"8 ranks {base:7.1f}"]
+        for ranks in (1_000, 10_000):
+            us = turn_us(ranks)
+            row.append(f"{ranks:,} ranks {us:7.1f} ({us / base:4.2f}x)")
+        print("  a turn, every rank busy " + "   ".join(row) + "   (target: 10,000 within 1.3x)")
     print(
         "campaign size (one rollback = requeue + the S8 snapshot before the next dispatch)"
         + (f", {a.priorities} priorities in blocks:" if a.priorities > 1 else ":")

@@ -65,6 +65,9 @@ class DispatcherBase:
         self.ledger = Ledger(epoch)
         self._ranks: Ranks[Transaction] = Ranks()
         self._open: dict[str, Transaction] = {}  # wire form of the token -> open transaction
+        # the open transactions whose current READY came before a valid RESULT (W3 step 4
+        # looks only at these, not at every busy rank: a turn stays O(1) at 10,000 ranks)
+        self._joinable: dict[str, Transaction] = {}
         self._leases: dict[tuple[str, str], Token] = {}
         self._deadlines = DeadlineHeap()
         #: the shell reads its monotonic clock through this (U7: a master pause is not held

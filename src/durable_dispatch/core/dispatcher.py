@@ -285,6 +285,8 @@ class Dispatcher(Rollbacks, Views):
         tx.ready_seen = True
         if tx.state is TxState.PREPARING:
             advance(tx, TxEvent.READY)  # never time out a generation that said READY
+        if tx.state is TxState.DISPATCHED:  # no valid RESULT yet: joined at the turn's end
+            self._joinable[tx.wire] = tx
         return self._free_rank_if_done(tx)
 
     def _parked_ready(self, rank: int, token: object) -> list[Decision]:

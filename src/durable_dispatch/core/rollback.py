@@ -7,6 +7,7 @@ that was in flight is rolled back uncharged). One compensation path: :meth:`Roll
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from typing import Any, Self
 
 from ..errors import UsageError
@@ -32,6 +33,8 @@ from .transactions import Transaction, TxEvent, TxState, advance
 
 __all__ = ["Rollbacks"]
 
+_by_rank = attrgetter("rank")
+
 
 class Rollbacks(DispatcherBase):
     """The failure paths of a :class:`~durable_dispatch.core.dispatcher.Dispatcher`."""
@@ -44,10 +47,11 @@ class Rollbacks(DispatcherBase):
         the shared retry path with ``source=invalid-result`` and the rank goes back to idle.
         """
         out: list[Decision] = []
-        busy = self._ranks.busy()
-        for rank in sorted(busy):
-            tx = busy[rank]
-            if tx.ready_seen and tx.state is TxState.DISPATCHED:
+        if not self._joinable:
+            return out
+        found, self._joinable = self._joinable, {}
+        for tx in sorted(found.values(), key=_by_rank):
+            if tx.state is TxState.DISPATCHED:  # (else its RESULT came, or it rolled back)
                 f = tx.failure or ItemFailure("missing-result", "READY without RESULT")
                 self._n.invalid_result_rollbacks += 1
                 out += self._roll_back(tx, SOURCE_INVALID_RESULT, f.kind, f.reason, RankState.IDLE)
