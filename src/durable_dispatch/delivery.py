@@ -116,8 +116,8 @@ class Delivery:
         if not out:
             return out
         first = out[0]
-        if type(first) is Commit and all(
-            type(d) is Commit and d.token == first.token for d in out
+        if type(first) is Commit and (
+            len(out) == 1 or all(type(d) is Commit and d.token == first.token for d in out)
         ):  # the usual answer to a RESULT: the Commits of one dispatch, one record
             refused = self._journal_commits(out, on_commit)  # type: ignore[arg-type]
         else:

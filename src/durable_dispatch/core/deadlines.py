@@ -24,17 +24,14 @@ class DeadlinePolicy:
     def __init__(self, watchdog: WatchdogConfig) -> None:
         self.watchdog = watchdog
         # the config is frozen: its derived flags are read once (every dispatch asks them)
-        self._enabled = watchdog.enabled
+        #: False when the watchdog is off (its ``seconds`` is 0)
+        self.enabled: bool = watchdog.enabled
+        self._enabled = self.enabled
         self._adaptive = watchdog.adaptive
         self._seconds = watchdog.seconds
         self._lease = watchdog.heartbeat_lease
         self._sizer = BatchSizer()
         self._task_times = QuantileWindow(ADAPTIVE_WINDOW)  # the adaptive rule's measurements
-
-    @property
-    def enabled(self) -> bool:
-        """False when the watchdog is off (its ``seconds`` is 0)."""
-        return self._enabled
 
     def observe(self, items: Sequence[WorkItem], seconds: float) -> bool:
         """A dispatch of ``items`` succeeded after ``seconds``; True when the adaptive rule has

@@ -75,6 +75,8 @@ from .stats import DispatchStats
 from .transactions import Transaction, TxEvent, TxState, WorkStatus, advance
 from .views import Views
 
+_token = tuple.__new__
+
 __all__ = [
     "Dispatcher",
     "TxState",
@@ -156,20 +158,24 @@ class Dispatcher(Rollbacks, Views):
             return PersistSnapshot(self._snapshot_required)
         ledger = self.ledger
         rank = self._ranks.lowest_idle()
-        if rank is None or not ledger.frontier:
+        frontier = ledger.frontier
+        if rank is None or not frontier:
             return None
-        first = self._first_free_item()
+        head: WorkItem = ledger.items[frontier.head()]  # type: ignore[index]
+        first = head if not head.leases else self._first_free_item()  # (most lease nothing)
         if first is None:
             return None
-        token = Token(self.epoch, ledger.counter + 1)
+        epoch, n = ledger.epoch, ledger.counter + 1
+        token = _token(Token, (epoch, n))  # (Token(epoch, n), without its Python __new__)
         if first.leases:
             self._lease(first, token)
-        items = [first]
+        chosen: tuple[WorkItem, ...] = (first,)
         if max_items > 1 and first.work_id not in ledger.solo:
             # the items that follow at the head of the frontier (none when ``first`` was found
             # behind a head whose lease is taken: that head stops the run at once)
+            items = [first]
             solo = ledger.solo
-            for head in ledger.items.of(ledger.frontier.first(max_items + 1)):
+            for head in ledger.items.of(frontier.first(max_items + 1)):
                 if len(items) == max_items:
                     break
                 if head is first:
@@ -179,17 +185,17 @@ class Dispatcher(Rollbacks, Views):
                 if head.leases:
                     self._lease(head, token)
                 items.append(head)
-        chosen = tuple(items)
-        wire = str(token)
+            chosen = tuple(items)
+        wire = f"e{epoch}-{n}"  # str(token), made once
         tx = Transaction(token, rank, chosen, wire=wire)
         self._ranks.start(rank, tx)
         self._open[wire] = tx
-        n = self._n
-        n.dispatches += 1
-        n.dispatched_items += len(chosen)
+        c = self._n
+        c.dispatches += 1
+        c.dispatched_items += len(chosen)
         policy = self.policy
         if policy.enabled:
-            tx.seconds = self.allowed_seconds(chosen)
+            tx.seconds = policy.allowed_seconds(chosen)
         attempts = ledger.attempts
         # The event the core applies now and the shell journals (one model, made once).
         ev = Dispatched(token, rank, tuple([w.work_id for w in chosen]))
@@ -208,9 +214,6 @@ class Dispatcher(Rollbacks, Views):
         """The first frontier item whose leases are free (it stays in the frontier until the
         dispatch's event takes it out)."""
         items = self.ledger.items
-        head = items[self.ledger.frontier.head()]  # type: ignore[index]
-        if not head.leases:
-            return head
         for wid in self.ledger.frontier:
             if self._leases_free(items[wid]):
                 return items[wid]
@@ -228,7 +231,7 @@ class Dispatcher(Rollbacks, Views):
         tx = self._open_tx(token)
         advance(tx, TxEvent.SENT)
         tx.sent_at = now
-        if self.watchdog.enabled:
+        if self.policy.enabled:
             seconds = tx.seconds if tx.seconds is not None else self.allowed_seconds(tx.items)
             tx.deadline = now + seconds  # what the Send told the worker
             self._deadlines.push(tx.deadline, token)
@@ -268,18 +271,19 @@ class Dispatcher(Rollbacks, Views):
     def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
         """A READY arrived from ``rank`` carrying ``token`` (any wire value; None if absent)."""
         tx = self._open.get(token) if type(token) is str else None
-        if (tx is None or tx.rank != rank) and self._ranks.is_live(rank):
-            state = self._ranks.state(rank)
-            if state is RankState.PARKED:
-                return self._parked_ready(rank, token)
-            if token is None:  # a worker announcing itself at start (no token yet)
-                if state is RankState.STARTING:
-                    self._ranks.announce(rank)
-                return []
-        found = self._resolve(rank, token, "READY")
-        if not isinstance(found, Transaction):
-            return found
-        tx = found
+        if tx is None or tx.rank != rank:  # (else the fast path: an exact wire match)
+            if self._ranks.is_live(rank):
+                state = self._ranks.state(rank)
+                if state is RankState.PARKED:
+                    return self._parked_ready(rank, token)
+                if token is None:  # a worker announcing itself at start (no token yet)
+                    if state is RankState.STARTING:
+                        self._ranks.announce(rank)
+                    return []
+            found = self._resolve(rank, token, "READY")
+            if not isinstance(found, Transaction):
+                return found
+            tx = found
         if tx.ready_seen:
             return self._quarantine(tx.rank, "READY", Classification.DUPLICATE, "second READY")
         tx.ready_seen = True
