@@ -216,7 +216,8 @@ def run_master(
         watchdog.seconds,
     )
     core = state.core
-    k: Callable[[], int] = core.auto_batch if batch == "auto" else (lambda: int(batch))
+    auto = batch == "auto"
+    fixed = 1 if auto else int(batch)
     lost: dict[int, float] = {}
     start = time.monotonic()
     next_progress = start
@@ -269,7 +270,11 @@ def run_master(
                     state.on_gone(rank, why, now)
                     lost.setdefault(rank, time.time())  # it ends: no STOP for it
                 # 2. dispatch: persist (journal) before send; the deadline starts when it returned
-                while not stopping.draining and (s := state.next_send(now, k())) is not None:
+                while (
+                    not stopping.draining
+                    and (s := state.next_send(now, core.auto_batch() if auto else fixed))
+                    is not None
+                ):
                     error = link.send(s.rank, P.WORK, P.work_message(s))
                     state.sent(s.token, state.now(), error)
                     if error is not None and ft:

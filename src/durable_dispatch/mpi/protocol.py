@@ -73,7 +73,7 @@ def decode(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any] | None,
     if len(data) > MAX_MESSAGE:
         return None, f"message of {len(data)} bytes is over the bound"
     try:
-        obj = orjson.loads(bytes(data))
+        obj = orjson.loads(data)  # (bytes, bytearray or memoryview: no copy)
     except orjson.JSONDecodeError as e:
         return None, f"not JSON: {e}"
     if not isinstance(obj, dict):
@@ -164,14 +164,15 @@ def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
 def work_message(send: Send) -> bytes:
     """The WORK message of a dispatch: its token, its items (work ID, payload, attempt), and its
     deadline and lease, so an isolating worker kills the work at the master's deadline."""
+    items = send.items
+    if len(items) == 1 and len(send.attempts) == 1:  # (batch=1: no zip, no comprehension)
+        w = items[0]
+        listed = [{"work_id": w.work_id, "payload": w.payload, "attempt": send.attempts[0]}]
+    else:
+        listed = [
+            {"work_id": w.work_id, "payload": w.payload, "attempt": n}
+            for w, n in zip(items, send.attempts, strict=True)
+        ]
     return orjson.dumps(
-        {
-            "token": str(send.token),
-            "items": [
-                {"work_id": w.work_id, "payload": w.payload, "attempt": n}
-                for w, n in zip(send.items, send.attempts, strict=True)
-            ],
-            "seconds": send.seconds,
-            "lease": send.lease,
-        }
+        {"token": str(send.token), "items": listed, "seconds": send.seconds, "lease": send.lease}
     )

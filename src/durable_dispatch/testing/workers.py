@@ -122,6 +122,10 @@ def run_lying_worker(
     )
 
 
+def _no_beat() -> None:
+    """A heartbeat of an in-process worker: nothing to send (no deadline runs out here)."""
+
+
 class LocalWorkers:
     """A :class:`~durable_dispatch.mpi.transport.Transport` whose workers run in this process:
     test a campaign (its work function, its callback, its resume) with no ``mpiexec``::
@@ -161,11 +165,18 @@ class LocalWorkers:
     ) -> None:
         from collections import deque
 
+        import orjson
+
         from ..mpi import protocol as P
+        from ..mpi.context import MAX_RESULT_BYTES, run_items
+        from ..mpi.worker import result_message
 
         if type(workers) is not int or workers < 1:
             raise UsageError(f"workers must be an integer >= 1, got {workers!r}")
         self._P = P
+        # (what each send uses, looked up once: a send is one task of a campaign's test)
+        self._loads, self._run_items, self._result = orjson.loads, run_items, result_message
+        self._max_result = MAX_RESULT_BYTES
         self.fn, self.mode, self.answer = fn, "context" if context else "payload", answer
         self.size = workers + 1
         self.ulfm = False
@@ -186,15 +197,10 @@ class LocalWorkers:
 
     def send(self, rank: int, tag: int, data: bytes) -> str | None:
         """Take a WORK to ``rank``: run its items now and queue the RESULT and READY."""
-        import orjson
-
-        from ..mpi.context import MAX_RESULT_BYTES, run_items
-        from ..mpi.worker import result_message
-
         P = self._P
         if not 1 <= rank < self.size:
             return f"no rank {rank}"
-        body = orjson.loads(data)
+        body = self._loads(data)
         token = body.get("token")
         self.log.append(("send", rank, P.TAG_NAMES.get(tag, str(tag)), token))
         if tag != P.WORK:
@@ -207,9 +213,9 @@ class LocalWorkers:
         deadline = time.monotonic() + seconds if isinstance(seconds, (int, float)) else None
         lease = float(body.get("lease") or 0.0)
         outcomes = list(
-            run_items(self.fn, self.mode, items, deadline, lease, lambda: None, MAX_RESULT_BYTES)
+            self._run_items(self.fn, self.mode, items, deadline, lease, _no_beat, self._max_result)
         )
-        self._inbox.append((rank, P.RESULT, result_message(token, outcomes, None)))
+        self._inbox.append((rank, P.RESULT, self._result(token, outcomes, None)))
         if how != "result-only":
             self._inbox.append((rank, P.READY, P.encode({"token": token})))
         return None
