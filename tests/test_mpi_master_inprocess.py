@@ -228,3 +228,37 @@ def test_commits_in_memory_only_at_the_end_are_retried_then_reported(
         again = run_master(items, state, comm=LocalWorkers(lambda p: p, workers=2), linger=0)
         assert again.finished  # the disk works again: the rest is done, durably
     assert set(view_state(state).projection.committed) == {i.work_id for i in items}
+
+
+def test_a_draining_turn_counts_the_work_in_flight_without_mapping_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: while a signal drains the campaign, every turn asked whether anything is
+    still in flight by building the map of every item in flight (64 x 10,000 entries a turn
+    at batch 64 on 10,000 ranks). It now asks their count (O(1))."""
+    import signal
+
+    from durable_dispatch.core import Dispatcher
+    from durable_dispatch.mpi.master import _Stopping
+
+    st = CampaignState.open(tmp_path / "s", watchdog=WatchdogConfig(60), ranks=range(1, 3))
+    try:
+        st.submit([WorkItem("a"), WorkItem("b")])
+        s = st.next_send(0.0)
+        assert s is not None
+        st.sent(s.token, 0.0)
+
+        def mapped(self: object) -> None:
+            raise AssertionError("a turn mapped every item in flight")
+
+        monkeypatch.setattr(Dispatcher, "in_flight", mapped)
+        stopping = _Stopping(0.0, None, 5.0, drain_seconds=60.0)
+        assert stopping.reason(1.0, st, [signal.SIGTERM], 1.0) is None  # one in flight: drain
+        assert stopping.draining
+        st.on_results(s.rank, str(s.token), [1], 2.0)
+        st.on_ready(s.rank, str(s.token), 2.0)
+        st._complete_commits(wait=True)
+        assert stopping.reason(2.0, st, [signal.SIGTERM], 2.0) == "signal"  # nothing left
+    finally:
+        monkeypatch.undo()
+        st.close()

@@ -76,6 +76,10 @@ class Views(DispatcherBase):
         """Work ID -> token of every open transaction."""
         return {w: t for w, (t, _) in self.ledger.in_flight.items()}
 
+    def in_flight_count(self) -> int:
+        """How many work items are in flight (O(1), where :meth:`in_flight` maps them)."""
+        return len(self.ledger.in_flight)
+
     def transaction(self, token: Token) -> Transaction | None:
         """The open transaction with ``token`` (for inspection; do not mutate)."""
         return self._open.get(str(token))

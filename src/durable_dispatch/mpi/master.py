@@ -429,9 +429,9 @@ class _Stopping:
                     "flight; a second signal stops at once)",
                     signal.Signals(signals[0]).name,
                     self.drain_seconds,
-                    len(core.in_flight()),
+                    core.in_flight_count(),
                 )
-            if len(signals) > 1 or not core.in_flight() or now >= self.drain_until:
+            if len(signals) > 1 or not core.in_flight_count() or now >= self.drain_until:
                 return "signal"
         return state.stop_reason(now, grace=self.grace)
 
