@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from durable_dispatch.core.decisions import WorkItem
-from durable_dispatch.core.indexed import Frontier, Ids, Items
+from durable_dispatch.core.indexed import Frontier, Ids, Items, Runs
 
 from .helpers import examples
 
@@ -79,3 +79,26 @@ def test_items_of_gives_each_item_once_made_from_its_stored_form() -> None:
     assert items.of(["b"])[0] is got[0]  # made once, kept
     with pytest.raises(KeyError):
         items.of(["c"])
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(st.integers(0, 80), max_size=30),
+    st.integers(0, 90),
+    st.integers(1, 12),
+    st.booleans(),
+)
+def test_runs_add_all_is_add_one_by_one(before: list, a: int, k: int, block: bool) -> None:
+    """A dispatch's committed indices go in with Runs.add_all (issue 34): a block past the
+    last run (the fast path) or any others, the same runs as adding them one at a time."""
+    fast, slow = Runs(), Runs()
+    for i in before:
+        fast.add(i)
+        slow.add(i)
+    top = max(before, default=-1) + 1
+    new = list(range(max(a, top), max(a, top) + k)) if block else [a + 3 * j for j in range(k)]
+    new = [i for i in new if i not in slow]
+    for i in new:
+        slow.add(i)
+    fast.add_all(new)
+    assert fast.runs() == slow.runs() and len(fast) == len(slow)

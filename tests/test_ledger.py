@@ -29,7 +29,7 @@ from durable_dispatch.tokens import Token
 
 from .helpers import examples
 
-T1, T2, T3 = Token(1, 1), Token(1, 2), Token(1, 3)
+T1, T2, T3, T4 = Token(1, 1), Token(1, 2), Token(1, 3), Token(1, 4)
 EVENTS = [
     EpochStarted(3, 1.5),
     Submitted((WorkItem("a", {"x": 1}, 2.0, {"t": "k"}, ("in",), True), WorkItem("b"))),
@@ -111,6 +111,9 @@ def test_a_work_id_is_in_one_place_through_every_event() -> None:
     led.apply(Committed(T3, 3, ("a",)))  # a second commit of a work ID is counted, ignored
     assert led.committed == {"a"} and "a" not in led.items and led.duplicate_commits == 1
     assert list(led.frontier) == ["b"]
+    led.apply(Dispatched(T4, 3, ("b",)))
+    led.apply(Committed(T4, 3, ("b", "b")))  # twice in one record: the second is counted too
+    assert led.committed == {"a", "b"} and led.duplicate_commits == 2 and not led.in_flight
     led.apply(Delivered(7))
     led.apply(Delivered(5))
     assert led.delivered == 7

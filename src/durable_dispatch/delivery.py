@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .core import Commit, Decision, Defer, Dispatcher, PersistSnapshot, Requeue, Send, WorkItem
@@ -40,6 +41,9 @@ log = logging.getLogger("durable_dispatch.state")
 #: return the work items the result spawns (G1), which are submitted before it counts as
 #: delivered
 OnCommit = Callable[[str, Any], "Iterable[WorkItem] | None"]
+
+_COMMIT = {Commit}
+_token_of = attrgetter("token")
 
 #: A ``delivered`` event records the delivery point between snapshots once it is this old or
 #: this many records behind: after a crash at most about that much is delivered again.
@@ -116,13 +120,14 @@ class Delivery:
         if not out:
             return out
         first = out[0]
-        if type(first) is Commit and (
-            len(out) == 1 or all(type(d) is Commit and d.token == first.token for d in out)
-        ):  # the usual answer to a RESULT: the Commits of one dispatch, one record
+        commits = type(first) is Commit and (
+            len(out) == 1 or (set(map(type, out)) == _COMMIT and len(set(map(_token_of, out))) == 1)
+        )  # (C-level passes: a RESULT of 64 items is 64 Commits)
+        if commits:  # the usual answer to a RESULT: the Commits of one dispatch, one record
             refused = self._journal_commits(out, on_commit)  # type: ignore[arg-type]
         else:
             refused = self._persist_each(out, on_commit)
-        log_decisions(out)
+        log_decisions(out, quiet=commits)  # (Commits are logged at DEBUG)
         if refused:
             out += self._apply(refused)
         if self._pending_commits:

@@ -108,10 +108,16 @@ _LEVELS: dict[type, int] = {
 }
 
 
-def log_decisions(decisions: Iterable[Decision], logger: logging.Logger | None = None) -> None:
-    """Emit one structured record per decision."""
+def log_decisions(
+    decisions: Iterable[Decision], logger: logging.Logger | None = None, *, quiet: bool = False
+) -> None:
+    """Emit one structured record per decision. ``quiet``: the caller knows each decision is
+    of a kind logged at DEBUG (the Commits of a RESULT), so with DEBUG off nothing is looked
+    at (a dispatch of 64 items is not walked for nothing)."""
     lg = logger or _LOG
     debug = lg.isEnabledFor(logging.DEBUG)  # asked once: most decisions are logged at DEBUG
+    if quiet and not debug:
+        return
     for d in decisions:
         level = _LEVELS.get(type(d))
         if level is None:

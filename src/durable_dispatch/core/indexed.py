@@ -111,6 +111,25 @@ class Runs:
         self._n += 1
         return True
 
+    def add_all(self, indices: Sequence[int]) -> None:
+        """Add each of ``indices``, none of them here (a dispatch's committed items): a block
+        of consecutive indices past the last run, the usual case, in a few C-level steps; any
+        others one by one (:meth:`add`)."""
+        k = len(indices)
+        ends = self._ends
+        if k > 1 and ends and ends[-1] <= indices[0]:
+            a = indices[0]
+            if indices[-1] == a + k - 1 and list(indices) == list(range(a, a + k)):
+                if ends[-1] == a:
+                    ends[-1] = a + k
+                else:
+                    self._starts.append(a)
+                    ends.append(a + k)
+                self._n += k
+                return
+        for i in indices:
+            self.add(i)
+
     def __contains__(self, i: object) -> bool:
         if type(i) is not int:
             return False

@@ -143,22 +143,22 @@ class Ledger:
 
     def _committed(self, ev: Committed) -> None:
         index, runs, flying, solo = self.ids.index, self.committed.runs, self.in_flight, self.solo
-        done: list[int] = []
+        done: list[int] = []  # committed now: added to the runs at the end, in one step
         for wid in ev.work_ids:
             held = flying.get(wid)
             if held is None or (ev.token is not None and held[0] != ev.token):
                 i = index.get(wid)
-                if i is not None and i in runs:
+                if i is not None and (i in runs or i in done):
                     self.duplicate_commits += 1  # a second commit: the first one stands
                     continue
                 why = "not in flight" if held is None else f"in flight under {held[0]}"
+                runs.add_all(done)  # (as far as it got, as one add at a time left it)
                 raise Invalid("work_ids", f"commit of {wid!r} under {ev.token}: it is {why}")
-            i = index[wid]
-            runs.add(i)
             del flying[wid]  # (it left the frontier when it was dispatched)
-            done.append(i)
+            done.append(index[wid])
             if solo:
                 solo.discard(wid)
+        runs.add_all(done)  # (an item in flight is never committed: each is new to the runs)
         self.items.discard_indices(done)
 
     def _requeued(self, ev: Requeued) -> None:
