@@ -195,7 +195,7 @@ class Dispatcher(Rollbacks, Views):
         c.dispatched_items += len(chosen)
         policy = self.policy
         if policy.enabled:
-            tx.seconds = policy.allowed_seconds(chosen)
+            tx.seconds = self.allowed_seconds(chosen)  # (the one way a dispatch gets its time)
         attempts = ledger.attempts
         # The event the core applies now and the shell journals (one model, made once).
         ev = Dispatched(token, rank, tuple([w.work_id for w in chosen]))
