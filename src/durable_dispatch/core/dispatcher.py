@@ -75,8 +75,6 @@ from .stats import DispatchStats
 from .transactions import Transaction, TxEvent, TxState, WorkStatus, advance
 from .views import Views
 
-_token = tuple.__new__
-
 __all__ = [
     "Dispatcher",
     "TxState",
@@ -165,8 +163,7 @@ class Dispatcher(Rollbacks, Views):
         first = head if not head.leases else self._first_free_item()  # (most lease nothing)
         if first is None:
             return None
-        epoch, n = ledger.epoch, ledger.counter + 1
-        token = _token(Token, (epoch, n))  # (Token(epoch, n), without its Python __new__)
+        token = Token(ledger.epoch, ledger.counter + 1)
         if first.leases:
             self._lease(first, token)
         chosen: tuple[WorkItem, ...] = (first,)
@@ -186,7 +183,7 @@ class Dispatcher(Rollbacks, Views):
                     self._lease(head, token)
                 items.append(head)
             chosen = tuple(items)
-        wire = f"e{epoch}-{n}"  # str(token), made once
+        wire = str(token)  # the wire form, made once
         tx = Transaction(token, rank, chosen, wire=wire)
         self._ranks.start(rank, tx)
         self._open[wire] = tx

@@ -414,8 +414,10 @@ class Frontier:
         were removed (``len(wids)`` when all were). A dispatch's items at the head of level 0,
         in order (the usual case), go in a few C-level steps; any others one by one
         (:meth:`remove`)."""
-        index = self._ids.index
         k = len(wids)
+        if k == 1:  # a one-item dispatch
+            return int(self.remove(wids[0]))
+        index = self._ids.index
         if k > 1 and not self._level_of:
             a = index.get(wids[0])
             runs = self._levels[0]

@@ -131,8 +131,7 @@ class Ledger:
             raise Invalid("token", f"{ev.token} is not of the current epoch {self.epoch}")
         where = (ev.token, ev.rank)
         wids = ev.work_ids
-        frontier = self.frontier
-        taken = frontier.remove_all(wids) if len(wids) > 1 else int(frontier.remove(wids[0]))
+        taken = self.frontier.remove_all(wids)
         flying = self.in_flight
         for wid in wids[:taken]:
             flying[wid] = where
