@@ -7,17 +7,24 @@ record whose checksum fails. Each test counts the cases it tried and prints the 
 from __future__ import annotations
 
 import io
+import zlib
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from durable_dispatch import Journal
 from durable_dispatch.errors import DurableDispatchError
-from durable_dispatch.storage.format import Header, frame_record, parse_record, verify_record
+from durable_dispatch.storage.format import (
+    Header,
+    bulk_check,
+    frame_record,
+    parse_record,
+    verify_record,
+)
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.storage.scan import read_chunks, scan
 from durable_dispatch.storage.snapshot import decode_snapshot, encode_snapshot
@@ -313,3 +320,69 @@ def test_a_snapshot_is_read_within_bounds(tmp_path: Path, how: str) -> None:
     assert got["outcome"] in ("SnapshotCorruptError", "StorageError"), got
     inspected = _run_reader("verify", snap)
     assert inspected["grew_kb"] < 40 << 10 and inspected["outcome"] in ("exit 1", "exit 2")
+
+
+def _damaged(line: bytes, how: int, at: int, b: int) -> bytes:
+    """``line`` with one kind of damage at ``at`` (a bit flip, a byte set, a cut, an insertion)."""
+    at %= len(line)
+    if how == 0:
+        return line[:at] + bytes([line[at] ^ (1 << (b % 8))]) + line[at + 1 :]
+    if how == 1:
+        return line[:at] + bytes([b]) + line[at + 1 :]
+    if how == 2:
+        return line[:at]
+    return line[:at] + bytes([b]) + line[at:]
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 10**12),
+            st.integers(-1, 10**12),
+            st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")),
+            st.one_of(
+                st.none(), st.tuples(st.integers(0, 3), st.integers(0, 200), st.integers(0, 255))
+            ),
+            st.sampled_from(["", "", "", "upper", "d", "seq0", "v"]),
+        ),
+        max_size=6,
+    )
+)
+def test_the_bulk_check_accepts_exactly_the_lines_verify_record_accepts(rows: list[Any]) -> None:
+    """The replay's fast path (one pattern over a block of lines) accepts a block only when every
+    line is one :func:`verify_record` accepts, and reads the same sequence numbers and payloads:
+    the fast path is never the more lenient one (a ``d`` that is not a number, say)."""
+    lines = []
+    for seq, d, payload, damage, form in rows:
+        line = frame_record(HDR.seed, seq, d, payload)[:-1]
+        if form == "upper":  # the stored checksum in capitals: not the canonical digits
+            line = line[:14] + line[14:22].upper() + line[22:]
+        elif form == "d":  # a checksum that holds over a durable mark that is not a number
+            region = b'"seq":%d,"d":x%d,"p":%s' % (seq, d, payload)
+            line = b'{"v":1,"crc":"%08x",%s}' % (zlib.crc32(region, HDR.seed), region)
+        elif form == "seq0":  # a leading zero: still digits, accepted by both
+            region = b'"seq":0%d,"d":%d,"p":%s' % (seq, d, payload)
+            line = b'{"v":1,"crc":"%08x",%s}' % (zlib.crc32(region, HDR.seed), region)
+        elif form == "v":
+            line = line.replace(b'{"v":1,', b'{"v":2,', 1)
+        if damage is not None:
+            line = _damaged(line, *damage).replace(b"\n", b"")
+        lines.append(line)
+    expected: list[tuple[int, bytes]] | None = []
+    for line in lines:
+        try:
+            r = verify_record(line + b"\n", HDR.seed)
+        except ValueError:
+            r = "another version"
+        if isinstance(r, str):
+            expected = None
+            break
+        assert expected is not None
+        expected.append((r[0], r[2]))
+    got = bulk_check(lines, HDR.seed)
+    event("accepted" if got is not None else "refused")
+    if expected is None or not lines:
+        assert got is None
+    else:
+        assert got is not None and list(zip(*got, strict=True)) == expected

@@ -22,7 +22,7 @@ import orjson
 
 from ..errors import JournalCorruptError, JournalVersionError, StorageError, UsageError
 from . import fs
-from .format import _bulk_check, _payload_slices, checked_record, line_offsets, payload_of
+from .format import bulk_check, checked_record, line_offsets, payload_of
 from .health import Record
 from .scan import Gap, RawBatch, ReadDamage, read_chunks, read_header, read_lines
 
@@ -188,10 +188,9 @@ class FileView:
     def _verified(self, offsets: list[int], lines: list[bytes]) -> RawBatch:
         """Verify lines (split without their newline) in bulk; line by line, naming the
         damage, only if that fails."""
-        checked = _bulk_check(lines, self.seed, 1)
+        checked = bulk_check(lines, self.seed)
         if checked is not None:
-            seqs, commas = checked
-            return RawBatch(offsets, seqs, list(_payload_slices(lines, commas, 1)))
+            return RawBatch(offsets, *checked)
         rows = [self._checked(o, line + b"\n") for o, line in zip(offsets, lines, strict=True)]
         return RawBatch(offsets, [r[0] for r in rows], [r[1] for r in rows])
 

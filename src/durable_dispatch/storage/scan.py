@@ -19,9 +19,8 @@ import orjson
 
 from .format import (
     Header,
-    _bulk_check,
     _durable_mark,
-    _payload_slices,
+    bulk_check,
     checked_record,
     line_offsets,
     parse_header,
@@ -305,12 +304,11 @@ def scan(
         names the damage and allows recorded holes."""
         nonlocal expected
         lines = block.lines
-        checked = _bulk_check(lines, seed, 1)
+        checked = bulk_check(lines, seed)
         if checked is None or checked[0] != list(range(expected, expected + len(lines))):
             return False
-        seqs, commas = checked
+        seqs, payloads = checked
         if visit is not None:
-            payloads = list(_payload_slices(lines, commas, 1))
             visit(RawBatch(line_offsets(block.offset, lines), seqs, payloads))
         if res.first_seq is None:
             res.first_seq = seqs[0]
@@ -377,13 +375,13 @@ def read_chunks(
         pos, lines = block
         n = len(lines)
         rows: Any = None
-        checked = _bulk_check(lines, seed, 1)
+        checked = bulk_check(lines, seed)
         if checked is not None:
-            seqs, commas = checked
+            seqs, payloads = checked
             first = seqs[0] if expected is None else expected
             if seqs == list(range(first, first + n)):
                 try:
-                    values = loads(b"[" + b",".join(_payload_slices(lines, commas, 1)) + b"]")
+                    values = loads(b"[" + b",".join(payloads) + b"]")
                 except orjson.JSONDecodeError:
                     values = None
                 if values is not None and len(values) == n:
