@@ -373,6 +373,39 @@ def test_current_heartbeat_extends_the_deadline_stale_is_counted() -> None:
     assert d.statistics().heartbeats == 1
 
 
+def test_the_deadline_heap_holds_the_dispatches_in_flight_not_every_deadline_of_the_period() -> (
+    None
+):
+    """Issue 34: each dispatch and heartbeat pushes a deadline, and an entry left only when it
+    came due, so a master kept one entry per deadline of the last watchdog period (4.8 million
+    at 40,000 dispatches/s under the default 120 s). The heap is pruned as stale entries pile
+    up; a hung dispatch and one its heartbeats keep alive still get their deadlines."""
+    from durable_dispatch.core.dispatch_base import HEAP_SLACK
+
+    n = 3 * HEAP_SLACK
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(100, heartbeat_lease=100), ranks=(1, 2, 3))
+    d.submit([WorkItem("hung"), WorkItem("beating")])
+    d.submit(WorkItem(f"w{i}") for i in range(n))
+    hung, beating = dispatch(d, 0.0), dispatch(d, 0.0)
+    assert (hung.rank, beating.rank) == (1, 2)
+    most = 0
+    for i in range(n):
+        now = i * 0.01
+        s = dispatch(d, now)
+        assert s.rank == 3
+        assert d.on_heartbeat(2, str(beating.token), now) == []  # (a new deadline each time)
+        finish(d, s, now)
+        most = max(most, len(d._deadlines))
+    assert d.committed() == {f"w{i}" for i in range(n)}
+    assert most <= 2 * 3 + HEAP_SLACK + 1  # (three open dispatches at most)
+    last = (n - 1) * 0.01
+    assert d.expired(99.0) == []
+    assert d.expired(100.0) == [(1, hung.token)]  # the hung one: its deadline from the send
+    assert d.expired(last + 99.0) == [(1, hung.token)]
+    assert d.expired(last + 100.0) == [(1, hung.token), (2, beating.token)]  # its last beat
+    assert kinds(d.sweep(last + 100.0)).count("Park") == 2
+
+
 def test_per_item_timeout_overrides_the_default() -> None:
     d = Dispatcher(epoch=1, watchdog=WatchdogConfig(100), ranks=(1, 2))
     d.submit([WorkItem("short", timeout=1.0), WorkItem("long")])

@@ -47,6 +47,36 @@ def test_due_is_every_current_deadline_at_or_before_now(
     assert got == [t for _, t in want]
 
 
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.floats(0, 100, allow_nan=False)), max_size=40),
+    st.sets(st.integers(0, 5)),
+    st.floats(0, 100, allow_nan=False),
+)
+def test_a_rebuilt_heap_gives_the_same_answers(
+    pushes: list[tuple[int, float]], ended: set[int], now: float
+) -> None:
+    """Rebuilt from the current deadlines, the heap loses its stale entries (ended dispatches,
+    superseded deadlines, repeats) and nothing ``due`` would return, before or after more
+    pushes."""
+    h, twin = DeadlineHeap(), DeadlineHeap()
+    current: dict[Token, float] = {}
+    for n, dl in [*pushes, *pushes[:3]]:  # (some entries twice)
+        h.push(dl, Token(1, n))
+        twin.push(dl, Token(1, n))
+        current[Token(1, n)] = dl
+    for n in ended:
+        current.pop(Token(1, n), None)
+    stands = lambda t, dl: current.get(t) == dl  # noqa: E731
+    h.rebuild((dl, t) for t, dl in current.items())
+    assert len(h) == len(current)
+    assert h.due(now, stands) == twin.due(now, stands)
+    h.push(now, Token(2, 0))
+    twin.push(now, Token(2, 0))
+    current[Token(2, 0)] = now
+    assert h.due(now, stands) == twin.due(now, stands)
+
+
 # The adaptive rule's window (issue 19) -------------------------------------------------------
 @settings(max_examples=examples(300), deadline=None)
 @given(

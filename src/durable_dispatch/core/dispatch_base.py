@@ -36,6 +36,11 @@ __all__ = ["DispatcherBase"]
 _D = TypeVar("_D", bound=Decision)
 
 
+#: How many stale entries the deadline heap may hold beyond twice the open dispatches before
+#: it is pruned (:meth:`DispatcherBase._push_deadline`).
+HEAP_SLACK = 1024
+
+
 class DispatcherBase:
     """The state and shared helpers of a :class:`~durable_dispatch.core.dispatcher.Dispatcher`
     (its constructor's arguments are documented there)."""
@@ -140,6 +145,29 @@ class DispatcherBase:
 
     def _apply(self, ev: Event) -> None:
         self.ledger.apply(ev)
+
+    def _push_deadline(self, deadline: float, token: Token) -> None:
+        """Push a dispatch's new deadline onto the heap (every change of a ``tx.deadline`` comes
+        with one); rebuild the heap from the open dispatches once it holds more than twice as
+        many entries as there are open dispatches, plus :data:`HEAP_SLACK`.
+
+        An entry stays in the heap when its dispatch ends or its deadline moves (lazy deletion),
+        so without the rebuild the heap kept one entry per deadline of the last watchdog period:
+        4.8 million at 40,000 dispatches a second under the default 120 s. A rebuild costs
+        O(open dispatches) and comes after at least as many pushes: amortized O(1) a push, and
+        the heap never holds more than ``2 * open + HEAP_SLACK + 1`` entries."""
+        if self._deadlines.push(deadline, token) > 2 * len(self._open) + HEAP_SLACK:
+            self._deadlines.rebuild(
+                (tx.deadline, tx.token)
+                for tx in self._open.values()
+                if tx.state is TxState.DISPATCHED and tx.deadline is not None
+            )
+
+    def _deadline_stands(self, token: Token, deadline: float) -> bool:
+        """Whether a heap entry is its dispatch's current deadline (open, DISPATCHED, and this
+        deadline): the others are stale."""
+        tx = self._open.get(str(token))
+        return tx is not None and tx.state is TxState.DISPATCHED and tx.deadline == deadline
 
     def _open_tx(self, token: Token) -> Transaction:
         tx = self._open.get(str(token))

@@ -231,7 +231,7 @@ class Dispatcher(Rollbacks, Views):
         if self.policy.enabled:
             seconds = tx.seconds if tx.seconds is not None else self.allowed_seconds(tx.items)
             tx.deadline = now + seconds  # what the Send told the worker
-            self._deadlines.push(tx.deadline, token)
+            self._push_deadline(tx.deadline, token)
         return []
 
     def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
@@ -370,7 +370,7 @@ class Dispatcher(Rollbacks, Views):
             # restart its isolated child, so its deadline is now the watchdog's for that READY.
             if self.watchdog.enabled and tx.state is TxState.DISPATCHED:
                 tx.deadline = now + self.watchdog.seconds
-                self._deadlines.push(tx.deadline, tx.token)
+                self._push_deadline(tx.deadline, tx.token)
             return []
         assert results is not None
         advance(tx, TxEvent.RESULT)
@@ -468,7 +468,7 @@ class Dispatcher(Rollbacks, Views):
             if tx.deadline is None or deadline > tx.deadline:
                 tx.deadline = deadline
                 tx.beaten = True
-                self._deadlines.push(deadline, tx.token)
+                self._push_deadline(deadline, tx.token)
         return []
 
     def _fit_open_deadlines(self) -> None:
@@ -482,7 +482,7 @@ class Dispatcher(Rollbacks, Views):
             fitted = tx.sent_at + self.allowed_seconds(tx.items)
             if tx.deadline is not None and fitted < tx.deadline:
                 tx.deadline = fitted
-                self._deadlines.push(fitted, tx.token)
+                self._push_deadline(fitted, tx.token)
 
 
 def _whole_failure(

@@ -70,10 +70,6 @@ class Rollbacks(DispatcherBase):
                 out.append((tx.rank, token))
         return sorted(out)
 
-    def _deadline_stands(self, token: Token, deadline: float) -> bool:
-        tx = self._open.get(str(token))
-        return tx is not None and tx.state is TxState.DISPATCHED and tx.deadline == deadline
-
     def sweep(self, now: float) -> list[Decision]:
         """Roll back every expired dispatch and park its rank (W3 step 5, W4, W6).
 

@@ -3,10 +3,12 @@ the window of measured task times the adaptive rule takes its quantile from; and
 clock that keeps a master pause from counting against the workers (U7).
 
 A dispatch's deadline is pushed when its send returned (W1) and again when a HEARTBEAT extends
-it; an entry is never removed when its dispatch ends or its deadline moves. Instead the owner
+it; an entry is not removed when its dispatch ends or its deadline moves. Instead the owner
 says, for each entry that comes due, whether it is still current (lazy deletion), so a sweep
 with nothing due costs O(1) at any number of dispatches in flight, and k due entries cost
-O(k log n).
+O(k log n). The owner rebuilds the heap from the open dispatches when stale entries outnumber
+them, so it holds O(dispatches in flight) entries, not one per deadline of the last watchdog
+period.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import heapq
 import math
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..tokens import Token
 
@@ -36,10 +38,13 @@ class DeadlineHeap:
     def __init__(self) -> None:
         self._heap: list[tuple[float, Token]] = []
 
-    def push(self, deadline: float, token: Token) -> None:
+    def push(self, deadline: float, token: Token) -> int:
         """``token``'s dispatch must end by ``deadline`` (a later push for the same token
-        supersedes an earlier one once ``current`` says so)."""
-        heapq.heappush(self._heap, (deadline, token))
+        supersedes an earlier one once ``current`` says so); returns how many entries the heap
+        holds now."""
+        heap = self._heap
+        heapq.heappush(heap, (deadline, token))
+        return len(heap)
 
     def due(self, now: float, current: Callable[[Token, float], bool]) -> list[Token]:
         """The tokens whose current deadline is at or before ``now``, earliest first.
@@ -60,6 +65,15 @@ class DeadlineHeap:
         for entry in popped:
             heapq.heappush(heap, entry)
         return [token for _, token in popped]
+
+    def rebuild(self, current: Iterable[tuple[float, Token]]) -> None:
+        """Start over from ``current``, every dispatch's current ``(deadline, token)`` (the owner
+        knows them): the stale entries go, in O(len(current)) however many there were. Stale
+        entries otherwise leave only when they come due; the owner rebuilds the heap when they
+        pile up (``DispatcherBase._push_deadline``)."""
+        heap = list(current)
+        heapq.heapify(heap)
+        self._heap = heap
 
     def __len__(self) -> int:
         return len(self._heap)
