@@ -36,8 +36,8 @@ __all__ = ["DispatcherBase"]
 _D = TypeVar("_D", bound=Decision)
 
 
-#: How many stale entries the deadline heap may hold beyond twice the open dispatches before
-#: it is pruned (:meth:`DispatcherBase._push_deadline`).
+#: How many entries the deadline heap may hold beyond twice the open dispatches before it is
+#: rebuilt from them (:meth:`DispatcherBase._push_deadline`).
 HEAP_SLACK = 1024
 
 

@@ -353,9 +353,10 @@ def read_chunks(
     """Yield, chunk by chunk, iterables of ``(seq, payload)`` for bytes ``[start, end)`` of ``f``.
 
     The fast path for replaying millions of records, over :func:`read_lines` (``max_line``
-    bounds a line). It checks each block with C-level bulk operations (``map`` over slices,
-    ``zlib.crc32`` and ``int``): every line's framing, every line's checksum, contiguous sequence
-    numbers; then it decodes the block's lines with one orjson call. A block that fails any bulk
+    bounds a line). It checks each block in a few C-level passes (:func:`.format.bulk_check`:
+    one pattern over the block, ``zlib.crc32`` per line): every line's framing, every line's
+    checksum, contiguous sequence numbers; then it decodes the block's payloads with one orjson
+    call. A block that fails any bulk
     check is re-checked line by line, which names the first damaged offset (and allows the
     header's recorded holes). With ``torn_tail_ok`` a torn last line (a write in progress) ends
     the records quietly.
