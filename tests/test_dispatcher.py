@@ -378,8 +378,9 @@ def test_the_deadline_heap_holds_the_dispatches_in_flight_not_every_deadline_of_
 ):
     """Issue 34: each dispatch and heartbeat pushes a deadline, and an entry left only when it
     came due, so a master kept one entry per deadline of the last watchdog period (4.8 million
-    at 40,000 dispatches/s under the default 120 s). The heap is pruned as stale entries pile
-    up; a hung dispatch and one its heartbeats keep alive still get their deadlines."""
+    at 40,000 dispatches/s under the default 120 s). The heap is rebuilt from the open
+    dispatches as stale entries pile up; a hung dispatch and one its heartbeats keep alive
+    still get their deadlines."""
     from durable_dispatch.core.dispatch_base import HEAP_SLACK
 
     n = 3 * HEAP_SLACK
