@@ -380,6 +380,48 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_FINDING
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a program on ``-n`` ranks under the ``mpiexec`` found (the one next to this Python,
+    else on ``PATH``), with the flags that MPI needs on a laptop: Open MPI gets
+    ``--oversubscribe --bind-to none`` and, as root, its two root variables; Intel MPI
+    ``I_MPI_PIN=0``; MPICH's Hydra needs nothing. ``python`` is this Python. SIGTERM, SIGUSR1
+    and SIGUSR2 are passed on to ``mpiexec``; the exit code is ``mpiexec``'s."""
+    import shlex
+    import subprocess
+
+    from .mpi.launcher import launch_env, mpiexec_command
+
+    if not args.program:
+        raise UsageError("run needs a program, e.g. durable-dispatch run -n 4 python campaign.py")
+    argv = list(args.program)
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    cmd = mpiexec_command(args.ranks, argv, ulfm=args.ulfm)
+    if args.print:
+        env = launch_env(quiet=True)
+        root = [
+            f"{k}={env[k]}"
+            for k in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+            if k in env and k not in os.environ
+        ]
+        print(shlex.join(root + cmd))
+        return EXIT_OK
+    proc = subprocess.Popen(cmd, env=launch_env())
+    forwarded = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+    old = {s: signal.signal(s, lambda signum, _f: proc.send_signal(signum)) for s in forwarded}
+    try:
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # Ctrl-C reached mpiexec too: it decides; wait for it
+                continue
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc
+
+
 def _show_progress(st: dict[str, Any], total: int) -> None:
     """The demo's progress line (its master's statistics), on a terminal."""
     c = st.get("core", {})
@@ -504,6 +546,23 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--timeout", type=float, default=600.0, help="give up after this long")
     dp.add_argument("--json", action="store_true", help="machine-readable output")
     dp.set_defaults(func=cmd_demo)
+    rp = sub.add_parser(
+        "run",
+        help="run a program on N MPI ranks with the flags this machine's MPI needs",
+        description="Run PROGRAM on N ranks under the mpiexec found (next to this Python, else "
+        "on PATH), in the dialect of that MPI: Open MPI gets --oversubscribe --bind-to none "
+        "(more ranks than cores) and, as root, OMPI_ALLOW_RUN_AS_ROOT=1 and "
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; Intel MPI gets I_MPI_PIN=0; MPICH needs nothing. "
+        "PROGRAM 'python' is this Python. SIGTERM, SIGUSR1 and SIGUSR2 are passed on to "
+        "mpiexec; the exit code is mpiexec's. --print shows the command instead.",
+        epilog="Example: durable-dispatch run -n 4 python campaign.py",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    rp.add_argument("-n", "--ranks", type=int, default=4, help="MPI ranks (1 master + workers)")
+    rp.add_argument("--ulfm", action="store_true", help="add Open MPI's --with-ft ulfm")
+    rp.add_argument("--print", action="store_true", help="print the command line; run nothing")
+    rp.add_argument("program", nargs=argparse.REMAINDER, help="the program and its arguments")
+    rp.set_defaults(func=cmd_run)
     return p
 
 
