@@ -384,12 +384,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a program on ``-n`` ranks under the ``mpiexec`` found (the one next to this Python,
     else on ``PATH``), with the flags that MPI needs on a laptop: Open MPI gets
     ``--oversubscribe --bind-to none`` and, as root, its two root variables; Intel MPI
-    ``I_MPI_PIN=0``; MPICH's Hydra needs nothing. ``python`` is this Python. SIGTERM, SIGUSR1
-    and SIGUSR2 are passed on to ``mpiexec``; the exit code is ``mpiexec``'s."""
+    ``I_MPI_PIN=0``; MPICH's Hydra needs nothing. ``python`` is this Python. The first Ctrl-C
+    drains the campaign (SIGUSR1 to ``mpiexec``, which passes it to every rank), a second stops
+    the job at once; SIGTERM, SIGUSR1 and SIGUSR2 are passed on to ``mpiexec``. The exit code
+    is ``mpiexec``'s."""
     import shlex
     import subprocess
 
-    from .mpi.launcher import launch_env, mpiexec_command
+    from .mpi.launcher import kill_session, launch_env, mpiexec_command
 
     if not args.program:
         raise UsageError("run needs a program, e.g. durable-dispatch run -n 4 python campaign.py")
@@ -406,16 +408,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         ]
         print(shlex.join(root + cmd))
         return EXIT_OK
-    proc = subprocess.Popen(cmd, env=launch_env())
+    # A session of its own, so that Ctrl-C reaches this process only and can be made a drain.
+    stdin = subprocess.DEVNULL if sys.stdin is None or sys.stdin.isatty() else None
+    proc = subprocess.Popen(cmd, env=launch_env(), stdin=stdin, start_new_session=True)
     forwarded = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
     old = {s: signal.signal(s, lambda signum, _f: proc.send_signal(signum)) for s in forwarded}
+    interrupted = False
     try:
         while True:
             try:
                 rc = proc.wait()
                 break
-            except KeyboardInterrupt:  # Ctrl-C reached mpiexec too: it decides; wait for it
-                continue
+            except KeyboardInterrupt:
+                if interrupted:
+                    kill_session(proc)
+                    return EXIT_INTERRUPTED
+                interrupted = True
+                print("\ninterrupted: draining (Ctrl-C again to stop at once)", file=sys.stderr)
+                proc.send_signal(signal.SIGUSR1)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -553,8 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
         "on PATH), in the dialect of that MPI: Open MPI gets --oversubscribe --bind-to none "
         "(more ranks than cores) and, as root, OMPI_ALLOW_RUN_AS_ROOT=1 and "
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; Intel MPI gets I_MPI_PIN=0; MPICH needs nothing. "
-        "PROGRAM 'python' is this Python. SIGTERM, SIGUSR1 and SIGUSR2 are passed on to "
-        "mpiexec; the exit code is mpiexec's. --print shows the command instead.",
+        "PROGRAM 'python' is this Python. The first Ctrl-C drains the campaign (SIGUSR1 to "
+        "mpiexec), a second stops it at once; SIGTERM, SIGUSR1 and SIGUSR2 are passed on to "
+        "mpiexec. The exit code is mpiexec's. --print shows the command instead.",
         epilog="Example: durable-dispatch run -n 4 python campaign.py",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
