@@ -37,6 +37,8 @@ extensions = [
     "apipages",
 ]
 
+# Keep "--option" and 'quotes' as typed: a command's help text is shown as it is written.
+smartquotes = False
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]

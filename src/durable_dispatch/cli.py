@@ -523,7 +523,11 @@ def build_parser() -> argparse.ArgumentParser:
         "list, show, requeue or drop deferred work items",
         "durable-dispatch deferred requeue state/ w-17 w-18",
     )
-    sp.add_argument("action", choices=["list", "show", "requeue", "drop"])
+    sp.add_argument(
+        "action",
+        choices=["list", "show", "requeue", "drop"],
+        help="list them, show one, put them back in the frontier, or give them up",
+    )
     sp.add_argument("state_dir", help="a state directory")
     sp.add_argument("ids", nargs="*", help="work IDs (show, requeue, drop)")
     dp = sub.add_parser(
