@@ -87,7 +87,8 @@ html_title = f"durable-dispatch {release}"
 html_theme_options = {
     "description": "Crash-safe MPI master/worker task farms",
     "fixed_sidebar": True,
-    "page_width": "1100px",
+    "page_width": "1240px",
+    "body_max_width": "none",
     "sidebar_width": "260px",
 }
 html_static_path: list[str] = []
