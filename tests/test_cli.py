@@ -220,6 +220,7 @@ def test_every_command_has_help_and_docs() -> None:
         "inspect",
         "report",
         "results",
+        "run",
         "stats",
         "verify",
         "watch",
