@@ -331,10 +331,10 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     ):
         page = (out / "reference" / "api" / f"{modname}.html").read_text()
         for name in importlib.import_module(modname).__all__:
-            assert name in page, f"{modname}.{name} has no reference entry"
-    assert not (ROOT / "docs" / "reference" / "api").exists() or not any(
-        p.name == "api" for p in _tracked("docs/reference")
-    )
+            entry = f'id="{modname}.{name}"' in page  # documented here, or named as
+            named = f'<span class="pre">{name}</span>' in page  # another's or the stdlib's
+            assert entry or named, f"{modname}.{name} has no reference entry"
+    assert not _tracked("docs/reference/api"), "generated pages are not committed (Parsl's rule)"
 
 
 def _tracked(under: str) -> list[Path]:
