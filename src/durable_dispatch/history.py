@@ -185,7 +185,9 @@ class _Builder:
             self.epoch = int(p.get("epoch") or 0)
             self._touch(self.epoch, ts)
             return
-        self._touch(epoch if epoch is not None else self.epoch, ts)
+        # A record belongs to the run that wrote it: the current one. Only a result moved by a
+        # compaction whose run's records were folded takes its run from its token.
+        self._touch(epoch if moved and epoch is not None and epoch > self.epoch else self.epoch, ts)
         if kind == "dispatched":
             ids = _ids(p)
             rank = p.get("rank") if type(p.get("rank")) is int else None

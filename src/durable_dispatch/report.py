@@ -92,7 +92,7 @@ class _Axis:
         """Labelled ticks (elapsed time since the first run started) inside the runs."""
         busy = sum(b - a for a, b in self.runs)
         span = (self.end - self.start) if len(self.long) == 0 else busy
-        step = _nice_step(max(span, 1e-3) / 7)
+        step = _nice_step(max(span, 1e-3) / 10)
         out: list[tuple[float, str]] = []
         for a, b in self.runs:
             k = int((a - self.start) // step) + (1 if (a - self.start) % step > 1e-9 else 0)
@@ -153,7 +153,7 @@ def report_series(directory: str | os.PathLike[str], *, now: float | None = None
     each: the folded ones, whose time a compaction dropped, from the start), ``in_flight`` (items
     in flight; 0 between runs), ``parked`` (ranks parked), ``throughput`` (items committed per
     second in each bucket), ``timeline`` (rank -> ``[[from, to, outcome], ...]``), ``failures``
-    (items that failed: ``{"work_id", "status", "attempts", "kinds", "last_error"}``),
+    (items that failed: ``{"work_id", "status", "failures", "kinds", "last_error"}``),
     ``deferred_items`` (the same for deferred items), ``slowest`` (the 10 longest attempts,
     in flight and failed ones included: ``{"work_id", "seconds", "rank", "outcome"}``).
     """
@@ -189,16 +189,16 @@ def _failures(led: Any, running: bool) -> dict[str, Any]:
                 {
                     "work_id": w,
                     "status": _status(led, w, running),
-                    "attempts": int(led.attempts.get(w, len(ks))),
+                    "failures": len(ks),
                     "kinds": list(ks),
                     "last_error": led.last_error.get(w) or None,
                 }
             )
-    rows.sort(key=lambda r: (-r["attempts"], r["work_id"]))
+    rows.sort(key=lambda r: (-r["failures"], r["work_id"]))
     deferred = [
         {
             "work_id": w,
-            "attempts": int(led.attempts.get(w, 0)),
+            "failures": len(led.kinds.get(w, ())),
             "kinds": list(led.kinds.get(w, ())),
             "last_error": led.last_error.get(w) or None,
         }
@@ -353,10 +353,16 @@ def _frame(axis: _Axis, h: int, top: float, unit: str) -> list[str]:
             parts.append(
                 f'<line x1="{_PAD_L}" y1="{y:.1f}" x2="{_W - _PAD_R}" y2="{y:.1f}" stroke="#eee"/>'
             )
-    parts.append(
-        f'<text x="{_PAD_L - 4}" y="{base + 15}" font-size="9" fill="#666" '
-        f'text-anchor="end">{html.escape(unit)}</text>'
-    )
+    if unit:
+        parts.append(
+            f'<text x="{_PAD_L + 4}" y="17" font-size="9" fill="#666">{html.escape(unit)}</text>'
+        )
+    if len(axis.runs) > 1:
+        for r0, _r1 in axis.runs:
+            parts.append(
+                f'<line x1="{axis.x(r0):.1f}" y1="6" x2="{axis.x(r0):.1f}" y2="{base}" '
+                'stroke="#888" stroke-dasharray="3 3"/>'
+            )
     return parts
 
 
@@ -532,7 +538,7 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
             f"{v['pending']} pending, {v['in_flight']} in flight",
         ),
         ("failures by kind", f"{kinds} ({v['failed_items']} items failed at least once)"),
-        ("master runs", f"{v['epoch']} (epochs; {len(s['gaps'])} gaps between runs drawn grey)"),
+        ("master runs", f"{v['epoch']} (epochs; {_gaps(len(s['gaps']))})"),
         ("from", f"{_when(s['start'])} to {_when(s['end'])}"),
     ]
     if v["state"] == "running":
@@ -562,6 +568,12 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
     )
 
 
+def _gaps(n: int) -> str:
+    if not n:
+        return "no gap between runs"
+    return f"{n} gap{'s' if n > 1 else ''} between runs, when no master ran, drawn grey"
+
+
 def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str:
     """The HTML page for ``series`` (:func:`report_series`); ``where`` names the state
     directory under the title."""
@@ -569,12 +581,12 @@ def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str
     axis = _Axis([(r["start"], r["end"]) for r in series["runs"]])
     fails = series["failures"]
     failure_rows = [
-        [r["work_id"], r["status"], r["attempts"], r["kinds"], r["last_error"]]
+        [r["work_id"], r["status"], r["failures"], r["kinds"], r["last_error"]]
         for r in fails[:_TABLE_MAX]
     ]
     deferred = series["deferred_items"]
     deferred_rows = [
-        [r["work_id"], r["attempts"], r["kinds"], r["last_error"]] for r in deferred[:_TABLE_MAX]
+        [r["work_id"], r["failures"], r["kinds"], r["last_error"]] for r in deferred[:_TABLE_MAX]
     ]
     slow_rows = [[r["work_id"], f"{r['seconds']:.3f}", r["rank"], r["outcome"]] for r in
                  series["slowest"]]  # fmt: skip
@@ -613,14 +625,14 @@ def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str
         + html.escape(", ".join(f"{k} {n}" for k, n in v["failures_by_kind"].items()) or "none")
         + ")</h2>",
         _table(
-            ["work ID", "status", "attempts", "failure kinds", "last error"],
+            ["work ID", "status", "failures", "failure kinds", "last error"],
             failure_rows,
             len(fails),
             "No failures.",
         ),
         f"<h2>Deferred items ({v['deferred']})</h2>",
         _table(
-            ["work ID", "attempts", "failure kinds", "last error"],
+            ["work ID", "failures", "failure kinds", "last error"],
             deferred_rows,
             len(deferred),
             "None deferred.",
