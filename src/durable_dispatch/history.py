@@ -200,14 +200,16 @@ class _Builder:
             if rank is not None and rank in self.parked:
                 self.h.parks.append((rank, self.parked.pop(rank), ts))
         elif kind == "committed":
-            ids = [w for w in _ids(p) if w not in self.done]
+            ids = tuple(w for w in _ids(p) if w not in self.done)
             self.done.update(ids)
             if ids:
                 self.h.commits.append((ts, len(ids)))
-            att = self.open.get(str(token))
-            if att is None:  # a result moved by compaction: its dispatch is folded
+            found = self.open.get(str(token))
+            if found is not None:
+                att = found
+            else:  # a result moved by compaction: its dispatch is folded
                 rank = p.get("rank") if type(p.get("rank")) is int else None
-                att = Attempt(tuple(ids), rank, token, epoch, _num(p.get("started")), ts)
+                att = Attempt(ids, rank, token, epoch, _num(p.get("started")), ts)
                 att.outcome = COMMITTED
                 self.h.attempts.append(att)
                 for w in ids:
@@ -231,8 +233,9 @@ class _Builder:
                 why = str(p.get("kind") or "unknown")
             error = p.get("error") if kind == "requeued" else p.get("last_error")
             error = error if isinstance(error, str) else None
-            att = self.open.get(str(token))
-            if att is not None and w in att.work_ids:
+            failed = self.open.get(str(token))
+            if failed is not None and w in failed.work_ids:
+                att = failed
                 if self.h.last.get(w) is att:
                     self.h.item[w] = (why, error, ts)
                 if source in ("watchdog-timeout", "send-failure") and att.rank is not None:

@@ -92,7 +92,7 @@ class _Axis:
         """Labelled ticks (elapsed time since the first run started) inside the runs."""
         busy = sum(b - a for a, b in self.runs)
         span = (self.end - self.start) if len(self.long) == 0 else busy
-        step = _nice_step(max(span, 1e-3) / 10)
+        step = _nice_step(max(span, 1e-3) / 16)
         out: list[tuple[float, str]] = []
         for a, b in self.runs:
             k = int((a - self.start) // step) + (1 if (a - self.start) % step > 1e-9 else 0)
@@ -208,7 +208,7 @@ def _failures(led: Any, running: bool) -> dict[str, Any]:
 
 
 def _over_time(h: History, deferred_now: int) -> dict[str, Any]:
-    empty = {
+    empty: dict[str, Any] = {
         "runs": [],
         "gaps": [],
         "start": None,
@@ -462,8 +462,8 @@ def _timeline_chart(s: Mapping[str, Any], axis: _Axis) -> str:
                 if cols.get(c, (0, ""))[0] < p:
                     cols[c] = (p, outcome)
         run: list[Any] = []
-        for c in sorted(cols) + [None]:
-            if run and (c is None or c != run[1] + 1 or cols[c][1] != run[2]):
+        for c in [*sorted(cols), -1]:
+            if run and (c < 0 or c != run[1] + 1 or cols[c][1] != run[2]):
                 color = _OUTCOME_COLORS.get(run[2], _FAILED)
                 inset = 3 if run[2] == "parked" else 1
                 parts.append(
@@ -471,7 +471,7 @@ def _timeline_chart(s: Mapping[str, Any], axis: _Axis) -> str:
                     f'height="{row_h - 2 * inset}" fill="{color}"/>'
                 )
                 run = []
-            if c is None:
+            if c < 0:
                 break
             if not run:
                 run = [c, c, cols[c][1]]

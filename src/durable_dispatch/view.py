@@ -140,11 +140,11 @@ def _num(v: Any) -> float | None:
 
 def _storage(stats: Mapping[str, Any]) -> str | None:
     """``"OK"``, or ``"DEGRADED: journal (3 records in memory), ..."`` from published health."""
-    healths = {
-        name: stats.get(f"{name}_health")
-        for name in ("journal", "submissions", "defer", "snapshot")
-        if isinstance(stats.get(f"{name}_health"), Mapping)
-    }
+    healths: dict[str, Mapping[str, Any]] = {}
+    for name in ("journal", "submissions", "defer", "snapshot"):
+        h = stats.get(f"{name}_health")
+        if isinstance(h, Mapping):
+            healths[name] = h
     if not healths:
         return None
     bad = []
