@@ -154,10 +154,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Describe a journal, a snapshot or a state directory."""
     res = examine(args.path, count_kinds=True, progress=_file_meter)
-    if res["kind"] == "state-directory":
-        from .admin import view_state
+    if res["kind"] == "state-directory":  # the campaign's one view, as stats shows it (V1)
+        from .view import read_view
 
-        res["state"] = view_state(args.path).summary()
+        res["state"] = read_view(args.path).as_dict()
     _print(res, args.json)
     return EXIT_OK
 
@@ -437,8 +437,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _show_progress(st: dict[str, Any], total: int) -> None:
     """The demo's progress line (its master's statistics), on a terminal."""
     c = st.get("core", {})
+    left = sum(int(c.get(k, 0)) for k in ("pending_now", "in_flight_now", "deferred_now"))
+    # The campaign's committed count, as stats shows it (the master's "commits" counts its own
+    # run only: a resumed demo would show 3/80 for 80 done); nothing before the first dispatch.
+    done = total - left if c.get("dispatches", 0) or c.get("commits", 0) else 0
     line = (
-        f"committed {c.get('commits', 0)}/{total}  in flight {c.get('in_flight_now', 0)} items "
+        f"committed {max(done, 0)}/{total}  in flight {c.get('in_flight_now', 0)} items "
         f"on {c.get('busy_ranks_now', 0)} busy ranks  parked ranks {c.get('parked_ranks_now', 0)}  "
         f"deferred {c.get('deferred_now', 0)}  "
         f"timeouts {c.get('dispatch_watchdog_timeouts', 0)}"

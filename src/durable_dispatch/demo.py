@@ -130,7 +130,7 @@ def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str
     lost = sorted(all_ids - set(commits) - deferred - waiting)
     out: dict[str, Any] = {
         "state": view.state,
-        "work_items": len(all_ids),
+        "work_items": view.work_items,  # the campaign's (a resumed run may name fewer)
         "committed": view.committed,
         "deferred": view.deferred,
         "left": view.pending + view.in_flight,
