@@ -27,6 +27,7 @@ from .history import COMMITTED, IN_FLIGHT, INTERRUPTED, History, read_history
 __all__ = ["report_series", "render_report", "write_report"]
 
 _BUCKETS = 60
+_SMOOTH = 4  # throughput: commits per second over this many buckets
 _W, _PAD_L, _PAD_R = 760, 48, 16
 _PLOT = _W - _PAD_L - _PAD_R
 _GAP_PX = 34.0  # a long pause between runs is drawn this wide
@@ -150,12 +151,13 @@ def report_series(directory: str | os.PathLike[str], *, now: float | None = None
     number of the page's summary), ``runs`` (``{"epoch", "start", "end", "open"}`` per master
     run), ``gaps`` (``[from, to]`` when no master ran), ``start``/``end``, ``times`` (bucket
     ends), ``committed`` (cumulative items committed at each), ``deferred`` (items deferred at
-    each: the folded ones, whose time a compaction dropped, from the start), ``in_flight`` (items
-    in flight; 0 between runs), ``parked`` (ranks parked), ``throughput`` (items committed per
-    second in each bucket), ``timeline`` (rank -> ``[[from, to, outcome], ...]``), ``failures``
-    (items that failed: ``{"work_id", "status", "failures", "kinds", "last_error"}``),
-    ``deferred_items`` (the same for deferred items), ``slowest`` (the 10 longest attempts,
-    in flight and failed ones included: ``{"work_id", "seconds", "rank", "outcome"}``).
+    each: the folded ones, whose time a compaction dropped, from the start), ``in_flight``
+    (items in flight; 0 between runs), ``parked`` (ranks parked), ``throughput`` (items
+    committed per second over the last 4 buckets of the run), ``timeline`` (rank ->
+    ``[[from, to, outcome], ...]``), ``failures`` (items that failed: ``{"work_id", "status",
+    "failures", "kinds", "last_error"}``), ``deferred_items`` (the same for deferred items),
+    ``slowest`` (the 10 longest attempts, in flight and failed ones included: ``{"work_id",
+    "seconds", "rank", "outcome"}``).
     """
     from .admin import view_state
     from .view import view_of_state
@@ -240,10 +242,14 @@ def _over_time(h: History, deferred_now: int) -> dict[str, Any]:
     deferred = [folded + v for v in _cumulative(times, h.deferred_changes)]
     committed = _cumulative(times, h.commits)
     starts = _cumulative([a for a, _ in buckets], h.commits)
-    throughput = [
-        round((c - s) / max(b - a, 1e-6), 3)
-        for (a, b), c, s in zip(buckets, committed, starts, strict=True)
-    ]
+    throughput = []  # over the last few buckets of the same run (one bucket is noisy)
+    first = 0
+    for i, (a, b) in enumerate(buckets):
+        if i and a != buckets[i - 1][1]:
+            first = i  # a new run
+        j = max(first, i - _SMOOTH + 1)
+        t0 = buckets[j][0]
+        throughput.append(round((committed[i] - starts[j]) / max(b - t0, 1e-6), 3))
     return {
         "runs": [
             {"epoch": r.epoch, "start": r.start, "end": r.end, "open": r.open} for r in h.runs
