@@ -244,12 +244,12 @@ def _over_time(h: History, deferred_now: int) -> dict[str, Any]:
     starts = _cumulative([a for a, _ in buckets], h.commits)
     throughput = []  # over the last few buckets of the same run (one bucket is noisy)
     first = 0
-    for i, (a, b) in enumerate(buckets):
-        if i and a != buckets[i - 1][1]:
+    for i, (b0, b1) in enumerate(buckets):
+        if i and b0 != buckets[i - 1][1]:
             first = i  # a new run
         j = max(first, i - _SMOOTH + 1)
         t0 = buckets[j][0]
-        throughput.append(round((committed[i] - starts[j]) / max(b - t0, 1e-6), 3))
+        throughput.append(round((committed[i] - starts[j]) / max(b1 - t0, 1e-6), 3))
     return {
         "runs": [
             {"epoch": r.epoch, "start": r.start, "end": r.end, "open": r.open} for r in h.runs
