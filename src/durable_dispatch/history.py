@@ -106,8 +106,7 @@ class History:
 def _records(d: str) -> Iterator[tuple[dict[str, Any], bool]]:
     """``(payload, moved)`` of every state-journal record and of every moved result the state
     journal no longer holds, in sequence order."""
-    from .results import RESULTS_JOURNAL
-    from .statedir import RESULT_RECORD_BYTES, STATE_JOURNAL
+    from .statedir import RESULT_RECORD_BYTES, RESULTS_JOURNAL, STATE_JOURNAL
     from .storage.journal import read_journal
 
     out: dict[int, tuple[dict[str, Any], bool]] = {}
