@@ -175,7 +175,8 @@ def test_ctrl_c_in_a_terminal_drains_the_demo_and_a_second_one_stops_it(
     if presses == 1:
         assert code == 1, out[-3000:]
         summary = json.loads(out[out.index("{") :])
-        assert summary["finished"] is False and summary["lost"] > 0
+        assert summary["finished"] is False and summary["left"] > 0  # not done yet,
+        assert summary["lost"] == 0 and summary["state"] == "stopped"  # not lost (issue 46)
         assert summary["duplicate_commits"] == 0
         assert not view_state(state).projection.in_flight  # drained
     else:

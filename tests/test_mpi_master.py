@@ -37,7 +37,8 @@ def campaign(tmp_path: Path, faults: str, *extra: str, ulfm: bool = False) -> di
     assert summary["finished"] is True
     assert summary["lost"] == 0, summary
     assert summary["duplicate_commits"] == 0, summary
-    assert summary["committed"] + summary["deferred"] == summary["work_items"] == 24
+    # (the campaign's items: a state a first run of more items left has more than these 24)
+    assert summary["committed"] + summary["deferred"] == summary["work_items"] >= 24
     return summary
 
 
@@ -572,9 +573,9 @@ def test_watch_once_json_beside_a_running_mpiexec_campaign_matches_stats(tmp_pat
         if proc.poll() is None:
             kill_session(proc)
         proc.communicate()
-    assert stats["live"]["running"] is True and frame["master_running"] is True
-    assert stats["live"]["age_seconds"] < 10 and frame["heartbeat_age_seconds"] < 10
-    assert stats["state"]["committed"] <= frame["committed"] < 30
-    assert stats["state"]["epoch"] == frame["epoch"]
+    assert stats["master_running"] is True and frame["master_running"] is True
+    assert stats["heartbeat_age_seconds"] < 10 and frame["heartbeat_age_seconds"] < 10
+    assert stats["committed"] <= frame["committed"] < 30
+    assert stats["epoch"] == frame["epoch"]
     total = frame["committed"] + frame["pending"] + frame["in_flight"] + frame["deferred"]
     assert total == 30

@@ -1,6 +1,6 @@
-"""``watch``: the figures ``durable-dispatch stats`` and ``watch`` print, computed from a view
-of a state directory (here a stand-in with the view's members; the commands themselves are
-tested on real directories in ``test_cli.py``)."""
+"""The view (``durable_dispatch.view``) and what ``stats`` and ``watch`` print of it, computed
+from a stand-in ledger and published statistics (the commands themselves are tested on real
+directories in ``test_cli.py`` and ``test_view.py``)."""
 
 from __future__ import annotations
 
@@ -8,51 +8,78 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from durable_dispatch.watch import stats_of, watch_frame
+from durable_dispatch.view import campaign_view
+from durable_dispatch.watch import duration, stats_of, stats_text, watch_frame, watch_text
 
 
-def _view(master: bool, committed: int, pending: int, **live: Any) -> Any:
-    summary = {"committed": committed, "pending": pending, "in_flight": 1, "deferred": 2}
+def _ledger(committed: int, pending: int, in_flight: int = 1, deferred: int = 2) -> Any:
     return SimpleNamespace(
-        summary=lambda: {**summary, "epoch": 3},
-        live=live,
-        master_running=master,
-        projection=SimpleNamespace(kinds={"a": ["timeout", "crash"], "b": ["timeout"]}),
-        snapshot_ts=None,
-        stats={"x": 1},
+        committed=range(committed),
+        frontier=range(pending),
+        in_flight=range(in_flight),
+        deferred=range(deferred),
+        kinds={"a": ["timeout", "crash"], "b": ["timeout"], "c": []},
+        epoch=3,
+        duplicate_commits=0,
     )
 
 
-def test_a_frame_has_the_rate_since_the_previous_frame_and_the_eta_of_what_is_left() -> None:
+def test_a_running_campaign_has_its_rate_since_the_master_started_and_the_eta_of_what_is_left() -> (
+    None
+):
     now = time.time()
-    v = _view(True, 100, 9, ts=now - 1.0, stats={"core": {"parked_ranks_now": 1}})
-    f = watch_frame(v, (now - 10.0, 50))
-    assert 4.0 < f["rate_per_s"] <= 5.0  # 50 commits in about 10 s
-    assert f["eta_seconds"] == round(10 / f["rate_per_s"])  # 9 pending + 1 in flight
-    assert f["failures_by_kind"] == {"crash": 1, "timeout": 2}
-    assert f["parked_ranks"] == 1 and f["epoch"] == 3
-    assert not f["ended"] and not f["finished"]
-    assert 0.9 <= f["heartbeat_age_seconds"] < 60
+    live = {
+        "ts": now - 1.0,
+        "started": now - 11.0,
+        "running": True,
+        "host": "h",
+        "pid": 7,
+        "stats": {
+            "core": {"commits": 50, "parked_ranks_now": 1},
+            "journal_health": {"state": "OK"},
+        },
+    }
+    v = campaign_view(_ledger(100, 9), live, running=True, now=now)
+    assert v.rate_per_s == 5.0 and v.eta_seconds == 2.0  # 9 pending + 1 in flight at 5/s
+    assert v.failures_by_kind == {"crash": 1, "timeout": 2} and v.failed_items == 2
+    assert v.parked_ranks == 1 and v.epoch == 3 and v.state == "running" and not v.finished
+    assert v.work_items == 112 and v.storage == "OK" and v.master_age_seconds == 11.0
+    as_stats = stats_of(v, {"core": {}})
+    assert as_stats.pop("master_statistics") == {"core": {}}
+    assert watch_frame(v) == as_stats  # one view: the same names and numbers
+    text = "\n".join(watch_text(v))
+    assert "5.0 items/s" in text and "ETA 2s" in text and "timeout 2" in text
 
 
-def test_without_a_previous_frame_the_rate_is_since_the_master_started() -> None:
+def test_a_master_that_is_not_running_has_nothing_in_flight() -> None:
     now = time.time()
-    v = _view(True, 10, 0, ts=now, started=now - 4.0, stats={"core": {"commits": 20}})
-    assert watch_frame(v)["rate_per_s"] == 5.0
+    live = {"ts": now - 60, "started": now - 100, "running": True, "host": "h", "pid": 7}
+    v = campaign_view(_ledger(10, 4, in_flight=3), live, running=False, now=now)
+    assert v.in_flight == 0 and v.pending == 7 and v.interrupted == 3 and v.state == "stopped"
+    assert v.master_ended == "killed"  # its last statistics say running, but no master is
+    assert v.rate_per_s is None and v.parked_ranks is None
+    lines = stats_text(v, {}, verbose=False)
+    assert len(lines) <= 10
+    assert any("ended without closing" in x for x in lines)
+    done = campaign_view(_ledger(10, 0, in_flight=0), {}, running=False, now=now)
+    assert done.finished and done.state == "finished" and done.master_ended is None
 
 
-def test_a_campaign_whose_master_ended_with_nothing_left_is_finished() -> None:
-    f = watch_frame(_view(False, 10, 0))
-    assert f["ended"] and f["rate_per_s"] is None and f["eta_seconds"] is None
-    assert not f["finished"]  # one still in flight
-    v = _view(False, 10, 0)
-    v.summary = lambda: {"committed": 10, "pending": 0, "in_flight": 0, "deferred": 0, "epoch": 1}
-    assert watch_frame(v)["finished"]
+def test_storage_names_the_journals_that_hold_records_in_memory() -> None:
+    stats = {
+        "journal_health": {"state": "DEGRADED", "pending": 66},
+        "defer_health": {"state": "DEGRADED", "pending": 1},
+        "snapshot_health": {"state": "OK"},
+    }
+    v = campaign_view(_ledger(1, 0), {"ts": time.time(), "stats": stats}, running=True, now=0.0)
+    assert v.storage == "DEGRADED: journal (66 records in memory), defer (1 records in memory)"
 
 
-def test_stats_are_live_only_while_the_master_runs() -> None:
-    now = time.time()
-    s = stats_of(_view(False, 1, 0, ts=now, running=True, host="h", pid=7))
-    assert s["live"]["running"] is False  # its last figures say running, but no master is
-    assert s["live"]["host"] == "h" and s["master_stats"] == {"x": 1}
-    assert s["master_stats_age_seconds"] is None
+def test_durations_read_well() -> None:
+    assert [duration(s) for s in (None, 5, 75, 3 * 3600 + 300, 2 * 86400 + 4 * 3600)] == [
+        "-",
+        "5s",
+        "1m 15s",
+        "3h 05m",
+        "2d 04h",
+    ]

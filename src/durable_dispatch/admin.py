@@ -314,6 +314,7 @@ class _ResultsMover:
 
     def __init__(self, d: str) -> None:
         self.moved = -1
+        self.sent: dict[Any, Any] = {}  # token -> time of its dispatch, while in flight
 
         def last(batch: RawBatch) -> None:
             for payload in _decoded(batch, self.path):
@@ -327,8 +328,17 @@ class _ResultsMover:
             self.moved = max((int(r.payload["seq"]) for r in self.journal.records()), default=-1)
 
     def move(self, ev: Mapping[str, Any], seq: int) -> None:
-        if seq > self.moved and ev.get("event") == "committed":
-            self.journal.append({**ev, "event": "result", "seq": seq})
+        kind = ev.get("event")
+        if kind == "dispatched":  # its time goes with its results (the joblog's "started")
+            self.sent[ev.get("token")] = ev.get("ts")
+        elif kind == "epoch":
+            self.sent.clear()  # (only the dispatches in flight are kept: the live set)
+        elif kind in ("requeued", "deferred"):
+            self.sent.pop(ev.get("token"), None)
+        if seq > self.moved and kind == "committed":
+            started = self.sent.pop(ev.get("token"), None)
+            extra = {"started": started} if started is not None else {}
+            self.journal.append({**ev, "event": "result", "seq": seq, **extra})
             self.moved = seq
 
     def finish(self) -> None:

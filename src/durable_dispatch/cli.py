@@ -15,13 +15,13 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
 from .errors import DurableDispatchError, UsageError
 from .examine import examine, kind_of
-from .watch import stats_of, watch_frame
+from .watch import stats_of, stats_text, watch_frame, watch_text
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the demo was stopped by a second Ctrl-C (128 + SIGINT)
@@ -31,6 +31,10 @@ _PROGRESS_MIN = 8 << 20
 
 class _IOFailure(Exception):
     pass
+
+
+class _Stopped(Exception):
+    """The demo was stopped by a signal (``--json`` reports it as an error of type Stopped)."""
 
 
 def _file_meter(name: str, size: int) -> _Meter:
@@ -150,10 +154,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Describe a journal, a snapshot or a state directory."""
     res = examine(args.path, count_kinds=True, progress=_file_meter)
-    if res["kind"] == "state-directory":
-        from .admin import view_state
+    if res["kind"] == "state-directory":  # the campaign's one view, as stats shows it (V1)
+        from .view import read_view
 
-        res["state"] = view_state(args.path).summary()
+        res["state"] = read_view(args.path).as_dict()
     _print(res, args.json)
     return EXIT_OK
 
@@ -164,38 +168,38 @@ def _need_state_dir(path: str) -> None:
     if not os.path.isdir(path):
         raise _IOFailure(f"{path}: not a directory")
     if kind_of(path) != "state-directory":
+        from .statedir import is_state_dir
+
+        try:
+            inner = sorted(n for n in os.listdir(path) if is_state_dir(os.path.join(path, n)))
+        except OSError:
+            inner = []
+        if inner:  # a futures runner's --state-dir holds one state directory per executor
+            more = f" and {len(inner) - 8} more" if len(inner) > 8 else ""
+            raise _IOFailure(
+                f"{path} is not a durable-dispatch state directory, but it holds "
+                f"{len(inner)} ({', '.join(inner[:8])}{more}): a futures runner's --state-dir "
+                "keeps one per executor; pass one of them, e.g. "
+                f"{os.path.join(path, inner[0])}"
+            )
         raise _IOFailure(f"{path} is not a durable-dispatch state directory")
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    """The campaign's statistics: the durable counts now, the master's published statistics
-    with their age, and its counters as of the last snapshot with theirs."""
+    """The campaign at a glance (state, progress, rate and ETA, failures, ranks, storage,
+    master); every number with ``--verbose`` and ``--json`` (one view, V1)."""
     from .admin import view_state
+    from .view import view_of_state
 
     _need_state_dir(args.state_dir)
     v = view_state(args.state_dir)
-    _print(stats_of(v), args.json)
+    view = view_of_state(v)
+    master_stats = dict(v.live.get("stats") or {})
+    if args.json:
+        _print(stats_of(view, master_stats), True)
+    else:
+        sys.stdout.write("\n".join(stats_text(view, master_stats, args.verbose)) + "\n")
     return EXIT_OK
-
-
-def _watch_text(path: str, f: dict[str, Any]) -> list[str]:
-    who = "master running" if f["master_running"] else "no master running"
-    age = f["heartbeat_age_seconds"]
-    rate = f"{f['rate_per_s']:,.1f}/s" if f["rate_per_s"] is not None else "-"
-    eta = f"{f['eta_seconds']:,}s" if f["eta_seconds"] is not None else "-"
-    kinds = ", ".join(f"{k} {n}" for k, n in f["failures_by_kind"].items()) or "none"
-    return [
-        f"durable-dispatch watch {path}   epoch {f['epoch']}, {who}"
-        + (f", statistics {age:.1f}s old" if age is not None else ""),
-        f"committed {f['committed']}   pending {f['pending']}   in flight {f['in_flight']}   "
-        f"deferred {f['deferred']}",
-        f"rate {rate}   ETA {eta}",
-        f"ranks parked {_text(f['parked_ranks'])}   lost {_text(f['lost_ranks'])}   "
-        f"timeouts {_text(f['timeouts'])}   deadline {_text(f['deadline_seconds'])}s",
-        f"failures by kind: {kinds}",
-        f"storage {_text(f['storage'])}"
-        + ("   FINISHED" if f["finished"] else "   ENDED" if f["ended"] else ""),
-    ]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -204,32 +208,35 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     _need_state_dir(args.state_dir)
     series = write_report(args.state_dir, args.output)
-    _print({"output": args.output, **series["totals"]}, args.json)
+    if args.json:
+        _print({"output": args.output, **series["view"]}, True)
+    else:
+        v = series["view"]
+        print(
+            f"wrote {args.output}: {v['state']}, {v['committed']} of {v['work_items']} "
+            f"committed, {v['deferred']} deferred"
+        )
     return EXIT_OK
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """A live view of a campaign, read-only and safe beside the master (see docs/cli.md)."""
-    import time
-
-    from .admin import view_state
+    from .view import read_view
 
     _need_state_dir(args.state_dir)
     if args.interval <= 0:
         raise UsageError(f"--interval must be > 0, got {args.interval}")
     tty = sys.stdout.isatty() and not args.json
-    previous: tuple[float, int] | None = None
     try:
         while True:
-            frame = watch_frame(view_state(args.state_dir), previous)
-            previous = (time.time(), frame["committed"])
+            view = read_view(args.state_dir)
             if args.json:
-                sys.stdout.write(orjson.dumps(frame).decode() + "\n")
+                sys.stdout.write(orjson.dumps(watch_frame(view)).decode() + "\n")
             else:
-                lines = _watch_text(args.state_dir, frame)
+                lines = watch_text(view)
                 sys.stdout.write(("\x1b[H\x1b[J" if tty else "") + "\n".join(lines) + "\n")
             sys.stdout.flush()
-            if args.once or frame["ended"]:
+            if args.once or not view.master_running:
                 return EXIT_OK
             time.sleep(args.interval)
     except KeyboardInterrupt:
@@ -257,6 +264,49 @@ def cmd_results(args: argparse.Namespace) -> int:
         if len(value) > 100:
             value = value[:97] + "..."
         print(f"{r.work_id:<30} {value}")
+        n += 1
+    if not n:
+        print("(none)")
+    return EXIT_OK
+
+
+def cmd_joblog(args: argparse.Namespace) -> int:
+    """One line per work item: status, tries, last failure, start, duration, rank and what it
+    runs (GNU parallel's --joblog); read-only, safe beside a running master."""
+    import datetime
+
+    from .results import read_joblog
+
+    _need_state_dir(args.state_dir)
+    rows = read_joblog(args.state_dir)
+    if args.status:
+        rows = (r for r in rows if r.status in args.status)
+    if args.jsonl:
+        for r in rows:
+            sys.stdout.write(orjson.dumps(r.as_dict()).decode() + "\n")
+        return EXIT_OK
+    if args.json:
+        _print([r.as_dict() for r in rows], True)
+        return EXIT_OK
+
+    def when(ts: float | None) -> str:
+        if ts is None:
+            return "-"
+        return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%H:%M:%S")
+
+    head = f"{'work ID':<24} {'status':<9} {'tries':>5} {'started':>8} {'seconds':>8} {'rank':>4}"
+    print(f"{head}  last failure / call")
+    n = 0
+    for r in rows:
+        secs = f"{r.seconds:.2f}" if r.seconds is not None else "-"
+        fail = f"{r.last_failure_kind}: {r.last_failure}" if r.last_failure_kind else ""
+        tail = fail or (r.call or "")
+        tail = tail if len(tail) <= 70 else tail[:67] + "..."
+        rank = "-" if r.rank is None else str(r.rank)
+        print(
+            f"{r.work_id:<24} {r.status:<9} {r.tries:>5} {when(r.started):>8} {secs:>8} "
+            f"{rank:>4}  {tail}"
+        )
         n += 1
     if not n:
         print("(none)")
@@ -362,8 +412,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             show=_show_progress if tty else None,
         )
     except DemoStopped as e:
+        code = EXIT_TERMINATED if e.signum == signal.SIGTERM else EXIT_INTERRUPTED
+        if args.json:
+            why = f"stopped by signal {e.signum}; the state directory {e.state} resumes"
+            return _error(args, _Stopped(why), code)
         print(f"stopped; the state directory {e.state} resumes", file=sys.stderr)
-        return EXIT_TERMINATED if e.signum == signal.SIGTERM else EXIT_INTERRUPTED
+        return code
     except DemoFailed as e:
         raise _IOFailure(str(e)) from None
     if tty:
@@ -435,8 +489,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _show_progress(st: dict[str, Any], total: int) -> None:
     """The demo's progress line (its master's statistics), on a terminal."""
     c = st.get("core", {})
+    left = sum(int(c.get(k, 0)) for k in ("pending_now", "in_flight_now", "deferred_now"))
+    # The campaign's committed count, as stats shows it (the master's "commits" counts its own
+    # run only: a resumed demo would show 3/80 for 80 done); nothing before the first dispatch.
+    done = total - left if c.get("dispatches", 0) or c.get("commits", 0) else 0
     line = (
-        f"committed {c.get('commits', 0)}/{total}  in flight {c.get('in_flight_now', 0)} items "
+        f"committed {max(done, 0)}/{total}  in flight {c.get('in_flight_now', 0)} items "
         f"on {c.get('busy_ranks_now', 0)} busy ranks  parked ranks {c.get('parked_ranks_now', 0)}  "
         f"deferred {c.get('deferred_now', 0)}  "
         f"timeouts {c.get('dispatch_watchdog_timeouts', 0)}"
@@ -447,7 +505,7 @@ def _show_progress(st: dict[str, Any], total: int) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``durable-dispatch`` command."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="durable-dispatch",
         description="Inspect, verify and compact durable-dispatch state; run the demo campaign.",
         epilog="Exit codes: 0 ok, 1 damage found or library error, 2 usage or I/O error.",
@@ -498,8 +556,31 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("state_dir", help="a state directory")
     sp.add_argument("work_ids", nargs="*", metavar="ID", help="only these work IDs")
     sp.add_argument("--jsonl", action="store_true", help="one JSON object per line")
-    sp = add("stats", cmd_stats, "the campaign's statistics", "durable-dispatch stats state/")
+    sp = add(
+        "joblog",
+        cmd_joblog,
+        "one line per work item: status (committed, deferred, pending, in flight), tries, last "
+        "failure, start time (UTC), seconds, rank, and what it runs (a futures call as "
+        "function(arguments)); read-only",
+        "durable-dispatch joblog state/ --status deferred --jsonl | jq .last_failure",
+    )
     sp.add_argument("state_dir", help="a state directory")
+    sp.add_argument("--jsonl", action="store_true", help="one JSON object per line")
+    sp.add_argument(
+        "--status",
+        action="append",
+        choices=["committed", "deferred", "pending", "in flight"],
+        help="only items with this status (repeat for several)",
+    )
+    sp = add(
+        "stats",
+        cmd_stats,
+        "the campaign at a glance: state, progress, rate and ETA, failures by kind, ranks, "
+        "storage, master; every number with --verbose or --json",
+        "durable-dispatch stats state/ --verbose",
+    )
+    sp.add_argument("state_dir", help="a state directory")
+    sp.add_argument("-v", "--verbose", action="store_true", help="every number, not a summary")
     sp = add(
         "report",
         cmd_report,
@@ -581,18 +662,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are raised (so that ``--json`` gets them as JSON)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _ArgumentError(f"{self.prog}: {message}")
+
+
+class _ArgumentError(Exception):
+    pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit code."""
+    """Run the command; returns the exit code.
+
+    Writing to a pipe whose reader has gone (``durable-dispatch results STATE --jsonl | head``)
+    ends the command quietly with exit 0, as ``head`` asked for no more."""
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")  # the library's warnings
     parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
+        args = parser.parse_args(words)
+    except _ArgumentError as e:  # a wrong call: usage on stderr, or one JSON object
+        if "--json" in words:
+            return _error(argparse.Namespace(json=True), UsageError(str(e)), EXIT_USAGE)
+        parser.print_usage(sys.stderr)
+        print(f"Error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as e:  # --help
         return int(e.code or 0)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except (_IOFailure, UsageError) as e:  # a wrong call of the command is a usage error
         return _error(args, e, EXIT_USAGE)
     except DurableDispatchError as e:
@@ -601,11 +707,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(args, e, EXIT_USAGE)
 
 
+def _reader_gone() -> int:
+    """The reader of standard output closed it (``| head``): stop quietly, exit 0. Standard
+    output is pointed at /dev/null so that the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return EXIT_OK
+
+
 def _error(args: argparse.Namespace, e: BaseException, code: int) -> int:
     """Report an error: ``Error: ...`` on stderr, or with ``--json`` one object on stdout of a
     stable shape, ``{"error": {"type", "message", "exit_code"}}``; returns ``code``."""
     if getattr(args, "json", False):
-        names: dict[type[BaseException], str] = {_IOFailure: "UsageError", LookupError: "NotFound"}
+        names: dict[type[BaseException], str] = {
+            _IOFailure: "UsageError",
+            LookupError: "NotFound",
+            _Stopped: "Stopped",
+        }
         kind = names.get(type(e), type(e).__name__)
         body = {"error": {"type": kind, "message": str(e), "exit_code": code}}
         sys.stdout.write(orjson.dumps(body).decode() + "\n")

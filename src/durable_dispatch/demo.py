@@ -103,7 +103,17 @@ def demo_task(payload: Any, ctx: WorkContext | None = None) -> dict[str, Any]:
 
 
 def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str, Any]:
-    """Check the durable record against the campaign's work IDs."""
+    """Check the durable record against the campaign's work IDs.
+
+    The counts are the campaign's one view (``report.view``, else read from ``state_dir``: the
+    numbers ``durable-dispatch stats`` shows). ``left`` counts the items not done yet (pending,
+    or in flight when the master stopped: the next run does them); ``lost`` the work IDs the
+    record holds nowhere (no commit, not deferred, not pending: must be 0), and
+    ``duplicate_commits`` second commit records of a work ID in the journal (must be 0).
+    """
+    from .admin import view_state
+    from .view import view_of_state
+
     commits: Counter[str] = Counter()
     with Journal.open(os.path.join(state_dir, STATE_JOURNAL)) as j:
         for r in j.records():
@@ -113,21 +123,21 @@ def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str
 
     with DeferJournal.open(state_dir) as d:
         deferred = {i.work_id for i in d.items()}
-    from .admin import view_state
-
-    by_kind: Counter[str] = Counter()
-    for kinds in view_state(state_dir).projection.kinds.values():
-        by_kind.update(kinds)
-    committed = set(commits) & all_ids
-    lost = sorted(all_ids - committed - deferred)
+    sv = view_state(state_dir)
+    led = sv.projection
+    view = getattr(report, "view", None) or view_of_state(sv)
+    waiting = set(led.frontier) | set(led.in_flight)
+    lost = sorted(all_ids - set(commits) - deferred - waiting)
     out: dict[str, Any] = {
-        "work_items": len(all_ids),
-        "committed": len(committed),
-        "deferred": len(deferred & all_ids),
+        "state": view.state,
+        "work_items": view.work_items,  # the campaign's (a resumed run may name fewer)
+        "committed": view.committed,
+        "deferred": view.deferred,
+        "left": view.pending + view.in_flight,
         "lost": len(lost),
         "lost_ids": lost[:20],
         "duplicate_commits": sum(c - 1 for c in commits.values() if c > 1),
-        "failures_by_kind": dict(sorted(by_kind.items())),
+        "failures_by_kind": dict(view.failures_by_kind),
     }
     if report is not None:
         core = report.stats["core"]

@@ -1,74 +1,171 @@
-"""What ``durable-dispatch stats`` and ``watch`` show of a state directory, as values: the
-live statistics and their age (:func:`stats_of`), and one frame of ``watch`` with its rate and
-ETA (:func:`watch_frame`). Read-only; the command line prints what these return."""
+"""What ``durable-dispatch stats`` and ``watch`` show, as values and lines of text, all read from
+one :class:`~durable_dispatch.view.CampaignView` (V1): :func:`stats_of` (``stats --json``),
+:func:`stats_text` (``stats``, and ``stats --verbose``), :func:`watch_frame` (``watch --json``)
+and :func:`watch_text` (``watch``). Pure: the command line reads the view and prints these."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["stats_of", "watch_frame"]
+from .view import FINISHED, RUNNING, CampaignView
+
+__all__ = ["stats_of", "stats_text", "watch_frame", "watch_text", "duration"]
 
 
-def _age(ts: Any) -> float | None:
-    return round(max(0.0, time.time() - ts), 1) if isinstance(ts, (int, float)) else None
+def duration(seconds: float | None) -> str:
+    """``"42s"``, ``"5m 12s"``, ``"3h 05m"``, ``"2d 04h"`` (``"-"`` for None)."""
+    if seconds is None:
+        return "-"
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
 
 
-def stats_of(v: Any) -> dict[str, Any]:
-    """What ``durable-dispatch stats`` prints of the view ``v``
-    (:func:`~durable_dispatch.admin.view_state`): the durable counts, the master's live
-    statistics with their age and whether it runs, and the figures of the last snapshot."""
-    live = v.live
-    return {
-        "state": v.summary(),
-        "live": {
-            "age_seconds": _age(live.get("ts")),
-            "running": bool(live.get("running")) and v.master_running,
-            "host": live.get("host"),
-            "pid": live.get("pid"),
-            "stats": live.get("stats", {}),
-        },
-        "master_stats_age_seconds": _age(v.snapshot_ts),
-        "master_stats": v.stats,
-    }
+def _kinds(view: CampaignView) -> str:
+    if not view.failures_by_kind:
+        return "none"
+    text = ", ".join(f"{k} {n}" for k, n in view.failures_by_kind.items())
+    items = "item" if view.failed_items == 1 else "items"
+    return f"{text} ({view.failed_items} {items} failed at least once)"
 
 
-def watch_frame(v: Any, previous: tuple[float, int] | None = None) -> dict[str, Any]:
-    """One frame of ``watch``: the durable counts, the master's live figures and their age,
-    rate and ETA (from the previous frame's ``(time, committed)``, else since the master
-    started), failures by kind, and whether the campaign has ended."""
-    summary = v.summary()
-    live = v.live
-    core = dict(live.get("stats", {}).get("core", {}))
-    now = time.time()
-    committed, pending, in_flight = summary["committed"], summary["pending"], summary["in_flight"]
-    rate = None
-    if previous is not None and now > previous[0]:
-        rate = (committed - previous[1]) / (now - previous[0])
-    elif isinstance(live.get("started"), (int, float)) and live.get("ts", 0) > live["started"]:
-        rate = core.get("commits", 0) / (live["ts"] - live["started"])
-    kinds: dict[str, int] = {}
-    for ks in v.projection.kinds.values():
-        for k in ks:
-            kinds[k] = kinds.get(k, 0) + 1
-    left = pending + in_flight
-    running = v.master_running
-    return {
-        "committed": committed,
-        "pending": pending,
-        "in_flight": in_flight,
-        "deferred": summary["deferred"],
-        "rate_per_s": round(rate, 2) if rate is not None else None,
-        "eta_seconds": round(left / rate) if rate and left else None,
-        "parked_ranks": core.get("parked_ranks_now"),
-        "lost_ranks": core.get("ranks_lost"),
-        "timeouts": core.get("dispatch_watchdog_timeouts"),
-        "deadline_seconds": core.get("watchdog_deadline_now"),
-        "failures_by_kind": dict(sorted(kinds.items())),
-        "storage": (live.get("stats", {}).get("journal_health") or {}).get("state"),
-        "master_running": running,
-        "heartbeat_age_seconds": _age(live.get("ts")),
-        "epoch": summary["epoch"],
-        "ended": not running,
-        "finished": not running and left == 0,
-    }
+def _master(view: CampaignView) -> str:
+    """Who the master is (or was), and how long it has run."""
+    who = (
+        f"{view.master_host}, pid {view.master_pid}" if view.master_host is not None else "unknown"
+    )
+    if view.master_running:
+        beat = view.heartbeat_age_seconds
+        return f"{who}, up {duration(view.master_age_seconds)}" + (
+            f", statistics {beat:.0f}s old" if beat is not None else ", no statistics yet"
+        )
+    if view.master_host is None:
+        return "none has run" if view.epoch == 0 else "no statistics published"
+    how = {"killed": "ended without closing (killed?)", "closed": "closed"}.get(
+        view.master_ended or "", "ended"
+    )
+    ago = duration(view.heartbeat_age_seconds)
+    return f"{who} {how} {ago} ago after {duration(view.master_age_seconds)}"
+
+
+def _state_line(view: CampaignView) -> str:
+    if view.state == RUNNING:
+        return "running"
+    if view.state == FINISHED:
+        return "finished (every item committed or deferred; no master running)"
+    return "stopped, work left (no master running; run the campaign again to resume)"
+
+
+def _progress(view: CampaignView) -> str:
+    total = view.work_items
+    pct = f" ({100.0 * view.committed / total:.1f}%)" if total else ""
+    line = (
+        f"{view.committed} of {total} committed{pct}, {view.deferred} deferred, "
+        f"{view.pending} pending, {view.in_flight} in flight"
+    )
+    if view.interrupted:
+        line += f" ({view.interrupted} of the pending were in flight when the master stopped)"
+    return line
+
+
+def _rate(view: CampaignView) -> str:
+    if view.rate_per_s is None:
+        return "- (no master running)" if not view.master_running else "- (nothing committed yet)"
+    eta = "done" if not view.left else duration(view.eta_seconds)
+    return f"{view.rate_per_s:,.1f} items/s over this run, ETA {eta}"
+
+
+def _ranks(view: CampaignView) -> str:
+    if not view.master_running:
+        return "- (no master running)"
+    return (
+        f"{view.parked_ranks if view.parked_ranks is not None else '-'} parked, "
+        f"{view.busy_ranks if view.busy_ranks is not None else '-'} busy, "
+        f"{view.lost_ranks if view.lost_ranks is not None else '-'} lost"
+    )
+
+
+def stats_text(view: CampaignView, master_stats: Mapping[str, Any], verbose: bool) -> list[str]:
+    """The lines of ``durable-dispatch stats``: a summary an operator reads at a glance; with
+    ``verbose`` also every field of the view and the master's counters of its (last) run."""
+    storage = view.storage or "- (no statistics published)"
+    if view.commits_in_memory:
+        storage += f", {view.commits_in_memory} commits in memory only"
+    rows = [
+        ("campaign", f"{view.directory} (epoch {view.epoch})"),
+        ("state", _state_line(view)),
+        ("progress", _progress(view)),
+        ("rate", _rate(view)),
+        ("failures", _kinds(view)),
+        ("ranks", _ranks(view)),
+        ("storage", storage),
+        ("master", _master(view)),
+    ]
+    if view.duplicate_commits:
+        rows.append(("duplicates", f"{view.duplicate_commits} second commits ignored"))
+    lines = [f"{k:<10} {v}" for k, v in rows]
+    if not verbose:
+        return lines
+    lines.append("")
+    lines.append("view (as `stats --json` names them)")
+    for k, v in stats_of(view, {}).items():
+        if k != "master_statistics":
+            lines.append(f"  {k:<28} {_value(v)}")
+    lines.append("")
+    lines.append("the master's counters of its newest run (`stats --json`: master_statistics)")
+    for k, v in _flat(master_stats):
+        lines.append(f"  {k:<40} {_value(v)}")
+    return lines
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v and k not in ("stale", "unowned", "malformed", "duplicate"):
+            out.extend(_flat(v, f"{prefix}{k}."))
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}={_value(x)}" for k, x in v.items()) if v else "(none)"
+    return str(v)
+
+
+def stats_of(view: CampaignView, master_stats: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``durable-dispatch stats --json`` prints: every field of the view, and
+    ``master_statistics``, the counters the newest master published (its run only)."""
+    return {**view.as_dict(), "master_statistics": dict(master_stats)}
+
+
+def watch_frame(view: CampaignView) -> dict[str, Any]:
+    """One frame of ``watch --json``: every field of the view (the names ``stats --json`` uses)."""
+    return view.as_dict()
+
+
+def watch_text(view: CampaignView) -> list[str]:
+    """One frame of ``watch`` for a terminal."""
+    head = f"durable-dispatch watch {view.directory}   epoch {view.epoch}, {view.state}"
+    if view.master_running and view.heartbeat_age_seconds is not None:
+        head += f", statistics {view.heartbeat_age_seconds:.1f}s old"
+    end = "   FINISHED" if view.finished else "" if view.master_running else "   STOPPED"
+    return [
+        head,
+        f"progress  {_progress(view)}",
+        f"rate      {_rate(view)}",
+        f"failures  {_kinds(view)}",
+        f"ranks     {_ranks(view)}",
+        f"storage   {view.storage or '-'}{end}",
+    ]

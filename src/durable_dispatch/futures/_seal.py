@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import os
 import pickle
+import re
 import stat
 from typing import Any
 
@@ -108,10 +109,13 @@ class Sealer:
 
     # ------------------------------------------------------------------ calls
     def seal_call(self, work_id: str, name: str, digest: str, call: Any) -> dict[str, Any]:
-        """A task's payload: ``{"fn", "d", "call", "tag"}`` (JSON; ``call`` a base64 pickle)."""
+        """A task's payload: ``{"fn", "args", "d", "call", "tag"}`` (JSON; ``call`` a base64
+        pickle; ``args`` a short text preview of the arguments, for ``durable-dispatch joblog``,
+        which never unpickles)."""
         data = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
         return {
             "fn": name,
+            "args": args_preview(call),
             "d": digest,
             "call": base64.b64encode(data).decode(),
             "tag": self.tag("call", work_id, digest, data),
@@ -228,3 +232,29 @@ class Sealer:
         if hashlib.sha256(data).hexdigest() != name:
             raise ValueError(f"side file {name} does not match its digest")
         return data
+
+
+def args_preview(call: Any, limit: int = 80) -> str:
+    """A short text of a call's arguments (``reprlib``, object addresses removed so that the
+    same call gives the same text in every run), cut at ``limit`` characters."""
+    import reprlib
+
+    class _Short(reprlib.Repr):
+        def repr_instance(self, x: Any, level: int) -> str:
+            text = _ADDRESS.sub("", repr(x))
+            return text if len(text) <= 24 else text[:10] + "..." + text[-11:]
+
+    try:
+        _fn, args, kwargs = call
+        r = _Short()
+        r.maxstring = 24
+        r.maxlist = r.maxtuple = r.maxdict = 4
+        r.maxlevel = 2
+        parts = [r.repr(a) for a in args] + [f"{k}={r.repr(v)}" for k, v in kwargs.items()]
+    except Exception:  # noqa: BLE001 - a preview must never stop a submit
+        return "?"
+    text = ", ".join(parts)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

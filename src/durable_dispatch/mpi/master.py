@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..errors import UsageError
 from ..state import CampaignState, OnCommit
+from ..view import CampaignView, campaign_view
 from . import guard
 from . import protocol as P
 from .context import CHILD_MARKER
@@ -86,6 +87,9 @@ class MasterReport:
             drained on SIGTERM, SIGINT or SIGUSR1), ``"max_seconds"``, ``"no workers left"`` or
             ``"every worker parked"`` (work remains, and no parked rank sent its exact READY
             within ``stuck_grace``). The state directory resumes later.
+        view: the campaign as the master left it, the numbers ``durable-dispatch stats``
+            shows (:class:`~durable_dispatch.view.CampaignView`: committed, deferred, pending,
+            failures by kind ...; nothing is in flight once the master returned).
     """
 
     stats: dict[str, Any]
@@ -94,6 +98,7 @@ class MasterReport:
     lost_ranks: dict[int, float] = field(default_factory=dict)
     seconds: float = 0.0
     reason: str | None = None
+    view: CampaignView | None = None
 
 
 def run_master(
@@ -299,13 +304,22 @@ def run_master(
             state._complete_commits(wait=True)
             _persisted(state, _PERSIST_SECONDS)  # else close() raises NotDurableError
             _stop_all(link, range(1, size), lost, stop_timeout)
+            stats, wall, took = state.statistics().as_dict(), time.time(), time.monotonic() - start
             report = MasterReport(
-                stats=state.statistics().as_dict(),
+                stats=stats,
                 mode="ulfm" if ft else "no-ulfm",
                 finished=source.exhausted and state.done,
                 lost_ranks=lost,
-                seconds=time.monotonic() - start,
+                seconds=took,
                 reason=None if source.exhausted and state.done else reason,
+                view=campaign_view(  # V1: as stats will show it once the master returned
+                    state.core.ledger,
+                    {"ts": wall, "started": wall - took, "running": False, "stats": stats}
+                    | {"pid": os.getpid(), "host": os.uname().nodename},
+                    running=False,
+                    directory=os.fspath(state.directory),
+                    now=wall,
+                ),
             )
             if progress is not None:
                 progress(report.stats)
