@@ -504,6 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--timeout", type=float, default=600.0, help="give up after this long")
     dp.add_argument("--json", action="store_true", help="machine-readable output")
     dp.set_defaults(func=cmd_demo)
+    from .launch import add_parser as add_launch  # issue 45: its body lives in launch.py
+
+    add_launch(sub)
     return p
 
 
