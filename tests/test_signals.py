@@ -159,7 +159,12 @@ def test_launch_passes_the_exit_status_on_and_requeues_only_on_the_resumable_cod
     a failed mpiexec. ``launch`` ends with the command's status and requeues on 3 only."""
     log = tmp_path / "scontrol.log"
     fake = tmp_path / "scontrol"
-    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    state = tmp_path / "state"
+    state.write_text("RUNNING")
+    fake.write_text(
+        f'#!/bin/sh\nif [ "$1" = requeue ]; then echo "$@" >> {log}; '
+        f'else echo "JobId=77 JobState=$(cat {state}) Restarts=0"; fi\n'
+    )
     fake.chmod(0o755)
     env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0"}
     old = os.environ["PATH"]
@@ -175,7 +180,12 @@ def test_launch_passes_the_exit_status_on_and_requeues_only_on_the_resumable_cod
             == 3
         )  # ran 6 times already: not again
         assert launch(["sh", "-c", "exit 3"], env={}) == 3  # not in a Slurm job
+        state.write_text("CANCELLED")  # scancel: the ranks drained, but a cancel stays one
+        assert launch(["sh", "-c", "exit 3"], env=env) == 3
         assert log.read_text() == "requeue 77\n"
+        state.write_text("TIMEOUT")  # the time limit: requeued
+        assert launch(["sh", "-c", "exit 3"], env=env) == 3
+        assert log.read_text() == "requeue 77\nrequeue 77\n"
     finally:
         os.environ["PATH"] = old
 

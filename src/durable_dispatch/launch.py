@@ -17,7 +17,8 @@ campaign.py`` (or ``-- srun --mpi=pmix python campaign.py``), and needs no ``tra
   master's ``sys.exit(0 if report.finished else 3)``) reaches the batch system.
 - On that code, inside a Slurm job (``SLURM_JOB_ID``), it requeues the job with ``scontrol
   requeue`` (the job needs ``--requeue``), unless the job already ran ``--max-requeues`` times
-  (``SLURM_RESTART_COUNT``): a campaign that never finishes does not requeue forever.
+  (``SLURM_RESTART_COUNT``): a campaign that never finishes does not requeue forever; or
+  unless ``scancel`` ended the job (its state is ``CANCELLED``): a cancel stays a cancel.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["RESUMABLE", "HOLD_SECONDS", "launch", "requeue_command", "add_parser"]
+__all__ = ["RESUMABLE", "HOLD_SECONDS", "launch", "requeue_command", "job_state", "add_parser"]
 
 #: The exit status a campaign script uses for "stopped resumably, run me again".
 RESUMABLE = 3
@@ -46,6 +47,29 @@ def requeue_command(env: Mapping[str, str]) -> list[str] | None:
     if not job:
         return None
     return [shutil.which("scontrol") or "scontrol", "requeue", job]
+
+
+def job_state(env: Mapping[str, str]) -> str:
+    """This Slurm job's ``JobState`` as ``scontrol show job`` says (``RUNNING``, ``TIMEOUT``,
+    ``CANCELLED``...), or "" when it cannot be read. A job that ``scancel`` ended is
+    ``CANCELLED`` while its processes still drain: that is no time to requeue it."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job:
+        return ""
+    try:
+        r = subprocess.run(
+            [shutil.which("scontrol") or "scontrol", "-o", "show", "job", job],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    for word in r.stdout.split():
+        if word.startswith("JobState="):
+            return word.removeprefix("JobState=")
+    return ""
 
 
 def _say(msg: str) -> None:
@@ -113,8 +137,11 @@ def launch(
     if code == resumable and requeue:
         cmd = requeue_command(env)
         restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+        state = job_state(env) if cmd is not None else ""
         if cmd is None:
             _say(f"the campaign stopped resumably (exit {code}); run the job again to resume")
+        elif state.startswith("CANCELLED"):
+            _say(f"the job was cancelled (scancel; {state}): not requeued; submit it to resume")
         elif restarts >= max_requeues:
             _say(
                 f"the campaign stopped resumably (exit {code}) but this job already ran "
