@@ -218,6 +218,7 @@ def test_every_command_has_help_and_docs() -> None:
         "deferred",
         "demo",
         "inspect",
+        "launch",
         "report",
         "results",
         "stats",

@@ -160,10 +160,10 @@ def test_launch_passes_the_exit_status_on_and_requeues_only_on_the_resumable_cod
     log = tmp_path / "scontrol.log"
     fake = tmp_path / "scontrol"
     state = tmp_path / "state"
-    state.write_text("RUNNING")
+    state.write_text("JobState=RUNNING RunTime=00:00:20 TimeLimit=00:01:00")
     fake.write_text(
         f'#!/bin/sh\nif [ "$1" = requeue ]; then echo "$@" >> {log}; '
-        f'else echo "JobId=77 JobState=$(cat {state}) Restarts=0"; fi\n'
+        f'else echo "JobId=77 $(cat {state}) Restarts=0"; fi\n'
     )
     fake.chmod(0o755)
     env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0"}
@@ -180,11 +180,13 @@ def test_launch_passes_the_exit_status_on_and_requeues_only_on_the_resumable_cod
             == 3
         )  # ran 6 times already: not again
         assert launch(["sh", "-c", "exit 3"], env={}) == 3  # not in a Slurm job
-        state.write_text("CANCELLED")  # scancel: the ranks drained, but a cancel stays one
+        # scancel (what a job sees of itself while it ends): the ranks drained, but a cancel
+        # stays a cancel
+        state.write_text("JobState=COMPLETING RunTime=00:00:05 TimeLimit=00:05:00")
         assert launch(["sh", "-c", "exit 3"], env=env) == 3
         assert log.read_text() == "requeue 77\n"
-        state.write_text("TIMEOUT")  # the time limit: requeued
-        assert launch(["sh", "-c", "exit 3"], env=env) == 3
+        state.write_text("JobState=COMPLETING RunTime=1-00:00:20 TimeLimit=1-00:00:00")
+        assert launch(["sh", "-c", "exit 3"], env=env) == 3  # the time limit: requeued
         assert log.read_text() == "requeue 77\nrequeue 77\n"
     finally:
         os.environ["PATH"] = old

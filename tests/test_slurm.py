@@ -246,6 +246,12 @@ def jobs(tmp_path_factory: Any) -> Any:
             "limit-mpiexec", base, NO_SIGNAL_MPIEXEC, "--ntasks=3", "--time=1", items=300
         ),
         "mpi-none": submit("mpi-none", base, MPI_NONE, "--ntasks=3", "--time=2"),
+        "scancel-usr1": submit(
+            "scancel-usr1", base, EXAMPLES / "mpiexec.sbatch", "--ntasks=3", "--time=5", items=60
+        ),
+        "scancel-srun": submit(
+            "scancel-srun", base, EXAMPLES / "srun.sbatch", "--ntasks=3", "--time=5", items=150
+        ),
     }
     yield out
     for j in out.values():
@@ -253,6 +259,7 @@ def jobs(tmp_path_factory: Any) -> Any:
 
 
 @pytest.mark.slurm
+@pytest.mark.timeout(1500)
 @needs_slurm
 @pytest.mark.parametrize("name", ["recipe-mpiexec", "recipe-srun"])
 def test_the_shipped_recipe_finishes_across_allocations(jobs: Any, name: str) -> None:
@@ -272,6 +279,7 @@ def test_the_shipped_recipe_finishes_across_allocations(jobs: Any, name: str) ->
 
 
 @pytest.mark.slurm
+@pytest.mark.timeout(1500)
 @needs_slurm
 def test_a_time_limit_without_signal_under_srun_drains_and_resumes(jobs: Any) -> None:
     """Before: the master began to drain, srun's copy of the SIGTERM stopped it at once and
@@ -289,6 +297,7 @@ def test_a_time_limit_without_signal_under_srun_drains_and_resumes(jobs: Any) ->
 
 
 @pytest.mark.slurm
+@pytest.mark.timeout(1500)
 @needs_slurm
 def test_a_time_limit_without_signal_under_open_mpis_mpiexec_is_what_the_docs_say(
     jobs: Any,
@@ -321,6 +330,7 @@ def test_a_time_limit_without_signal_under_open_mpis_mpiexec_is_what_the_docs_sa
 
 
 @pytest.mark.slurm
+@pytest.mark.timeout(1500)
 @needs_slurm
 def test_srun_with_the_wrong_mpi_plugin_fails_fast_and_names_the_fix(jobs: Any) -> None:
     """Before: ``srun --mpi=none`` with the Open MPI wheel made each task a world of size 1;
@@ -340,31 +350,53 @@ def test_srun_with_the_wrong_mpi_plugin_fails_fast_and_names_the_fix(jobs: Any) 
     assert end - start < 60, line
 
 
+def _after_commits(job: Job, n: int) -> None:
+    """Wait until the job's campaign has committed ``n`` items."""
+    journal = job.dir / "state" / "events.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (
+        not journal.exists() or journal.read_bytes().count(b'"committed"') < n
+    ):
+        job.poll()
+        time.sleep(0.5)
+
+
 @pytest.mark.slurm
+@pytest.mark.timeout(1500)
 @needs_slurm
-def test_scancel_signal_usr1_full_requeues_not_failed(tmp_path: Path) -> None:
+def test_scancel_signal_usr1_full_requeues_not_failed(jobs: Any) -> None:
     """Before: ``scancel --signal=USR1 --full`` (every process signalled, and a trap forwarding
     it again) gave each rank SIGUSR1 twice; the master stopped at once, a worker exited 138:
     FAILED 138:0. Now the copies are one request: the job drains, requeues, and finishes."""
-    if DOWN is not None:
-        pytest.skip(DOWN)
-    job = submit(
-        "scancel", tmp_path, EXAMPLES / "mpiexec.sbatch", "--ntasks=3", "--time=5", items=60
-    )
-    try:
-        journal = job.dir / "state" / "events.jsonl"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and (
-            not journal.exists() or journal.read_bytes().count(b'"committed"') < 5
-        ):
-            job.poll()
-            time.sleep(0.5)
-        subprocess.run(["scancel", "--signal=USR1", "--full", job.id], check=True)
-        f = job.wait(600)
-        line = job.report()
-        assert f["JobState"] == "COMPLETED" and f["ExitCode"] == "0:0", line + job.output()[-3000:]
-        assert int(f["Restarts"]) >= 1, line
-        assert sorted(s for a, _r, s in job.ranks() if a == 0) == [0, 0, 3], line
-        committed_once(job, 60)
-    finally:
-        subprocess.run(["scancel", job.id], capture_output=True)
+    job: Job = jobs["scancel-usr1"]
+    _after_commits(job, 5)
+    subprocess.run(["scancel", "--signal=USR1", "--full", job.id], check=True)
+    f = job.wait(900)
+    line = job.report()
+    assert f["JobState"] == "COMPLETED" and f["ExitCode"] == "0:0", line + job.output()[-3000:]
+    assert int(f["Restarts"]) >= 1, line
+    assert sorted(s for a, _r, s in job.ranks() if a == 0) == [0, 0, 3], line
+    committed_once(job, 60)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(1500)
+@needs_slurm
+def test_scancel_under_srun_drains_and_stays_cancelled(jobs: Any) -> None:
+    """``scancel JOB`` under srun: the ranks drain (master 3, workers 0), and ``launch`` sees a
+    cancel, not a time limit (inside the job both are JobState=COMPLETING): it does not requeue.
+    Found while writing these tests: the job requeued itself after every scancel."""
+    job: Job = jobs["scancel-srun"]
+    _after_commits(job, 5)
+    subprocess.run(["scancel", job.id], check=True)
+    f = job.wait(300)
+    time.sleep(20)  # a requeue would show within the cycle's 15 s
+    f = job.poll() or f
+    line = job.report()
+    assert f["JobState"] == "CANCELLED" and f["Restarts"] == "0", line + job.output()[-3000:]
+    assert sorted(s for a, _r, s in job.ranks() if a == 0) == [0, 0, 3], line
+    assert "not requeued" in job.output(), job.output()[-2000:]
+    from durable_dispatch.admin import view_state
+
+    p = view_state(job.dir / "state").projection
+    assert 5 <= len(p.committed) < 150 and p.duplicate_commits == 0 and not p.in_flight

@@ -18,7 +18,7 @@ campaign.py`` (or ``-- srun --mpi=pmix python campaign.py``), and needs no ``tra
 - On that code, inside a Slurm job (``SLURM_JOB_ID``), it requeues the job with ``scontrol
   requeue`` (the job needs ``--requeue``), unless the job already ran ``--max-requeues`` times
   (``SLURM_RESTART_COUNT``): a campaign that never finishes does not requeue forever; or
-  unless ``scancel`` ended the job (its state is ``CANCELLED``): a cancel stays a cancel.
+  unless ``scancel`` is ending the job (:func:`cancelled`): a cancel stays a cancel.
 """
 
 from __future__ import annotations
@@ -32,7 +32,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["RESUMABLE", "HOLD_SECONDS", "launch", "requeue_command", "job_state", "add_parser"]
+__all__ = [
+    "RESUMABLE",
+    "HOLD_SECONDS",
+    "launch",
+    "requeue_command",
+    "job_fields",
+    "cancelled",
+    "add_parser",
+]
 
 #: The exit status a campaign script uses for "stopped resumably, run me again".
 RESUMABLE = 3
@@ -49,13 +57,12 @@ def requeue_command(env: Mapping[str, str]) -> list[str] | None:
     return [shutil.which("scontrol") or "scontrol", "requeue", job]
 
 
-def job_state(env: Mapping[str, str]) -> str:
-    """This Slurm job's ``JobState`` as ``scontrol show job`` says (``RUNNING``, ``TIMEOUT``,
-    ``CANCELLED``...), or "" when it cannot be read. A job that ``scancel`` ended is
-    ``CANCELLED`` while its processes still drain: that is no time to requeue it."""
+def job_fields(env: Mapping[str, str]) -> dict[str, str]:
+    """This Slurm job's fields as ``scontrol -o show job`` prints them (``JobState``,
+    ``RunTime``, ``TimeLimit``...), or {} when they cannot be read."""
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if not job:
-        return ""
+        return {}
     try:
         r = subprocess.run(
             [shutil.which("scontrol") or "scontrol", "-o", "show", "job", job],
@@ -65,11 +72,33 @@ def job_state(env: Mapping[str, str]) -> str:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return ""
-    for word in r.stdout.split():
-        if word.startswith("JobState="):
-            return word.removeprefix("JobState=")
-    return ""
+        return {}
+    return dict(w.split("=", 1) for w in r.stdout.split() if "=" in w)
+
+
+def _seconds(text: str) -> float | None:
+    """``[D-]HH:MM:SS`` (or ``MM:SS``) as seconds; None for ``UNLIMITED`` and the unreadable."""
+    days, _, hms = text.rpartition("-")
+    try:
+        parts = [int(p) for p in hms.split(":")]
+        whole_days = int(days) if days else 0
+    except ValueError:
+        return None
+    return float(sum(p * 60**i for i, p in enumerate(reversed(parts))) + whole_days * 86400)
+
+
+def cancelled(fields: Mapping[str, str]) -> bool:
+    """True when ``scancel`` (not the time limit) is ending this job. Inside the job both look
+    alike (``JobState=COMPLETING``, SIGTERM to every process); a time limit has used up the
+    ``TimeLimit`` (``RunTime`` at least as long), a cancel has not. A requeue after a cancel
+    would undo the cancel."""
+    state = fields.get("JobState", "")
+    if state.startswith("CANCELLED"):
+        return True
+    if state != "COMPLETING":
+        return False  # RUNNING: a --signal or an scancel --signal request; the job goes on
+    limit, run = _seconds(fields.get("TimeLimit", "")), _seconds(fields.get("RunTime", ""))
+    return limit is None or run is None or run < limit
 
 
 def _say(msg: str) -> None:
@@ -137,11 +166,10 @@ def launch(
     if code == resumable and requeue:
         cmd = requeue_command(env)
         restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
-        state = job_state(env) if cmd is not None else ""
         if cmd is None:
             _say(f"the campaign stopped resumably (exit {code}); run the job again to resume")
-        elif state.startswith("CANCELLED"):
-            _say(f"the job was cancelled (scancel; {state}): not requeued; submit it to resume")
+        elif cancelled(job_fields(env)):
+            _say(f"the job was cancelled (exit {code}): not requeued; submit it to resume")
         elif restarts >= max_requeues:
             _say(
                 f"the campaign stopped resumably (exit {code}) but this job already ran "
