@@ -305,3 +305,24 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
         return ""
+
+
+def test_launch_reads_a_command_killed_by_its_forwarded_sigusr1_as_resumable(
+    tmp_path: Path,
+) -> None:
+    """Found under Slurm: the signal came as the campaign finished, prterun had put its handler
+    away and died of the SIGUSR1 passed on to it: FAILED 138:0 with every item done. The
+    outcome is unknown, so resumable: the requeued job ends at once if all is done."""
+    runner = (
+        "import sys\nfrom durable_dispatch.launch import launch\n"
+        "sys.exit(launch(['sleep', '30'], env={}, hold=0))\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", runner], start_new_session=True)
+    try:
+        time.sleep(2)  # launch is up and sleep started
+        p.send_signal(signal.SIGUSR1)
+        assert p.wait(timeout=60) == RESUMABLE
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +109,7 @@ class Job:
     states: list[str] = field(default_factory=list)  # each change of "STATE restarts exit"
     final: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    sent: int | None = None  # scancel's exit status, once signal_after sent it
 
     def show(self) -> dict[str, str]:
         r = subprocess.run(
@@ -136,6 +138,23 @@ class Job:
             time.sleep(2)
         subprocess.run(["scancel", self.id])
         pytest.fail(f"{self.name}: job {self.id} still {self.states[-1:]} after {timeout:.0f}s")
+
+    def signal_after(self, commits: int, *scancel: str) -> None:
+        """In a thread: once the campaign has committed ``commits`` items, run ``scancel
+        *scancel JOB`` (the jobs of the module run side by side, each test waits for its own)."""
+
+        def run() -> None:
+            journal = self.dir / "state" / "events.jsonl"
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and (
+                not journal.exists() or journal.read_bytes().count(b'"committed"') < commits
+            ):
+                time.sleep(0.5)
+            self.sent = subprocess.run(
+                ["scancel", *scancel, self.id], capture_output=True, text=True
+            ).returncode
+
+        threading.Thread(target=run, daemon=True).start()
 
     def recorded(self) -> dict[str, str]:
         """The job's last record in jobcomp.log (``scontrol`` forgets a job ``MinJobAge`` after
@@ -272,6 +291,8 @@ def jobs(tmp_path_factory: Any) -> Any:
             "scancel-srun", base, EXAMPLES / "srun.sbatch", "--ntasks=3", "--time=5", items=150
         ),
     }
+    out["scancel-usr1"].signal_after(5, "--signal=USR1", "--full")
+    out["scancel-srun"].signal_after(5)
     yield out
     for j in out.values():
         subprocess.run(["scancel", j.id], capture_output=True)
@@ -369,17 +390,6 @@ def test_srun_with_the_wrong_mpi_plugin_fails_fast_and_names_the_fix(jobs: Any) 
     assert end - start < 60, line
 
 
-def _after_commits(job: Job, n: int) -> None:
-    """Wait until the job's campaign has committed ``n`` items."""
-    journal = job.dir / "state" / "events.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and (
-        not journal.exists() or journal.read_bytes().count(b'"committed"') < n
-    ):
-        job.poll()
-        time.sleep(0.5)
-
-
 @pytest.mark.slurm
 @pytest.mark.timeout(1500)
 @needs_slurm
@@ -387,13 +397,11 @@ def test_scancel_signal_usr1_full_requeues_not_failed(jobs: Any) -> None:
     """Before: ``scancel --signal=USR1 --full`` (every process signalled, and a trap forwarding
     it again) gave each rank SIGUSR1 twice; the master stopped at once, a worker exited 138:
     FAILED 138:0. Now the copies are one request: the job drains, requeues, and finishes."""
-    job: Job = jobs["scancel-usr1"]
-    _after_commits(job, 5)
-    subprocess.run(["scancel", "--signal=USR1", "--full", job.id], check=True)
+    job: Job = jobs["scancel-usr1"]  # the fixture sends the scancel after 5 commits
     f = job.wait(900)
     line = job.report()
     assert f["JobState"] == "COMPLETED" and f["ExitCode"] == "0:0", line + job.output()[-3000:]
-    assert int(f["Restarts"]) >= 1, line
+    assert job.sent == 0 and int(f["Restarts"]) >= 1, line
     assert sorted(s for a, _r, s in job.ranks() if a == 0) == [0, 0, 3], line
     committed_once(job, 60)
 
@@ -405,13 +413,12 @@ def test_scancel_under_srun_drains_and_stays_cancelled(jobs: Any) -> None:
     """``scancel JOB`` under srun: the ranks drain (master 3, workers 0), and ``launch`` sees a
     cancel, not a time limit (inside the job both are JobState=COMPLETING): it does not requeue.
     Found while writing these tests: the job requeued itself after every scancel."""
-    job: Job = jobs["scancel-srun"]
-    _after_commits(job, 5)
-    subprocess.run(["scancel", job.id], check=True)
-    f = job.wait(300)
+    job: Job = jobs["scancel-srun"]  # the fixture sends the scancel after 5 commits
+    f = job.wait(600)
     time.sleep(20)  # a requeue would show within the cycle's 15 s
     f = job.poll() or f
     line = job.report()
+    assert job.sent == 0, line
     assert f["JobState"] == "CANCELLED" and f["Restarts"] == "0", line + job.output()[-3000:]
     assert sorted(s for a, _r, s in job.ranks() if a == 0) == [0, 0, 3], line
     assert "not requeued" in job.output(), job.output()[-2000:]

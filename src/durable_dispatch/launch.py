@@ -163,6 +163,12 @@ def launch(
                 seen += 1
     if code < 0:
         code = 128 - code
+    if forwarded and code == 128 + signal.SIGUSR1:
+        # the SIGUSR1 we passed on reached CMD as it was ending (the campaign had finished or
+        # drained, and mpiexec had put its handler away): its outcome is unknown, and the
+        # state directory knows it. Resumable: the next allocation finishes at once if done.
+        _say(f"{os.path.basename(argv[0])} ended by the SIGUSR1 passed on to it: resumable")
+        code = resumable
     if code == resumable and requeue:
         cmd = requeue_command(env)
         restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
