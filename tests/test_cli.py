@@ -219,6 +219,7 @@ def test_every_command_has_help_and_docs() -> None:
         "demo",
         "inspect",
         "joblog",
+        "launch",
         "report",
         "results",
         "run",

@@ -659,6 +659,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--print", action="store_true", help="print the command line; run nothing")
     rp.add_argument("program", nargs=argparse.REMAINDER, help="the program and its arguments")
     rp.set_defaults(func=cmd_run)
+    from .launch import add_parser as add_launch  # issue 45: its body lives in launch.py
+
+    add_launch(sub)
     return p
 
 

@@ -6,7 +6,9 @@ library works without an MPI runtime. Names load on first use: a worker rank tha
 
 Importing it installs :func:`.guard.abort_on_unhandled` as ``sys.excepthook`` (U8): an unhandled
 exception on any rank of a multi-rank job ends the whole job with ``MPI_Abort`` instead of
-leaving the other ranks waiting for it forever.
+leaving the other ranks waiting for it forever; in a rank an MPI launcher started, it records
+SIGTERM and SIGUSR1 (:func:`.signals.record_early`), so a batch system's early signal drains the
+campaign that starts later instead of killing the rank.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from . import guard
+from . import guard, signals
 
 guard.install()
+signals.record_early()  # a launched rank records SIGTERM/SIGUSR1 until its campaign starts
 
 if TYPE_CHECKING:
     from .context import WorkContext

@@ -36,7 +36,8 @@ from ..view import CampaignView, campaign_view
 from . import guard
 from . import protocol as P
 from .context import CHILD_MARKER
-from .signals import CaughtSignals
+from .launchcheck import require_workers
+from .signals import SAME_REQUEST_SECONDS, CaughtSignals
 from .transport import MpiTransport, Transport, ulfm_mode
 
 __all__ = ["run_master", "MasterReport", "ulfm_mode", "finish", "Feed"]
@@ -170,8 +171,9 @@ def run_master(
             spinning. Hung functions need worker isolation to give their ranks back.
         drain_seconds: on SIGTERM, SIGINT or SIGUSR1 (a batch system's time limit, Ctrl-C),
             stop dispatching, wait up to this long for the work in flight, commit what comes,
-            then stop with ``reason="signal"`` (a second signal stops at once). The handlers are
-            installed only while this runs, in the main thread.
+            then stop with ``reason="signal"``. Signals within 5 s of the first are the same
+            request (Slurm delivers one event several times); a later one stops at once. The
+            handlers are installed only while this runs, in the main thread.
 
     Returns:
         A :class:`MasterReport`.
@@ -179,6 +181,9 @@ def run_master(
     Raises:
         UsageError: ``batch`` is not an integer >= 1 nor ``"auto"``, or this runs inside an
             isolated child (see ``run_worker(isolate=True)``).
+        ConfigurationError: an MPI world of size 1 (no workers; several processes that each
+            see a world of 1 when a launcher did not match the MPI): the message names the fix
+            (:mod:`.launchcheck`).
     """
     if os.environ.get(CHILD_MARKER):
         raise UsageError(
@@ -188,6 +193,8 @@ def run_master(
     if batch != "auto" and (type(batch) is not int or batch < 1):
         _refuse(f"batch must be an integer >= 1 or 'auto', got {batch!r}", comm, stop_timeout)
     link: Transport = comm if isinstance(comm, Transport) else MpiTransport(comm)
+    if isinstance(link, MpiTransport):
+        require_workers(link.comm)  # U10: a world of size 1 fails now, not resumably
     ft = link.ulfm
     if watchdog is None:
         watchdog = WatchdogConfig.from_env(os.environ)
@@ -258,7 +265,7 @@ def run_master(
                         linger_until = now + linger
                     if not core.parked_rank_count() or now >= linger_until:
                         break
-                reason = stopping.reason(now, state, caught.received, raw)
+                reason = stopping.reason(now, state, caught.requests, raw)
                 if reason is not None:
                     break
                 # -- drain everything that arrived (never blocking on one rank)
@@ -440,10 +447,11 @@ class _Stopping:
                 self.drain_until = now + self.drain_seconds
                 log.warning(
                     "master: %s received: draining (no new dispatch; up to %.0fs for %d in "
-                    "flight; a second signal stops at once)",
+                    "flight; a second signal, %gs or more after it, stops at once)",
                     signal.Signals(signals[0]).name,
                     self.drain_seconds,
                     core.in_flight_count(),
+                    SAME_REQUEST_SECONDS,
                 )
             if len(signals) > 1 or not core.in_flight_count() or now >= self.drain_until:
                 return "signal"

@@ -34,6 +34,7 @@ from . import guard
 from . import protocol as P
 from .context import CHILD_MARKER, MAX_RESULT_BYTES, ItemOutcome, WorkContext, run_items
 from .isolation import IsolatedRunner, StopRequested
+from .launchcheck import require_workers
 from .signals import CaughtSignals
 
 __all__ = ["run_worker", "WorkContext"]
@@ -51,6 +52,7 @@ class _Link:
     def __init__(self, comm: Any, MPI: Any) -> None:
         self.comm, self.MPI = comm, MPI
         self.status = MPI.Status()
+        self.interrupted = False  # a second signal request (U10): stop as on STOP
 
     def send(self, tag: int, raw: bytes) -> None:
         try:
@@ -72,6 +74,8 @@ class _Link:
             if not probe(source=0, tag=tag_any, status=status):
                 until, nap = time.monotonic() + self.SPIN, 0.00005
                 while not probe(source=0, tag=tag_any, status=status):
+                    if self.interrupted:
+                        return P.STOP, bytearray()
                     if time.monotonic() > until:
                         time.sleep(nap)
                         nap = min(nap * 2, 0.001)
@@ -83,7 +87,10 @@ class _Link:
         return tag, buf
 
     def stop_arrived(self) -> bool:
-        """True (and the STOP consumed) when rank 0 sent STOP, or is gone."""
+        """True (and the STOP consumed) when rank 0 sent STOP, or is gone, or a second signal
+        request arrived."""
+        if self.interrupted:
+            return True
         try:
             if not self.comm.Iprobe(source=0, tag=P.STOP, status=self.status):
                 return False
@@ -273,12 +280,13 @@ def _run(
     from mpi4py import MPI
 
     link = _Link(comm or MPI.COMM_WORLD, MPI)
+    require_workers(link.comm)  # U10: a world of size 1 has no master to serve
     runner: _InProcessRunner | IsolatedRunner | None = None
 
     def second_signal(signum: int) -> None:
-        if runner is not None:
-            runner.close()
-        os._exit(128 + signum)
+        # U10: a second request (not a copy of the first) stops this worker as a STOP would:
+        # the item in hand is abandoned (an isolated child is killed), the rank ends with 0
+        link.interrupted = True
 
     try:
         if isolate:
@@ -287,7 +295,8 @@ def _run(
             runner = _InProcessRunner(fn, mode, max_result, poll)
         link.send(P.READY, P.encode({"token": None}))  # up: the master may send work now
         # U5: a batch system signals every task. The first signal is only noted (the item in
-        # hand is finished, and the draining master sends STOP); a second one ends the worker.
+        # hand is finished, and the draining master sends STOP); copies of it within the
+        # window are the same request (U10); a second request stops the worker.
         with CaughtSignals(on_repeat=second_signal):
             return _serve(link, runner, hooks)
     except Exception as e:

@@ -1,0 +1,235 @@
+"""``durable-dispatch launch -- CMD...``: run a campaign's launcher in a batch job, drain on the
+batch system's signals and requeue the job when the campaign stopped resumably (U10).
+
+A job script ends with ``exec durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" python
+campaign.py`` (or ``-- srun --mpi=pmix python campaign.py``), and needs no ``trap``:
+
+- It starts ``CMD`` and waits for it. SIGUSR1, SIGTERM and SIGINT to this process are caught;
+  the first of a request is passed on to ``CMD`` as SIGUSR1 (``mpiexec`` and ``srun`` forward
+  SIGUSR1 to every rank, which drain), copies within
+  :data:`~durable_dispatch.mpi.signals.SAME_REQUEST_SECONDS` are dropped, and a second request
+  is passed on again (the ranks then stop at once). A request in the first
+  :data:`HOLD_SECONDS` after the start waits until then (the ranks must be up to catch it).
+  With ``#SBATCH --signal=B:USR1@120`` Slurm signals only the batch shell: ``exec`` makes this
+  process that shell.
+- Its exit status is ``CMD``'s (128 + the signal's number when a signal ended ``CMD``), so a
+  failed launch fails the job, and the campaign's resumable code (:data:`RESUMABLE`, 3: the
+  master's ``sys.exit(0 if report.finished else 3)``) reaches the batch system.
+- On that code, inside a Slurm job (``SLURM_JOB_ID``), it requeues the job with ``scontrol
+  requeue`` (the job needs ``--requeue``), unless the job already ran ``--max-requeues`` times
+  (``SLURM_RESTART_COUNT``): a campaign that never finishes does not requeue forever; or
+  unless ``scancel`` is ending the job (:func:`cancelled`): a cancel stays a cancel.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "RESUMABLE",
+    "HOLD_SECONDS",
+    "launch",
+    "requeue_command",
+    "job_fields",
+    "cancelled",
+    "add_parser",
+]
+
+#: The exit status a campaign script uses for "stopped resumably, run me again".
+RESUMABLE = 3
+#: A request that arrives sooner than this after the launch is passed on only then: Slurm's
+#: ``--signal`` can come seconds into a job, before the ranks are up to catch it.
+HOLD_SECONDS = 10.0
+
+
+def requeue_command(env: Mapping[str, str]) -> list[str] | None:
+    """The command that requeues this batch job, or None outside a Slurm job."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job:
+        return None
+    return [shutil.which("scontrol") or "scontrol", "requeue", job]
+
+
+def job_fields(env: Mapping[str, str]) -> dict[str, str]:
+    """This Slurm job's fields as ``scontrol -o show job`` prints them (``JobState``,
+    ``RunTime``, ``TimeLimit``...), or {} when they cannot be read."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job:
+        return {}
+    try:
+        r = subprocess.run(
+            [shutil.which("scontrol") or "scontrol", "-o", "show", "job", job],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(w.split("=", 1) for w in r.stdout.split() if "=" in w)
+
+
+def _seconds(text: str) -> float | None:
+    """``[D-]HH:MM:SS`` (or ``MM:SS``) as seconds; None for ``UNLIMITED`` and the unreadable."""
+    days, _, hms = text.rpartition("-")
+    try:
+        parts = [int(p) for p in hms.split(":")]
+        whole_days = int(days) if days else 0
+    except ValueError:
+        return None
+    return float(sum(p * 60**i for i, p in enumerate(reversed(parts))) + whole_days * 86400)
+
+
+def cancelled(fields: Mapping[str, str]) -> bool:
+    """True when ``scancel`` (not the time limit) is ending this job. Inside the job both look
+    alike (``JobState=COMPLETING``, SIGTERM to every process); a time limit has used up the
+    ``TimeLimit`` (``RunTime`` at least as long), a cancel has not. A requeue after a cancel
+    would undo the cancel."""
+    state = fields.get("JobState", "")
+    if state.startswith("CANCELLED"):
+        return True
+    if state != "COMPLETING":
+        return False  # RUNNING: a --signal or an scancel --signal request; the job goes on
+    limit, run = _seconds(fields.get("TimeLimit", "")), _seconds(fields.get("RunTime", ""))
+    return limit is None or run is None or run < limit
+
+
+def _say(msg: str) -> None:
+    print(f"durable-dispatch launch: {msg}", file=sys.stderr, flush=True)
+
+
+def launch(
+    argv: Sequence[str],
+    *,
+    requeue: bool = True,
+    max_requeues: int = 100,
+    resumable: int = RESUMABLE,
+    env: Mapping[str, str] | None = None,
+    hold: float = HOLD_SECONDS,
+) -> int:
+    """Run ``argv`` (the launcher line), pass on the batch system's signals, requeue on the
+    resumable code; returns the exit status to end with (see the module docs).
+
+    Args:
+        argv: the command, such as ``["mpiexec", "-n", "4", "python", "campaign.py"]``.
+        requeue: run ``scontrol requeue $SLURM_JOB_ID`` when ``argv`` exits ``resumable``.
+        max_requeues: do not requeue a job that already ran this many times
+            (``SLURM_RESTART_COUNT``).
+        resumable: the campaign's resumable exit status.
+        env: the environment (``os.environ``).
+        hold: a request in the first ``hold`` seconds after ``argv`` started is passed on
+            only then (a rank that has not imported the library yet would die of it).
+    """
+    from .mpi.signals import DRAIN_SIGNALS, CaughtSignals
+
+    env = os.environ if env is None else env
+    if not argv:
+        from .errors import UsageError
+
+        raise UsageError("launch needs a command: durable-dispatch launch -- mpiexec ...")
+    forwarded: list[int] = []
+
+    def forward(proc: subprocess.Popen[Any], signum: int) -> None:
+        if proc.poll() is None:
+            _say(
+                f"{signal.Signals(signum).name} received: passing SIGUSR1 on to "
+                f"{os.path.basename(argv[0])} (the ranks drain)"
+            )
+            proc.send_signal(signal.SIGUSR1)
+            forwarded.append(signum)
+
+    caught = CaughtSignals(DRAIN_SIGNALS)
+    with caught:
+        proc = subprocess.Popen(list(argv))
+        started = time.monotonic()
+        seen = 0
+        while True:
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() - started < hold:
+                continue  # the ranks may not be up yet: a signal now could kill one
+            while seen < len(caught.requests):  # one SIGUSR1 per request, copies dropped
+                forward(proc, caught.requests[seen])
+                seen += 1
+    if code < 0:
+        code = 128 - code
+    if forwarded and code == 128 + signal.SIGUSR1:
+        # the SIGUSR1 we passed on reached CMD as it was ending (the campaign had finished or
+        # drained, and mpiexec had put its handler away): its outcome is unknown, and the
+        # state directory knows it. Resumable: the next allocation finishes at once if done.
+        _say(f"{os.path.basename(argv[0])} ended by the SIGUSR1 passed on to it: resumable")
+        code = resumable
+    if code == resumable and requeue:
+        cmd = requeue_command(env)
+        restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+        if cmd is None:
+            _say(f"the campaign stopped resumably (exit {code}); run the job again to resume")
+        elif cancelled(job_fields(env)):
+            _say(f"the job was cancelled (exit {code}): not requeued; submit it to resume")
+        elif restarts >= max_requeues:
+            _say(
+                f"the campaign stopped resumably (exit {code}) but this job already ran "
+                f"{restarts + 1} times (--max-requeues {max_requeues}): not requeued"
+            )
+        else:
+            _say(f"the campaign stopped resumably (exit {code}): {' '.join(cmd)}")
+            for attempt in range(3):
+                r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if r.returncode == 0:
+                    break
+                _say(f"requeue failed: {(r.stderr or r.stdout).strip()}")
+                time.sleep(1.0 + attempt)
+    elif code != 0:
+        _say(f"{os.path.basename(argv[0])} exited {code}: not resumable, not requeued")
+    return code
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``launch`` subcommand to the ``durable-dispatch`` parser's subparsers."""
+    import argparse
+
+    lp = sub.add_parser(
+        "launch",
+        help="run a campaign's launcher in a batch job: pass on its signals, requeue on exit 3",
+        description=(
+            "Run CMD (mpiexec or srun and the campaign script). SIGUSR1, SIGTERM and SIGINT "
+            "reach CMD as one SIGUSR1 per request (copies within 5 s are one request), so the "
+            "ranks drain. Exits with CMD's status; when that is the resumable code inside a "
+            "Slurm job, runs 'scontrol requeue $SLURM_JOB_ID' first (the job needs --requeue). "
+            "Use it with exec as the job script's last line; see docs/slurm.md."
+        ),
+        epilog='Example: durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" python campaign.py '
+        "(a job script's last line, after exec)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    lp.add_argument("--no-requeue", dest="requeue", action="store_false", help="never requeue")
+    lp.add_argument(
+        "--max-requeues", type=int, default=100, help="do not requeue a job that ran this often"
+    )
+    lp.add_argument(
+        "--resumable-code", type=int, default=RESUMABLE, help="the campaign's resumable status"
+    )
+    lp.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the launcher's command line")
+    lp.set_defaults(func=_cmd_launch)
+
+
+def _cmd_launch(args: Any) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    return launch(
+        cmd,
+        requeue=args.requeue,
+        max_requeues=args.max_requeues,
+        resumable=args.resumable_code,
+    )
