@@ -22,7 +22,7 @@ import orjson
 from .core.decisions import WorkItem
 from .core.ledger import Ledger, LedgerLoader
 from .errors import JournalCorruptError
-from .schema import Invalid, check_state_snapshot, check_submission_record
+from .schema import Invalid, check_state_snapshot, check_submission_record, submission_digests
 from .statedir import (
     SNAPSHOT_NAME,
     SUBMISSION_RECORD_BYTES,
@@ -60,7 +60,7 @@ def replay(
     load = LedgerLoader(snapshot)
     for rec in submissions:
         check_submission_record(rec)
-        load.take(rec["first"], rec["items"])
+        load.take(rec["first"], rec["items"], submission_digests(rec))
     led, tail = load.finish()
     stored = Stored(tail, load.stored)
     for ev in events:
@@ -157,7 +157,7 @@ class _Loader:
     def take(self, payload: Any, offset: int | None) -> None:
         try:
             check_submission_record(payload)
-            self.load.take(payload["first"], payload["items"])
+            self.load.take(payload["first"], payload["items"], submission_digests(payload))
         except Invalid as e:
             what = f"invalid submissions record at offset {offset}: {e}"
             raise self._error(what, e, offset) from None

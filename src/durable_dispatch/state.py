@@ -59,10 +59,17 @@ from .core import (
     WorkItem,
 )
 from .core.events import EpochStarted, Submitted, encode
+from .core.indexed import DIGEST_BYTES, payload_digests
 from .core.ledger import Ledger
 from .core.ranks import RankState
 from .delivery import Delivery, OnCommit, _PendingCommit
-from .errors import RecordTooLargeError, StorageDegradedError, UsageError
+from .errors import (
+    ChangedPayloadError,
+    RecordEncodeError,
+    RecordTooLargeError,
+    StorageDegradedError,
+    UsageError,
+)
 from .replay import (
     _load_snapshot,
     _open_and_fold,
@@ -271,6 +278,7 @@ class CampaignState(Delivery):
 
     def _submit(self, items: Iterable[WorkItem]) -> int:
         new: list[WorkItem] = []
+        again: list[WorkItem] = []  # known work IDs, and work IDs twice in this call
         seen: set[str] = set()
         known = self.core.ledger.ids.index
         for i in items:
@@ -282,27 +290,66 @@ class CampaignState(Delivery):
             if wid not in known and wid not in seen:
                 new.append(i)
                 seen.add(wid)
+            else:
+                again.append(i)
+        digests = _digests(new)
+        if again:
+            self._refuse_changed(again, new, digests)  # U11: before anything is added
         if not new:
             return 0
         first = self._store.stored
         try:
-            self._store.store(new, first)
+            self._store.store(new, first, digests)
         except RecordTooLargeError:
             done = self._store.stored - first
             if done:
-                self._announce(new[:done], first)
+                self._announce(new[:done], first, digests[: done * DIGEST_BYTES])
             raise
-        self._announce(new, first)
+        self._announce(new, first, digests)
         return len(new)
 
-    def _announce(self, items: list[WorkItem], first: int) -> None:
-        """Journal the submission of the stored ``items`` and hand them to the core. The
-        records name the items by index once the store is durable; if the store cannot be
-        made durable (a disk fault), they carry the items themselves."""
+    def _refuse_changed(self, again: list[WorkItem], new: list[WorkItem], digests: bytes) -> None:
+        """U11: each of ``again`` (a known work ID, or one named earlier in the same call) must
+        name the payload it named before; the first that does not is refused.
+
+        Raises:
+            ChangedPayloadError: naming that work ID.
+        """
+        led = self.core.ledger
+        ids, n = led.ids, DIGEST_BYTES
+        mine: dict[str, bytes] | None = None  # this call's new items' digests, when needed
+        theirs = _digests(again)
+        for j, item in enumerate(again):
+            wid = item.work_id
+            if wid in ids.index:
+                was = ids.digest_of(wid)
+                if was is None and wid in led.items:  # a state written before digests
+                    was = _digests([led.items[wid]])
+            else:
+                if mine is None:
+                    mine = {w.work_id: digests[k * n : k * n + n] for k, w in enumerate(new)}
+                was = mine[wid]
+            if was is not None and was != (now := theirs[j * n : j * n + n]):
+                st = self.core.status(wid) if wid in ids.index else None
+                where = st.name.lower().replace("_", " ") if st else "earlier in this submission"
+                raise ChangedPayloadError(
+                    f"work ID {wid!r} is known ({where}) "
+                    f"with another payload (digest {was.hex()}, this one {now.hex()}): a work ID "
+                    "names one payload; give the changed item a new work ID (one that digests "
+                    "its payload, say) or start a new state directory",
+                    work_id=wid,
+                )
+
+    def _announce(self, items: list[WorkItem], first: int, digests: bytes) -> None:
+        """Journal the submission of the stored ``items`` and hand them to the core (with
+        their payload ``digests``). The records name the items by index once the store is
+        durable; if the store cannot be made durable (a disk fault), they carry the items
+        themselves."""
         stored = self._store.durable()
         for k in range(0, len(items), SUBMIT_CHUNK):
             chunk = tuple(items[k : k + SUBMIT_CHUNK])
             self.journal.append(encode(Submitted(chunk, first + k, stored=stored)))
+        self.core.ledger.ids.set_digests(first, digests)  # (so the core computes none)
         self.core.submit(items, first=first, checked=True)
 
     def next_send(self, now: float, max_items: int = 1) -> Send | None:
@@ -571,6 +618,25 @@ class CampaignState(Delivery):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _digests(items: list[WorkItem]) -> bytes:
+    """The payload digests of ``items`` (:func:`payload_digests`).
+
+    Raises:
+        RecordEncodeError: a payload is not JSON (naming its work ID); nothing was added.
+    """
+    try:
+        return payload_digests(w.payload for w in items)
+    except TypeError:
+        for w in items:
+            try:
+                payload_digests((w.payload,))
+            except TypeError as e:
+                raise RecordEncodeError(
+                    f"work item {w.work_id!r}: its payload cannot be encoded as JSON: {e}"
+                ) from None
+        raise
 
 
 def _record_lost_deferrals(defer: DeferJournal, ledger: Ledger) -> int:

@@ -384,15 +384,18 @@ class _Source(Feed):
     def __init__(self, work: Iterable[WorkItem]) -> None:
         self.items = iter(work)
         self.exhausted = False
+        self._known_read = False  # U11: the part an earlier run submitted was read again
 
     def refill(self) -> None:
-        """Submit the next chunks while fewer than :attr:`LOW` items are pending."""
+        """Submit the next chunks while fewer than :attr:`LOW` items are pending. The first
+        call reads on while the chunks hold only known work IDs (what an earlier run submitted),
+        so each is compared with the payload it named before anything is dispatched (U11)."""
         frontier = self.state.core.ledger.frontier
-        while not self.exhausted and len(frontier) < self.LOW:
+        while not self.exhausted and (len(frontier) < self.LOW or not self._known_read):
             chunk = list(itertools.islice(self.items, self.CHUNK))
             self.exhausted = len(chunk) < self.CHUNK
-            if chunk:
-                self.state.submit(chunk)
+            if chunk and self.state.submit(chunk):
+                self._known_read = True
 
 
 class _Stopping:
