@@ -25,8 +25,7 @@ from durable_dispatch.testing import LocalWorkers
 def _sweep(n: int, changed: str | None = None) -> list[WorkItem]:
     """The issue's sweep: ``w<i>`` computes from ``{"x": i}``; ``changed`` gets x * 100."""
     return [
-        WorkItem(f"w{i}", {"x": i * 100 if f"w{i}" == changed else i, "scale": 2})
-        for i in range(n)
+        WorkItem(f"w{i}", {"x": i * 100 if f"w{i}" == changed else i, "scale": 2}) for i in range(n)
     ]
 
 
