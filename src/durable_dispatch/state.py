@@ -73,7 +73,9 @@ from .errors import (
 from .replay import (
     _load_snapshot,
     _open_and_fold,
+    _holders,
     paused_gc,
+    release_frozen,
 )
 from .statedir import (
     LIVE_STATS_NAME,
@@ -209,10 +211,11 @@ class CampaignState(Delivery):
         journal: Journal | None = None
         store: Journal | None = None
         defer: DeferJournal | None = None
+        opening = object()  # holds what the reopen's bulk build freezes until the state does
         try:
             snapshots, snap = _load_snapshot(d, keep_snapshots)
             base = snap.value if snap is not None else {}
-            with paused_gc():
+            with paused_gc(opening):
                 journal, store, proj, n, stored = _open_and_fold(
                     os.path.join(d, STATE_JOURNAL), base, sync=sync, **dict(journal_options or {})
                 )
@@ -224,6 +227,7 @@ class CampaignState(Delivery):
             )
             _record_lost_deferrals(defer, core.ledger)
         except BaseException:
+            release_frozen(opening)
             for opened in (journal, store, defer):
                 if opened is not None:
                     opened.close()  # its writer lock too: a later open must not find it held
@@ -245,6 +249,9 @@ class CampaignState(Delivery):
             dups=proj.duplicate_commits,
             delivered=max(delivered, proj.delivered),
         )
+        if id(opening) in _holders:  # what the reopen froze: the state holds it now
+            _holders.discard(id(opening))
+            _holders.add(id(st))
         r = journal.append(encode(EpochStarted(epoch, time.time())))
         st._durable(r.seq)
         st._apply(restarts)
@@ -273,7 +280,7 @@ class CampaignState(Delivery):
             RecordTooLargeError: one item is too large for a record; the items before it were
                 added, it and those after it were not.
         """
-        with paused_gc():
+        with paused_gc(self):
             return self._submit(items)
 
     def _submit(self, items: Iterable[WorkItem]) -> int:
@@ -579,6 +586,7 @@ class CampaignState(Delivery):
             return
         self._closed = True
         _resources.unregister(self)
+        release_frozen(self)  # issue 50: the objects its bulk builds froze (the last to close)
         if not _fs.reaches(self._filesystem) and not _fs.comes_back(self._filesystem):
             # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
             # themselves; a snapshot or a lock release would reach the real filesystem).
