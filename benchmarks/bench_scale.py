@@ -19,7 +19,8 @@ timed; the state directory on ``/dev/shm``, so the shared disk's fsync jitter is
 longest collection of the cyclic garbage collector in that loop; each point in a fresh process,
 alternating between this tree and ``--base-tree DIR`` (a checkout of the base, e.g.
 ``git worktree add /tmp/base95 95c44ec``) round after round, each tree's ``src`` first on
-``PYTHONPATH``; it prints medians and the ratios 1M/20k per tree. ``--generator N`` runs run_master over a generator of N items (in-process workers) and prints
+``PYTHONPATH``; it prints medians and the ratios 1M/20k per tree.
+``--generator N`` runs run_master over a generator of N items (in-process workers) and prints
 its time and peak memory; ``--priorities K`` gives the campaign-size cases K priorities in
 blocks (G2). ``--end-to-end N`` runs one campaign of N items to its end instead (submit, every item
 dispatched and committed in dispatches of 64, close, reopen) and prints its times and the

@@ -71,9 +71,9 @@ from .errors import (
     UsageError,
 )
 from .replay import (
+    _holders,
     _load_snapshot,
     _open_and_fold,
-    _holders,
     paused_gc,
     release_frozen,
 )
