@@ -65,6 +65,7 @@ from .core.ranks import RankState
 from .delivery import Delivery, OnCommit, _PendingCommit
 from .errors import (
     ChangedPayloadError,
+    NotDurableError,
     RecordEncodeError,
     RecordTooLargeError,
     StorageDegradedError,
@@ -192,6 +193,11 @@ class CampaignState(Delivery):
         it are delivered first, U6). It may return work items, the children of that result
         (G1): they are submitted durably before the commit counts as delivered, and known work
         IDs are skipped, so each child is submitted once however often the callback runs.
+        It is called once a commit is journaled durably, or, while the journal is degraded (a
+        disk fault), at once for a memory-only commit: a callback with a parameter named
+        ``durable`` is told which (``durable=False``: lost if the process ends before the
+        journal is restored, and then delivered again on the next run; see
+        :data:`~durable_dispatch.delivery.OnCommit`).
 
         ``ranks`` are the workers; with ``starting`` each gets work only after its first READY
         without a token (what ``run_worker`` sends once it is up), so a worker's start-up is
@@ -596,6 +602,7 @@ class CampaignState(Delivery):
             self.defer.close()
             _resources.disown_lock(self._lock)
             return
+        failed: list[BaseException] = []
         try:
             try:
                 self._complete_commits(wait=True)
@@ -603,15 +610,16 @@ class CampaignState(Delivery):
                 self._save_snapshot("close")
                 self.publish_statistics(running=False, force=True)
             finally:
-                try:
-                    self.journal.close()  # whatever failed above: no writer lock is left held
-                finally:
-                    self.submissions.close()
+                # whatever failed above: each journal is closed, no writer lock is left held
+                for journal in (self.journal, self.submissions, self.defer):
+                    try:
+                        journal.close()
+                    except BaseException as e:  # noqa: BLE001 - raised below, all of them
+                        failed.append(e)
         finally:
-            try:
-                self.defer.close()
-            finally:
-                self._lock.release()
+            self._lock.release()
+            if failed:
+                raise _closing_error(failed)
 
     @property
     def closed(self) -> bool:
@@ -626,6 +634,31 @@ class CampaignState(Delivery):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _closing_error(failed: list[BaseException]) -> BaseException:
+    """What :meth:`CampaignState.close` raises when closing its journals failed: an error other
+    than :class:`NotDurableError` as it was; else one :class:`NotDurableError` naming every
+    journal with records held only in memory, the one holding most first (its ``path``;
+    ``pending`` counts them all), so the state journal's memory-only commits are not hidden
+    behind the defer journal's one record."""
+    other = [e for e in failed if not isinstance(e, NotDurableError)]
+    if other:
+        return other[0]
+    held = [e for e in failed if isinstance(e, NotDurableError)]
+    held.sort(key=lambda e: -(e.pending or 0))
+    first = held[0]
+    each = "; ".join(f"{e.pending} in {e.path}" for e in held)
+    total = sum(e.pending or 0 for e in held)
+    return NotDurableError(
+        f"closed with {total} record(s) held only in memory ({each}): the disk refused them "
+        f"({first.op or 'a write'}{', errno ' + str(first.errno) if first.errno else ''}) and "
+        "they are lost with this process; a later run does the work they recorded again",
+        path=first.path,
+        op=first.op,
+        errno=first.errno,
+        pending=total,
+    )
 
 
 def _digests(items: list[WorkItem]) -> bytes:
