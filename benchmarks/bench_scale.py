@@ -13,8 +13,9 @@ Prints, each as a ratio against its small case (the targets in parentheses):
   bytes of memory per queued item after a reopen, and beyond its payload (about 500 at most)
   reopen (replay) and submit time per item                            (1M in at most 3 s each)
 ``--queue`` measures the queue dimension instead (issue 50): the per-task cost at batch 1 and 64
-with 20,000 and 1,000,000 items queued (``--queue-sizes``), the queue topped up as it drains (not
-timed; the state directory on ``/dev/shm``, so the shared disk's fsync jitter is not in it), over
+with 20,000 and 1,000,000 items queued (``--queue-sizes``), the queue topped up in each turn as
+run_master's source refills it (the state directory on ``/dev/shm``, so the shared disk's fsync
+jitter is not in it; the CPU time of this process, so other processes are not either), over
 20,000 tasks at batch 1 and 200,000 at batch 64, with the longest turn and the
 longest collection of the cyclic garbage collector in that loop; each point in a fresh process,
 alternating between this tree and ``--base-tree DIR`` (a checkout of the base, e.g.
@@ -305,9 +306,9 @@ def queue_point(queued: int, batch: int, tasks: int) -> dict[str, float]:
     """Per-task master cost with ``queued`` items queued (issue 50): submit them (in parts of
     1M, as a user's source would), then run turns of up to 8 dispatches of ``batch`` items, as
     :func:`per_task_us` does, until ``tasks`` tasks committed; after each turn the queue is
-    topped up by what it committed (untimed, as a work source refills it). Returns the turns'
-    CPU time per task (us; their wall time too), the longest turn (ms, wall and CPU) and the
-    longest collection of the cyclic collector in the loop, top-ups included (ms)."""
+    topped up by what it committed in the same turn, as run_master's work source refills it.
+    Returns the turns' CPU time per task (us; their wall time too), the longest turn (ms, wall
+    and CPU) and the longest collection of the cyclic collector in the loop (ms)."""
     # On tmpfs where there is one: the master's own cost, which the collector's walks add to;
     # the fsyncs of a turn on the shared disk (tens of ms of jitter) would hide them or pass
     # for them.
@@ -353,12 +354,14 @@ def queue_point(queued: int, batch: int, tasks: int) -> dict[str, float]:
                 for s in sends:
                     st.on_ready(s.rank, str(s.token), now)
                 st.tick(now)
-                turns.append(time.perf_counter() - t)
-                cpu.append(time.process_time() - c)
                 n = sum(len(s.items) for s in sends)
                 done += n
+                # the source's refill, as run_master's turn does it (a collection that the
+                # items made here set off counts in the turn)
                 st.submit([WorkItem(f"q{i:09d}", _payload(i)) for i in range(nxt, nxt + n)])
                 nxt += n
+                turns.append(time.perf_counter() - t)
+                cpu.append(time.process_time() - c)
         finally:
             gc.callbacks.remove(on_gc)
         st.close()
