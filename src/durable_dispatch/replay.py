@@ -96,20 +96,28 @@ class Stored:
 
 
 #: A bulk build (a submit, a reopen) that leaves at least this many new objects for the cyclic
-#: collector freezes them (``gc.freeze``, issue 50); a smaller one leaves them to it.
+#: collector freezes them at once (``gc.freeze``, issue 50).
 FREEZE_AT = 50_000
+#: Smaller builds (a work source's refill, the children of a commit, a Feed) freeze once they
+#: left this many objects since the last freeze, after a full collection (which then walks
+#: only what came since, and leaves no garbage to freeze).
+FREEZE_EVERY = 20_000
+
+_built = 0  # objects the builds since the last freeze left
 
 
 class _Frozen:
-    """What :func:`paused_gc` did: ``froze`` is True when it froze the collector's objects."""
+    """A :func:`paused_gc` block: the caller sets ``items`` to how many items it added; ``froze``
+    is True once the block's end froze the collector's objects."""
 
-    __slots__ = ("froze",)
+    __slots__ = ("froze", "items")
 
     def __init__(self) -> None:
         self.froze = False
+        self.items = 0
 
 
-#: Open campaign states whose bulk builds froze objects; the last to close unfreezes them.
+#: Open campaign states whose builds froze objects; the last to close unfreezes them.
 _holders: set[int] = set()
 
 
@@ -120,25 +128,33 @@ def paused_gc(holder: object | None = None) -> Iterator[_Frozen]:
     million items those walks cost more than the building. Reference counting still frees
     what is dropped; the collector resumes (if it ran before) when the block ends.
 
-    When the block leaves :data:`FREEZE_AT` or more new objects for the collector, they (and
-    every other object the collector tracks then) are moved to its permanent generation
-    (``gc.freeze()``), so that no later collection walks the queue again: without it, the
-    first collections after a submit of a million items walked them twice (0.2 to 0.5 s) and
-    every full collection walked them again (issue 50). A frozen object is still freed by
-    reference counting when it dies (an item when it commits); ``holder`` (the campaign
-    state) is recorded, and :func:`release_frozen` unfreezes once the last holder closed
-    (docs/performance.md).
+    With a ``holder`` (the campaign state), what the builds leave is moved to the collector's
+    permanent generation (``gc.freeze()``), so that no later collection walks the queue again:
+    without it, the first collections after a submit of a million items walked them twice
+    (0.2 to 2 s) and every full collection walked them again (issue 50). A block that leaves
+    :data:`FREEZE_AT` objects to the collector's youngest generation freezes at once; otherwise
+    once the blocks added :data:`FREEZE_EVERY` items (the block's ``items``) since the last
+    freeze, after a full collection. A frozen object is still freed by reference counting when
+    it dies (an item when it commits); :func:`release_frozen` unfreezes once the last holder
+    closed (docs/performance.md).
     """
+    global _built
     was = gc.isenabled()
     gc.disable()
     out = _Frozen()
     try:
         yield out
     finally:
-        if gc.get_count()[0] >= FREEZE_AT:
-            gc.freeze()
-            out.froze = True
-            if holder is not None:
+        if holder is not None:
+            _built += out.items
+            if gc.get_count()[0] >= FREEZE_AT:  # (a collection now would walk all it built)
+                out.froze = True
+            elif _built >= FREEZE_EVERY:
+                gc.collect()  # the objects since the last freeze: no garbage is frozen
+                out.froze = True
+            if out.froze:
+                gc.freeze()
+                _built = 0
                 _holders.add(id(holder))
         if was:
             gc.enable()

@@ -42,6 +42,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from .admin import (
@@ -221,10 +222,11 @@ class CampaignState(Delivery):
         try:
             snapshots, snap = _load_snapshot(d, keep_snapshots)
             base = snap.value if snap is not None else {}
-            with paused_gc(opening):
+            with paused_gc(opening) as block:
                 journal, store, proj, n, stored = _open_and_fold(
                     os.path.join(d, STATE_JOURNAL), base, sync=sync, **dict(journal_options or {})
                 )
+                block.items = len(proj.items)
             covered = _reconcile_store(journal, store, proj, stored)
             defer = DeferJournal.open(d)
             epoch = proj.epoch + 1
@@ -286,8 +288,9 @@ class CampaignState(Delivery):
             RecordTooLargeError: one item is too large for a record; the items before it were
                 added, it and those after it were not.
         """
-        with paused_gc(self):
-            return self._submit(items)
+        with paused_gc(self) as block:
+            block.items = self._submit(items)
+            return block.items
 
     def _submit(self, items: Iterable[WorkItem]) -> int:
         new: list[WorkItem] = []
@@ -661,6 +664,9 @@ def _closing_error(failed: list[BaseException]) -> BaseException:
     )
 
 
+_payload_of = attrgetter("payload")
+
+
 def _digests(items: list[WorkItem]) -> bytes:
     """The payload digests of ``items`` (:func:`payload_digests`).
 
@@ -668,7 +674,7 @@ def _digests(items: list[WorkItem]) -> bytes:
         RecordEncodeError: a payload is not JSON (naming its work ID); nothing was added.
     """
     try:
-        return payload_digests(w.payload for w in items)
+        return payload_digests(map(_payload_of, items))
     except TypeError:
         for w in items:
             try:
