@@ -1094,4 +1094,3 @@ def test_frozen_items_are_freed_as_they_commit_not_held_for_the_campaign(
     frozen = [x for x in seen if x]  # the first freeze took the whole heap (pytest's too)
     assert frozen and max(frozen) - min(frozen) < n // 4  # a few chunks' items, not n
     assert gc.get_freeze_count() == 0  # closed: unfrozen
-
