@@ -277,12 +277,19 @@ class CampaignState(Delivery):
     def submit(self, items: Iterable[WorkItem]) -> int:
         """Add work items not already known (pending, in flight, committed or deferred).
 
-        Safe to call with the whole work source on every start: known IDs are skipped.
+        Safe to call with the whole work source on every start: known IDs with the payload
+        they named are skipped (U11: compared by a digest of the payload's JSON, keys sorted).
         Returns how many were new. Each item's payload is written once, to the submissions
         store, durably before the state journal names it (by index); a crash between the two
         leaves items the next open submits (they were durable).
 
+        The items are built with the cyclic collector paused and then frozen (issue 50; see
+        ``paused_gc`` and docs/performance.md), so no collection walks the queue again.
+
         Raises:
+            ChangedPayloadError: a known work ID, or one named twice in ``items``, with another
+                payload (nothing added).
+            RecordEncodeError: a payload is not JSON (nothing added).
             UsageError: an item is not a :class:`WorkItem` with a string work ID and an integer
                 priority (nothing added).
             RecordTooLargeError: one item is too large for a record; the items before it were
