@@ -197,3 +197,22 @@ def test_children_named_twice_with_two_payloads_are_refused(tmp_path: Path) -> N
 
     report = run_master(_sweep(2), tmp_path / "t", same, comm=LocalWorkers(fn, 1), linger=0)
     assert report.finished and [p["x"] for p in fn.payloads].count(7) == 1
+
+
+def test_the_futures_feed_does_not_resubmit_a_call_pending_from_an_earlier_run(
+    tmp_path: Path,
+) -> None:
+    """The futures executor names a call by its canonical digest; the pickle in its payload
+    may differ byte for byte between runs (a set's order under another PYTHONHASHSEED). A call
+    pending from an earlier run is therefore not submitted again, so U11 does not refuse it."""
+    from durable_dispatch.futures._executor import _CallFeed
+
+    with CampaignState.open(tmp_path / "s", ranks=[1]) as st:
+        st.submit([WorkItem("f/abc/0", {"call": "pickle of run 1"})])
+        feed = _CallFeed.__new__(_CallFeed)
+        feed.state = st
+        feed._submit(
+            [WorkItem("f/abc/0", {"call": "pickle of run 2"}), WorkItem("f/def/0", {"call": 1})]
+        )
+        assert st.core.ledger.items["f/abc/0"].payload == {"call": "pickle of run 1"}
+        assert "f/def/0" in st.core.ledger.items
