@@ -12,6 +12,15 @@ Prints, each as a ratio against its small case (the targets in parentheses):
   self-contained form every snapshot had before (every payload in it)   (1M within 2x of 10k)
   bytes of memory per queued item after a reopen, and beyond its payload (about 500 at most)
   reopen (replay) and submit time per item                            (1M in at most 3 s each)
+``--queue`` measures the queue dimension instead (issue 50): the per-task cost at batch 1 and 64
+with 20,000 and 1,000,000 items queued (``--queue-sizes``), the queue topped up in each turn as
+run_master's source refills it (the state directory on ``/dev/shm``, so the shared disk's fsync
+jitter is not in it; the CPU time of this process, so other processes are not either), over
+20,000 tasks at batch 1 and 200,000 at batch 64, with the longest turn and the
+longest collection of the cyclic garbage collector in that loop; each point in a fresh process,
+alternating between this tree and ``--base-tree DIR`` (a checkout of the base, e.g.
+``git worktree add /tmp/base95 95c44ec``) round after round, each tree's ``src`` first on
+``PYTHONPATH``; it prints medians and the ratios 1M/20k per tree.
 ``--generator N`` runs run_master over a generator of N items (in-process workers) and prints
 its time and peak memory; ``--priorities K`` gives the campaign-size cases K priorities in
 blocks (G2). ``--end-to-end N`` runs one campaign of N items to its end instead (submit, every item
@@ -288,6 +297,139 @@ def generator_source(n: int) -> int:
         shutil.rmtree(d, ignore_errors=True)
 
 
+#: Tasks timed per point of the queue dimension, by batch: enough that one collection of a
+#: million objects (about 0.2 s) can neither hide in nor make up the figure.
+QUEUE_TASKS = {1: 20_000, 64: 200_000}
+
+
+def queue_point(queued: int, batch: int, tasks: int) -> dict[str, float]:
+    """Per-task master cost with ``queued`` items queued (issue 50): submit them (in parts of
+    1M, as a user's source would), then run turns of up to 8 dispatches of ``batch`` items, as
+    :func:`per_task_us` does, until ``tasks`` tasks committed; after each turn the queue is
+    topped up by what it committed in the same turn, as run_master's work source refills it.
+    Returns the turns' CPU time per task (us; their wall time too), the longest turn (ms, wall
+    and CPU) and the longest collection of the cyclic collector in the loop (ms)."""
+    # On tmpfs where there is one: the master's own cost, which the collector's walks add to;
+    # the fsyncs of a turn on the shared disk (tens of ms of jitter) would hide them or pass
+    # for them.
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    d = tempfile.mkdtemp(prefix="dd-queue-", dir=shm)
+    try:
+        st = _open(d, 8)
+        pauses: list[float] = []
+        began = [0.0]
+        turns: list[float] = []
+        cpu: list[float] = []  # this process's CPU time per turn: what other processes of a
+        # shared machine do is not in it, the collector's walks are
+        done, nxt = 0, queued
+        sends: list[Any] = []
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                began[0] = time.perf_counter()
+            elif turns or sends == [None]:  # the submit is over (what it paused comes now)
+                pauses.append(time.perf_counter() - began[0])
+
+        gc.callbacks.append(on_gc)
+        # Nothing is made between the submit's end and the first timed turn: the collections
+        # the submit left due (the collector was paused while it built the items) fall in it.
+        for k in range(0, queued, 1_000_000):
+            b = min(queued, k + 1_000_000)
+            st.submit(WorkItem(f"q{i:09d}", _payload(i)) for i in range(k, b))
+        sends.append(None)
+        try:
+            while done < tasks:
+                t, c = time.perf_counter(), time.process_time()
+                now = time.monotonic()
+                st.stop_reason(now, grace=5.0)
+                sends = []
+                while (s := st.next_send(now, batch)) is not None:
+                    st.sent(s.token, now)
+                    sends.append(s)
+                    if len(sends) >= 8:
+                        break
+                for s in sends:
+                    st.on_results(s.rank, str(s.token), [w.payload for w in s.items], now)
+                st._complete_commits(wait=True)
+                for s in sends:
+                    st.on_ready(s.rank, str(s.token), now)
+                st.tick(now)
+                n = sum(len(s.items) for s in sends)
+                done += n
+                # the source's refill, as run_master's turn does it (a collection that the
+                # items made here set off counts in the turn)
+                st.submit([WorkItem(f"q{i:09d}", _payload(i)) for i in range(nxt, nxt + n)])
+                nxt += n
+                turns.append(time.perf_counter() - t)
+                cpu.append(time.process_time() - c)
+        finally:
+            gc.callbacks.remove(on_gc)
+        st.close()
+        return {
+            "per_task_us": sum(cpu) / done * 1e6,
+            "wall_per_task_us": sum(turns) / done * 1e6,
+            "max_turn_ms": max(turns) * 1e3,
+            "max_turn_cpu_ms": max(cpu) * 1e3,
+            "max_gc_ms": max(pauses, default=0.0) * 1e3,
+            "collections": len(pauses),
+        }
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def queue_dimension(base: str | None, sizes: list[int], rounds: int) -> int:
+    """The queue dimension (see the module docs), alternating trees round after round."""
+    import json
+    import statistics
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    trees = [("this", os.path.dirname(here))] + ([("base", base)] if base else [])
+    got: dict[tuple[str, int, int], list[dict[str, float]]] = {}
+    for r in range(rounds):
+        for batch in (1, 64):
+            for n in sizes:
+                for name, tree in trees if r % 2 == 0 else trees[::-1]:
+                    env = dict(os.environ)
+                    env["PYTHONPATH"] = os.pathsep.join(
+                        [os.path.join(tree, "src"), env.get("PYTHONPATH", "")]
+                    )
+                    cmd = [sys.executable, os.path.abspath(__file__), "--queue-point"]
+                    cmd += [str(n), str(batch), str(QUEUE_TASKS[batch])]
+                    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                    if out.returncode:
+                        raise SystemExit(f"{name} {n} {batch}: {out.stderr[-3000:]}")
+                    point = json.loads(out.stdout.splitlines()[-1])
+                    got.setdefault((name, batch, n), []).append(point)
+                    print(f"  round {r + 1} {name} batch {batch} {n:,} queued: {point}", flush=True)
+    print("per-task master cost against the queue's length (medians of the rounds):")
+    for batch in (1, 64):
+        for name, _tree in trees:
+            row = []
+            med = {
+                n: {
+                    k: statistics.median(p[k] for p in got[(name, batch, n)])
+                    for k in got[(name, batch, n)][0]
+                }
+                for n in sizes
+            }
+            first = med[sizes[0]]["per_task_us"]
+            for n in sizes:
+                m = med[n]
+                row.append(
+                    f"{n:,}: {m['per_task_us']:6.1f} us ({m['per_task_us'] / first:4.2f}x), "
+                    f"longest turn {m['max_turn_ms']:6.1f} ms (CPU {m['max_turn_cpu_ms']:5.1f}), "
+                    f"longest collection {m['max_gc_ms']:6.1f} ms"
+                )
+            print(f"  batch {batch:<3} {name:<5} " + "; ".join(row))
+        if base:
+            for n in sizes:
+                a = statistics.median(p["per_task_us"] for p in got[("this", batch, n)])
+                b = statistics.median(p["per_task_us"] for p in got[("base", batch, n)])
+                print(f"  batch {batch:<3} {n:,} queued: this/base per-task cost {a / b:4.2f}x")
+    print("targets: 1M within 1.3x of 20k at batch 1 and 64; the longest turn after 1M < 20 ms")
+    return 0
+
+
 def _items_range(a: int, b: int) -> list[WorkItem]:
     return [WorkItem(f"w{i:09d}", _payload(i)) for i in range(a, b)]
 
@@ -309,7 +451,22 @@ def main() -> int:
     ap.add_argument(
         "--generator", type=int, metavar="N", help="run_master over a generator of N items"
     )
+    ap.add_argument("--queue", action="store_true", help="the queue dimension (issue 50)")
+    ap.add_argument("--base-tree", metavar="DIR", help="--queue: a checkout of the base")
+    ap.add_argument("--rounds", type=int, default=3, help="--queue: rounds per tree")
+    ap.add_argument(
+        "--queue-sizes", default="20000,1000000", help="--queue: items queued, comma-separated"
+    )
+    ap.add_argument("--queue-point", nargs=3, type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.queue_point:
+        import json
+
+        print(json.dumps(queue_point(*a.queue_point)))
+        return 0
+    if a.queue:
+        sizes = [int(x) for x in a.queue_sizes.split(",")]
+        return queue_dimension(a.base_tree, sizes, a.rounds)
     if a.generator:
         return generator_source(a.generator)
     if a.end_to_end:

@@ -1025,3 +1025,72 @@ def test_a_deferral_the_defer_journal_lost_is_recorded_again_at_the_next_open(
         d = s2.defer.get("w0")
         assert d is not None and d.attempts == 1 and list(d.kinds) == ["error"]
         assert "boom" in (d.last_error or "")
+
+
+def test_a_bulk_submit_freezes_its_items_and_the_last_close_unfreezes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50: the items of a bulk build go to the collector's permanent generation, so no
+    collection walks the queue again; the state's close gives them back."""
+    import gc
+
+    from durable_dispatch import replay
+
+    monkeypatch.setattr(replay, "_built", 0)
+    assert gc.get_freeze_count() == 0
+    st = CampaignState.open(tmp_path / "s", ranks=[1])
+    st.submit([WorkItem(f"w{i}", i) for i in range(100)])  # a small one: not frozen
+    assert gc.get_freeze_count() == 0
+    st.submit(WorkItem(f"b{i}", {"i": i}) for i in range(replay.FREEZE_AT + 1000))
+    assert gc.get_freeze_count() > replay.FREEZE_AT
+    assert not gc.is_tracked(st.core.ledger.ids.index)  # (work ID -> index: no container)
+    other = CampaignState.open(tmp_path / "t", ranks=[1])
+    other.close()  # froze nothing: unfreezes nothing
+    assert gc.get_freeze_count() > replay.FREEZE_AT
+    st.close()
+    assert gc.get_freeze_count() == 0
+    # small submits freeze once FREEZE_EVERY objects piled up, after a full collection
+    monkeypatch.setattr(replay, "FREEZE_EVERY", 3000)
+    with CampaignState.open(tmp_path / "t", ranks=[1]) as st:
+        for k in range(0, 5000, 500):
+            st.submit([WorkItem(f"s{i}", {"i": i}) for i in range(k, k + 500)])
+        assert gc.get_freeze_count() > 0
+        young = {id(o) for o in gc.get_objects()}
+        left = sum(id(w) in young for w in st.core.ledger.items.values())
+        assert left <= 2000  # the items since the last freeze (at 3,000) only
+    assert gc.get_freeze_count() == 0
+    # a reopen of a large state freezes what it built, until it closes
+    with CampaignState.open(tmp_path / "s", ranks=[1]) as st:
+        assert gc.get_freeze_count() > replay.FREEZE_AT
+    assert gc.get_freeze_count() == 0
+
+
+def test_frozen_items_are_freed_as_they_commit_not_held_for_the_campaign(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50: a frozen object is still freed by reference counting when it dies, so a
+    campaign fed in bulk chunks (each frozen) holds only what is queued, not what it ran."""
+    import gc
+
+    from durable_dispatch import replay
+    from durable_dispatch.mpi import master as master_mod
+    from durable_dispatch.mpi import run_master
+    from durable_dispatch.testing import LocalWorkers
+
+    monkeypatch.setattr(replay, "FREEZE_AT", 500)
+    monkeypatch.setattr(master_mod._Source, "CHUNK", 2000)
+    monkeypatch.setattr(master_mod._Source, "LOW", 500)
+    seen: list[int] = []
+
+    class Watch(LocalWorkers):
+        def receive(self, limit: int) -> Any:
+            seen.append(gc.get_freeze_count())
+            return super().receive(limit)
+
+    n = 40_000  # 20 chunks, each a bulk build that froze
+    items = (WorkItem(f"w{i:06d}", {"i": i, "pad": "x" * 20}) for i in range(n))
+    report = run_master(items, tmp_path / "s", comm=Watch(lambda p: p["i"], 4), batch=64)
+    assert report.finished
+    frozen = [x for x in seen if x]  # the first freeze took the whole heap (pytest's too)
+    assert frozen and max(frozen) - min(frozen) < n // 4  # a few chunks' items, not n
+    assert gc.get_freeze_count() == 0  # closed: unfrozen

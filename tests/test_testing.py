@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from durable_dispatch.storage import fs
+from durable_dispatch.storage import Journal, fs
+from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import FaultInjector, inject_faults
 
 
@@ -102,3 +103,27 @@ def test_nested_injectors_restore_the_previous_hook() -> None:
             assert fs.get_fault_hook() is inner
         assert fs.get_fault_hook() is outer
     assert fs.get_fault_hook() is None
+
+
+def test_a_rule_from_the_nth_on_keeps_matching_a_file_its_restore_rewrote(tmp_path: Path) -> None:
+    """Issue 46: "every fsync of the journal fails from the 3rd on" named the journal's path;
+    its restore writes a fresh copy (another name) and renames it over the journal, and the
+    rule stopped matching both the copy and the renamed file: the disk gone for good healed.
+    The copy matches as the file it will become, and the renamed descriptor as its new name."""
+    path = str(tmp_path / "events.jsonl")
+    with inject_faults() as f:
+        j = Journal.open(path, sync="always")
+        rule = f.fail("fsync", errno.EIO, path=path, nth=3, from_nth=True)
+        for i in range(6):
+            j.append({"i": i})
+        assert not j.health.ok
+        assert not j.try_restore()  # the copy's fsync fails too: the disk is gone
+        assert not j.health.ok and rule.fired >= 2
+        f.heal(rule)
+        assert j.try_restore() and j.health.ok  # until the test heals it
+        rule = f.fail("fsync", errno.EIO, path=path)
+        j.append({"after": 1})  # the renamed file's descriptor is still that journal
+        assert not j.health.ok and rule.fired == 1
+        f.heal()
+        j.close()
+    assert [r.payload for r in read_journal(path)][-1] == {"after": 1}

@@ -13,7 +13,7 @@ from typing import Any
 
 from .core.decisions import WorkItem
 from .core.events import RequeuedDeferred, Submitted, encode
-from .core.indexed import store_form
+from .core.indexed import DIGEST_BYTES, store_form
 from .core.ledger import Ledger
 from .errors import StorageError
 from .replay import (
@@ -196,7 +196,10 @@ def _store_records(
                 out.append(store_form(items[wid]))
             else:
                 out.append({"work_id": wid})
-        yield {"first": a, "items": out}
+        b = min(end, a + chunk)
+        digests = bytes(led.ids.digests[a * DIGEST_BYTES : b * DIGEST_BYTES])
+        digests += bytes((b - a) * DIGEST_BYTES - len(digests))  # unknown ones: zeros
+        yield {"first": a, "items": out, "digests": digests.hex()}
 
 
 def _reconcile_store(journal: Journal, store: Journal, led: Ledger, stored: Stored) -> int:

@@ -17,6 +17,7 @@ the journals, the core and the fields it declares.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -37,10 +38,14 @@ __all__ = ["Delivery", "OnCommit"]
 
 log = logging.getLogger("durable_dispatch.state")
 
-#: ``on_commit(work_id, result)``: called once a commit is durable, at least once (U6); it may
-#: return the work items the result spawns (G1), which are submitted before it counts as
-#: delivered
-OnCommit = Callable[[str, Any], "Iterable[WorkItem] | None"]
+#: ``on_commit(work_id, result)``: called once a commit is journaled, at least once (U6): once
+#: an fsync covers it, or at once as a *memory-only* commit while the journal is degraded (a
+#: disk fault: the campaign goes on; the commit becomes durable if the journal is restored, and
+#: is lost with the process otherwise, so the item runs and is delivered again on the next run).
+#: A callback with a parameter named ``durable`` is told which: ``on_commit(work_id, result,
+#: durable=False)`` for a memory-only commit. It may return the work items the result spawns
+#: (G1), which are submitted before it counts as delivered.
+OnCommit = Callable[..., "Iterable[WorkItem] | None"]
 
 _COMMIT = {Commit}
 _token_of = attrgetter("token")
@@ -81,6 +86,10 @@ class Delivery:
     _delivered_at: float
     _callback_failed: bool
     _on_commit: Callable[[Commit], None] | None  # the facade's callback
+
+    #: While the commit callback runs: True when an fsync covers the commit being delivered,
+    #: False for a memory-only commit (the journal is degraded). See :data:`OnCommit`.
+    commit_durable: bool = True
 
     defer: DeferJournal
     #: called with each :class:`Defer` once the defer journal took it (or kept it in memory):
@@ -236,6 +245,7 @@ class Delivery:
                 if p.seq > durable:
                     self._commits_in_memory.extend([p.seq] * len(p.commits))
                 if p.callback is not None and not self._callback_failed:
+                    self.commit_durable = p.seq <= durable
                     try:
                         for c in p.commits:
                             p.callback(c)
@@ -285,26 +295,29 @@ class Delivery:
         made through the facade (:meth:`on_results` ...). Call it after :meth:`open`, before
         dispatching; ``run_master`` does. Returns how many results it delivered.
 
-        A commit is redelivered when the master crashed after it was durable but before its
-        callback returned, or when the callback raised. The callback must be idempotent by work
-        ID (an upsert keyed by work ID); see ``docs/state-format.md``. The work items it
-        returns are submitted (known work IDs skipped) before the delivery point passes its
+        A commit is redelivered when the master crashed after it was durable but before its callback
+        returned, or when the callback raised. A callback with a parameter named ``durable`` gets
+        ``durable=False`` for a memory-only commit (see :data:`OnCommit`). The callback must be
+        idempotent by work ID (an upsert keyed by work ID); see ``docs/state-format.md``. The work
+        items it returns are submitted (known work IDs skipped) before the delivery point passes its
         commit (G1).
 
         Raises:
             UsageError: the callback returned something else than None or work items.
         """
-        if on_commit is None:
+        call = _caller(on_commit, self)
+        if call is None:
             self._on_commit = None
         else:
-            self._on_commit = lambda c: self._spawn(c.work_id, on_commit(c.work_id, c.result))
+            self._on_commit = lambda c: self._spawn(c.work_id, call(c.work_id, c.result))
         n = 0
         upto = self.journal.next_seq - 1
         for r in read_results(self.directory, after_seq=self._delivered):
             if r.seq > upto:
                 break
-            if on_commit is not None:
-                self._spawn(r.work_id, on_commit(r.work_id, r.result))
+            if call is not None:
+                self.commit_durable = r.seq <= self.journal.durable_seq
+                self._spawn(r.work_id, call(r.work_id, r.result))
             self._delivered = max(self._delivered, r.seq)
             n += 1
         if n:
@@ -345,3 +358,18 @@ class Delivery:
             return True
         except NotDurableError:
             return False
+
+
+def _caller(on_commit: OnCommit | None, state: Delivery) -> Callable[[str, Any], Any] | None:
+    """``on_commit`` as ``call(work_id, result)``: passing ``durable=state.commit_durable``
+    when it has a parameter of that name (callbacks of two parameters keep working)."""
+    if on_commit is None:
+        return None
+    try:
+        params = inspect.signature(on_commit).parameters
+    except (TypeError, ValueError):  # a callable without a signature: the two arguments
+        return on_commit
+    p = params.get("durable")
+    if p is None or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+        return on_commit
+    return lambda wid, result: on_commit(wid, result, durable=state.commit_durable)

@@ -31,6 +31,7 @@ __all__ = [
     "ValueCorruptError",
     "RecordTooLargeError",
     "RecordEncodeError",
+    "ChangedPayloadError",
     "StorageError",
     "StorageDegradedError",
     "MemoryBoundError",
@@ -206,6 +207,32 @@ class RecordTooLargeError(DurableDispatchError, ValueError):
 
 class RecordEncodeError(UsageError, TypeError):
     """An appended record cannot be encoded as JSON by orjson. Nothing was written."""
+
+
+class ChangedPayloadError(UsageError):
+    """A work ID the campaign knows (pending, in flight, committed or deferred) was submitted
+    with another payload (U11): a work ID names one payload. Nothing of that submission was
+    added, and nothing has run with the stale payload because of it.
+
+    Raised by ``CampaignState.submit`` and so by every way work arrives (a ``run_master``
+    list or generator, a ``Feed``, the children an ``on_commit`` callback returns), also across
+    a restart: payloads are compared by a digest of their JSON form (keys sorted), so the same
+    payload rebuilt by a rerun is skipped silently as before. Unlike its neighbour
+    :class:`UsageError` for a bad argument, the call was right and the *input* contradicts the
+    record: give the changed item a new work ID (for example one that digests its payload), or
+    start a new state directory.
+
+    Attributes:
+        work_id: the work ID submitted with another payload.
+    """
+
+    def __init__(self, message: str, *, work_id: str) -> None:
+        super().__init__(message, work_id=work_id)
+
+    @property
+    def work_id(self) -> str:
+        """The work ID submitted with another payload."""
+        return self._facts["work_id"]  # type: ignore[no-any-return]
 
 
 class StorageError(DurableDispatchError, OSError):

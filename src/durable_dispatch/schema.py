@@ -248,10 +248,11 @@ _COMPACT_STATE: tuple[dict[str, Check], dict[str, Check]] = (
     | {"priorities": list_of(_level)},
 )
 
-#: A submissions store record (``submissions.jsonl``): the items of indices ``first, ...``.
+#: A submissions store record (``submissions.jsonl``): the items of indices ``first, ...``, and
+#: (since U11) ``digests``, their payload digests in hex, 16 digits an item.
 _SUBMISSION: tuple[dict[str, Check], dict[str, Check]] = (
     {"first": _index, "items": lambda v: type(v) is list},  # each item: as the loader takes it
-    {},
+    {"digests": is_str},
 )
 
 
@@ -266,6 +267,24 @@ def check_submission_record(rec: Any) -> None:
     if type(rec) is not dict:
         raise Invalid("(record)", "not an object")
     check_members(rec, *_SUBMISSION)
+    if "digests" in rec and len(rec["digests"]) != 16 * len(rec["items"]):
+        raise Invalid("digests", "not 16 hex digits for each item")
+
+
+def submission_digests(rec: Mapping[str, Any]) -> bytes | None:
+    """The payload digests of a checked submissions store record (None: a record written
+    before digests).
+
+    Raises:
+        Invalid: its ``digests`` member is not hex.
+    """
+    h = rec.get("digests")
+    if h is None:
+        return None
+    try:
+        return bytes.fromhex(h)
+    except ValueError:
+        raise Invalid("digests", "not hex") from None
 
 
 def check_state_snapshot(body: Any) -> None:

@@ -42,6 +42,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from .admin import (
@@ -59,14 +60,24 @@ from .core import (
     WorkItem,
 )
 from .core.events import EpochStarted, Submitted, encode
+from .core.indexed import DIGEST_BYTES, payload_digests
 from .core.ledger import Ledger
 from .core.ranks import RankState
 from .delivery import Delivery, OnCommit, _PendingCommit
-from .errors import RecordTooLargeError, StorageDegradedError, UsageError
+from .errors import (
+    ChangedPayloadError,
+    NotDurableError,
+    RecordEncodeError,
+    RecordTooLargeError,
+    StorageDegradedError,
+    UsageError,
+)
 from .replay import (
+    _holders,
     _load_snapshot,
     _open_and_fold,
     paused_gc,
+    release_frozen,
 )
 from .statedir import (
     LIVE_STATS_NAME,
@@ -183,6 +194,11 @@ class CampaignState(Delivery):
         it are delivered first, U6). It may return work items, the children of that result
         (G1): they are submitted durably before the commit counts as delivered, and known work
         IDs are skipped, so each child is submitted once however often the callback runs.
+        It is called once a commit is journaled durably, or, while the journal is degraded (a
+        disk fault), at once for a memory-only commit: a callback with a parameter named
+        ``durable`` is told which (``durable=False``: lost if the process ends before the
+        journal is restored, and then delivered again on the next run; see
+        :data:`~durable_dispatch.delivery.OnCommit`).
 
         ``ranks`` are the workers; with ``starting`` each gets work only after its first READY
         without a token (what ``run_worker`` sends once it is up), so a worker's start-up is
@@ -202,13 +218,15 @@ class CampaignState(Delivery):
         journal: Journal | None = None
         store: Journal | None = None
         defer: DeferJournal | None = None
+        opening = object()  # holds what the reopen's bulk build freezes until the state does
         try:
             snapshots, snap = _load_snapshot(d, keep_snapshots)
             base = snap.value if snap is not None else {}
-            with paused_gc():
+            with paused_gc(opening) as block:
                 journal, store, proj, n, stored = _open_and_fold(
                     os.path.join(d, STATE_JOURNAL), base, sync=sync, **dict(journal_options or {})
                 )
+                block.items = len(proj.items)
             covered = _reconcile_store(journal, store, proj, stored)
             defer = DeferJournal.open(d)
             epoch = proj.epoch + 1
@@ -217,6 +235,7 @@ class CampaignState(Delivery):
             )
             _record_lost_deferrals(defer, core.ledger)
         except BaseException:
+            release_frozen(opening)
             for opened in (journal, store, defer):
                 if opened is not None:
                     opened.close()  # its writer lock too: a later open must not find it held
@@ -238,6 +257,9 @@ class CampaignState(Delivery):
             dups=proj.duplicate_commits,
             delivered=max(delivered, proj.delivered),
         )
+        if id(opening) in _holders:  # what the reopen froze: the state holds it now
+            _holders.discard(id(opening))
+            _holders.add(id(st))
         r = journal.append(encode(EpochStarted(epoch, time.time())))
         st._durable(r.seq)
         st._apply(restarts)
@@ -255,22 +277,31 @@ class CampaignState(Delivery):
     def submit(self, items: Iterable[WorkItem]) -> int:
         """Add work items not already known (pending, in flight, committed or deferred).
 
-        Safe to call with the whole work source on every start: known IDs are skipped.
+        Safe to call with the whole work source on every start: known IDs with the payload
+        they named are skipped (U11: compared by a digest of the payload's JSON, keys sorted).
         Returns how many were new. Each item's payload is written once, to the submissions
         store, durably before the state journal names it (by index); a crash between the two
         leaves items the next open submits (they were durable).
 
+        The items are built with the cyclic collector paused and then frozen (issue 50; see
+        ``paused_gc`` and docs/performance.md), so no collection walks the queue again.
+
         Raises:
+            ChangedPayloadError: a known work ID, or one named twice in ``items``, with another
+                payload (nothing added).
+            RecordEncodeError: a payload is not JSON (nothing added).
             UsageError: an item is not a :class:`WorkItem` with a string work ID and an integer
                 priority (nothing added).
             RecordTooLargeError: one item is too large for a record; the items before it were
                 added, it and those after it were not.
         """
-        with paused_gc():
-            return self._submit(items)
+        with paused_gc(self) as block:
+            block.items = self._submit(items)
+            return block.items
 
     def _submit(self, items: Iterable[WorkItem]) -> int:
         new: list[WorkItem] = []
+        again: list[WorkItem] = []  # known work IDs, and work IDs twice in this call
         seen: set[str] = set()
         known = self.core.ledger.ids.index
         for i in items:
@@ -282,27 +313,66 @@ class CampaignState(Delivery):
             if wid not in known and wid not in seen:
                 new.append(i)
                 seen.add(wid)
+            else:
+                again.append(i)
+        digests = _digests(new)
+        if again:
+            self._refuse_changed(again, new, digests)  # U11: before anything is added
         if not new:
             return 0
         first = self._store.stored
         try:
-            self._store.store(new, first)
+            self._store.store(new, first, digests)
         except RecordTooLargeError:
             done = self._store.stored - first
             if done:
-                self._announce(new[:done], first)
+                self._announce(new[:done], first, digests[: done * DIGEST_BYTES])
             raise
-        self._announce(new, first)
+        self._announce(new, first, digests)
         return len(new)
 
-    def _announce(self, items: list[WorkItem], first: int) -> None:
-        """Journal the submission of the stored ``items`` and hand them to the core. The
-        records name the items by index once the store is durable; if the store cannot be
-        made durable (a disk fault), they carry the items themselves."""
+    def _refuse_changed(self, again: list[WorkItem], new: list[WorkItem], digests: bytes) -> None:
+        """U11: each of ``again`` (a known work ID, or one named earlier in the same call) must
+        name the payload it named before; the first that does not is refused.
+
+        Raises:
+            ChangedPayloadError: naming that work ID.
+        """
+        led = self.core.ledger
+        ids, n = led.ids, DIGEST_BYTES
+        mine: dict[str, bytes] | None = None  # this call's new items' digests, when needed
+        theirs = _digests(again)
+        for j, item in enumerate(again):
+            wid = item.work_id
+            if wid in ids.index:
+                was = ids.digest_of(wid)
+                if was is None and wid in led.items:  # a state written before digests
+                    was = _digests([led.items[wid]])
+            else:
+                if mine is None:
+                    mine = {w.work_id: digests[k * n : k * n + n] for k, w in enumerate(new)}
+                was = mine[wid]
+            if was is not None and was != (now := theirs[j * n : j * n + n]):
+                st = self.core.status(wid) if wid in ids.index else None
+                where = st.name.lower().replace("_", " ") if st else "earlier in this submission"
+                raise ChangedPayloadError(
+                    f"work ID {wid!r} is known ({where}) "
+                    f"with another payload (digest {was.hex()}, this one {now.hex()}): a work ID "
+                    "names one payload; give the changed item a new work ID (one that digests "
+                    "its payload, say) or start a new state directory",
+                    work_id=wid,
+                )
+
+    def _announce(self, items: list[WorkItem], first: int, digests: bytes) -> None:
+        """Journal the submission of the stored ``items`` and hand them to the core (with
+        their payload ``digests``). The records name the items by index once the store is
+        durable; if the store cannot be made durable (a disk fault), they carry the items
+        themselves."""
         stored = self._store.durable()
         for k in range(0, len(items), SUBMIT_CHUNK):
             chunk = tuple(items[k : k + SUBMIT_CHUNK])
             self.journal.append(encode(Submitted(chunk, first + k, stored=stored)))
+        self.core.ledger.ids.set_digests(first, digests)  # (so the core computes none)
         self.core.submit(items, first=first, checked=True)
 
     def next_send(self, now: float, max_items: int = 1) -> Send | None:
@@ -532,6 +602,7 @@ class CampaignState(Delivery):
             return
         self._closed = True
         _resources.unregister(self)
+        release_frozen(self)  # issue 50: the objects its bulk builds froze (the last to close)
         if not _fs.reaches(self._filesystem) and not _fs.comes_back(self._filesystem):
             # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
             # themselves; a snapshot or a lock release would reach the real filesystem).
@@ -541,6 +612,7 @@ class CampaignState(Delivery):
             self.defer.close()
             _resources.disown_lock(self._lock)
             return
+        failed: list[BaseException] = []
         try:
             try:
                 self._complete_commits(wait=True)
@@ -548,15 +620,16 @@ class CampaignState(Delivery):
                 self._save_snapshot("close")
                 self.publish_statistics(running=False, force=True)
             finally:
-                try:
-                    self.journal.close()  # whatever failed above: no writer lock is left held
-                finally:
-                    self.submissions.close()
+                # whatever failed above: each journal is closed, no writer lock is left held
+                for journal in (self.journal, self.submissions, self.defer):
+                    try:
+                        journal.close()
+                    except BaseException as e:  # noqa: BLE001 - raised below, all of them
+                        failed.append(e)
         finally:
-            try:
-                self.defer.close()
-            finally:
-                self._lock.release()
+            self._lock.release()
+            if failed:
+                raise _closing_error(failed)
 
     @property
     def closed(self) -> bool:
@@ -571,6 +644,53 @@ class CampaignState(Delivery):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _closing_error(failed: list[BaseException]) -> BaseException:
+    """What :meth:`CampaignState.close` raises when closing its journals failed: an error other
+    than :class:`NotDurableError` as it was; else one :class:`NotDurableError` naming every
+    journal with records held only in memory, the one holding most first (its ``path``;
+    ``pending`` counts them all), so the state journal's memory-only commits are not hidden
+    behind the defer journal's one record."""
+    other = [e for e in failed if not isinstance(e, NotDurableError)]
+    if other:
+        return other[0]
+    held = [e for e in failed if isinstance(e, NotDurableError)]
+    held.sort(key=lambda e: -(e.pending or 0))
+    first = held[0]
+    each = "; ".join(f"{e.pending} in {e.path}" for e in held)
+    total = sum(e.pending or 0 for e in held)
+    return NotDurableError(
+        f"closed with {total} record(s) held only in memory ({each}): the disk refused them "
+        f"({first.op or 'a write'}{', errno ' + str(first.errno) if first.errno else ''}) and "
+        "they are lost with this process; a later run does the work they recorded again",
+        path=first.path,
+        op=first.op,
+        errno=first.errno,
+        pending=total,
+    )
+
+
+_payload_of = attrgetter("payload")
+
+
+def _digests(items: list[WorkItem]) -> bytes:
+    """The payload digests of ``items`` (:func:`payload_digests`).
+
+    Raises:
+        RecordEncodeError: a payload is not JSON (naming its work ID); nothing was added.
+    """
+    try:
+        return payload_digests(map(_payload_of, items))
+    except TypeError:
+        for w in items:
+            try:
+                payload_digests((w.payload,))
+            except TypeError as e:
+                raise RecordEncodeError(
+                    f"work item {w.work_id!r}: its payload cannot be encoded as JSON: {e}"
+                ) from None
+        raise
 
 
 def _record_lost_deferrals(defer: DeferJournal, ledger: Ledger) -> int:

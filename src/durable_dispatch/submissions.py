@@ -1,8 +1,10 @@
 """The submissions store (``submissions.jsonl``): every submitted work item's payload, written
 once, by dense index, before the state journal names it.
 
-A record is ``{"first": i, "items": [...]}``: the items of indices ``i, i+1, ...`` in their
-compact form (:func:`~durable_dispatch.core.indexed.store_form`), up to
+A record is ``{"first": i, "items": [...], "digests": "..."}``: the items of indices ``i, i+1,
+...`` in their compact form (:func:`~durable_dispatch.core.indexed.store_form`) and their payload
+digests (:func:`~durable_dispatch.core.indexed.payload_digests`, in hex: a reopen reads them, so a
+known work ID submitted again is compared without hashing the store again, U11), up to
 :data:`~durable_dispatch.statedir.SUBMIT_CHUNK` per record, halved while one is too large for a
 record. The state journal's ``submitted`` events name the items by index once an fsync covers
 the store (:meth:`SubmissionStore.durable`); if the disk refuses, they carry the items
@@ -12,7 +14,7 @@ themselves, so nothing submitted is lost either way.
 from __future__ import annotations
 
 from .core import WorkItem
-from .core.indexed import store_form
+from .core.indexed import DIGEST_BYTES, payload_digests, store_form
 from .errors import NotDurableError, RecordTooLargeError
 from .statedir import SUBMIT_CHUNK
 from .storage import Journal
@@ -34,20 +36,26 @@ class SubmissionStore:
         self.stored = stored
         self._seq = journal.next_seq - 1  # its newest record
 
-    def store(self, items: list[WorkItem], first: int) -> None:
-        """Append ``items`` from index ``first``; :attr:`stored` is the index after the last
-        item stored, also when one item is too large.
+    def store(self, items: list[WorkItem], first: int, digests: bytes | None = None) -> None:
+        """Append ``items`` from index ``first``, with their payload ``digests`` (computed when
+        None); :attr:`stored` is the index after the last item stored, also when one item is
+        too large.
 
         Raises:
             RecordTooLargeError: one item is too large for a record (it and those after it
                 were not stored).
         """
+        if digests is None:
+            digests = payload_digests(w.payload for w in items)
+        n = DIGEST_BYTES
         for k in range(0, len(items), SUBMIT_CHUNK):
-            self._store_chunk(items[k : k + SUBMIT_CHUNK], first + k)
+            chunk = items[k : k + SUBMIT_CHUNK]
+            self._store_chunk(chunk, first + k, digests[k * n : (k + len(chunk)) * n])
 
-    def _store_chunk(self, items: list[WorkItem], first: int) -> None:
+    def _store_chunk(self, items: list[WorkItem], first: int, digests: bytes) -> None:
+        rec = {"first": first, "items": [store_form(w) for w in items], "digests": digests.hex()}
         try:
-            r = self.journal.append({"first": first, "items": [store_form(w) for w in items]})
+            r = self.journal.append(rec)
         except RecordTooLargeError as e:
             if len(items) == 1:
                 raise RecordTooLargeError(
@@ -56,8 +64,8 @@ class SubmissionStore:
                     limit=e.limit,
                 ) from None
             half = len(items) // 2
-            self._store_chunk(items[:half], first)
-            self._store_chunk(items[half:], first + half)
+            self._store_chunk(items[:half], first, digests[: half * DIGEST_BYTES])
+            self._store_chunk(items[half:], first + half, digests[half * DIGEST_BYTES :])
             return
         self.stored = first + len(items)
         self._seq = r.seq

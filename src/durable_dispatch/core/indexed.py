@@ -6,30 +6,116 @@ what their runs cost, not what the campaign's size costs.
 work items by work ID, stored by index in their compact form (:func:`store_form`);
 :class:`CommittedIds` the committed work IDs over runs; :class:`Frontier` the work IDs waiting,
 in dispatch order, one queue of runs per priority level.
+
+Payload digests (U11). :class:`Ids` also keeps, by index, an 8-byte digest of each item's
+payload (:func:`payload_digests`: BLAKE2b of its JSON form, keys sorted), in one bytearray: 8 bytes
+an item, no object of its own, so a known work ID submitted again is compared with what it named
+(refused when the payload changed) at that cost, committed items included (their payloads are not
+kept in memory). 8 zero bytes: not known (a state written before digests, a void index).
 """
 
 from __future__ import annotations
 
+import hashlib
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from collections.abc import Set as AbstractSet
+from functools import partial
+from operator import methodcaller
 from typing import Any
+
+import orjson
 
 from ..schema import Invalid, is_work_item
 from .decisions import WorkItem
 
-__all__ = ["CommittedIds", "Frontier", "Ids", "Items", "Runs", "store_form", "stored_item"]
+__all__ = [
+    "CommittedIds",
+    "DIGEST_BYTES",
+    "Frontier",
+    "Ids",
+    "Items",
+    "Runs",
+    "payload_digests",
+    "store_form",
+    "stored_item",
+    "stored_payload_digests",
+]
+
+#: Bytes of one payload digest (:func:`payload_digests`).
+DIGEST_BYTES = 8
+_UNKNOWN = bytes(DIGEST_BYTES)
+_DUMPS_SORTED = partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
+_BLAKE = partial(hashlib.blake2b, digest_size=DIGEST_BYTES)
+_DIGEST = methodcaller("digest")
+
+
+def payload_digests(payloads: Iterable[Any]) -> bytes:
+    """The digests of ``payloads``, :data:`DIGEST_BYTES` each, concatenated in order: BLAKE2b of
+    each payload's JSON form with its keys sorted (so the same payload rebuilt with its keys in
+    another order, or read back from the store, has the same digest). C-level passes only.
+
+    Raises:
+        TypeError: a payload orjson cannot encode (``orjson.JSONEncodeError``).
+    """
+    return b"".join(map(_DIGEST, map(_BLAKE, map(_DUMPS_SORTED, payloads))))
+
+
+def stored_payload_digests(items: Sequence[Any]) -> bytes:
+    """:func:`payload_digests` of items in the submissions store's form (:func:`store_form`;
+    None, a void index, gets the unknown digest); for a store written before digests.
+
+    Raises:
+        schema.Invalid: an item in neither form.
+    """
+    if all(type(v) is list and len(v) == 2 for v in items):  # the usual form: in one pass
+        return payload_digests(map(_second, items))
+    out = bytearray()
+    for v in items:
+        if type(v) is list and len(v) == 2:
+            out += payload_digests((v[1],))
+        elif type(v) is dict and "payload" in v:
+            out += payload_digests((stored_item(v).payload,))
+        else:  # void, or a committed item stored by its work ID only (its payload is gone)
+            out += _UNKNOWN
+    return bytes(out)
+
+
+def _second(v: Sequence[Any]) -> Any:
+    return v[1]
 
 
 class Ids:
-    """Work ID <-> dense index, both ways: index ``i`` names ``ids[i]`` (None: void)."""
+    """Work ID <-> dense index, both ways: index ``i`` names ``ids[i]`` (None: void); and the
+    payload digest of each index (see the module docs)."""
 
-    __slots__ = ("ids", "index")
+    __slots__ = ("ids", "index", "digests")
 
     def __init__(self) -> None:
         self.ids: list[str | None] = []
         self.index: dict[str, int] = {}
+        #: :data:`DIGEST_BYTES` per index, from index 0; shorter when the last ones are unknown
+        self.digests = bytearray()
+
+    def set_digests(self, first: int, digests: bytes) -> None:
+        """The payload digests of indices ``first, first+1, ...`` (:func:`payload_digests`)."""
+        a = first * DIGEST_BYTES
+        d = self.digests
+        if len(d) < a:
+            d.extend(bytes(a - len(d)))
+        d[a : a + len(digests)] = digests
+
+    def digested(self) -> int:
+        """The indices below this one have their digest set (or are void)."""
+        return len(self.digests) // DIGEST_BYTES
+
+    def digest_of(self, wid: str) -> bytes | None:
+        """The payload digest of the known work ID ``wid``, or None when it is not known (a
+        state written before digests)."""
+        i = self.index[wid] * DIGEST_BYTES
+        d = bytes(self.digests[i : i + DIGEST_BYTES])
+        return d if len(d) == DIGEST_BYTES and d != _UNKNOWN else None
 
     def assign(self, wid: str) -> int:
         """The next index, for the new work ID ``wid``."""

@@ -48,7 +48,17 @@ from .events import (
     Submitted,
     decode,
 )
-from .indexed import CommittedIds, Frontier, Ids, Items, Runs, stored_item
+from .indexed import (
+    DIGEST_BYTES,
+    CommittedIds,
+    Frontier,
+    Ids,
+    Items,
+    Runs,
+    payload_digests,
+    stored_item,
+    stored_payload_digests,
+)
 
 __all__ = ["Ledger", "LedgerLoader", "COMPACT_FORM"]
 
@@ -221,6 +231,8 @@ class Ledger:
             new.append(i)
             if item.priority:
                 levels = True
+        if ids.digested() < start + len(items):  # not given by the store (nor the caller)
+            _digest(ids, items, start)
         if len(new) == len(items) and not levels:  # all new, all of level 0: in bulk
             mine.put(start, items)
             self.frontier.extend_range(start, start + len(new))
@@ -419,6 +431,20 @@ def _first(v: Sequence[Any]) -> Any:
     return v[0]
 
 
+def _digest(ids: Ids, items: Sequence[WorkItem], start: int) -> None:
+    """Set the payload digests of ``items`` (indices from ``start``) that are not set yet. A
+    payload that is not JSON (a core used without a store, in a test) gets none."""
+    k = max(ids.digested() - start, 0)
+    try:
+        ids.set_digests(start + k, payload_digests(w.payload for w in items[k:]))
+    except TypeError:
+        for i, w in enumerate(items[k:], start + k):
+            try:
+                ids.set_digests(i, payload_digests((w.payload,)))
+            except TypeError:
+                ids.set_digests(i, bytes(DIGEST_BYTES))
+
+
 def _place(where: bytearray, a: int, b: int, code: int, name: str) -> None:
     """Mark indices ``a .. b-1`` as in place ``code`` (a compact snapshot's member ``name``)."""
     if not 0 <= a < b <= len(where):
@@ -478,8 +504,9 @@ class LedgerLoader:
             _place(where, i, i + 1, 4, "deferred")
         self._led.ids.ids.extend([None] * size)
 
-    def take(self, first: int, items: Sequence[Any]) -> None:
-        """One submissions store record.
+    def take(self, first: int, items: Sequence[Any], digests: bytes | None = None) -> None:
+        """One submissions store record; ``digests``: its items' payload digests, as the record
+        holds them (computed from the items when None: a store written before digests).
 
         Raises:
             schema.Invalid: it does not start where the last one ended, or names a work ID
@@ -490,6 +517,7 @@ class LedgerLoader:
         end = self._next = first + len(items)
         size, where, tail = self._size, self._where, self._tail
         led = self._led
+        led.ids.set_digests(first, stored_payload_digests(items) if digests is None else digests)
         ids, index, mine = led.ids.ids, led.ids.index, led.items
         if first < end <= size and where.count(where[first], first, end) == end - first:
             if where[first] in (1, 3) and self._in_bulk(items, where[first] == 1):

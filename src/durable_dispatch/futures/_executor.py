@@ -152,6 +152,13 @@ class _CallFeed(Feed):
             self._submit(batch)
 
     def _submit(self, batch: list[WorkItem]) -> None:
+        # A call pending from an earlier run is known by its work ID (the call's canonical
+        # digest); its payload, a new pickle of the same call, may differ byte for byte (a set's
+        # order), which the state would refuse as a changed payload (U11): it is not submitted.
+        known = self.state.core.ledger.ids.index
+        batch = [item for item in batch if item.work_id not in known]
+        if not batch:
+            return
         try:
             self.state.submit(batch)
         except RecordTooLargeError:

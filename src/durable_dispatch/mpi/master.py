@@ -129,16 +129,17 @@ def run_master(
             skipped, so pass the whole work source every time. Or a :class:`Feed`, for work
             that arrives while the campaign runs.
         state_dir: the campaign's state directory (see ``docs/state-format.md``).
-        on_commit: ``on_commit(work_id, result)``, called once a result is journaled durably;
-            at least once (U6): a commit whose callback did not return (a crash, an exception)
-            is delivered again when the campaign resumes, before anything is dispatched, so
-            make it idempotent by work ID (an upsert). It may return the work items that
-            result spawns (G1): they are submitted durably before the commit counts as
-            delivered, known work IDs are skipped (so a child runs once however often its
-            parent's callback runs, and a child two parents name is one item); give children
-            deterministic IDs (a digest of their input, a path, a node name). The campaign is
-            done when nothing is pending or in flight and every callback has returned. Read
-            every result back with :func:`durable_dispatch.read_results`.
+        on_commit: ``on_commit(work_id, result)``, called once a result is journaled durably (while
+            the journal is degraded by a disk fault, for a memory-only commit: give it a parameter
+            ``durable`` to be told, ``durable=False``); at least once (U6): a commit whose callback
+            did not return (a crash, an exception) is delivered again when the campaign resumes,
+            before anything is dispatched, so make it idempotent by work ID (an upsert). It may
+            return the work items that result spawns (G1): they are submitted durably before the
+            commit counts as delivered, known work IDs are skipped (so a child runs once however
+            often its parent's callback runs, and a child two parents name is one item); give
+            children deterministic IDs (a digest of their input, a path, a node name). The campaign
+            is done when nothing is pending or in flight and every callback has returned. Read every
+            result back with :func:`durable_dispatch.read_results`.
         comm: the communicator (``MPI.COMM_WORLD``); rank 0 is the master, all others workers.
             Or a :class:`~durable_dispatch.mpi.transport.Transport`, such as
             ``durable_dispatch.testing.LocalWorkers(fn)`` to test a campaign in-process.
@@ -405,15 +406,18 @@ class _Source(Feed):
     def __init__(self, work: Iterable[WorkItem]) -> None:
         self.items = iter(work)
         self.exhausted = False
+        self._known_read = False  # U11: the part an earlier run submitted was read again
 
     def refill(self) -> None:
-        """Submit the next chunks while fewer than :attr:`LOW` items are pending."""
+        """Submit the next chunks while fewer than :attr:`LOW` items are pending. The first
+        call reads on while the chunks hold only known work IDs (what an earlier run submitted),
+        so each is compared with the payload it named before anything is dispatched (U11)."""
         frontier = self.state.core.ledger.frontier
-        while not self.exhausted and len(frontier) < self.LOW:
+        while not self.exhausted and (len(frontier) < self.LOW or not self._known_read):
             chunk = list(itertools.islice(self.items, self.CHUNK))
             self.exhausted = len(chunk) < self.CHUNK
-            if chunk:
-                self.state.submit(chunk)
+            if chunk and self.state.submit(chunk):
+                self._known_read = True
 
 
 class _Stopping:

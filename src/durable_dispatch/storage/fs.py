@@ -94,6 +94,8 @@ Recorder = Callable[[str, str, object], None]
 _recorder: Recorder | None = None
 _paths: dict[int, str] = {}
 _paths_lock = threading.Lock()
+#: A temporary file written to replace another whole (``rewrite.replace_file``) -> that file.
+_becomes: dict[str, str] = {}
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -201,8 +203,25 @@ def _remember(fd: int, path: str) -> int:
 
 
 def path_of(fd: int) -> str:
-    """The path a descriptor opened by this module was opened with ("" if unknown)."""
+    """The path of a descriptor opened by this module ("" if unknown): the one it was opened
+    with, or the one :func:`replace` renamed that file to since."""
     return _paths.get(fd, "")
+
+
+def will_become(tmp: str, target: str | None) -> None:
+    """``tmp`` is written to replace ``target`` whole (None: no longer), so that a fault hook
+    can treat it as that file (:func:`becomes`): a test's rule "every fsync of the journal
+    fails" holds for the copy a restore writes too."""
+    with _paths_lock:
+        if target is None:
+            _becomes.pop(tmp, None)
+        else:
+            _becomes[tmp] = target
+
+
+def becomes(path: str) -> str | None:
+    """The file the temporary file ``path`` is written to replace (:func:`will_become`)."""
+    return _becomes.get(path)
 
 
 def open_append(path: str, mode: int = 0o600) -> int:
@@ -336,6 +355,10 @@ def replace(src: str, dst: str) -> None:
     """Atomically rename ``src`` over ``dst`` (durable only after ``fsync_dir``)."""
     _check("replace", dst)
     os.replace(src, dst)
+    with _paths_lock:  # a descriptor open on ``src`` names its file by its new name
+        _becomes.pop(src, None)
+        for fd in [fd for fd, p in _paths.items() if p == src]:
+            _paths[fd] = dst
     _record("replace", src, dst)
 
 

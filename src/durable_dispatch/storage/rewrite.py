@@ -43,7 +43,12 @@ def replace_file(
     closed. On any failure before the rename the temporary file is removed, the target is
     untouched and the error propagates.
     """
-    new = fs.create_exclusive(tmp, mode)
+    fs.will_become(tmp, target)  # (a fault rule about the target holds for it)
+    try:
+        new = fs.create_exclusive(tmp, mode)
+    except BaseException:
+        fs.will_become(tmp, None)
+        raise
     fd: int | None = new
     inode_lock: int | None = None
     size = 0
@@ -65,6 +70,7 @@ def replace_file(
             fs.unlink(tmp)
         except OSError:
             pass
+        fs.will_become(tmp, None)
         raise
     if sync_dir:
         try:

@@ -56,7 +56,11 @@ class FaultRule:
     Attributes:
         op: an fs operation name (see the module docs) or ``"*"`` for all.
         errno: the error number raised (``errno.EIO`` by default).
-        path: a glob matched against the full path and against its base name.
+        path: a glob matched against the full path and against its base name. A file keeps
+            matching after the library replaced it whole (a journal's restore or compaction, a
+            snapshot): the temporary copy written to replace it matches as the file it will
+            become, and so does that copy's descriptor once renamed, so "the disk is gone for
+            good" stays gone.
         nth: fail only the n-th matching call (1-based, counted from when the rule was added);
             None fails every matching call.
         from_nth: with ``nth``, keep failing every matching call from the n-th on.
@@ -76,10 +80,14 @@ class FaultRule:
         """True when this rule is about ``op`` on ``path``."""
         if self.op != "*" and self.op != op:
             return False
-        return (
-            self.path == "*"
-            or fnmatch.fnmatch(path, self.path)
-            or fnmatch.fnmatch(os.path.basename(path), self.path)
+        if self.path == "*" or self._glob(path):
+            return True
+        target = _fs.becomes(path)  # a copy written to replace a file: matched as that file
+        return target is not None and self._glob(target)
+
+    def _glob(self, path: str) -> bool:
+        return fnmatch.fnmatch(path, self.path) or fnmatch.fnmatch(
+            os.path.basename(path), self.path
         )
 
 
