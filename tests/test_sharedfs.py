@@ -69,6 +69,7 @@ def test_passthrough_keeps_bytes_and_inodes(tmp_path):
         assert os.stat(p + "3").st_ino == os.stat(os.path.join(m.backing, "d", "f2")).st_ino
         with open(p + "3", "rb") as f:
             assert f.read() == b"x" * 100_000
+        assert sorted(os.listdir(os.path.dirname(p))) == ["f2", "f3"]
         c = m.counters()
         assert c["fsyncs"] >= 1 and c["metadata_ops"] >= 3
     assert not os.path.ismount(m.path)

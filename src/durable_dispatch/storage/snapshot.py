@@ -35,7 +35,7 @@ from ..errors import (
     StorageError,
     UsageError,
 )
-from . import fs
+from . import fs, owner
 from .format import new_salt
 from .health import Health, HealthState
 from .rewrite import replace_file
@@ -185,11 +185,15 @@ class SnapshotStore:
                 generations are intact, ``obj`` is kept in ``unsaved``, ``health`` is DEGRADED.
                 Call ``save`` again later.
             StorageError: another OS error (permission denied, not a directory ...).
+            LockHeldError: another master claimed the state directory this store is in (S13).
         """
         try:
             body = orjson.dumps(obj)
         except (orjson.JSONEncodeError, TypeError) as e:
             raise RecordEncodeError(f"snapshot value cannot be encoded as JSON: {e}") from None
+        guard = owner.guard_for(self.path_of(0))
+        if guard is not None:
+            guard()  # S13: another master claimed the directory: write nothing (LockHeldError)
         try:
             if not os.path.isdir(self.directory):
                 fs.makedirs(self.directory)

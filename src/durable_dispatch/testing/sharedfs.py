@@ -424,9 +424,17 @@ def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
             return 0
 
         @oserr
-        def readdir(self, path: str, fh: int) -> list[str]:
+        def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
+            # Real inode numbers (use_ino): glibc's readdir skips an entry whose d_ino is 0.
             knobs.metadata()
-            return [".", "..", *os.listdir(full(path))]
+            here = os.lstat(full(path))
+            out = [(".", {"st_ino": here.st_ino, "st_mode": here.st_mode}, 0)]
+            out.append(("..", {"st_ino": 1, "st_mode": here.st_mode}, 0))
+            with os.scandir(full(path)) as it:
+                for e in it:
+                    st = e.stat(follow_symlinks=False)
+                    out.append((e.name, {"st_ino": st.st_ino, "st_mode": st.st_mode}, 0))
+            return out
 
         @oserr
         def readlink(self, path: str) -> str:
