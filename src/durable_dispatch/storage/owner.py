@@ -31,8 +31,10 @@ An owner that finds a newer claim is *fenced*: its journals refuse to write from
 raise :class:`LockHeldError`, so two masters never both write. A live owner loses its claim only
 if its heartbeat thread could not rewrite the record for a whole bound (the filesystem refused
 metadata writes that long, or the process was stopped): it then stops writing before its next
-flush. Heartbeats are not fsynced: after a power loss a record may be older or gone, which only
-makes a dead owner look dead sooner.
+flush. A claim and a release are fsynced before they are linked or renamed into place (a crash
+never leaves them torn, so a resume judges them at once); heartbeats are not (an fsync that
+stalls for minutes must not stop them): after a power loss a heartbeat may be lost or torn, and a
+torn record is watched for the bound like one from another node.
 """
 
 from __future__ import annotations
@@ -246,11 +248,13 @@ def _encode(o: Owner) -> bytes:
     return orjson.dumps(body) + b"\n"
 
 
-def _write_tmp(d: str, o: Owner) -> str:
+def _write_tmp(d: str, o: Owner, *, sync: bool = True) -> str:
     tmp = os.path.join(d, f".owner-{secrets.token_hex(8)}.tmp")
     fd = fs.create_exclusive(tmp, 0o600)
     try:
         fs.write_all(fd, _encode(o))
+        if sync:
+            fs.fsync(fd)  # a claim or a release is never torn by a crash: it is judged at once
     finally:
         fs.close(fd)
     return tmp
@@ -286,8 +290,8 @@ def _try_create(d: str, o: Owner) -> bool:
     return mine is not None and mine.nonce == o.nonce
 
 
-def _rewrite(d: str, o: Owner) -> None:
-    tmp = _write_tmp(d, o)
+def _rewrite(d: str, o: Owner, *, sync: bool = True) -> None:
+    tmp = _write_tmp(d, o, sync=sync)
     try:
         fs.replace(tmp, _path(d, o.generation))
     except BaseException:
@@ -471,7 +475,9 @@ class OwnerClaim:
                 self._lose()
                 return
             self.record = _replace(self.record, beat=self.record.beat + 1, ts=time.time())
-            _rewrite(self.directory, self.record)
+            # Not fsynced: a filesystem that stalls its fsyncs for minutes must not stop the
+            # heartbeat (a crash may tear it: the owner is dead then anyway).
+            _rewrite(self.directory, self.record, sync=False)
 
     def release(self) -> None:
         """Let go: the record says ``released`` (the next master claims at once)."""
