@@ -201,7 +201,8 @@ class SlowMount:
             self.resume()
 
     def counters(self) -> dict[str, Any]:
-        """What the server did so far: ``fsyncs``, ``metadata_ops``, ``stalled_fsyncs``,
+        """What the server did so far: ``fsyncs``, ``metadata_ops`` (and ``metadata_by_op``),
+        ``stalled_fsyncs``,
         ``locks_granted``, ``longest_fsync_s``, ``waiting_fsyncs`` (blocked now), as of at
         most about 20 ms ago (this waits that long)."""
         time.sleep(3 * _POLL)
@@ -347,8 +348,12 @@ class _Knobs:
             self.counts[key] += n
             self.dirty = True
 
-    def metadata(self) -> None:
-        self.count("metadata_ops")
+    def metadata(self, op: str = "other") -> None:
+        with self.cond:
+            self.counts["metadata_ops"] += 1
+            by = self.counts.setdefault("metadata_by_op", {})
+            by[op] = by.get(op, 0) + 1
+            self.dirty = True
         ms = self.s.metadata_ms
         if ms > 0:
             time.sleep(ms / 1000)
@@ -399,7 +404,7 @@ def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
 
         @oserr
         def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-            knobs.metadata()
+            knobs.metadata("getattr")
             st = os.fstat(fh) if fh is not None else os.lstat(full(path))
             d = {
                 k: getattr(st, k)
@@ -426,7 +431,7 @@ def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
         @oserr
         def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
             # Real inode numbers (use_ino): glibc's readdir skips an entry whose d_ino is 0.
-            knobs.metadata()
+            knobs.metadata("readdir")
             here = os.lstat(full(path))
             out = [(".", {"st_ino": here.st_ino, "st_mode": here.st_mode}, 0)]
             out.append(("..", {"st_ino": 1, "st_mode": here.st_mode}, 0))
@@ -442,55 +447,55 @@ def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
 
         @oserr
         def mkdir(self, path: str, mode: int) -> int:
-            knobs.metadata()
+            knobs.metadata("mkdir")
             os.mkdir(full(path), mode)
             return 0
 
         @oserr
         def rmdir(self, path: str) -> int:
-            knobs.metadata()
+            knobs.metadata("rmdir")
             os.rmdir(full(path))
             return 0
 
         @oserr
         def unlink(self, path: str) -> int:
-            knobs.metadata()
+            knobs.metadata("unlink")
             os.unlink(full(path))
             return 0
 
         @oserr
         def symlink(self, target: str, source: str) -> int:
-            knobs.metadata()
+            knobs.metadata("symlink")
             os.symlink(source, full(target))
             return 0
 
         @oserr
         def link(self, target: str, source: str) -> int:
-            knobs.metadata()
+            knobs.metadata("link")
             os.link(full(source), full(target))
             return 0
 
         @oserr
         def rename(self, old: str, new: str) -> int:
-            knobs.metadata()
+            knobs.metadata("rename")
             os.rename(full(old), full(new))
             return 0
 
         @oserr
         def chmod(self, path: str, mode: int) -> int:
-            knobs.metadata()
+            knobs.metadata("chmod")
             os.chmod(full(path), mode)
             return 0
 
         @oserr
         def chown(self, path: str, uid: int, gid: int) -> int:
-            knobs.metadata()
+            knobs.metadata("chown")
             os.chown(full(path), uid, gid)
             return 0
 
         @oserr
         def truncate(self, path: str, length: int, fh: int | None = None) -> int:
-            knobs.metadata()
+            knobs.metadata("truncate")
             if fh is not None:
                 os.ftruncate(fh, length)
             else:
@@ -499,7 +504,7 @@ def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
 
         @oserr
         def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
-            knobs.metadata()
+            knobs.metadata("utimens")
             if times is None:
                 os.utime(full(path))
             else:
@@ -531,7 +536,7 @@ def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
 
         @oserr
         def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
-            knobs.metadata()
+            knobs.metadata("create")
             return os.open(full(path), flags | os.O_CREAT, mode)
 
         @oserr
