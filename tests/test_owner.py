@@ -356,3 +356,30 @@ def test_a_killed_owner_then_a_resume_on_a_mount_without_locks(tmp_path: Path) -
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
+
+
+def test_a_zombie_owner_is_dead(tmp_path: Path) -> None:
+    """A master killed but not yet reaped by its parent (mpiexec's daemon) still has a pid that
+    signals reach; it writes nothing more, so a resume or a compaction takes over at once."""
+    d = tmp_path / "s"
+    code = (
+        "import time\n"
+        "from durable_dispatch.storage import owner\n"
+        f"c = owner.claim({str(d)!r})\n"
+        "print('claimed', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    d.mkdir()
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "claimed"
+        os.kill(p.pid, signal.SIGKILL)
+        end = time.monotonic() + 30
+        while owner._stat_of(p.pid)[0] != "Z":  # dead, not reaped: we are its parent
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        c = owner.claim(d, stale=30)
+        c.release()
+    finally:
+        p.kill()
+        p.wait()

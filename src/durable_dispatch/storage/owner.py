@@ -158,11 +158,18 @@ def _pidns() -> int:
 
 def _start_of(pid: int) -> int:
     """A process's start time in clock ticks since boot (0 if unknown)."""
+    return _stat_of(pid)[1]
+
+
+def _stat_of(pid: int) -> tuple[str, int]:
+    """A process's state letter (``Z``: a zombie, dead but not yet reaped) and start time
+    (``("", 0)`` if unknown)."""
     text = _read_text(f"/proc/{pid}/stat")
     try:
-        return int(text.rsplit(")", 1)[1].split()[19])
+        fields = text.rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
     except (IndexError, ValueError):
-        return 0
+        return "", 0
 
 
 def _booted_at() -> float:
@@ -341,7 +348,10 @@ def _alive_here(o: Owner, d: str, me: dict[str, Any]) -> bool:
         return False
     except PermissionError:
         pass
-    return not o.start or _start_of(o.pid) in (0, o.start)
+    state, start = _stat_of(o.pid)
+    if state in ("Z", "X"):
+        return False  # killed, not yet reaped by its parent: it writes nothing more
+    return not o.start or start in (0, o.start)
 
 
 def _verdict(o: Owner, d: str, me: dict[str, Any]) -> str:
