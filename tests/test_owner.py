@@ -383,3 +383,32 @@ def test_a_zombie_owner_is_dead(tmp_path: Path) -> None:
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_record_cannot_make_a_newcomer_wait_past_the_largest_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound a record carries is clamped (1 to 3600 s): a damaged or hostile record that
+    says 1e300 seconds does not block a resume for ever."""
+    assert owner._clamp(1e300) == 3600.0
+    assert owner._clamp(float("nan")) == owner.DEFAULT_STALE_SECONDS
+    assert owner._clamp(-5) == 1.0
+    d = tmp_path / "s"
+    d.mkdir()
+    _forge(d, 1, stale=1e300, ts=time.time() - 3600)
+    waited: list[float] = []
+    calls = [0]
+
+    def sleep(s: float) -> None:  # a virtual clock: each look costs the whole bound
+        calls[0] += 1
+        waited.append(s)
+        if calls[0] > 20_000:
+            raise AssertionError("watched for ever")
+        time.sleep(0)
+
+    t0 = time.monotonic()
+    monkeypatch.setattr(owner.time, "monotonic", lambda: t0 + 0.25 * calls[0])
+    c = owner.claim(d, stale=1.0, sleep=sleep)
+    monkeypatch.undo()
+    c.release()
+    assert sum(waited) <= 3600.0

@@ -99,6 +99,13 @@ def stale_seconds(environ: Any = None) -> float:
     return min(_MAX_STALE, max(_MIN_STALE, v))
 
 
+def _clamp(stale: float) -> float:
+    """A bound read from a record (untrusted bytes), within 1 to 3600 s (NaN: the default)."""
+    if not stale == stale:
+        return DEFAULT_STALE_SECONDS
+    return min(_MAX_STALE, max(_MIN_STALE, stale))
+
+
 @dataclass(frozen=True)
 class Owner:
     """What an owner record says.
@@ -393,7 +400,7 @@ def running_owner(directory: str | os.PathLike[str]) -> Owner | None:
     v = _verdict(o, d, _identity())
     if v == "alive":
         return o
-    if v == "watch" and time.time() - o.ts < max(o.stale, stale_seconds()):
+    if v == "watch" and time.time() - o.ts < max(_clamp(o.stale), stale_seconds()):
         return o
     return None
 
@@ -609,7 +616,7 @@ def _watch(
 ) -> str:
     """Watch generation ``gen``'s heartbeat for up to the bound: ``"alive"`` (it moved),
     ``"dead"`` (it did not), ``"retry"`` (a newer generation or a release appeared)."""
-    wait = max(bound, first.stale if first is not None else 0.0)
+    wait = max(bound, _clamp(first.stale) if first is not None else 0.0)
     seen = (first.nonce, first.beat) if first is not None else None
     t0 = time.monotonic()
     log.info("owner: watching the heartbeat of %s for up to %.0fs", d, wait)
