@@ -332,16 +332,35 @@ class LockHeldError(DurableDispatchError):
     """Another writer holds the lock of a journal or state directory (S5).
 
     Attributes:
-        path: the lock file.
+        path: the lock file (or the state directory, or its owner record).
+        host: the host name of the process that holds it, when known (S13).
+        pid: that process's ID, when known.
     """
 
-    def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None) -> None:
-        super().__init__(message, path=_fmt_path(path))
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        host: str | None = None,
+        pid: int | None = None,
+    ) -> None:
+        super().__init__(message, path=_fmt_path(path), host=host, pid=pid)
 
     @property
     def path(self) -> str | None:
         """The lock file."""
         return self._facts.get("path")
+
+    @property
+    def host(self) -> str | None:
+        """The holder's host name, when known."""
+        return self._facts.get("host")
+
+    @property
+    def pid(self) -> int | None:
+        """The holder's process ID, when known."""
+        return self._facts.get("pid")
 
 
 class ProtocolError(DurableDispatchError):

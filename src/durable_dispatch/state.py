@@ -88,6 +88,7 @@ from .statedir import (
 from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
 from .storage import resources as _resources
+from .storage.background import BackgroundSaver
 from .submissions import SubmissionStore
 from .tokens import Token
 
@@ -113,6 +114,8 @@ class CampaignStats:
         duplicate_commits_in_journal: second commits of a work ID found (and ignored) at replay.
         journal_health, snapshot_health, defer_health, submissions_health: storage health
             as dicts.
+        storage_stalls: fsyncs of this process that took longer than the stall bound
+            (``storage.fs.STALL_SECONDS``), ended and ongoing (``storage.fs.stall_report``).
     """
 
     core: Mapping[str, Any]
@@ -125,6 +128,7 @@ class CampaignStats:
     snapshot_health: Mapping[str, Any]
     defer_health: Mapping[str, Any]
     submissions_health: Mapping[str, Any] = field(default_factory=dict)
+    storage_stalls: Mapping[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -168,6 +172,7 @@ class CampaignState(Delivery):
         #: memory): the item's retries are spent (the futures executor fails its future)
         self.on_defer: Callable[[Defer], None] | None = None
         self._live = SnapshotStore(directory, name=LIVE_STATS_NAME, keep=2)
+        self._publisher = BackgroundSaver(self._live)  # off the master's thread (issue 49)
         self._live_at = -STATS_SECONDS  # monotonic time of the last publication
         self._opened_at = time.time()
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
@@ -500,8 +505,11 @@ class CampaignState(Delivery):
     def publish_statistics(self, *, running: bool = True, force: bool = False) -> bool:
         """Write the statistics for readers (``durable-dispatch stats`` and ``watch``), at most
         every :data:`STATS_SECONDS` unless ``force``: one small atomic file, so a reader beside
-        the master sees current figures and how old they are. Returns True when written; a
-        disk that refuses is not an error (the campaign goes on)."""
+        the master sees current figures and how old they are. The file is written by a thread
+        of its own: the master's loop never waits for its fsync (a shared filesystem that
+        stalls for a minute stalls only that thread). ``force`` (at close) writes it here, once
+        that thread finished. Returns True when written or handed over; a disk that refuses is
+        not an error (the campaign goes on)."""
         t = time.monotonic()
         if not force and t - self._live_at < STATS_SECONDS:
             return False
@@ -514,6 +522,9 @@ class CampaignState(Delivery):
             "started": self._opened_at,
             "stats": self.statistics().as_dict(),
         }
+        if not force:
+            return self._publisher.submit(body)
+        self._publisher.close()
         try:
             self._live.save(body)
         except StorageDegradedError as e:
@@ -593,6 +604,7 @@ class CampaignState(Delivery):
             snapshot_health=self.snapshots.health.as_dict(),
             defer_health=self.defer.health.as_dict(),
             submissions_health=self.submissions.health.as_dict(),
+            storage_stalls=_fs.stall_report(),
         )
 
     # ---------------------------------------------------------------- closing
@@ -607,6 +619,7 @@ class CampaignState(Delivery):
             # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
             # themselves; a snapshot or a lock release would reach the real filesystem).
             log.warning("state %s: its filesystem is gone; closed without writing", self.directory)
+            self._publisher.close()
             self.journal.close()
             self.submissions.close()
             self.defer.close()

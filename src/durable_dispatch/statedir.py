@@ -8,8 +8,12 @@ live statistics ``master-stats.<generation>.snap`` and the master lock ``master.
 
 One master at a time (S5, S12): a master holds a ``flock`` on ``master.lock`` (filelock's
 backend) and one on its state journal file itself, so an operator who deletes the lock file
-does not let a second master in. Offline operations take the same lock; read-only ones only
-test it (:func:`_master_running`), creating and changing nothing (S10).
+does not let a second master in. Where locks do not lock (Lustre's ``localflock`` seen from two
+nodes, NFS without a lock daemon), the owner record ``master.owner.<generation>`` keeps one
+writer (S13, :mod:`.storage.owner`): it is claimed after the ``flock``, checked before each
+flush, and names the owner's host and pid in every refusal. Offline operations take the same
+lock and claim; read-only ones only test them (:func:`_master_running`), creating and changing
+nothing (S10).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import filelock
 
 from .errors import LockHeldError, StorageError
 from .storage import fs as _fs
+from .storage import owner as _owner
 
 __all__ = [
     "STATE_JOURNAL",
@@ -71,8 +76,22 @@ def _master_running(d: str) -> bool:
     A master holds a ``flock`` on ``master.lock`` (filelock's backend) and one on its state
     journal file itself (S12, which holds when an operator deleted the lock file). A shared,
     non-blocking ``flock`` on a read-only descriptor fails exactly while a writer holds either.
+    Where locks do not lock, its owner record says so (S13: a process that runs, on this host;
+    a heartbeat younger than the dead-owner bound, on another).
     """
-    return any(_locked(os.path.join(d, name)) for name in (LOCK_NAME, STATE_JOURNAL))
+    if any(_locked(os.path.join(d, name)) for name in (LOCK_NAME, STATE_JOURNAL)):
+        return True
+    return _owner.running_owner(d) is not None
+
+
+def _holder(d: str, path: str) -> tuple[str | None, int | None]:
+    """Who holds the lock at ``path`` of state directory ``d``: the owner record's host and pid,
+    or the pid of the ``flock`` holder on this host (``/proc/locks``), or (None, None)."""
+    o = _owner.read_owner(d)
+    if o is not None and not o.released:
+        return o.host, o.pid
+    pid = _fs.flock_holder(path)
+    return (_owner.hostname(), pid) if pid is not None else (None, None)
 
 
 def _locked(path: str) -> bool:
@@ -95,8 +114,40 @@ def _locked(path: str) -> bool:
     return False
 
 
-def _take_master_lock(d: str, *, create: bool = False) -> filelock.BaseFileLock:
-    """Take state directory ``d``'s single-master lock (S5, S9); ``create`` makes ``d`` first."""
+class _MasterLock:
+    """What a writer of a state directory holds: the ``flock`` on ``master.lock`` (S5) and the
+    owner record's claim (S13). ``release()`` lets go of both."""
+
+    def __init__(self, flock: filelock.BaseFileLock, claim: _owner.OwnerClaim) -> None:
+        self.flock = flock
+        self.claim = claim
+
+    @property
+    def lock_file(self) -> str:
+        """The lock file's path."""
+        return str(self.flock.lock_file)
+
+    @property
+    def is_locked(self) -> bool:
+        """True while held."""
+        return bool(self.flock.is_locked) and not self.claim.released
+
+    def release(self) -> None:
+        """Mark the owner record released, then release the ``flock``."""
+        try:
+            self.claim.release()
+        finally:
+            self.flock.release()
+
+
+def _take_master_lock(d: str, *, create: bool = False) -> _MasterLock:
+    """Take state directory ``d``'s single-master lock (S5, S9) and claim its owner record
+    (S13); ``create`` makes ``d`` first.
+
+    Raises:
+        LockHeldError: another master holds it; ``host`` and ``pid`` name it when known.
+        StorageError: the lock or the record cannot be created (nothing was changed).
+    """
     path = os.path.join(d, LOCK_NAME)
     lock = filelock.FileLock(path, timeout=0, mode=0o600, thread_local=False)
     try:
@@ -104,7 +155,11 @@ def _take_master_lock(d: str, *, create: bool = False) -> filelock.BaseFileLock:
             _fs.makedirs(d)
         lock.acquire()
     except filelock.Timeout:
-        raise LockHeldError("a master holds this state directory", path=path) from None
+        host, pid = _holder(d, path)
+        who = f": host {host}, pid {pid}" if pid is not None else ""
+        raise LockHeldError(
+            f"a master holds this state directory{who}", path=path, host=host, pid=pid
+        ) from None
     except OSError as e:
         # S9: without the lock nothing is read, so nothing may be changed either.
         raise StorageError(
@@ -113,7 +168,21 @@ def _take_master_lock(d: str, *, create: bool = False) -> filelock.BaseFileLock:
             op="lock",
             errno=e.errno,
         ) from e
-    return lock
+    try:
+        claim = _owner.claim(d)
+    except OSError as e:
+        lock.release()
+        raise StorageError(
+            f"cannot write the state directory's owner record: {e.strerror or e}; nothing was "
+            "changed",
+            path=getattr(e, "filename", None) or d,
+            op="lock",
+            errno=e.errno,
+        ) from e
+    except BaseException:
+        lock.release()
+        raise
+    return _MasterLock(lock, claim)
 
 
 @contextmanager

@@ -110,6 +110,8 @@ class Degradation(JournalFile):
             with self._lock:
                 if self._health.ok:
                     return True
+                if self._fenced is not None:
+                    return False  # another master owns the directory now (S13)
                 mem = list(self._memory)
             try:
                 if not os.path.isdir(self._dir):

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -38,12 +40,14 @@ __all__ = [
     "open_append",
     "open_read",
     "lock_file",
+    "flock_holder",
     "check_fault",
     "create_exclusive",
     "write_all",
     "fsync",
     "fsync_dir",
     "replace",
+    "link",
     "close",
     "truncate",
     "unlink",
@@ -56,6 +60,8 @@ __all__ = [
     "comes_back",
     "forget",
     "REAL_FILESYSTEM",
+    "STALL_SECONDS",
+    "stall_report",
 ]
 
 #: The operation names a fault can target.
@@ -265,6 +271,25 @@ def lock_file(path: str, mode: int = 0o600) -> int:
     raise OSError(errno.EAGAIN, "the file kept being replaced while it was locked", path)
 
 
+def flock_holder(path: str) -> int | None:
+    """The pid of a process on this host that holds a ``flock`` on the file at ``path``, from
+    ``/proc/locks`` (None when none is found, or on a system without it). Reads only."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", "rb") as f:
+            lines = f.read(1 << 20).decode("ascii", "replace").splitlines()
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        parts = line.split()
+        if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == dev and parts[4].isdigit():
+            pid = int(parts[4])
+            if pid > 0:
+                return pid
+    return None
+
+
 def create_exclusive(path: str, mode: int = 0o600) -> int:
     """Create a new file for writing; fails if anything (even a symlink) is already there."""
     _check("open", path)
@@ -331,22 +356,107 @@ def write_all(fd: int, data: bytes) -> None:
         _record("write", path_of(fd), bytes(data))
 
 
+#: An fsync that takes longer than this many seconds is a *stall*: it is logged (a warning when
+#: it ends, and one while it lasts, from :func:`stall_report`) and counted in the campaign's
+#: statistics (``storage_stalls``). Shared filesystems stall for seconds to minutes (a Lustre
+#: server recovering); a stall is not a failure, it is reported.
+STALL_SECONDS = 5.0
+_log = logging.getLogger("durable_dispatch.storage")
+
+
+class _Stalls:
+    """The fsyncs in progress and the stalls seen (guarded by ``lock``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.syncing: dict[int, tuple[float, str]] = {}  # token -> (start, path)
+        self.tokens = iter(range(1, 1 << 62))
+        self.count = 0
+        self.longest = 0.0
+        self.last_path: str | None = None
+        self.last_seconds = 0.0
+        self.logged: set[int] = set()  # ongoing stalls already logged
+
+    def start(self, path: str) -> int:
+        with self.lock:
+            token = next(self.tokens)
+            self.syncing[token] = (time.monotonic(), path)
+        return token
+
+    def end(self, token: int, path: str) -> None:
+        with self.lock:
+            start, _p = self.syncing.pop(token, (time.monotonic(), path))
+            took = time.monotonic() - start
+            self.logged.discard(token)
+            if took > STALL_SECONDS:
+                self.count += 1
+                self.longest = max(self.longest, took)
+                self.last_path, self.last_seconds = path, took
+        if took > STALL_SECONDS:
+            _log.warning(
+                "storage stalled: an fsync of %s took %.1fs (bound %gs)", path, took, STALL_SECONDS
+            )
+
+
+_stalls = _Stalls()
+
+
+def stall_report() -> dict[str, object]:
+    """The fsync stalls of this process: ``count`` (ended stalls), ``longest_seconds``,
+    ``last_path``, ``last_seconds``, ``ongoing_seconds`` (the oldest fsync still waiting, 0 if
+    none), ``ongoing_path`` and ``bound_seconds``. An ongoing stall past the bound is logged
+    once, here (so a caller that reports statistics logs it while it lasts)."""
+    st = _stalls
+    now = time.monotonic()
+    with st.lock:
+        oldest = min(st.syncing.items(), key=lambda kv: kv[1][0], default=None)
+        out: dict[str, object] = {
+            "count": st.count,
+            "longest_seconds": round(st.longest, 3),
+            "last_path": st.last_path,
+            "last_seconds": round(st.last_seconds, 3),
+            "ongoing_seconds": round(now - oldest[1][0], 3) if oldest else 0.0,
+            "ongoing_path": oldest[1][1] if oldest else None,
+            "bound_seconds": STALL_SECONDS,
+        }
+        first = oldest is not None and now - oldest[1][0] > STALL_SECONDS
+        if first and oldest is not None:
+            first = oldest[0] not in st.logged
+            st.logged.add(oldest[0])
+    if first and oldest is not None:
+        _log.warning(
+            "storage stalled: an fsync of %s has been waiting %.1fs (bound %gs); the campaign "
+            "goes on where it need not wait for it",
+            oldest[1][1],
+            now - oldest[1][0],
+            STALL_SECONDS,
+        )
+    return out
+
+
 def fsync(fd: int) -> None:
     """``fsync`` a file descriptor: its data is durable once this returns."""
+    path = path_of(fd)
     if _hook is not None:
-        _hook("fsync", path_of(fd))
-    os.fsync(fd)
+        _hook("fsync", path)
+    token = _stalls.start(path)
+    try:
+        os.fsync(fd)
+    finally:
+        _stalls.end(token, path)
     if _recorder is not None:
-        _record("fsync", path_of(fd))
+        _record("fsync", path)
 
 
 def fsync_dir(directory: str) -> None:
     """``fsync`` a directory so that entries created or renamed in it are durable."""
     _check("dir-fsync", directory)
     fd = os.open(directory or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+    token = _stalls.start(directory)
     try:
         os.fsync(fd)
     finally:
+        _stalls.end(token, directory)
         os.close(fd)
     _record("dir-fsync", directory)
 
@@ -360,6 +470,15 @@ def replace(src: str, dst: str) -> None:
         for fd in [fd for fd, p in _paths.items() if p == src]:
             _paths[fd] = dst
     _record("replace", src, dst)
+
+
+def link(src: str, dst: str) -> None:
+    """Make ``dst`` a new hard link to ``src``; fails with ``FileExistsError`` if anything is at
+    ``dst`` (atomic and exclusive on local disks, NFS and Lustre: how an owner record is
+    claimed). A fault on ``open`` of ``dst`` fires here."""
+    _check("open", dst)
+    os.link(src, dst, follow_symlinks=False)
+    _record("link", src, dst)
 
 
 def forget(fd: int) -> None:

@@ -43,13 +43,14 @@ import orjson
 
 from ..errors import (
     JournalVersionError,
+    LockHeldError,
     NotDurableError,
     RecordEncodeError,
     RecordTooLargeError,
     StorageError,
     UsageError,
 )
-from . import fs, resources
+from . import fs, owner, resources
 from .degraded import Degradation
 from .format import Header, frame_record, new_salt
 from .health import Health, HealthState, Receipt, Record, RecoveryReport
@@ -195,6 +196,7 @@ class Journal(Degradation):
                     fs.makedirs(self._dir)
                 self._take_lock(lock_timeout)
                 self._lock_inode()
+                self._guard = owner.guard_for(self.path)  # S13: before each flush
                 self._recover_and_open(recovery, visit)
             except StorageError:
                 raise
@@ -346,6 +348,8 @@ class Journal(Degradation):
             RecordTooLargeError: the encoded payload exceeds ``max_record_bytes`` (nothing written).
             MemoryBoundError: degraded and the memory bound is reached (the record was not taken).
             UsageError: the journal is closed.
+            LockHeldError: another master claimed the state directory (S13): nothing is written
+                from then on (the journal is fenced; close it).
         """
         try:
             data = orjson.dumps(payload)
@@ -360,6 +364,8 @@ class Journal(Degradation):
         with self._lock:
             if self._closed:
                 raise UsageError("journal is closed")
+            if self._fenced is not None:
+                raise self._fenced
             seq = self._next_seq
             # Frame now: the orjson buffer is dropped at once, and the durable mark is the
             # conservative "known durable at append time".
@@ -382,11 +388,17 @@ class Journal(Degradation):
                         # batch finds this one full when it looks again).
                         self._cond.notify_all()
                     # Back-pressure: never let the queue run far ahead of the disk.
-                    while len(self._queue) >= 8 * self._batch_max and not self._degraded:
+                    while (
+                        len(self._queue) >= 8 * self._batch_max
+                        and not self._degraded
+                        and self._fenced is None
+                    ):
                         self._cond.wait(0.05)
                 return _receipt(Receipt, (seq, False))
         self._flush(sync=self.sync == "always")
         with self._lock:
+            if self._fenced is not None:
+                raise self._fenced  # another master owns the directory: not written (S13)
             return Receipt(seq, self.sync == "always" and self._durable_seq >= seq)
 
     def wait_durable(self, seq: int, timeout: float | None = None) -> None:
@@ -406,6 +418,8 @@ class Journal(Degradation):
                     raise UsageError(f"sequence number {seq} was never appended")
                 if self._durable_seq >= seq:
                     return
+                if self._fenced is not None:
+                    raise self._fenced
                 if not self._health.ok:
                     raise NotDurableError(
                         f"record {seq} is held in memory only; storage is degraded",
@@ -450,10 +464,20 @@ class Journal(Degradation):
             if self._filesystem_gone():
                 return False
             with self._lock:
-                if self._degraded:
-                    return True  # the caller sees the health
+                if self._degraded or self._fenced is not None:
+                    return True  # the caller sees the health, or the fence
                 if self._fd is None:
                     return False
+            if self._guard is not None and (self._queue or (sync and self._unsynced)):
+                # S13: another master may have claimed the directory: never write after it.
+                try:
+                    self._guard()
+                except LockHeldError as e:
+                    with self._lock:
+                        self._fenced = e
+                        self._cond.notify_all()
+                    return True
+            with self._lock:
                 batch, self._queue = self._queue, []
                 if self._batch:
                     self._cond.notify_all()  # release back-pressured appenders
@@ -485,7 +509,7 @@ class Journal(Degradation):
                 while True:
                     if self._closed:
                         return
-                    if self._queue and self._health.ok:
+                    if self._queue and self._health.ok and self._fenced is None:
                         age = time.monotonic() - self._queue_since
                         if len(self._queue) >= self._batch_max or age >= self._batch_delay:
                             break
@@ -533,7 +557,7 @@ class Journal(Degradation):
                     )
                 return
         self._flush(sync=self.sync != "never")
-        if not self.health.ok:
+        if not self.health.ok and self._fenced is None:
             self.try_restore()
             self._flush(sync=self.sync != "never")
         with self._lock:
@@ -547,6 +571,8 @@ class Journal(Degradation):
         with self._io_lock:
             self._owned.release()
         resources.unregister(self)
+        if self._fenced is not None:
+            raise self._fenced  # what was appended after it was not written (S13)
         if pending:
             raise NotDurableError(
                 f"journal closed with {pending} record(s) held only in memory{lost}",

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import filelock
@@ -32,6 +32,12 @@ log = logging.getLogger("durable_dispatch.journal")
 
 #: Only :meth:`~.journal.Journal.open` makes a journal.
 OPEN_TOKEN = object()
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 class _Owned:
@@ -122,6 +128,10 @@ class JournalFile:
         self._flusher: threading.Thread | None = None
         self._file_read = False  # the file on disk was read, verified and repaired by this open
         self.recovery = RecoveryReport(mode=kw["recovery"])
+        #: checked before each flush: the owner claim of the state directory (S13), or None
+        self._guard: Callable[[], None] | None = None
+        #: set once the guard said another master owns the directory: nothing is written again
+        self._fenced: LockHeldError | None = None
         weakref.finalize(self, self._owned.release)
 
     @property
@@ -148,8 +158,13 @@ class JournalFile:
             fs.check_fault("open", lock.lock_file)  # filelock creates it, outside the seam
             lock.acquire()
         except filelock.Timeout:
+            pid = fs.flock_holder(self.path + ".lock")
             raise LockHeldError(
-                "another writer holds this journal's lock", path=self.path + ".lock"
+                "another writer holds this journal's lock"
+                + (f": pid {pid} on this host" if pid is not None else ""),
+                path=self.path + ".lock",
+                host=_hostname() if pid is not None else None,
+                pid=pid,
             ) from None
         self._flock = lock
 
@@ -160,10 +175,13 @@ class JournalFile:
         try:
             self._owned.inode_lock = fs.lock_file(self.path, self._file_mode)
         except BlockingIOError:
+            pid = fs.flock_holder(self.path)
             raise LockHeldError(
                 "another writer holds this journal (its lock file was deleted or replaced under "
-                "it)",
+                "it)" + (f": pid {pid} on this host" if pid is not None else ""),
                 path=self.path,
+                host=_hostname() if pid is not None else None,
+                pid=pid,
             ) from None
 
     def _rewrite(

@@ -108,6 +108,12 @@ def disown_lock(lock: Any) -> None:
     marked as created by no process, which is how filelock recognises (and skips) a lock it
     inherited through ``fork()``.
     """
+    inner = getattr(lock, "flock", None)  # a state directory's lock: its flock and claim
+    if inner is not None:
+        claim = getattr(lock, "claim", None)
+        if claim is not None:
+            claim._stop.set()  # its heartbeat thread stops; the record is left as it is
+        lock = inner
     _disowned.append(lock)
     try:
         lock._creator_pid = -1

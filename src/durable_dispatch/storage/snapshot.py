@@ -35,7 +35,7 @@ from ..errors import (
     StorageError,
     UsageError,
 )
-from . import fs
+from . import fs, owner
 from .format import new_salt
 from .health import Health, HealthState
 from .rewrite import replace_file
@@ -158,12 +158,13 @@ class SnapshotStore:
         self._file_re = re.compile(r"^" + re.escape(name) + r"\.(\d{12})\.snap$")
 
     # ------------------------------------------------------------------ listing
-    def generations(self) -> list[int]:
-        """Generation numbers present on disk, oldest first."""
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return []
+    def generations(self, names: list[str] | None = None) -> list[int]:
+        """Generation numbers present on disk (or among ``names``), oldest first."""
+        if names is None:
+            try:
+                names = os.listdir(self.directory)
+            except FileNotFoundError:
+                return []
         gens = []
         for n in names:
             m = self._file_re.match(n)
@@ -185,15 +186,20 @@ class SnapshotStore:
                 generations are intact, ``obj`` is kept in ``unsaved``, ``health`` is DEGRADED.
                 Call ``save`` again later.
             StorageError: another OS error (permission denied, not a directory ...).
+            LockHeldError: another master claimed the state directory this store is in (S13).
         """
         try:
             body = orjson.dumps(obj)
         except (orjson.JSONEncodeError, TypeError) as e:
             raise RecordEncodeError(f"snapshot value cannot be encoded as JSON: {e}") from None
+        guard = owner.guard_for(self.path_of(0))
+        if guard is not None:
+            guard()  # S13: another master claimed the directory: write nothing (LockHeldError)
         try:
             if not os.path.isdir(self.directory):
                 fs.makedirs(self.directory)
-            gens = self.generations()
+            names = os.listdir(self.directory)  # once: for the number and the pruning
+            gens = self.generations(names)
             gen = max([self._last_gen, *gens]) + 1
             if gen > MAX_GENERATION:
                 raise StorageError(
@@ -226,28 +232,28 @@ class SnapshotStore:
         self._last_gen = gen
         self._health = Health()
         self._unsaved, self._has_unsaved = None, False
-        self._prune(gen)
+        self._prune(gen, names)
         return gen
 
     def _write(self, gen: int, body: bytes) -> None:
         tmp = os.path.join(self.directory, f".{self.name}.{gen}.{new_salt()}.tmp")
         replace_file(self.path_of(gen), tmp, [encode_snapshot(gen, body)], self._mode)
 
-    def _prune(self, newest: int) -> None:
-        """Remove generations older than the newest ``keep`` and stale temp files (best effort)."""
+    def _prune(self, newest: int, names: list[str]) -> None:
+        """Remove generations older than the newest ``keep`` and stale temp files (best effort),
+        from ``names``, the listing taken before ``newest`` was written.
+
+        The removals are not fsynced: a crash may bring back an old generation or a temp file,
+        which the next save prunes again (loading takes the newest valid generation). Saving an
+        fsync here keeps a rollback's snapshot (S8) at two fsyncs, on the master's thread.
+        """
         try:
-            old = [g for g in self.generations() if g <= newest][: -self.keep]
-            stale = [
-                n
-                for n in os.listdir(self.directory)
-                if n.startswith(f".{self.name}.") and n.endswith(".tmp")
-            ]
+            old = [g for g in [*self.generations(names), newest] if g <= newest][: -self.keep]
+            stale = [n for n in names if n.startswith(f".{self.name}.") and n.endswith(".tmp")]
             for g in old:
                 fs.unlink(self.path_of(g))
             for n in stale:
                 fs.unlink(os.path.join(self.directory, n))
-            if old or stale:
-                fs.fsync_dir(self.directory)
         except OSError as e:
             log.warning(
                 "snapshot %s/%s: pruning old generations failed: %s", self.directory, self.name, e

@@ -1,0 +1,628 @@
+"""A slow, shared-filesystem-like mount for tests: a FUSE passthrough with injected latency.
+
+Theory of operation. :class:`SlowMount` starts a FUSE server in a process of its own session
+(``python -m durable_dispatch.testing.sharedfs``), which passes every operation through to a
+backing directory on the local disk and, on the way, makes it behave like a cluster's NFS or
+Lustre mount:
+
+* each ``fsync`` and directory ``fsync`` waits ``fsync_ms`` (the median) or, for a fraction
+  ``tail_fraction`` of them, ``fsync_tail_ms`` (the tail) before the real ``fsync``;
+* each metadata operation (lookup/stat, create, mkdir, rename, link, unlink, rmdir, chmod,
+  truncate, utimens, readdir) waits ``metadata_ms``;
+* :meth:`SlowMount.stall` makes every ``fsync`` started from then on (and every one still
+  waiting) block until :meth:`SlowMount.resume` (a Lustre server that stops answering for
+  minutes);
+* with ``locks="none"``, ``flock`` and ``fcntl`` locks succeed without excluding anyone (Lustre
+  mounted with ``localflock`` seen from two nodes, NFS without a lock daemon); with
+  ``locks="local"`` (the default) the kernel keeps them, and they exclude as on a local disk.
+
+The settings can change while the mount is up (:meth:`SlowMount.configure`): the test process
+writes a small control file that the server reads every 20 ms. The server counts what it did
+(:meth:`SlowMount.counters`).
+
+It lives in ``durable_dispatch.testing`` rather than the test tree because users want it too: a
+campaign's own test suite can run its state directory on a mount that is as slow and as
+forgetful of locks as the cluster's, on a laptop. It needs root (or ``fusermount3`` set up for
+users), ``/dev/fuse``, Debian's ``fuse3`` (``libfuse3-3`` and ``fusermount3``) and the
+``mfusepy`` package (``pip install 'durable-dispatch[fuse]'``): ``mfusepy`` is the maintained fork
+of ``fusepy`` (ctypes over libfuse 2 or 3, no compiler, no async framework), where ``pyfuse3``
+needs a C build against ``libfuse3-dev`` and runs its handlers under trio, which would make a
+blocked ``fsync`` handler (a stall) block the whole server unless every handler is written
+around it. :func:`unavailable` says why a mount cannot be made here, or None.
+
+Cleanup: :meth:`SlowMount.close` (also on leaving the ``with`` block, whatever happened) resumes
+a stall, unmounts (``fusermount3 -u``, then a lazy ``umount -l`` if busy), kills the server's
+process group and waits for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from types import TracebackType
+from typing import Any
+
+__all__ = ["SlowStorage", "SlowMount", "unavailable", "slow_mount"]
+
+#: the control file's poll period in the server (seconds)
+_POLL = 0.02
+
+
+@dataclass(frozen=True)
+class SlowStorage:
+    """What the mount injects. Times are in milliseconds.
+
+    Attributes:
+        fsync_ms: the median cost of an ``fsync`` (files and directories).
+        fsync_tail_ms: the cost of a tail ``fsync``.
+        tail_fraction: the fraction of ``fsync`` calls that cost ``fsync_tail_ms`` (0 to 1).
+        metadata_ms: the cost of each metadata operation.
+        stalled: every ``fsync`` blocks until this is False again.
+        seed: the tail's random seed.
+    """
+
+    fsync_ms: float = 0.0
+    fsync_tail_ms: float = 0.0
+    tail_fraction: float = 0.0
+    metadata_ms: float = 0.0
+    stalled: bool = False
+    seed: int = 0
+
+
+def unavailable() -> str | None:
+    """Why a :class:`SlowMount` cannot be made here (a sentence for ``pytest.skip``), or None."""
+    if sys.platform != "linux":
+        return "FUSE mounts are tested on Linux only"
+    if os.geteuid() != 0:
+        return "mounting a FUSE filesystem needs root here (CI runs as root)"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse in this machine or container"
+    if shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
+        return "no fusermount3: install Debian's fuse3 (.ci/install-fuse does)"
+    try:
+        import mfusepy  # type: ignore[import-untyped]  # noqa: F401
+    except (ImportError, OSError) as e:
+        return f"mfusepy cannot load libfuse ({e}): pip install 'durable-dispatch[fuse]'"
+    return None
+
+
+class SlowMount:
+    """A FUSE passthrough of ``backing`` at ``mountpoint`` with injected latency and stalls.
+
+    Use as a context manager (or call :meth:`start` and, in a ``finally``, :meth:`close`)::
+
+        with SlowMount(tmp / "disk", tmp / "mnt", SlowStorage(fsync_ms=5, metadata_ms=1)) as m:
+            run_campaign(m.path / "state")
+            with m.stalled():
+                ...   # every fsync blocks here
+
+    Args:
+        backing: the local directory that holds the files (created if missing).
+        mountpoint: an empty directory to mount on (created if missing).
+        storage: the initial :class:`SlowStorage` settings.
+        locks: ``"local"`` (the kernel's locks: they exclude, as on one node) or ``"none"``
+            (``flock`` and ``fcntl`` locks succeed and exclude no one).
+    """
+
+    def __init__(
+        self,
+        backing: str | os.PathLike[str],
+        mountpoint: str | os.PathLike[str],
+        storage: SlowStorage | None = None,
+        *,
+        locks: str = "local",
+    ) -> None:
+        if locks not in ("local", "none"):
+            raise ValueError(f"locks must be 'local' or 'none', got {locks!r}")
+        self.backing = os.path.abspath(os.fspath(backing))
+        self.mountpoint = os.path.abspath(os.fspath(mountpoint))
+        self.locks = locks
+        self.storage = storage or SlowStorage()
+        self._work = tempfile.mkdtemp(prefix="slowmount-")
+        self._control = os.path.join(self._work, "control.json")
+        self._counters = os.path.join(self._work, "counters.json")
+        self._log = os.path.join(self._work, "server.log")
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def path(self) -> str:
+        """The mount point (where the test puts its files)."""
+        return self.mountpoint
+
+    def start(self, timeout: float = 20.0) -> SlowMount:
+        """Mount; returns once the mount point is a mount. Raises RuntimeError if it is not
+        within ``timeout`` seconds (the server's log is in the message)."""
+        os.makedirs(self.backing, exist_ok=True)
+        os.makedirs(self.mountpoint, exist_ok=True)
+        self._write_control()
+        with open(self._log, "wb") as log:
+            self._proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "durable_dispatch.testing.sharedfs",
+                    self.backing,
+                    self.mountpoint,
+                    "--control",
+                    self._control,
+                    "--counters",
+                    self._counters,
+                    "--locks",
+                    self.locks,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        end = time.monotonic() + timeout
+        while not os.path.ismount(self.mountpoint):
+            if self._proc.poll() is not None or time.monotonic() > end:
+                text = self._server_log()
+                self.close()
+                raise RuntimeError(f"the FUSE mount did not come up: {text[-2000:]}")
+            time.sleep(0.02)
+        return self
+
+    def configure(self, **changes: Any) -> None:
+        """Change settings of the running mount (fields of :class:`SlowStorage`); the server
+        applies them within about 20 ms, and this returns once it has."""
+        self.storage = replace(self.storage, **changes)
+        self._write_control()
+        time.sleep(3 * _POLL)
+
+    def stall(self) -> None:
+        """Start an fsync stall: every fsync blocks until :meth:`resume`."""
+        self.configure(stalled=True)
+
+    def resume(self) -> None:
+        """End a stall: the blocked fsyncs go on."""
+        self.configure(stalled=False)
+
+    @contextmanager
+    def stalled(self) -> Iterator[None]:
+        """A stall for the duration of a ``with`` block (ended whatever happens)."""
+        self.stall()
+        try:
+            yield
+        finally:
+            self.resume()
+
+    def counters(self) -> dict[str, Any]:
+        """What the server did so far: ``fsyncs``, ``metadata_ops`` (and ``metadata_by_op``),
+        ``stalled_fsyncs``,
+        ``locks_granted``, ``longest_fsync_s``, ``waiting_fsyncs`` (blocked now), as of at
+        most about 20 ms ago (this waits that long)."""
+        time.sleep(3 * _POLL)
+        try:
+            with open(self._counters, "rb") as f:
+                return dict(json.loads(f.read() or b"{}"))
+        except (OSError, ValueError):
+            return {}
+
+    def close(self) -> None:
+        """Resume a stall, unmount and stop the server (idempotent; never raises)."""
+        if self.storage.stalled:
+            try:
+                self.storage = replace(self.storage, stalled=False)
+                self._write_control()
+            except OSError:
+                pass
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _unmount(self.mountpoint)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            if os.path.ismount(self.mountpoint):
+                _unmount(self.mountpoint)
+        shutil.rmtree(self._work, ignore_errors=True)
+
+    def _write_control(self) -> None:
+        tmp = self._control + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(asdict(self.storage), f)
+        os.replace(tmp, self._control)
+
+    def _server_log(self) -> str:
+        try:
+            with open(self._log, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def __enter__(self) -> SlowMount:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+@contextmanager
+def slow_mount(
+    base: str | os.PathLike[str],
+    storage: SlowStorage | None = None,
+    *,
+    locks: str = "local",
+) -> Iterator[SlowMount]:
+    """A :class:`SlowMount` of ``base/backing`` at ``base/mnt`` for a ``with`` block."""
+    b = os.fspath(base)
+    with SlowMount(os.path.join(b, "backing"), os.path.join(b, "mnt"), storage, locks=locks) as m:
+        yield m
+
+
+def _unmount(mountpoint: str) -> None:
+    for cmd in (
+        ["fusermount3", "-u", mountpoint],
+        ["fusermount", "-u", mountpoint],
+        ["umount", "-l", mountpoint],
+    ):
+        if not os.path.ismount(mountpoint):
+            return
+        if shutil.which(cmd[0]) is None:
+            continue
+        try:
+            subprocess.run(cmd, capture_output=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+
+# ---------------------------------------------------------------------- the server process
+class _Knobs:
+    """The server's settings, re-read from the control file, and its counters."""
+
+    def __init__(self, control: str, counters: str) -> None:
+        self.control, self.counters_path = control, counters
+        self.s = SlowStorage()
+        self.rng = random.Random(0)
+        self.cond = threading.Condition()
+        self.mtime = 0
+        self.counts: dict[str, Any] = {
+            "fsyncs": 0,
+            "metadata_ops": 0,
+            "stalled_fsyncs": 0,
+            "locks_granted": 0,
+            "longest_fsync_s": 0.0,
+            "waiting_fsyncs": 0,
+        }
+        self.dirty = True
+        self.reload()
+
+    def reload(self) -> None:
+        try:
+            m = os.stat(self.control).st_mtime_ns
+            if m == self.mtime:
+                return
+            with open(self.control, "rb") as f:
+                values: Mapping[str, Any] = json.loads(f.read())
+        except (OSError, ValueError):
+            return
+        with self.cond:
+            seed_changed = values.get("seed", 0) != self.s.seed
+            self.s = SlowStorage(**{k: v for k, v in values.items() if k in _FIELDS})
+            if seed_changed or not self.mtime:
+                self.rng = random.Random(self.s.seed)
+            self.mtime = m
+            self.cond.notify_all()
+
+    def watch(self) -> None:
+        while True:
+            self.reload()
+            if self.dirty:
+                self.dirty = False
+                with self.cond:
+                    data = json.dumps(self.counts)
+                tmp = self.counters_path + ".tmp"
+                try:
+                    with open(tmp, "w") as f:
+                        f.write(data)
+                    os.replace(tmp, self.counters_path)
+                except OSError:
+                    pass
+            time.sleep(_POLL)
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self.cond:
+            self.counts[key] += n
+            self.dirty = True
+
+    def metadata(self, op: str = "other") -> None:
+        with self.cond:
+            self.counts["metadata_ops"] += 1
+            by = self.counts.setdefault("metadata_by_op", {})
+            by[op] = by.get(op, 0) + 1
+            self.dirty = True
+        ms = self.s.metadata_ms
+        if ms > 0:
+            time.sleep(ms / 1000)
+
+    def fsync_wait(self) -> None:
+        t0 = time.monotonic()
+        with self.cond:
+            s = self.s
+            tail = s.tail_fraction > 0 and self.rng.random() < s.tail_fraction
+            self.counts["fsyncs"] += 1
+            self.dirty = True
+        ms = s.fsync_tail_ms if tail else s.fsync_ms
+        if ms > 0:
+            time.sleep(ms / 1000)
+        with self.cond:
+            if self.s.stalled:
+                self.counts["stalled_fsyncs"] += 1
+                self.counts["waiting_fsyncs"] += 1
+                while self.s.stalled:
+                    self.cond.wait(0.5)
+                self.counts["waiting_fsyncs"] -= 1
+            took = time.monotonic() - t0
+            self.counts["longest_fsync_s"] = max(self.counts["longest_fsync_s"], took)
+            self.dirty = True
+
+
+_FIELDS = frozenset(SlowStorage.__dataclass_fields__)
+
+
+def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
+    import mfusepy
+
+    def full(path: str) -> str:
+        return os.path.join(root, path.lstrip("/"))
+
+    def oserr(fn: Any) -> Any:
+        def wrapped(*a: Any, **k: Any) -> Any:
+            try:
+                return fn(*a, **k)
+            except OSError as e:
+                raise mfusepy.FuseOSError(e.errno or errno.EIO) from None
+
+        wrapped.__name__ = fn.__name__
+        return wrapped
+
+    class Passthrough(mfusepy.Operations):  # type: ignore[misc]
+        use_ns = True
+
+        @oserr
+        def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+            knobs.metadata("getattr")
+            st = os.fstat(fh) if fh is not None else os.lstat(full(path))
+            d = {
+                k: getattr(st, k)
+                for k in (
+                    "st_mode",
+                    "st_ino",
+                    "st_nlink",
+                    "st_uid",
+                    "st_gid",
+                    "st_size",
+                    "st_blocks",
+                    "st_blksize",
+                )
+            }
+            d.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
+            return d
+
+        @oserr
+        def access(self, path: str, amode: int) -> int:
+            if not os.access(full(path), amode):
+                raise mfusepy.FuseOSError(errno.EACCES)
+            return 0
+
+        @oserr
+        def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
+            # Real inode numbers (use_ino): glibc's readdir skips an entry whose d_ino is 0.
+            knobs.metadata("readdir")
+            here = os.lstat(full(path))
+            out = [(".", {"st_ino": here.st_ino, "st_mode": here.st_mode}, 0)]
+            out.append(("..", {"st_ino": 1, "st_mode": here.st_mode}, 0))
+            with os.scandir(full(path)) as it:
+                for e in it:
+                    st = e.stat(follow_symlinks=False)
+                    out.append((e.name, {"st_ino": st.st_ino, "st_mode": st.st_mode}, 0))
+            return out
+
+        @oserr
+        def readlink(self, path: str) -> str:
+            return os.readlink(full(path))
+
+        @oserr
+        def mkdir(self, path: str, mode: int) -> int:
+            knobs.metadata("mkdir")
+            os.mkdir(full(path), mode)
+            return 0
+
+        @oserr
+        def rmdir(self, path: str) -> int:
+            knobs.metadata("rmdir")
+            os.rmdir(full(path))
+            return 0
+
+        @oserr
+        def unlink(self, path: str) -> int:
+            knobs.metadata("unlink")
+            os.unlink(full(path))
+            return 0
+
+        @oserr
+        def symlink(self, target: str, source: str) -> int:
+            knobs.metadata("symlink")
+            os.symlink(source, full(target))
+            return 0
+
+        @oserr
+        def link(self, target: str, source: str) -> int:
+            knobs.metadata("link")
+            os.link(full(source), full(target))
+            return 0
+
+        @oserr
+        def rename(self, old: str, new: str) -> int:
+            knobs.metadata("rename")
+            os.rename(full(old), full(new))
+            return 0
+
+        @oserr
+        def chmod(self, path: str, mode: int) -> int:
+            knobs.metadata("chmod")
+            os.chmod(full(path), mode)
+            return 0
+
+        @oserr
+        def chown(self, path: str, uid: int, gid: int) -> int:
+            knobs.metadata("chown")
+            os.chown(full(path), uid, gid)
+            return 0
+
+        @oserr
+        def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+            knobs.metadata("truncate")
+            if fh is not None:
+                os.ftruncate(fh, length)
+            else:
+                os.truncate(full(path), length)
+            return 0
+
+        @oserr
+        def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+            knobs.metadata("utimens")
+            if times is None:
+                os.utime(full(path))
+            else:
+                os.utime(full(path), ns=times)
+            return 0
+
+        @oserr
+        def statfs(self, path: str) -> dict[str, int]:
+            sv = os.statvfs(full(path))
+            return {
+                k: getattr(sv, k)
+                for k in (
+                    "f_bavail",
+                    "f_bfree",
+                    "f_blocks",
+                    "f_bsize",
+                    "f_favail",
+                    "f_ffree",
+                    "f_files",
+                    "f_flag",
+                    "f_frsize",
+                    "f_namemax",
+                )
+            }
+
+        @oserr
+        def open(self, path: str, flags: int) -> int:
+            return os.open(full(path), flags & ~os.O_CREAT)
+
+        @oserr
+        def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
+            knobs.metadata("create")
+            return os.open(full(path), flags | os.O_CREAT, mode)
+
+        @oserr
+        def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+            return os.pread(fh, size, offset)
+
+        @oserr
+        def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+            return os.pwrite(fh, data, offset)
+
+        @oserr
+        def flush(self, path: str, fh: int) -> int:
+            return 0
+
+        @oserr
+        def release(self, path: str, fh: int) -> int:
+            os.close(fh)
+            return 0
+
+        @oserr
+        def fsync(self, path: str, datasync: int, fh: int) -> int:
+            knobs.fsync_wait()
+            if datasync:
+                os.fdatasync(fh)
+            else:
+                os.fsync(fh)
+            return 0
+
+        @oserr
+        def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
+            knobs.fsync_wait()
+            fd = os.open(full(path), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return 0
+
+    if locks == "none":
+
+        class NonExcluding(Passthrough):
+            """Locks that every caller gets: the kernel asks us, and we always say yes."""
+
+            def lock(self, path: str, fh: int, cmd: int, lock: Any) -> int:
+                import fcntl
+
+                if cmd == fcntl.F_GETLK and lock:
+                    lock.contents.l_type = fcntl.F_UNLCK  # nobody holds anything
+                else:
+                    knobs.count("locks_granted")
+                return 0
+
+            def flock(self, path: str, fh: int, op: int) -> int:
+                knobs.count("locks_granted")
+                return 0
+
+        return NonExcluding()
+    return Passthrough()
+
+
+def _serve(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m durable_dispatch.testing.sharedfs")
+    p.add_argument("backing")
+    p.add_argument("mountpoint")
+    p.add_argument("--control", required=True)
+    p.add_argument("--counters", required=True)
+    p.add_argument("--locks", choices=("local", "none"), default="local")
+    a = p.parse_args(argv)
+    import warnings
+
+    import mfusepy
+
+    knobs = _Knobs(a.control, a.counters)
+    threading.Thread(target=knobs.watch, daemon=True, name="control").start()
+    ops = _operations(os.path.abspath(a.backing), knobs, a.locks)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        mfusepy.FUSE(
+            ops,
+            a.mountpoint,
+            foreground=True,
+            nothreads=False,
+            use_ino=True,
+            fsname="slowmount",
+        )
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,93 @@
+"""A stall is not a failure (issue 49): fsync stalls are reported, and the live statistics are
+written off the master's thread."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_dispatch import CampaignState
+from durable_dispatch.storage import SnapshotStore, fs
+from durable_dispatch.storage.background import BackgroundSaver
+
+
+def test_a_stall_is_reported_while_it_lasts_and_once_it_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(fs, "STALL_SECONDS", 0.05)
+    release = threading.Event()
+    real = os.fsync
+
+    def stalled_fsync(fd: int) -> None:
+        release.wait(30)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", stalled_fsync)
+    before = fs.stall_report()["count"]
+    fd = fs.open_append(str(tmp_path / "f"))
+    t = threading.Thread(target=fs.fsync, args=(fd,))
+    caplog.set_level(logging.WARNING, "durable_dispatch.storage")
+    t.start()
+    try:
+        end = time.monotonic() + 30
+        while fs.stall_report()["ongoing_seconds"] <= 0.05:  # type: ignore[operator]
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        r = fs.stall_report()
+        assert r["ongoing_path"] == str(tmp_path / "f")
+        fs.stall_report()  # logged once per stall, not at every look
+        assert sum("has been waiting" in m for m in caplog.messages) == 1
+    finally:
+        release.set()
+        t.join()
+        fs.close(fd)
+    r = fs.stall_report()
+    assert r["count"] == before + 1  # type: ignore[operator]
+    assert r["last_path"] == str(tmp_path / "f") and r["ongoing_seconds"] == 0.0
+    assert any("took" in m for m in caplog.messages)
+
+
+def test_the_statistics_file_is_written_off_the_callers_thread(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path, name="stats", keep=2)
+    gate = threading.Event()
+    saved: list[Any] = []
+    real = store.save
+
+    def slow_save(obj: Any) -> int:
+        gate.wait(30)  # a disk that stalls
+        saved.append(obj)
+        return real(obj)
+
+    store.save = slow_save  # type: ignore[method-assign]
+    w = BackgroundSaver(store)
+    assert w.submit({"n": 1})  # returns at once although the save is blocked
+    end = time.monotonic() + 30
+    while w.busy_seconds == 0.0:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    for n in range(2, 10):
+        assert w.submit({"n": n})  # replaces the one waiting: no queue builds up
+    gate.set()
+    w.close()
+    assert saved == [{"n": 1}, {"n": 9}]
+    assert not w.submit({"n": 10})
+    loaded = store.load()
+    assert loaded is not None and loaded.value == {"n": 9}
+
+
+def test_a_campaign_reports_its_stalls_and_publishes_at_close(tmp_path: Path) -> None:
+    s = CampaignState.open(tmp_path / "s")
+    try:
+        assert set(s.statistics().storage_stalls) >= {"count", "ongoing_seconds", "bound_seconds"}
+        assert s.publish_statistics(force=False)
+    finally:
+        s.close()
+    live = SnapshotStore(tmp_path / "s", name="master-stats", keep=2).load()
+    assert live is not None and live.value["running"] is False
+    assert "storage_stalls" in live.value["stats"]
