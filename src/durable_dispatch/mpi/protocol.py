@@ -22,6 +22,11 @@ worker could not do, each with its failure kind (``error``, ``crash``, ``result-
 RESULT ``{"token", "error", "kind"}`` reports that the whole dispatch failed (``kind`` is
 ``timeout`` when an isolating worker killed it at its deadline; without ``kind`` it counts as a
 malformed RESULT).
+
+A worker may send the outcomes of some items of a multi-item dispatch ahead of its RESULT, when
+they would otherwise wait behind a slow item: a RESULT with ``ids`` (the work IDs of those
+items, in order) is such a part; its ``results`` and ``errors`` follow ``ids``. The items it
+names leave the dispatch, and the dispatch's RESULT has entries only for the items left.
 """
 
 from __future__ import annotations
@@ -133,12 +138,16 @@ class Inbox:
         results: ``(rank, token, results, errors, failure)`` of each RESULT: the arguments of
             ``on_results`` (see :func:`read_result`).
         gone: ``(rank, error)`` of each worker that said it failed and ends (GONE).
+        parts: ``(rank, token, work_ids, results, errors)`` of each RESULT sent ahead for some
+            items of a dispatch (the arguments of ``on_part``); a rank's parts come before its
+            RESULT for the same dispatch, so the loop hands them over first.
     """
 
     readies: list[tuple[int, Any]] = field(default_factory=list)
     beats: list[tuple[int, Any]] = field(default_factory=list)
     results: list[tuple[int, Any, Any, Any, Any]] = field(default_factory=list)
     gone: list[tuple[int, str]] = field(default_factory=list)
+    parts: list[tuple[int, Any, Any, Any, Any]] = field(default_factory=list)
 
 
 def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
@@ -153,6 +162,11 @@ def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
         elif tag == HEARTBEAT:
             inbox.beats.append((src, token))
         elif tag == RESULT:
+            if body is not None and "ids" in body:  # some items' outcomes, sent ahead
+                values, errors, failure = read_result(body, why)
+                ids = body["ids"] if failure is None else None
+                inbox.parts.append((src, token, ids, values, errors))
+                continue
             values, errors, failure = read_result(body, why)
             inbox.results.append((src, token, values, errors, failure))
         elif tag == GONE:
