@@ -127,3 +127,13 @@ def test_a_part_is_durable_before_its_callback_and_replay_agrees(tmp_path: Path)
         ("w0", {"v": 0}),
         ("w1", {"v": 1}),
     ]
+
+
+def test_batch_auto_counts_the_items_sent_ahead_in_the_dispatchs_time() -> None:
+    """The sizer measures a dispatch by all its items: 3 items in 0.03 s is 10 ms each (5 to a
+    dispatch), not 30 ms for the one left in the RESULT (which would shrink dispatches to 1)."""
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(10.0), ranks=(1,))
+    s = three(d)
+    d.on_part(1, str(s.token), ["w0", "w1"], ["a", "b"], 0.01)
+    d.on_results(1, str(s.token), ["c"], 0.03)
+    assert d.auto_batch() == 5

@@ -374,7 +374,9 @@ class Dispatcher(Rollbacks, Views):
             return []
         assert results is not None
         advance(tx, TxEvent.RESULT)
-        if tx.sent_at is not None and self.policy.observe(tx.items, now - tx.sent_at):
+        if tx.sent_at is not None and self.policy.observe(
+            tx.ahead + tx.items if tx.ahead else tx.items, now - tx.sent_at
+        ):  # (the dispatch's time was spent on the items sent ahead too)
             self._fit_open_deadlines()
         out: list[Decision] = []
         keep: list[WorkItem] = []
@@ -463,6 +465,7 @@ class Dispatcher(Rollbacks, Views):
             else:
                 out.append(Commit(rank, tx.token, wid, results[i], part=True))
         leaving = set(work_ids)
+        tx.ahead += tuple([mine[w] for w in work_ids])
         tx.items = tuple([w for w in tx.items if w.work_id not in leaving])
         for item, bad in failed:
             self._unlease(item, tx.token)
