@@ -263,10 +263,12 @@ def run_worker(
     """Serve WORK from rank 0 until STOP; returns how many work items this worker ran.
 
     Each WORK message holds one or more items (see :mod:`.protocol`); the function runs on each
-    in order, and one RESULT with an entry per item, then READY, answer the message. An item
-    whose function raised is reported as kind ``error``, a value JSON cannot hold as
-    ``malformed-result``, one over ``max_result_bytes`` as ``result-too-large``: the worker
-    lives on and the master charges that item's retry budget for its kind.
+    in order, and one RESULT with an entry per item, then READY, answer the message (when a
+    slow item holds finished ones back for :data:`AHEAD_SECONDS`, their entries go ahead in a
+    part, and the RESULT has the rest). An item whose function raised is reported as kind
+    ``error``, a value JSON cannot hold as ``malformed-result``, one over ``max_result_bytes``
+    as ``result-too-large``: the worker lives on and the master charges that item's retry
+    budget for its kind.
 
     Args:
         fn: ``fn(payload) -> result`` (JSON-compatible); ``fn(payload, beat)`` with
