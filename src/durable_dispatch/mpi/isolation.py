@@ -519,13 +519,13 @@ def _child_main(argv: list[str]) -> int:
     except BaseException as e:  # noqa: BLE001 - reported to the worker, which raises it
         send(b"X" + f"loading it failed with {type(e).__name__}: {e}".encode())
         return 1
+    held = _Held(send)  # (its thread's stack is mapped before the memory limit applies)
     if limit > 0:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     mode, max_result = setup["mode"], setup["max"]
     progress = mmap.mmap(progress_fd, _PROGRESS.size)
-    held = _Held(send)
     send(b"S")
     while True:
         try:
