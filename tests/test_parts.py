@@ -137,3 +137,14 @@ def test_batch_auto_counts_the_items_sent_ahead_in_the_dispatchs_time() -> None:
     d.on_part(1, str(s.token), ["w0", "w1"], ["a", "b"], 0.01)
     d.on_results(1, str(s.token), ["c"], 0.03)
     assert d.auto_batch() == 5
+
+
+def test_only_auto_sized_dispatches_let_the_worker_send_items_ahead() -> None:
+    """A fixed batch keeps one RESULT per dispatch (its counts, splits and lies as the user
+    chose them); batch="auto" marks its multi-item WORK ``ahead``."""
+    import orjson
+
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(10.0), ranks=(1,))
+    s = three(d)
+    assert orjson.loads(protocol.work_message(s, ahead=True))["ahead"] is True
+    assert "ahead" not in orjson.loads(protocol.work_message(s))

@@ -275,7 +275,7 @@ def run_master(
                     and (s := state.next_send(now, core.auto_batch() if auto else fixed))
                     is not None
                 ):
-                    error = link.send(s.rank, P.WORK, P.work_message(s))
+                    error = link.send(s.rank, P.WORK, P.work_message(s, ahead=auto))
                     state.sent(s.token, state.now(), error)
                     if error is not None and ft:
                         _check_failures(link, state, lost, now)

@@ -23,10 +23,12 @@ RESULT ``{"token", "error", "kind"}`` reports that the whole dispatch failed (``
 ``timeout`` when an isolating worker killed it at its deadline; without ``kind`` it counts as a
 malformed RESULT).
 
-A worker may send the outcomes of some items of a multi-item dispatch ahead of its RESULT, when
-they would otherwise wait behind a slow item: a RESULT with ``ids`` (the work IDs of those
-items, in order) is such a part; its ``results`` and ``errors`` follow ``ids``. The items it
-names leave the dispatch, and the dispatch's RESULT has entries only for the items left.
+A WORK message with ``"ahead": true`` (the master sends it under ``batch="auto"``) lets the
+worker send the outcomes of some of its items ahead of its RESULT, when they would otherwise
+wait behind a slow item: a RESULT with ``ids`` (the work IDs of those items, in order) is such a
+part; its ``results`` and ``errors`` follow ``ids``. The items it names leave the dispatch, and
+the dispatch's RESULT has entries only for the items left. A dispatch of a fixed ``batch`` size
+answers with one RESULT, as the user chose.
 """
 
 from __future__ import annotations
@@ -175,9 +177,10 @@ def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
     return inbox
 
 
-def work_message(send: Send) -> bytes:
+def work_message(send: Send, *, ahead: bool = False) -> bytes:
     """The WORK message of a dispatch: its token, its items (work ID, payload, attempt), and its
-    deadline and lease, so an isolating worker kills the work at the master's deadline."""
+    deadline and lease, so an isolating worker kills the work at the master's deadline;
+    ``ahead``: the worker may send finished items ahead of its RESULT (see the module docs)."""
     items = send.items
     if len(items) == 1 and len(send.attempts) == 1:  # (batch=1: no zip, no comprehension)
         w = items[0]
@@ -187,6 +190,7 @@ def work_message(send: Send) -> bytes:
             {"work_id": w.work_id, "payload": w.payload, "attempt": n}
             for w, n in zip(items, send.attempts, strict=True)
         ]
-    return orjson.dumps(
-        {"token": str(send.token), "items": listed, "seconds": send.seconds, "lease": send.lease}
-    )
+    body = {"token": str(send.token), "items": listed, "seconds": send.seconds, "lease": send.lease}
+    if ahead and len(items) > 1:
+        body["ahead"] = True
+    return orjson.dumps(body)

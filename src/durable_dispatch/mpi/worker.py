@@ -42,9 +42,10 @@ log = logging.getLogger("durable_dispatch.mpi")
 _REASON_MAX = 2000  # characters of a failure's reason sent to the master
 _ROOM = 64 << 10  # bytes of a RESULT kept for its envelope and error entries
 #: When no item of a dispatch has finished for this long, the outcomes the worker holds are
-#: sent ahead of the dispatch's RESULT (see :class:`_Ahead`). Items of a dispatch that
-#: ``batch="auto"`` sized finish much closer together than this, so they still travel in one
-#: RESULT; a part costs a message and a journal record, at most one per this long per worker.
+#: sent ahead of the dispatch's RESULT (see :class:`_Ahead`; only for dispatches the master
+#: marks ``ahead``: those ``batch="auto"`` sized). Items of such a dispatch finish much closer
+#: together than this, so they still travel in one RESULT; a part costs a message and a
+#: journal record, at most one per this long per worker.
 AHEAD_SECONDS = 0.05
 
 
@@ -263,12 +264,12 @@ def run_worker(
     """Serve WORK from rank 0 until STOP; returns how many work items this worker ran.
 
     Each WORK message holds one or more items (see :mod:`.protocol`); the function runs on each
-    in order, and one RESULT with an entry per item, then READY, answer the message (when a
-    slow item holds finished ones back for :data:`AHEAD_SECONDS`, their entries go ahead in a
-    part, and the RESULT has the rest). An item whose function raised is reported as kind
-    ``error``, a value JSON cannot hold as ``malformed-result``, one over ``max_result_bytes``
-    as ``result-too-large``: the worker lives on and the master charges that item's retry
-    budget for its kind.
+    in order, and one RESULT with an entry per item, then READY, answer the message (in a
+    dispatch marked ``ahead``, when a slow item holds finished ones back for
+    :data:`AHEAD_SECONDS`, their entries go ahead in a part, and the RESULT has the rest). An
+    item whose function raised is reported as kind ``error``, a value JSON cannot hold as
+    ``malformed-result``, one over ``max_result_bytes`` as ``result-too-large``: the worker
+    lives on and the master charges that item's retry budget for its kind.
 
     Args:
         fn: ``fn(payload) -> result`` (JSON-compatible); ``fn(payload, beat)`` with
@@ -386,7 +387,7 @@ def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: Worker
         deadline = time.monotonic() + seconds if seconds is not None else None
         hooks.on_work(token, items)
         beat = functools.partial(link.send, P.HEARTBEAT, P.encode({"token": token}))
-        ahead = _Ahead(link, token, items) if len(items) > 1 else None
+        ahead = _Ahead(link, token, items) if len(items) > 1 and body.get("ahead") else None
         tick: Callable[[], bool] = link.stop_arrived
         report: Callable[[int, ItemOutcome], None] | None = None
         if ahead is not None:  # a slow item must not hold the others' outcomes (see _Ahead)
