@@ -14,6 +14,10 @@ private API differs is measured as it was), its own ``src`` first on ``PYTHONPAT
                           batch 1 and 64, tasks/s
   bare                    the plain mpi4py send/recv loop under the same mpiexec: the library
                           is not in it, so its ratio shows the machine's drift (about 1.0)
+  durable, durable-isolated
+                          ``durable_dispatch.futures``' executor ``map`` under its runner
+                          (``python -m durable_dispatch.futures``, 1 + 3 ranks), each call
+                          durable, with ``isolate=False`` and ``isolate=True``, tasks/s
 
 A ratio above 1.0 is faster than the base. This is the check every performance claim in a
 closing note is made with (STYLE.md: compare with the base, not with yourself). pyperf is not
@@ -41,7 +45,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec  # noqa: E402
 
-FIGURES = ("ceiling-1", "ceiling-64", "mpi-1", "mpi-64", "bare")
+FIGURES = ("ceiling-1", "ceiling-64", "mpi-1", "mpi-64", "bare", "durable", "durable-isolated")
 
 
 def _env(tree: Path) -> dict[str, str]:
@@ -74,11 +78,12 @@ def ceiling(tree: Path, tasks: int, batch: int) -> float:
 LAUNCH_TRIES = 3
 
 
-def mpi(tree: Path, tasks: int, role: list[str]) -> float:
+def mpi(tree: Path, tasks: int, role: list[str], runner: list[str] = []) -> float:  # noqa: B006
     script = str(tree / "benchmarks" / "bench_mpi.py")
     for attempt in range(LAUNCH_TRIES):
         with tempfile.TemporaryDirectory(prefix="dd-compare-") as d:
-            args = [sys.executable, script, *role, "--tasks", str(tasks), "--state-dir", d + "/s"]
+            args = [sys.executable, *runner, script, *role, "--tasks", str(tasks)]
+            args += ["--state-dir", d + "/s"]
             res = run_mpiexec(mpiexec_command(4, args), timeout=900, env=_env(tree), quiet=True)
         out = res.stdout + res.stderr
         never_started = res.returncode == 213 or "listener thread failed to start" in out
@@ -95,7 +100,15 @@ def measures(tasks: int) -> dict[str, Callable[[Path], float]]:
         "mpi-1": lambda t: mpi(t, tasks // 4, ["--role", "ours", "--batch", "1"]),
         "mpi-64": lambda t: mpi(t, tasks, ["--role", "ours", "--batch", "64"]),
         "bare": lambda t: mpi(t, tasks, ["--role", "bare"]),
+        "durable": lambda t: mpi(t, tasks // 4, ["--role", "durable"], FUTURES),
+        "durable-isolated": lambda t: mpi(
+            t, tasks // 4, ["--role", "durable", "--isolate"], FUTURES
+        ),
     }
+
+
+#: the futures runner, which ``bench_mpi.py --role durable`` runs under
+FUTURES = ["-m", "durable_dispatch.futures"]
 
 
 def main() -> int:

@@ -106,8 +106,19 @@ def test_a_lambda_or_a_nested_function_is_refused_with_its_name() -> None:
         function_name(nested)
     with pytest.raises(TypeError, match="not callable"):
         function_name(3)
-    with pytest.raises(TypeError, match="cannot be sent"):  # an argument pickle cannot hold
+    # an argument pickle cannot hold: the pickling error itself, unwrapped (issue 48)
+    with pytest.raises(TypeError, match="cannot pickle 'generator' object") as info:
         call_digest(add, ((i for i in range(3)),), {})
+    assert info.value.__cause__ is None
+    with pytest.raises(ZeroDivisionError):
+        call_digest(add, (Unpicklable(),), {})
+
+
+class Unpicklable:
+    """Its pickling raises ZeroDivisionError (mpi4py's BadPickle)."""
+
+    def __reduce__(self) -> Any:
+        return 1 / 0
 
 
 # ---------------------------------------------------------------------- the key
@@ -250,3 +261,38 @@ def test_the_stdlib_names_are_the_same_objects_and_the_errors_pickle() -> None:
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is cls and (back.work_id, back.kind, back.attempts) == ("w", "crash", 2)
     assert issubclass(TaskCrashed, TaskFailed) and not issubclass(TaskTimedOut, TimeoutError)
+
+
+def test_collect_and_compose_settle_as_mpi4pys() -> None:
+    """mpi4py.futures.collect/compose on plain futures: results in order (a future named twice
+    counts twice), the first exception, cancellation both ways, and hooks."""
+    from concurrent.futures import Future
+
+    a: Future[int] = Future()
+    b: Future[int] = Future()
+    both = futures.collect([a, b, a])
+    b.set_result(2)
+    assert not both.done()
+    a.set_result(1)
+    assert both.result() == [1, 2, 1] and futures.collect([]).result() == []
+    c: Future[int] = Future()
+    d: Future[int] = Future()
+    failed = futures.collect([c, d])
+    c.set_exception(KeyError("k"))
+    assert isinstance(failed.exception(), KeyError)
+    e: Future[int] = Future()
+    f: Future[int] = Future()
+    gathered = futures.collect([e, f])
+    assert gathered.cancel() and e.cancelled() and f.cancelled()
+    g: Future[int] = Future()
+    doubled = futures.compose(g, lambda v: v * 2)
+    g.set_result(21)
+    assert doubled.result() == 42
+    h: Future[int] = Future()
+    handled = futures.compose(h, excepthook=lambda e: f"handled {type(e).__name__}")
+    rethrown = futures.compose(h, excepthook=lambda e: ValueError(str(e)))
+    h.set_exception(OSError("disk"))
+    assert handled.result() == "handled OSError" and isinstance(rethrown.exception(), ValueError)
+    i: Future[int] = Future()
+    out = futures.compose(i)
+    assert out.cancel() and i.cancelled()

@@ -24,9 +24,13 @@ def _runner(n: int, *target: str, state: Path | None = None) -> list[str]:
     return mpiexec_command(n, [sys.executable, "-m", "durable_dispatch.futures", *opts, *target])
 
 
+@pytest.mark.timeout(900)
 def test_the_conformance_suite_passes_under_the_runner() -> None:
     """Rank 0 runs pytest on ``tests/children/futures_suite.py`` (the stdlib's and mpi4py's
-    cases, durability and S7) while ranks 1-2 serve its executors one after the other."""
+    cases, durability and S7; issue 48: a call that raises beside one that blocks, after
+    batch="auto" ramped up, is seen by wait(FIRST_EXCEPTION), as_completed and
+    map(unordered=True) before the blocker ends; lifecycle, argument and pickling semantics)
+    while ranks 1-2 serve its executors one after the other."""
     cmd = _runner(
         3,
         "-m",
@@ -39,10 +43,10 @@ def test_the_conformance_suite_passes_under_the_runner() -> None:
         "--color=no",
         str(CHILDREN / "futures_suite.py"),
     )
-    res = run_mpiexec(cmd, timeout=400, cwd=ROOT, env={"FUTURES_WORKERS": "2"})
+    res = run_mpiexec(cmd, timeout=840, cwd=ROOT, env={"FUTURES_WORKERS": "2"})
     assert not res.timed_out and res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
     m = re.search(r"(\d+) passed", res.stdout)
-    assert m and int(m.group(1)) >= 17 and "failed" not in res.stdout, res.stdout[-3000:]
+    assert m and int(m.group(1)) >= 29 and "failed" not in res.stdout, res.stdout[-3000:]
 
 
 def _runs(count: Path) -> list[int]:

@@ -216,10 +216,18 @@ class Delivery:
                 return self._journal_commits(commits[:half], on_commit) + self._journal_commits(
                     commits[half:], on_commit
                 )
+            if first.part:
+                return self._refuse_part(first, str(e))
             log.error("result of %s cannot be journaled: %s", first.work_id, e)
             return self.core.commit_refused(first.token, first.work_id, f"result too large: {e}")
         self._pending_commits.append(_PendingCommit(r.seq, first.token, commits, on_commit))
         return []
+
+    def _refuse_part(self, c: Commit, error: str) -> list[Decision]:
+        """A result sent ahead of its dispatch (``Commit.part``) that no record can hold: the
+        item takes the retry path (kind ``result-too-large``), as a refused commit does."""
+        log.error("result of %s cannot be journaled: %s", c.work_id, error)
+        return self.core.part_refused(c.token, c.work_id, f"result too large: {error}")
 
     def _complete_commits(self, *, wait: bool = False) -> int:
         """Deliver every journaled commit an fsync now covers: callback, then close in the core.
@@ -256,7 +264,9 @@ class Delivery:
                         raise
                 if not self._callback_failed:
                     self._delivered = max(self._delivered, p.seq)
-                if n + 1 == len(pending) or pending[n + 1].token != p.token:
+                if p.commits[0].part:  # sent ahead: the dispatch goes on
+                    self.core.part_done(p.token, p.commits[0].rank, [c.work_id for c in p.commits])
+                elif n + 1 == len(pending) or pending[n + 1].token != p.token:
                     follow = self.core.commit_done(p.token)  # the dispatch's last record is in
                     if follow:
                         self._apply(follow)

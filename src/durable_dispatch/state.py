@@ -422,6 +422,15 @@ class CampaignState(Delivery):
         out = self.core.on_results(rank, token, results, now, errors=errors, failure=failure)
         return self._apply(out, self._on_commit, wait=False)
 
+    def on_part(
+        self, rank: int, token: object, work_ids: Any, results: Any, now: float, *, errors: Any
+    ) -> list[Decision]:
+        """A partial RESULT from ``rank`` (see :meth:`Dispatcher.on_part`): the outcomes of some
+        items of a dispatch that still runs. Their commits are journaled at once and delivered
+        once durable (:meth:`tick`), as :meth:`on_results`' are."""
+        out = self.core.on_part(rank, token, work_ids, results, now, errors=errors)
+        return self._apply(out, self._on_commit, wait=False)
+
     def sent(self, token: Token, now: float, error: str | None = None) -> list[Decision]:
         """The WORK send of :meth:`next_send`'s dispatch returned (``error`` None) or failed."""
         if error is None:

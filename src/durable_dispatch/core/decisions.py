@@ -218,12 +218,17 @@ class Commit(Decision):
 
     A multi-item dispatch yields one Commit per item that succeeded, all with the same token,
     next to each other: journal them together and report ``commit_done(token)`` once.
+
+    ``part`` is True for an item whose outcome the worker sent ahead of its dispatch's RESULT
+    (:meth:`~durable_dispatch.core.dispatcher.Dispatcher.on_part`): once it is journaled, report
+    ``part_done(token, rank, work_ids)`` instead; the dispatch goes on.
     """
 
     rank: int
     token: Token
     work_id: str
     result: Any
+    part: bool = False
 
 
 @dataclass(frozen=True)

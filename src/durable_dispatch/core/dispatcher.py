@@ -374,7 +374,9 @@ class Dispatcher(Rollbacks, Views):
             return []
         assert results is not None
         advance(tx, TxEvent.RESULT)
-        if tx.sent_at is not None and self.policy.observe(tx.items, now - tx.sent_at):
+        if tx.sent_at is not None and self.policy.observe(
+            tx.ahead + tx.items if tx.ahead else tx.items, now - tx.sent_at
+        ):  # (the dispatch's time was spent on the items sent ahead too)
             self._fit_open_deadlines()
         out: list[Decision] = []
         keep: list[WorkItem] = []
@@ -413,6 +415,92 @@ class Dispatcher(Rollbacks, Views):
         if not keep:
             advance(tx, TxEvent.EMPTIED)
         return out + self._free_rank_if_done(tx)  # READY already seen: the rank is free now
+
+    def on_part(
+        self,
+        rank: int,
+        token: object,
+        work_ids: Any,
+        results: Any,
+        now: float,
+        *,
+        errors: Mapping[int, str | ItemFailure] | None = None,
+    ) -> list[Decision]:
+        """A partial RESULT: the outcomes of some items of a multi-item dispatch that still runs
+        (the worker sends a finished item ahead instead of holding it behind a slow one).
+
+        ``work_ids`` names the items, ``results`` holds their entries in that order and
+        ``errors`` maps an index of ``work_ids`` to the failure of that item. Each named item
+        leaves the dispatch now: a good one commits (a :class:`Commit` with ``part=True``;
+        report ``part_done`` once it is journaled), a failed one takes the retry path as in
+        :meth:`on_results`. The dispatch, its deadline and its rank go on; its RESULT then has
+        entries for the items left, in order. A part that is not current, names an item that is
+        not (or no longer) in the dispatch, names one twice, does not match its entries or
+        would leave the dispatch empty is quarantined as malformed and changes nothing.
+        """
+        found = self._resolve(rank, token, "RESULT")
+        if not isinstance(found, Transaction):
+            return found
+        tx = found
+        if tx.state not in (TxState.PREPARING, TxState.DISPATCHED) or tx.failure is not None:
+            return self._quarantine(rank, "RESULT", Classification.DUPLICATE, "part after RESULT")
+        mine = {w.work_id: w for w in tx.items}
+        if (
+            not isinstance(work_ids, list)
+            or not isinstance(results, list)
+            or not work_ids
+            or len(results) != len(work_ids)
+            or not all(type(w) is str and w in mine for w in work_ids)
+            or len(set(work_ids)) != len(work_ids)
+            or len(work_ids) >= len(tx.items)
+            or (errors and not all(type(i) is int and 0 <= i < len(work_ids) for i in errors))
+        ):
+            return self._quarantine(rank, "RESULT", Classification.MALFORMED, "bad part")
+        out: list[Decision] = []
+        failed: list[tuple[WorkItem, ItemFailure]] = []
+        for i, wid in enumerate(work_ids):
+            bad = errors.get(i) if errors else None
+            if bad is not None:
+                failed.append((mine[wid], _failure(bad, "error")))
+            else:
+                out.append(Commit(rank, tx.token, wid, results[i], part=True))
+        leaving = set(work_ids)
+        tx.ahead += tuple([mine[w] for w in work_ids])
+        tx.items = tuple([w for w in tx.items if w.work_id not in leaving])
+        for item, bad in failed:
+            self._unlease(item, tx.token)
+            self._n.invalid_result_rollbacks += 1
+            out.append(
+                self._retry_or_defer(item, tx.token, SOURCE_INVALID_RESULT, bad.kind, bad.reason)
+            )
+        if failed:
+            out.append(
+                self._require_snapshot(f"items of {tx.token} failed ({SOURCE_INVALID_RESULT})")
+            )
+        return out
+
+    def part_done(self, token: Token, rank: int, work_ids: Sequence[str]) -> None:
+        """The shell journaled the :class:`Commit` ``part`` entries of ``work_ids`` (see
+        :meth:`on_part`): they are committed, whatever became of their dispatch since."""
+        if self._leases:  # (no item holds a lease in most campaigns)
+            items = self.ledger.items
+            for wid in work_ids:
+                if wid in items:
+                    self._unlease(items[wid], token)
+        self.ledger.apply(Committed(token, rank, tuple(work_ids)))
+        self._n.commits += len(work_ids)
+
+    def part_refused(self, token: Token, work_id: str, error: str) -> list[Decision]:
+        """The shell could not journal the ``part`` :class:`Commit` of ``work_id`` (its result is
+        too large for a record): it takes the retry path (``source=invalid-result``, kind
+        ``result-too-large``), as :meth:`commit_refused` does for a whole dispatch's item."""
+        self._n.invalid_result_rollbacks += 1
+        item = self.ledger.items[work_id]
+        self._unlease(item, token)
+        return [
+            self._retry_or_defer(item, token, SOURCE_INVALID_RESULT, "result-too-large", error),
+            self._require_snapshot(f"commit of {work_id} under {token} refused"),
+        ]
 
     def commit_done(self, token: Token) -> list[Decision]:
         """The shell journaled the :class:`Commit` for ``token``: the work ID is committed."""

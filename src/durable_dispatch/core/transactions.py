@@ -103,3 +103,4 @@ class Transaction:
     seconds: float | None = None  # its deadline from the send, as the WORK told the worker
     beaten: bool = False  # a current HEARTBEAT extended its deadline
     wire: str = ""  # str(token): the key of the open transactions, made once at reserve
+    ahead: tuple[WorkItem, ...] = ()  # items the worker sent ahead of the RESULT (on_part)

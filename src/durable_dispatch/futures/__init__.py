@@ -31,6 +31,7 @@ from concurrent.futures import (
     FIRST_EXCEPTION,
     BrokenExecutor,
     CancelledError,
+    Executor,
     Future,
     InvalidStateError,
     TimeoutError,
@@ -42,6 +43,7 @@ from typing import Any
 
 from ..errors import TaskCrashed, TaskFailed, TaskTimedOut, UsageError
 from ._executor import STATE_DIR_ENV, DurableExecutor
+from ._util import collect, compose
 
 __all__ = [
     "DurableExecutor",
@@ -52,6 +54,7 @@ __all__ = [
     "TaskCrashed",
     "TaskTimedOut",
     "STATE_DIR_ENV",
+    "Executor",
     "Future",
     "wait",
     "as_completed",
@@ -62,6 +65,8 @@ __all__ = [
     "TimeoutError",
     "BrokenExecutor",
     "InvalidStateError",
+    "collect",
+    "compose",
 ]
 
 

@@ -89,10 +89,7 @@ def _encode(value: Any, out: list[bytes]) -> None:
         raw = function_name(value).encode()
         out.append(b"u" + struct.pack(">I", len(raw)) + raw)
     else:
-        try:
-            raw = pickle.dumps(value, protocol=_PICKLE)
-        except Exception as e:  # noqa: BLE001 - PicklingError, AttributeError, TypeError ...
-            raise TypeError(f"an argument cannot be sent to the workers: {e}") from e
+        raw = pickle.dumps(value, protocol=_PICKLE)  # (its own error, as mpi4py's)
         out.append(b"p" + struct.pack(">I", len(raw)) + raw)
 
 
@@ -107,8 +104,8 @@ def call_digest(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     docs); the same in every process and run.
 
     Raises:
-        TypeError: ``fn`` cannot be found by name (see :func:`function_name`), or an argument
-            cannot be pickled.
+        TypeError: ``fn`` cannot be found by name (see :func:`function_name`).
+        Exception: an argument cannot be pickled: the pickling error itself (its own type).
     """
     h = hashlib.sha256()
     out: list[bytes] = []

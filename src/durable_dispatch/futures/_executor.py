@@ -71,11 +71,12 @@ class _Subset:
 class _CallFeed(Feed):
     """The executor's calls, fed to the campaign as they are submitted (manager thread)."""
 
-    AHEAD = 128  # calls in the frontier per worker; the rest wait (and can still be cancelled)
+    #: dispatches per worker whose calls are in the frontier (running) ahead of the workers;
+    #: the other calls wait here, pending, and can still be cancelled
+    AHEAD = 2
 
     def __init__(self, ex: DurableExecutor) -> None:
         self.ex = ex
-        self.low = self.AHEAD * ex._workers
         self.waiting: dict[str, list[Future[Any]]] = {}  # work ID -> its futures
         self.local: collections.deque[WorkItem] = collections.deque()
         self.queued: set[str] = set()  # the work IDs in ``local``
@@ -139,7 +140,10 @@ class _CallFeed(Feed):
             self._cancel_local()
         frontier = ledger.frontier
         batch: list[WorkItem] = []
-        while self.local and len(frontier) + len(batch) < self.low:
+        # as many calls as the next dispatches take: a dispatch's size (batch="auto") for
+        # each worker, twice, so none waits for work while the rest stay cancellable
+        low = self.AHEAD * self.ex._workers * self.state.core.auto_batch()
+        while self.local and len(frontier) + len(batch) < low:
             item = self.local.popleft()
             self.queued.discard(item.work_id)
             futs = [f for f in waiting[item.work_id] if f.set_running_or_notify_cancel()]
@@ -190,7 +194,7 @@ class _CallFeed(Feed):
     def _cancel_local(self) -> None:
         for item in self.local:
             for f in self.waiting.pop(item.work_id, ()):
-                f.cancel()
+                _cancel(f)
         self.local.clear()
         self.queued.clear()
 
@@ -401,11 +405,20 @@ class DurableExecutor(Executor):
 
     @property
     def num_workers(self) -> int:
-        """How many worker ranks serve this executor."""
+        """How many worker ranks serve this executor: 0 once it is shut down or broken (as
+        mpi4py's)."""
+        if self._shut or self._broken is not None:
+            return 0
         return self._workers
 
     def bootup(self, wait: bool = True) -> DurableExecutor:
-        """Start the workers (they start with the executor); returns the executor."""
+        """Start the workers (they start with the executor); returns the executor.
+
+        Raises:
+            RuntimeError: after :meth:`shutdown`.
+        """
+        if self._shut:
+            raise RuntimeError("cannot bootup after shutdown")
         if wait:
             self._bound.wait()
         return self
@@ -414,14 +427,23 @@ class DurableExecutor(Executor):
         """Schedule ``fn(*args, **kwargs)``; returns its future, with ``.work_id``. A call
         committed by an earlier run resolves at once from the record.
 
+        An argument that cannot be pickled fails the future it returns with the pickling
+        error itself (its own type), as in mpi4py and the standard library; that future has
+        no work ID (None): nothing is recorded.
+
         Raises:
             TypeError: ``fn`` cannot be found by name in a worker (a lambda, a nested
-                function), or an argument cannot be pickled.
+                function).
             RuntimeError: after :meth:`shutdown`.
             BrokenExecutor: the executor is broken.
         """
         name = function_name(fn)
-        digest = call_digest(fn, args, kwargs)
+        try:
+            digest = call_digest(fn, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - an argument pickle refuses: the future's
+            with self._lock:
+                self._check_open()
+            return _failed(e)
         with self._lock:
             self._check_open()
             n = self._counts[(name, digest)]
@@ -441,7 +463,12 @@ class DurableExecutor(Executor):
         if type(work_id) is not str or not work_id:
             raise UsageError(f"work_id must be a non-empty str, got {work_id!r}")
         name = function_name(fn)
-        digest = call_digest(fn, args, kwargs)
+        try:
+            digest = call_digest(fn, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - as in submit
+            with self._lock:
+                self._check_open()
+            return _failed(e)
         with self._lock:
             self._check_open()
             return self._enqueue(work_id, name, digest, (fn, args, kwargs))
@@ -464,7 +491,10 @@ class DurableExecutor(Executor):
         if self._feed._settled(wid, fut, locked=True):  # committed or deferred: from the record
             return fut
         assert self._sealer is not None
-        payload = self._sealer.seal_call(wid, name, digest, call)
+        try:
+            payload = self._sealer.seal_call(wid, name, digest, call)
+        except Exception as e:  # noqa: BLE001 - as in submit
+            return _failed(e)
         self._digests[wid] = digest
         item = WorkItem(wid, payload, timeout=self._timeout, self_contained=True)
         self._queue.append((fut, item))
@@ -483,11 +513,13 @@ class DurableExecutor(Executor):
 
         One task per element, whatever ``chunksize`` (the work IDs do not depend on it; the
         dispatches are sized from the measured task time). ``timeout`` counts from this call;
-        ``buffersize`` bounds the tasks submitted ahead of the results read. An exception a
-        call raised is raised when its result is reached.
+        ``buffersize`` bounds the tasks submitted ahead of the results read (in order only, as
+        in mpi4py). An exception a call raised is raised when its result is reached.
 
         Raises:
-            ValueError: ``chunksize < 1`` or ``buffersize < 1``.
+            TypeError: ``chunksize`` or ``buffersize`` is not an integer.
+            ValueError: ``chunksize < 1``, ``buffersize < 1``, or ``buffersize`` with
+                ``unordered``.
         """
         return self.starmap(
             fn,
@@ -508,10 +540,17 @@ class DurableExecutor(Executor):
         unordered: bool = False,
     ) -> Iterator[Any]:
         """``fn(*args)`` for each ``args`` of ``iterable``; see :meth:`map`."""
-        if type(chunksize) is not int or chunksize < 1:
-            raise UsageError("chunksize must be >= 1.")
-        if buffersize is not None and (type(buffersize) is not int or buffersize < 1):
-            raise UsageError("buffersize must be None or > 0.")
+        if not isinstance(chunksize, int):
+            raise TypeError("chunksize must be an integer")
+        if chunksize < 1:
+            raise ValueError("chunksize must be >= 1.")
+        if buffersize is not None:
+            if not isinstance(buffersize, int):
+                raise TypeError("buffersize must be an integer or None")
+            if buffersize < 1:
+                raise ValueError("buffersize must be None or > 0")
+            if unordered:
+                raise ValueError("buffersize must be None if unordered")
         end = None if timeout is None else time.monotonic() + timeout
         args = iter(iterable)
         ahead = itertools.islice(args, buffersize) if buffersize is not None else args
@@ -544,7 +583,7 @@ class DurableExecutor(Executor):
                     fut, _ = self._queue.popleft()
                 except IndexError:
                     break
-                fut.cancel()
+                _cancel(fut)
         if wait:
             self._thread.join()
             error, self._error = self._error, None
@@ -553,6 +592,24 @@ class DurableExecutor(Executor):
 
     def __repr__(self) -> str:
         return f"DurableExecutor(state_dir={self._dir!r}, workers={self._workers})"
+
+
+def _cancel(fut: Future[Any]) -> None:
+    """Cancel a call that did not start, and tell its waiters (``wait``, ``as_completed``)."""
+    if fut.cancel():
+        try:
+            fut.set_running_or_notify_cancel()
+        except RuntimeError:  # (they were told already)
+            pass
+
+
+def _failed(error: BaseException) -> Future[Any]:
+    """A future that failed with ``error`` before it had a task (no work ID)."""
+    fut: Future[Any] = Future()
+    fut.work_id = None  # type: ignore[attr-defined]
+    fut.set_running_or_notify_cancel()
+    fut.set_exception(error)
+    return fut
 
 
 def _state_dir(state_dir: str | os.PathLike[str] | None) -> str:

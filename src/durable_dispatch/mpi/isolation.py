@@ -305,9 +305,11 @@ class IsolatedRunner:
         lease: float,
         tick: Callable[[], bool],
         beat: Callable[[], None],
+        report: Callable[[int, ItemOutcome], None] | None = None,
     ) -> tuple[list[ItemOutcome], ItemOutcome | None]:
         """Run a dispatch's items in the child; returns their outcomes, and the failure of the
-        whole dispatch when its (shared) deadline passed.
+        whole dispatch when its (shared) deadline passed. ``report(index, outcome)`` is called
+        as each item's outcome arrives.
 
         The items go to the child in one frame; it runs them in order and sends their outcomes
         in batches (after the last item, and at least every 20 ms), so a dispatch of many short
@@ -336,6 +338,8 @@ class IsolatedRunner:
                         job, index = child.running()
                         crashed = todo[index] if job == self._job else todo[answered]
                         out[crashed] = self._died(child, items[crashed])
+                        if report is not None:
+                            report(crashed, out[crashed])  # type: ignore[arg-type]
                         break  # the rest (unanswered, or not yet sent back) go to a new child
                     for tag, body in _unpack(frame):
                         if tag == b"B":
@@ -350,6 +354,8 @@ class IsolatedRunner:
                             out[todo[answered]] = ItemOutcome(
                                 None, failure["kind"], failure["reason"]
                             )
+                        if report is not None:
+                            report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
                         answered += 1
                     continue
                 if deadline is not None and time.monotonic() >= deadline - margin:
@@ -513,20 +519,19 @@ def _child_main(argv: list[str]) -> int:
     except BaseException as e:  # noqa: BLE001 - reported to the worker, which raises it
         send(b"X" + f"loading it failed with {type(e).__name__}: {e}".encode())
         return 1
+    held = _Held(send)  # (its thread's stack is mapped before the memory limit applies)
     if limit > 0:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     mode, max_result = setup["mode"], setup["max"]
     progress = mmap.mmap(progress_fd, _PROGRESS.size)
-    pending: list[bytes] = []
     send(b"S")
     while True:
         try:
             job = orjson.loads(inbox.recv_bytes())
         except EOFError:
             return 0
-        flushed = time.monotonic()
 
         def started(index: int, number: int = job["job"]) -> None:
             progress[: _PROGRESS.size] = _PROGRESS.pack(number, index)
@@ -537,16 +542,48 @@ def _child_main(argv: list[str]) -> int:
             fn, mode, job["items"], job["deadline"], lease, beat, max_result, started
         ):
             if o.raw is not None:
-                pending.append(_pack(b"R", o.raw))
+                held.add(_pack(b"R", o.raw))
             else:
-                pending.append(_pack(b"E", orjson.dumps({"kind": o.kind, "reason": o.reason})))
-            if time.monotonic() - flushed >= _FLUSH_SECONDS:
-                send(b"".join(pending))
-                pending.clear()
-                flushed = time.monotonic()
-        if pending:
-            send(b"".join(pending))
-            pending.clear()
+                held.add(_pack(b"E", orjson.dumps({"kind": o.kind, "reason": o.reason})))
+        held.flush()
+
+
+class _Held:
+    """The outcomes the child has not sent yet: sent together after the last item of a job,
+    once they are :data:`_FLUSH_SECONDS` old after an item, and by a thread of their own once
+    they are that old while the next item still runs (so an outcome never waits for a slow
+    item after it)."""
+
+    def __init__(self, send: Callable[[bytes], None]) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._entries: list[bytes] = []
+        self._since = 0.0  # when the oldest entry was added
+        threading.Thread(target=self._watch, name="outcomes", daemon=True).start()
+
+    def add(self, entry: bytes) -> None:
+        with self._lock:
+            if not self._entries:
+                self._since = time.monotonic()
+            self._entries.append(entry)
+            if time.monotonic() - self._since >= _FLUSH_SECONDS:
+                self._flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._entries:
+            self._send(b"".join(self._entries))
+            self._entries.clear()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(_FLUSH_SECONDS)
+            with self._lock:
+                if self._entries and time.monotonic() - self._since >= _FLUSH_SECONDS:
+                    self._flush()
 
 
 def _pack(tag: bytes, body: bytes) -> bytes:

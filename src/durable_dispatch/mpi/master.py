@@ -288,11 +288,13 @@ def run_master(
                     and (s := state.next_send(now, core.auto_batch() if auto else fixed))
                     is not None
                 ):
-                    error = link.send(s.rank, P.WORK, P.work_message(s))
+                    error = link.send(s.rank, P.WORK, P.work_message(s, ahead=auto))
                     state.sent(s.token, state.now(), error)
                     if error is not None and ft:
                         _check_failures(link, state, lost, now)
-                # 3. RESULT
+                # 3. RESULT (the items a worker sent ahead first: they precede its RESULT)
+                for rank, token, ids, values, errors in inbox.parts:
+                    state.on_part(rank, token, ids, values, now, errors=errors)
                 for rank, token, values, errors, failure in inbox.results:
                     state.on_results(rank, token, values, now, errors=errors, failure=failure)
                 # 4. deliver durable commits, join invalid results, 5. sweep the watchdog (once

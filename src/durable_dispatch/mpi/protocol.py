@@ -22,6 +22,13 @@ worker could not do, each with its failure kind (``error``, ``crash``, ``result-
 RESULT ``{"token", "error", "kind"}`` reports that the whole dispatch failed (``kind`` is
 ``timeout`` when an isolating worker killed it at its deadline; without ``kind`` it counts as a
 malformed RESULT).
+
+A WORK message with ``"ahead": true`` (the master sends it under ``batch="auto"``) lets the
+worker send the outcomes of some of its items ahead of its RESULT, when they would otherwise
+wait behind a slow item: a RESULT with ``ids`` (the work IDs of those items, in order) is such a
+part; its ``results`` and ``errors`` follow ``ids``. The items it names leave the dispatch, and
+the dispatch's RESULT has entries only for the items left. A dispatch of a fixed ``batch`` size
+answers with one RESULT, as the user chose.
 """
 
 from __future__ import annotations
@@ -133,12 +140,16 @@ class Inbox:
         results: ``(rank, token, results, errors, failure)`` of each RESULT: the arguments of
             ``on_results`` (see :func:`read_result`).
         gone: ``(rank, error)`` of each worker that said it failed and ends (GONE).
+        parts: ``(rank, token, work_ids, results, errors)`` of each RESULT sent ahead for some
+            items of a dispatch (the arguments of ``on_part``); a rank's parts come before its
+            RESULT for the same dispatch, so the loop hands them over first.
     """
 
     readies: list[tuple[int, Any]] = field(default_factory=list)
     beats: list[tuple[int, Any]] = field(default_factory=list)
     results: list[tuple[int, Any, Any, Any, Any]] = field(default_factory=list)
     gone: list[tuple[int, str]] = field(default_factory=list)
+    parts: list[tuple[int, Any, Any, Any, Any]] = field(default_factory=list)
 
 
 def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
@@ -153,6 +164,11 @@ def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
         elif tag == HEARTBEAT:
             inbox.beats.append((src, token))
         elif tag == RESULT:
+            if body is not None and "ids" in body:  # some items' outcomes, sent ahead
+                values, errors, failure = read_result(body, why)
+                ids = body["ids"] if failure is None else None
+                inbox.parts.append((src, token, ids, values, errors))
+                continue
             values, errors, failure = read_result(body, why)
             inbox.results.append((src, token, values, errors, failure))
         elif tag == GONE:
@@ -161,9 +177,10 @@ def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
     return inbox
 
 
-def work_message(send: Send) -> bytes:
+def work_message(send: Send, *, ahead: bool = False) -> bytes:
     """The WORK message of a dispatch: its token, its items (work ID, payload, attempt), and its
-    deadline and lease, so an isolating worker kills the work at the master's deadline."""
+    deadline and lease, so an isolating worker kills the work at the master's deadline;
+    ``ahead``: the worker may send finished items ahead of its RESULT (see the module docs)."""
     items = send.items
     if len(items) == 1 and len(send.attempts) == 1:  # (batch=1: no zip, no comprehension)
         w = items[0]
@@ -173,6 +190,7 @@ def work_message(send: Send) -> bytes:
             {"work_id": w.work_id, "payload": w.payload, "attempt": n}
             for w, n in zip(items, send.attempts, strict=True)
         ]
-    return orjson.dumps(
-        {"token": str(send.token), "items": listed, "seconds": send.seconds, "lease": send.lease}
-    )
+    body = {"token": str(send.token), "items": listed, "seconds": send.seconds, "lease": send.lease}
+    if ahead and len(items) > 1:
+        body["ahead"] = True
+    return orjson.dumps(body)

@@ -42,6 +42,12 @@ __all__ = ["run_worker", "WorkContext"]
 log = logging.getLogger("durable_dispatch.mpi")
 _REASON_MAX = 2000  # characters of a failure's reason sent to the master
 _ROOM = 64 << 10  # bytes of a RESULT kept for its envelope and error entries
+#: When no item of a dispatch has finished for this long, the outcomes the worker holds are
+#: sent ahead of the dispatch's RESULT (see :class:`_Ahead`; only for dispatches the master
+#: marks ``ahead``: those ``batch="auto"`` sized). Items of such a dispatch finish much closer
+#: together than this, so they still travel in one RESULT; a part costs a message and a
+#: journal record, at most one per this long per worker.
+AHEAD_SECONDS = 0.05
 
 
 class _Link:
@@ -121,7 +127,8 @@ class _InProcessRunner:
         while True:
             items, deadline, lease, box, finished = self.jobs.get()
             beat = functools.partial(self.beats.put, 1)
-            box.extend(run_items(self.fn, self.mode, items, deadline, lease, beat, self.max_result))
+            for o in run_items(self.fn, self.mode, items, deadline, lease, beat, self.max_result):
+                box.append(o)  # (the worker's thread reads it as it grows)
             finished.set()
 
     def run(
@@ -131,15 +138,21 @@ class _InProcessRunner:
         lease: float,
         tick: Callable[[], bool],
         beat: Callable[[], None],
+        report: Callable[[int, ItemOutcome], None] | None = None,
     ) -> tuple[list[ItemOutcome], ItemOutcome | None]:
         box: list[ItemOutcome] = []
         finished = threading.Event()
         self.jobs.put((items, deadline, lease, box, finished))
+        reported = 0
         while True:
             over = finished.wait(self.poll)
             while not self.beats.empty():
                 self.beats.get()
                 beat()
+            if report is not None:
+                while reported < len(box):
+                    report(reported, box[reported])
+                    reported += 1
             if over:
                 return box, None
             if tick():  # the function may still run; its thread is a daemon
@@ -183,6 +196,55 @@ def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome |
     return body + b"}"
 
 
+class _Ahead:
+    """A dispatch's finished items, sent ahead of its RESULT when the rest is slow.
+
+    The runner reports each item's outcome as it arrives (:meth:`add`); :meth:`due`, called
+    about every millisecond while the dispatch runs, sends the outcomes held as a part (a
+    RESULT with ``ids``, see :mod:`.protocol`) once no item has finished for
+    :data:`AHEAD_SECONDS` and some item is still to come. So a call that ended waits for a slow
+    batch-mate at most that long, and the master commits it durably at once. :meth:`rest`
+    gives the outcomes the dispatch's RESULT still carries.
+    """
+
+    def __init__(self, link: _Link, token: Any, items: list[dict[str, Any]]) -> None:
+        self.link, self.token, self.items = link, token, items
+        self.held: dict[int, ItemOutcome] = {}
+        self.sent: set[int] = set()
+        self.last = 0.0  # when the last outcome arrived
+
+    def add(self, index: int, outcome: ItemOutcome) -> None:
+        """The outcome of item ``index`` arrived."""
+        self.held[index] = outcome
+        self.last = time.monotonic()
+
+    def tick(self) -> bool:
+        """The runner's ``tick``: send what is due, then say whether STOP arrived."""
+        self.due()
+        return self.link.stop_arrived()
+
+    def due(self) -> None:
+        """Send the outcomes held as a part, if they are due."""
+        held = self.held
+        if (
+            held
+            and len(self.sent) + len(held) < len(self.items)
+            and time.monotonic() - self.last >= AHEAD_SECONDS
+        ):
+            order = sorted(held)
+            ids = [self.items[i].get("work_id") for i in order]
+            raw = result_message(self.token, [held[i] for i in order], None)
+            self.link.send(P.RESULT, b'{"ids":' + orjson.dumps(ids) + b"," + raw[1:])
+            self.sent.update(order)
+            held.clear()
+
+    def rest(self, outcomes: list[ItemOutcome]) -> list[ItemOutcome]:
+        """The outcomes of the items not sent ahead (all ``outcomes``, in order)."""
+        if not self.sent:
+            return outcomes
+        return [o for i, o in enumerate(outcomes) if i not in self.sent]
+
+
 class WorkerHooks:
     """Where a test worker may lie (``durable_dispatch.testing.run_lying_worker``); the
     production loop uses this class as it is, which changes nothing."""
@@ -209,8 +271,10 @@ def run_worker(
     """Serve WORK from rank 0 until STOP; returns how many work items this worker ran.
 
     Each WORK message holds one or more items (see :mod:`.protocol`); the function runs on each
-    in order, and one RESULT with an entry per item, then READY, answer the message. An item
-    whose function raised is reported as kind ``error``, a value JSON cannot hold as
+    in order, and one RESULT with an entry per item, then READY, answer the message (in a
+    dispatch marked ``ahead``, when a slow item holds finished ones back for
+    :data:`AHEAD_SECONDS`, their entries go ahead in a part, and the RESULT has the rest). An
+    item whose function raised is reported as kind ``error``, a value JSON cannot hold as
     ``malformed-result``, one over ``max_result_bytes`` as ``result-too-large``: the worker
     lives on and the master charges that item's retry budget for its kind.
 
@@ -332,11 +396,18 @@ def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: Worker
         deadline = time.monotonic() + seconds if seconds is not None else None
         hooks.on_work(token, items)
         beat = functools.partial(link.send, P.HEARTBEAT, P.encode({"token": token}))
+        ahead = _Ahead(link, token, items) if len(items) > 1 and body.get("ahead") else None
+        tick: Callable[[], bool] = link.stop_arrived
+        report: Callable[[int, ItemOutcome], None] | None = None
+        if ahead is not None:  # a slow item must not hold the others' outcomes (see _Ahead)
+            tick, report = ahead.tick, ahead.add
         try:
-            outcomes, whole = runner.run(items, deadline, lease, link.stop_arrived, beat)
+            outcomes, whole = runner.run(items, deadline, lease, tick, beat, report)
         except StopRequested:
             return done
         done += len(items)
+        if ahead is not None and whole is None:
+            outcomes = ahead.rest(outcomes)
         raw = hooks.result(token, result_message(token, outcomes, whole))
         if raw is not None:
             link.send(P.RESULT, raw)
