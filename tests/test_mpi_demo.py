@@ -165,7 +165,8 @@ def test_ctrl_c_in_a_terminal_drains_the_demo_and_a_second_one_stops_it(
     # With two presses 12 items take 1.5 s each, so that the drain the first one starts is still
     # on when the second arrives (with 40 ms items it could end first: exit 1, not 130).
     long = presses == 2
-    with _demo_in_a_terminal(state, 1500.0 if long else 40.0, 12 if long else 600) as (pid, fd):
+    ms = 1500.0 if long else 40.0
+    with _demo_in_a_terminal(state, ms, 12 if long else 600) as (pid, fd):
         _wait_for_commits(state, 5 if presses == 1 else 2)
         for _ in range(presses):
             os.write(fd, b"\x03")
@@ -182,8 +183,9 @@ def test_ctrl_c_in_a_terminal_drains_the_demo_and_a_second_one_stops_it(
     else:
         assert code == 130 and "resumes" in out, out[-3000:]
     _assert_job_gone(state)
-    again = demo(state, "--no-faults", "--items", "600")  # resumes where it stopped
-    assert again.returncode == 0, again.stderr[-3000:]
+    # resumes where it stopped, with the same items (another --ms is another payload: U11)
+    again = demo(state, "--no-faults", "--items", "12" if long else "600", "--ms", str(ms))
+    assert again.returncode == 0, again.stderr[-3000:] + again.stdout[-3000:]
     s = json.loads(again.stdout)
     assert (s["lost"], s["duplicate_commits"], s["epoch"]) == (0, 0, 2)
 
@@ -224,3 +226,16 @@ def _in_demo_job(pid: int, state: Path) -> bool:
     except OSError:
         return False
     return str(state).encode() in cmd and stat[0] != "Z"
+
+
+@pytest.mark.mpi
+def test_a_resume_with_other_options_names_the_changed_payload(tmp_path: Path) -> None:
+    """Another ``--ms`` changes every item's payload under its known work ID (U11): the resume
+    is refused, and the demo's error names the cause, not only Open MPI's abort notice."""
+    state = tmp_path / "s"
+    first = demo(state, "--no-faults", "--ms", "5")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = demo(state, "--no-faults", "--ms", "6")
+    assert again.returncode == 2, again.stdout[-3000:]
+    message = json.loads(again.stdout)["error"]["message"]
+    assert "ChangedPayloadError" in message and "demo-0000" in message, message

@@ -428,13 +428,17 @@ def _show(show: Callable[[dict[str, Any], int], None] | None, path: str, items: 
 
 
 def _last_error(log_path: str, keep: int = 8) -> list[str]:
-    """The last lines of an mpiexec log from the last traceback or error on (the master's own
-    message when it failed), at most ``keep``."""
+    """What went wrong, from an mpiexec log: the master's own error line (``master: Type: ...``)
+    when it logged one, else the last lines from the last traceback or error on, at most
+    ``keep``."""
     try:
         with open(log_path, errors="replace") as f:
-            lines = f.read().splitlines()[-400:]
+            lines = f.read().replace("\0", "").splitlines()[-400:]
     except OSError:
         return []
+    own = [x for x in lines if x.startswith("master: ")]
+    if own:  # Open MPI's abort notice comes after it and says nothing of the cause
+        return own[-1:]
     marks = [i for i, x in enumerate(lines) if x.startswith("Traceback") or "Error" in x]
     start = marks[-1] if marks else len(lines) - keep
     return [x for x in lines[max(0, start) :][-keep:] if x.strip()]

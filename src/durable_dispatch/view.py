@@ -71,6 +71,9 @@ class CampaignView:
         storage: ``"OK"``, or ``"DEGRADED"`` with the journals that hold records in memory only
             (as the master last published; None when it never did).
         commits_in_memory: commits accepted while the journal was degraded (not durable yet).
+        storage_stalls: fsyncs of the newest master's run that took longer than the stall bound
+            (``storage_stalls.bound_seconds`` in ``master_statistics``, 5 s), ongoing ones included.
+        longest_stall_seconds: the longest of those so far (0.0 when there was none).
         master_host: the host of the newest master (running or not; None if it never published).
         master_pid: its process ID.
         master_started: when it started (wall-clock seconds), or None.
@@ -106,6 +109,8 @@ class CampaignView:
     deadline_seconds: float | None = None
     storage: str | None = None
     commits_in_memory: int = 0
+    storage_stalls: int = 0
+    longest_stall_seconds: float = 0.0
     master_host: str | None = None
     master_pid: int | None = None
     master_started: float | None = None
@@ -153,6 +158,17 @@ def _storage(stats: Mapping[str, Any]) -> str | None:
             pending = h.get("pending") or 0
             bad.append(f"{name} ({pending} records in memory)" if pending else name)
     return "OK" if not bad else "DEGRADED: " + ", ".join(bad)
+
+
+def _stalls(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """``storage_stalls`` and ``longest_stall_seconds`` from the published statistics."""
+    s = stats.get("storage_stalls")
+    if not isinstance(s, Mapping):
+        return {}
+    count = int(s["count"]) if type(s.get("count")) is int else 0
+    ongoing = _num(s.get("ongoing_seconds")) or 0.0
+    longest = max(_num(s.get("longest_seconds")) or 0.0, ongoing)
+    return {"storage_stalls": count + (1 if ongoing else 0), "longest_stall_seconds": longest}
 
 
 def campaign_view(
@@ -239,6 +255,7 @@ def campaign_view(
         deadline_seconds=gauge("watchdog_deadline_now"),
         storage=_storage(stats),
         commits_in_memory=int(stats.get("commits_in_memory") or 0),
+        **_stalls(stats),
         master_host=live.get("host") if isinstance(live.get("host"), str) else None,
         master_pid=live.get("pid") if type(live.get("pid")) is int else None,
         master_started=started,

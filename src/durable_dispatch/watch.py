@@ -97,6 +97,11 @@ def stats_text(view: CampaignView, master_stats: Mapping[str, Any], verbose: boo
     storage = view.storage or "- (no statistics published)"
     if view.commits_in_memory:
         storage += f", {view.commits_in_memory} commits in memory only"
+    if view.storage_stalls:
+        storage += (
+            f", {view.storage_stalls} fsync stall(s) over the bound,"
+            f" longest {view.longest_stall_seconds:.1f}s"
+        )
     rows = [
         ("campaign", f"{view.directory} (epoch {view.epoch})"),
         ("state", _state_line(view)),

@@ -405,8 +405,8 @@ class DurableExecutor(Executor):
 
     @property
     def num_workers(self) -> int:
-        """How many worker ranks serve this executor: 0 once it is shut down or broken (as
-        mpi4py's)."""
+        """The number of worker ranks serving this executor, 0 once it is shut down or broken
+        (as mpi4py's)."""
         if self._shut or self._broken is not None:
             return 0
         return self._workers
