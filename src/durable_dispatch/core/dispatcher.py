@@ -398,15 +398,7 @@ class Dispatcher(Rollbacks, Views):
             for item in (*(w for w, _ in failed), *dups):
                 self._unlease(item, tx.token)
             tx.items = tuple(keep)
-        for item, bad in failed:
-            self._n.invalid_result_rollbacks += 1
-            out.append(
-                self._retry_or_defer(item, tx.token, SOURCE_INVALID_RESULT, bad.kind, bad.reason)
-            )
-        if failed:
-            out.append(
-                self._require_snapshot(f"items of {tx.token} failed ({SOURCE_INVALID_RESULT})")
-            )
+        out += self._items_failed(tx.token, failed)
         for _ in dups:
             self._n.duplicate_commits_ignored += 1
             out += self._quarantine(
@@ -467,15 +459,24 @@ class Dispatcher(Rollbacks, Views):
         leaving = set(work_ids)
         tx.ahead += tuple([mine[w] for w in work_ids])
         tx.items = tuple([w for w in tx.items if w.work_id not in leaving])
-        for item, bad in failed:
+        for item, _bad in failed:
             self._unlease(item, tx.token)
+        return out + self._items_failed(tx.token, failed)
+
+    def _items_failed(
+        self, token: Token, failed: list[tuple[WorkItem, ItemFailure]]
+    ) -> list[Decision]:
+        """Retry or defer each unleased item that failed inside a RESULT or a part of one (its
+        function raised, its value was refused), then require a snapshot, as one rollback."""
+        out: list[Decision] = []
+        for item, bad in failed:
             self._n.invalid_result_rollbacks += 1
             out.append(
-                self._retry_or_defer(item, tx.token, SOURCE_INVALID_RESULT, bad.kind, bad.reason)
+                self._retry_or_defer(item, token, SOURCE_INVALID_RESULT, bad.kind, bad.reason)
             )
         if failed:
             out.append(
-                self._require_snapshot(f"items of {tx.token} failed ({SOURCE_INVALID_RESULT})")
+                self._require_snapshot(f"items of {token} failed ({SOURCE_INVALID_RESULT})")
             )
         return out
 
