@@ -411,4 +411,4 @@ def test_a_record_cannot_make_a_newcomer_wait_past_the_largest_bound(
     c = owner.claim(d, stale=1.0, sleep=sleep)
     monkeypatch.undo()
     c.release()
-    assert sum(waited) <= 3600.0
+    assert sum(waited) <= 3600.0 + 1e-6  # the virtual clock's float steps, not a real wait
