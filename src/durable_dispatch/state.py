@@ -59,7 +59,7 @@ from .core import (
     WatchdogConfig,
     WorkItem,
 )
-from .core.events import EpochStarted, Submitted, encode
+from .core.events import EpochStarted, Submitted, WorkerHost, encode
 from .core.indexed import DIGEST_BYTES, payload_digests
 from .core.ledger import Ledger
 from .core.ranks import RankState
@@ -177,6 +177,7 @@ class CampaignState(Delivery):
         self._opened_at = time.time()
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck_since: float | None = None  # since when every live worker is parked
+        self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
 
     @classmethod
     def open(
@@ -401,6 +402,17 @@ class CampaignState(Delivery):
     def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
         """A READY from ``rank``; see :meth:`Dispatcher.on_ready`."""
         return self._apply(self.core.on_ready(rank, token, now), self._on_commit)
+
+    def note_host(self, rank: int, host: str) -> None:
+        """Worker ``rank`` runs on ``host`` (its first READY said so): journaled once per rank
+        per run (a ``host`` event, for the joblog's host column). The record goes with the
+        journal's next flush (the loop does not wait for it): a crash before it loses only the
+        name, and the rank's dispatches, journaled after it, cannot become durable without it
+        (one journal, in order)."""
+        if self._hosts.get(rank) == host:
+            return
+        self._hosts[rank] = host
+        self.journal.append(encode(WorkerHost(rank, host, time.time())))
 
     def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
         """A HEARTBEAT from ``rank``; see :meth:`Dispatcher.on_heartbeat`."""
