@@ -408,3 +408,31 @@ def test_commit_and_children_crash_states(tally: Tally, tmp_path: Path) -> None:
 
     run_states(tally, tmp_path, root, ops, check, seed=31, every=2, at_least=200)
     assert not tally.violations, tally.violations[:5]
+
+
+def test_a_fresh_state_keeps_every_acknowledged_commit_at_every_crash_point(
+    tally: Tally, tmp_path: Path
+) -> None:
+    """Issue 49: the journals a fresh open creates share one directory fsync, and a new
+    journal's header is fsynced with its first record, not alone. At every crash point (with
+    and without the names no directory fsync covered), the state opens, and every commit
+    handed to the callback before that point is committed in it. Without the shared directory
+    fsync and the pending one a journal's first fsync does, the journals' names are never
+    durable and the acknowledged commits are lost."""
+    root = tmp_path / "fresh"
+    acked: list[tuple[int, str]] = []  # (op index at the callback, work ID)
+    with record() as ops:
+        s = CampaignState.open(root, ranks=(1, 2), watchdog=WatchdogConfig(3))
+        s.submit([WorkItem(f"w{i}", {"i": i}) for i in range(10)])
+        fake_campaign(s, on_commit=lambda c: acked.append((len(ops), c.work_id)))
+        s.close()
+    assert len(acked) == 10
+
+    def check(d: Path, k: int) -> tuple[bool, str]:
+        with CampaignState.open(d, ranks=(1,)) as s2:
+            committed = set(s2.core.committed())
+        missing = {w for kk, w in acked if kk <= k} - committed
+        return not missing, f"acknowledged commits lost: {sorted(missing)[:5]}"
+
+    run_states(tally, tmp_path, root, ops, check, seed=49, every=1, at_least=100)
+    assert not tally.violations, tally.violations[:5]

@@ -16,6 +16,7 @@ from durable_dispatch.core.events import (
     Requeued,
     RequeuedDeferred,
     Submitted,
+    WorkerHost,
     check_event,
     decode,
     encode,
@@ -36,6 +37,7 @@ SAMPLES = [
     Deferred("a", T, "invalid-result", 3, ("error", "error", "timeout"), "boom"),
     RequeuedDeferred("a"),
     Delivered(41),
+    WorkerHost(2, "node-7", 12.5),
 ]
 
 

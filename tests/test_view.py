@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -433,8 +434,10 @@ def test_the_joblog_lists_every_item_with_its_tries_failure_start_and_rank(
         "started",
         "seconds",
         "rank",
+        "host",
         "call",
     }
+    assert all(r["host"] is None for r in rows)  # (no worker here named its host)
     deferred = [r for r in rows if r["status"] == "deferred"]
     assert deferred and all(r["last_failure_kind"] == "timeout" for r in deferred)
     assert all(r["tries"] == 1 and r["last_failure"] for r in deferred)
@@ -449,6 +452,68 @@ def test_the_joblog_lists_every_item_with_its_tries_failure_start_and_rank(
         if a["status"] != "committed":  # but the times of dispatches that did not commit
             a = {**a, "started": None, "seconds": None, "rank": None}
         assert a == b
+
+
+def test_the_joblog_names_the_host_of_the_rank_that_ran_each_item_across_runs_and_compact(
+    tmp_path: Path,
+) -> None:
+    """Issue 46: the joblog had a rank but no host (workers never said where they run). Each
+    worker's first READY names its host; the master journals it once per rank per run; the
+    joblog shows the host of the rank of each item's newest dispatch, in that run (a rank may
+    run on another node in the next run), and compaction keeps it for committed items."""
+    from durable_dispatch.core.events import check_event
+    from durable_dispatch.mpi import run_master
+    from durable_dispatch.storage.journal import read_journal
+    from durable_dispatch.testing import LocalWorkers
+
+    d = tmp_path / "state"
+    first = {1: "node-a", 2: "node-b"}
+    items = [WorkItem(f"w{i:02d}", i) for i in range(12)]
+    r = run_master(items[:6], d, comm=LocalWorkers(abs, 2, hosts=first), linger=0)
+    assert r.finished
+    run_master(items, d, comm=LocalWorkers(abs, 2, hosts={1: "node-c", 2: "node-d"}), linger=0)
+    hosts = [rec.payload for rec in read_journal(d / "events.jsonl")]
+    hosts = [p for p in hosts if p["event"] == "host"]
+    for p in hosts:
+        check_event(p)  # (schema-checked: S11)
+    assert [(p["rank"], p["host"]) for p in hosts] == [
+        (1, "node-a"),
+        (2, "node-b"),
+        (1, "node-c"),
+        (2, "node-d"),
+    ]  # once per rank per run
+    rows = [json.loads(x) for x in cli("joblog", str(d), "--jsonl")[1].splitlines()]
+    assert len(rows) == 12 and all(x["status"] == "committed" for x in rows)
+    by_run = {"w00": first, "w11": {1: "node-c", 2: "node-d"}}
+    for row in rows:
+        if row["work_id"] in by_run:
+            assert row["host"] == by_run[row["work_id"]][row["rank"]], row
+        assert row["host"] in ("node-a", "node-b", "node-c", "node-d")
+    runs = {x["work_id"]: x["host"] for x in rows}
+    assert {runs[f"w{i:02d}"] for i in range(6)} <= {"node-a", "node-b"}
+    assert {runs[f"w{i:02d}"] for i in range(6, 12)} <= {"node-c", "node-d"}
+    code, table, _ = cli("joblog", str(d))
+    assert code == 0 and "host" in table.splitlines()[0]
+    assert all(f" {runs[line.split()[0]]} " in line for line in table.splitlines()[1:])
+    assert json.loads(cli("joblog", str(d), "--json")[1]) == rows
+    compact_state(d)  # the host moves with each result
+    assert [json.loads(x) for x in cli("joblog", str(d), "--jsonl")[1].splitlines()] == rows
+
+
+@pytest.mark.mpi
+def test_under_mpiexec_each_worker_names_its_host_in_the_joblog(tmp_path: Path) -> None:
+    """The real worker loop (run_worker) sends its host name in its first READY."""
+    import socket
+
+    from .helpers import run_demo
+
+    d = tmp_path / "state"
+    res, summary = run_demo(d, "--items", "12", "--ms", "5", "--watchdog", "60", n=3)
+    assert not res.timed_out and summary is not None, res.stderr[-3000:]
+    rows = [json.loads(x) for x in cli("joblog", str(d), "--jsonl")[1].splitlines()]
+    assert len(rows) == 12 and {x["rank"] for x in rows} <= {1, 2}
+    assert all(x["status"] == "committed" for x in rows)
+    assert {x["host"] for x in rows} == {socket.gethostname()}
 
 
 def test_a_futures_call_shows_its_function_and_arguments_never_unpickled(

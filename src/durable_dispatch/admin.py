@@ -318,6 +318,7 @@ class _ResultsMover:
     def __init__(self, d: str) -> None:
         self.moved = -1
         self.sent: dict[Any, Any] = {}  # token -> time of its dispatch, while in flight
+        self.hosts: dict[Any, Any] = {}  # rank -> its host in the current run (``host`` events)
 
         def last(batch: RawBatch) -> None:
             for payload in _decoded(batch, self.path):
@@ -336,11 +337,17 @@ class _ResultsMover:
             self.sent[ev.get("token")] = ev.get("ts")
         elif kind == "epoch":
             self.sent.clear()  # (only the dispatches in flight are kept: the live set)
+            self.hosts.clear()
+        elif kind == "host":  # the rank's host goes with its results (the joblog's "host")
+            self.hosts[ev.get("rank")] = ev.get("host")
         elif kind in ("requeued", "deferred"):
             self.sent.pop(ev.get("token"), None)
         if seq > self.moved and kind == "committed":
             started = self.sent.pop(ev.get("token"), None)
             extra = {"started": started} if started is not None else {}
+            host = self.hosts.get(ev.get("rank"))
+            if host is not None:
+                extra["host"] = host
             self.journal.append({**ev, "event": "result", "seq": seq, **extra})
             self.moved = seq
 

@@ -271,8 +271,8 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def cmd_joblog(args: argparse.Namespace) -> int:
-    """One line per work item: status, tries, last failure, start, duration, rank and what it
-    runs (GNU parallel's --joblog); read-only, safe beside a running master."""
+    """One line per work item: status, tries, last failure, start, duration, rank, host and
+    what it runs (GNU parallel's --joblog); read-only, safe beside a running master."""
     import datetime
 
     from .results import read_joblog
@@ -294,7 +294,10 @@ def cmd_joblog(args: argparse.Namespace) -> int:
             return "-"
         return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%H:%M:%S")
 
-    head = f"{'work ID':<24} {'status':<9} {'tries':>5} {'started':>8} {'seconds':>8} {'rank':>4}"
+    head = (
+        f"{'work ID':<24} {'status':<9} {'tries':>5} {'started':>8} {'seconds':>8} {'rank':>4} "
+        f"{'host':<16}"
+    )
     print(f"{head}  last failure / call")
     n = 0
     for r in rows:
@@ -303,9 +306,10 @@ def cmd_joblog(args: argparse.Namespace) -> int:
         tail = fail or (r.call or "")
         tail = tail if len(tail) <= 70 else tail[:67] + "..."
         rank = "-" if r.rank is None else str(r.rank)
+        host = "-" if r.host is None else r.host if len(r.host) <= 16 else r.host[:15] + "~"
         print(
             f"{r.work_id:<24} {r.status:<9} {r.tries:>5} {when(r.started):>8} {secs:>8} "
-            f"{rank:>4}  {tail}"
+            f"{rank:>4} {host:<16}  {tail}"
         )
         n += 1
     if not n:
@@ -560,7 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
         "joblog",
         cmd_joblog,
         "one line per work item: status (committed, deferred, pending, in flight), tries, last "
-        "failure, start time (UTC), seconds, rank, and what it runs (a futures call as "
+        "failure, start time (UTC), seconds, rank, host, and what it runs (a futures call as "
         "function(arguments)); read-only",
         "durable-dispatch joblog state/ --status deferred --jsonl | jq .last_failure",
     )

@@ -37,7 +37,8 @@ class Attempt:
     """One dispatch: ``work_ids`` sent to ``rank`` under ``token`` at ``start``; it ended at
     ``end`` (None while in flight) with ``outcome``: :data:`COMMITTED`, a failure kind
     (``timeout``, ``crash``, ``error`` ...), ``batch split``, :data:`INTERRUPTED` or
-    :data:`IN_FLIGHT`; ``error`` is the failure's text."""
+    :data:`IN_FLIGHT`; ``error`` is the failure's text; ``host`` the host its rank named in
+    that run's first READY (None: not recorded, as by a version before the joblog's host)."""
 
     work_ids: tuple[str, ...]
     rank: int | None
@@ -49,6 +50,7 @@ class Attempt:
     error: str | None = None
     open_items: int = 0
     failed: str | None = None
+    host: str | None = None
 
     def seconds(self, now: float) -> float | None:
         """How long it ran (until ``now`` while in flight), or None without a start time."""
@@ -152,6 +154,7 @@ class _Builder:
         self.open: dict[str, Attempt] = {}
         self.parked: dict[int, float] = {}
         self.done: set[str] = set()
+        self.hosts: dict[int, str] = {}  # rank -> host, in the current run
 
     def _touch(self, epoch: int, ts: float) -> None:
         run = self.runs.get(epoch)
@@ -183,6 +186,7 @@ class _Builder:
             self._end_run(self.epoch)
             self.epoch = int(p.get("epoch") or 0)
             self._touch(self.epoch, ts)
+            self.hosts.clear()
             return
         # A record belongs to the run that wrote it: the current one. Only a result moved by a
         # compaction whose run's records were folded takes its run from its token.
@@ -191,6 +195,7 @@ class _Builder:
             ids = _ids(p)
             rank = p.get("rank") if type(p.get("rank")) is int else None
             att = Attempt(ids, rank, str(token), epoch, ts, open_items=len(ids))
+            att.host = self.hosts.get(rank) if rank is not None else None
             self.h.attempts.append(att)
             self.open[str(token)] = att
             for w in ids:
@@ -210,6 +215,7 @@ class _Builder:
                 rank = p.get("rank") if type(p.get("rank")) is int else None
                 att = Attempt(ids, rank, token, epoch, _num(p.get("started")), ts)
                 att.outcome = COMMITTED
+                att.host = p["host"] if isinstance(p.get("host"), str) else None
                 self.h.attempts.append(att)
                 for w in ids:
                     self.h.last[w] = att
@@ -242,6 +248,10 @@ class _Builder:
                 self._close(att, 1, ts, why, error)
         elif kind == "requeued_deferred":
             self.h.deferred_changes.append((ts, -1))
+        elif kind == "host":
+            rank, host = p.get("rank"), p.get("host")
+            if type(rank) is int and isinstance(host, str):
+                self.hosts[rank] = host
 
     def _close(self, att: Attempt, n: int, ts: float, outcome: str, error: str | None) -> None:
         """``n`` items of ``att`` ended at ``ts`` with ``outcome``; a failed item marks the

@@ -157,7 +157,7 @@ def report_series(directory: str | os.PathLike[str], *, now: float | None = None
     ``[[from, to, outcome], ...]``), ``failures`` (items that failed: ``{"work_id", "status",
     "failures", "kinds", "last_error"}``), ``deferred_items`` (the same for deferred items),
     ``slowest`` (the 10 longest attempts, in flight and failed ones included: ``{"work_id",
-    "seconds", "rank", "outcome"}``).
+    "seconds", "rank", "host", "outcome"}``; ``host`` None when not recorded).
     """
     from .admin import view_state
     from .view import view_of_state
@@ -295,6 +295,7 @@ def _slowest(h: History, n: int = 10) -> list[dict[str, Any]]:
                 "work_id": ids[0] + (f" (+{len(ids) - 1})" if len(ids) > 1 else ""),
                 "seconds": round(s, 3),
                 "rank": a.rank,
+                "host": a.host,
                 "outcome": a.outcome,
             }
         )
@@ -594,8 +595,8 @@ def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str
     deferred_rows = [
         [r["work_id"], r["failures"], r["kinds"], r["last_error"]] for r in deferred[:_TABLE_MAX]
     ]
-    slow_rows = [[r["work_id"], f"{r['seconds']:.3f}", r["rank"], r["outcome"]] for r in
-                 series["slowest"]]  # fmt: skip
+    slow_rows = [[r["work_id"], f"{r['seconds']:.3f}", r["rank"], r["host"] or "-", r["outcome"]]
+                 for r in series["slowest"]]  # fmt: skip
     axis_note = (
         '<p class="legend">Time axis: elapsed time since the first run started '
         f"({html.escape(_when(series['start']))}); grey bands: no master running.</p>"
@@ -644,7 +645,9 @@ def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str
             "None deferred.",
         ),
         "<h2>The slowest attempts (dispatch to end; in flight ones until now)</h2>",
-        _table(["work ID", "seconds", "rank", "outcome"], slow_rows, len(slow_rows), "None."),
+        _table(
+            ["work ID", "seconds", "rank", "host", "outcome"], slow_rows, len(slow_rows), "None."
+        ),
     ]
     style = (
         "body{font-family:sans-serif;margin:24px;color:#222;max-width:820px}"

@@ -244,6 +244,8 @@ class JobRow:
             of it is left (a state written before this version, or compacted by one).
         seconds: how long its newest dispatch ran (until now while in flight), or None.
         rank: the rank that ran its newest dispatch, or None.
+        host: the host of that rank (what its worker named in that run's first READY), or
+            None when not recorded (a state written before this version, or a worker of one).
         call: what it runs, as text: a futures call's ``function(arguments)`` (a preview stored
             at submit; never unpickled), else its payload as JSON, cut at 100 characters.
     """
@@ -256,6 +258,7 @@ class JobRow:
     started: float | None
     seconds: float | None
     rank: int | None
+    host: str | None
     call: str | None
 
     def as_dict(self) -> dict[str, Any]:
@@ -304,7 +307,7 @@ def _ledger_payload(led: Any, wid: str) -> Any:
 def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) -> Iterator[JobRow]:
     """One :class:`JobRow` per work item, in submission order; read-only, safe beside a
     running master. Status, tries and failures come from the campaign's one view of its state
-    (kept by compaction); start, duration and rank from the journals' history.
+    (kept by compaction); start, duration, rank and host from the journals' history.
 
     Raises:
         UsageError: not a state directory.
@@ -345,5 +348,6 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
             att.start if att is not None else None,
             round(s, 3) if att is not None and (s := att.seconds(t)) is not None else None,
             att.rank if att is not None else None,
+            att.host if att is not None else None,
             _call_text(payload),
         )

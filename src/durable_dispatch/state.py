@@ -59,7 +59,7 @@ from .core import (
     WatchdogConfig,
     WorkItem,
 )
-from .core.events import EpochStarted, Submitted, encode
+from .core.events import EpochStarted, Submitted, WorkerHost, encode
 from .core.indexed import DIGEST_BYTES, payload_digests
 from .core.ledger import Ledger
 from .core.ranks import RankState
@@ -171,12 +171,14 @@ class CampaignState(Delivery):
         #: called with each :class:`Defer` once the defer journal took it (or kept it in
         #: memory): the item's retries are spent (the futures executor fails its future)
         self.on_defer: Callable[[Defer], None] | None = None
-        self._live = SnapshotStore(directory, name=LIVE_STATS_NAME, keep=2)
+        # a display, not state: atomic, not fsynced (issue 49; readers take damage as "none")
+        self._live = SnapshotStore(directory, name=LIVE_STATS_NAME, keep=2, durable=False)
         self._publisher = BackgroundSaver(self._live)  # off the master's thread (issue 49)
         self._live_at = -STATS_SECONDS  # monotonic time of the last publication
         self._opened_at = time.time()
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck_since: float | None = None  # since when every live worker is parked
+        self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
 
     @classmethod
     def open(
@@ -210,7 +212,8 @@ class CampaignState(Delivery):
         never counted against an item's deadline.
 
         In-flight dispatches from a previous run are rolled back to the front of the frontier
-        without charging a retry, and a snapshot is written before anything is dispatched.
+        without charging a retry, and then a snapshot is written before anything is dispatched
+        (S8; an open that rolled nothing back writes none: the journal holds its epoch).
 
         Raises:
             LockHeldError: another master holds the directory.
@@ -228,12 +231,15 @@ class CampaignState(Delivery):
             snapshots, snap = _load_snapshot(d, keep_snapshots)
             base = snap.value if snap is not None else {}
             with paused_gc(opening) as block:
+                # issue 49: the journals this open creates share one directory fsync (below)
+                kw = {"dir_sync": False, **dict(journal_options or {})}
                 journal, store, proj, n, stored = _open_and_fold(
-                    os.path.join(d, STATE_JOURNAL), base, sync=sync, **dict(journal_options or {})
+                    os.path.join(d, STATE_JOURNAL), base, sync=sync, **kw
                 )
                 block.items = len(proj.items)
+            defer = DeferJournal.open(d, dir_sync=False)
+            _sync_created(d, (journal, store, defer.journal))
             covered = _reconcile_store(journal, store, proj, stored)
-            defer = DeferJournal.open(d)
             epoch = proj.epoch + 1
             core, restarts = Dispatcher.restore(
                 proj, epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks, starting=starting
@@ -267,8 +273,11 @@ class CampaignState(Delivery):
             _holders.add(id(st))
         r = journal.append(encode(EpochStarted(epoch, time.time())))
         st._durable(r.seq)
-        st._apply(restarts)
-        st._save_snapshot(f"start of epoch {epoch}")
+        if restarts:  # S8: the rollbacks are folded before the first dispatch
+            st._apply(restarts)
+            st._save_snapshot(f"start of epoch {epoch}")
+        # else no snapshot: nothing was rolled back, and the journal holds the epoch (issue 49:
+        # it cost two fsyncs and a directory scan at every open, a fresh one included)
         _resources.register(st)
         if on_commit is not None:
             try:
@@ -401,6 +410,17 @@ class CampaignState(Delivery):
     def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
         """A READY from ``rank``; see :meth:`Dispatcher.on_ready`."""
         return self._apply(self.core.on_ready(rank, token, now), self._on_commit)
+
+    def note_host(self, rank: int, host: str) -> None:
+        """Worker ``rank`` runs on ``host`` (its first READY said so): journaled once per rank
+        per run (a ``host`` event, for the joblog's host column). The record goes with the
+        journal's next flush (the loop does not wait for it): a crash before it loses only the
+        name, and the rank's dispatches, journaled after it, cannot become durable without it
+        (one journal, in order)."""
+        if self._hosts.get(rank) == host:
+            return
+        self._hosts[rank] = host
+        self.journal.append(encode(WorkerHost(rank, host, time.time())))
 
     def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
         """A HEARTBEAT from ``rank``; see :meth:`Dispatcher.on_heartbeat`."""
@@ -666,6 +686,20 @@ class CampaignState(Delivery):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _sync_created(d: str, journals: Iterable[Journal]) -> None:
+    """One directory fsync for the journals an open created in ``d`` (instead of one each,
+    issue 49). If it fails, each keeps its own: its first fsync does the directory's (S1)."""
+    created = [j for j in journals if j.recovery.created]
+    if not created:
+        return
+    try:
+        _fs.fsync_dir(d)
+    except OSError:
+        return
+    for j in created:
+        j.directory_synced()
 
 
 def _closing_error(failed: list[BaseException]) -> BaseException:

@@ -19,6 +19,8 @@ event (``"event"``)    what it records
 ``deferred``           an item ran out of retries and was set aside for an operator
 ``requeued_deferred``  an operator put a deferred item back at the end of the frontier
 ``delivered``          every commit journaled up to ``upto`` was handed to the callback (U6)
+``host``               the worker ``rank`` of this run said it runs on ``host`` (the joblog's
+                       host column; no effect on the ledger; a journal without it reads)
 =====================  ==================================================================
 
 :func:`decode` checks a record against its event's schema (S11, :func:`check_event`) and raises
@@ -60,6 +62,7 @@ __all__ = [
     "Deferred",
     "RequeuedDeferred",
     "Delivered",
+    "WorkerHost",
     "encode",
     "decode",
     "check_event",
@@ -417,6 +420,30 @@ class Delivered(_Event):
         return cls(rec["upto"])
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerHost(_Event):
+    """The worker ``rank`` of the current run said (in its first READY) that it runs on
+    ``host``; ``ts``: wall-clock seconds, informational. Journaled once per rank per run, for
+    the joblog's host column; it changes nothing in the ledger."""
+
+    NAME: ClassVar[str] = "host"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {"rank": is_int, "host": is_str}
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {"ts": is_num_or_none}
+
+    rank: int
+    host: str
+    ts: float | None = None
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        return {"event": "host", "rank": self.rank, "host": self.host, "ts": self.ts}
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> WorkerHost:
+        """The event of a checked record."""
+        return cls(rec["rank"], rec["host"], rec.get("ts"))
+
+
 Event = (
     EpochStarted
     | Submitted
@@ -426,6 +453,7 @@ Event = (
     | Deferred
     | RequeuedDeferred
     | Delivered
+    | WorkerHost
 )
 
 #: Every event class, in the order of the module docs' table.
@@ -438,6 +466,7 @@ EVENTS: tuple[type[Event], ...] = (
     Deferred,
     RequeuedDeferred,
     Delivered,
+    WorkerHost,
 )
 _BY_NAME: dict[str, type[Event]] = {c.NAME: c for c in EVENTS}
 

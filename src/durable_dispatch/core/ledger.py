@@ -46,6 +46,7 @@ from .events import (
     Requeued,
     RequeuedDeferred,
     Submitted,
+    WorkerHost,
     decode,
 )
 from .indexed import (
@@ -209,6 +210,9 @@ class Ledger:
 
     def _delivered(self, ev: Delivered) -> None:
         self.delivered = max(self.delivered, ev.upto)
+
+    def _worker_host(self, ev: WorkerHost) -> None:
+        """Where a rank runs is for the joblog (``history``): nothing of the ledger's."""
 
     def _submit(self, items: Sequence[WorkItem], first: int | None) -> None:
         """New items join the back of their priority's level of the frontier, numbered from
@@ -424,6 +428,7 @@ _APPLY: dict[type, Callable[[Ledger, Any], None]] = {
     EpochStarted: Ledger._epoch_started,
     RequeuedDeferred: Ledger._requeued_deferred,
     Delivered: Ledger._delivered,
+    WorkerHost: Ledger._worker_host,
 }
 
 

@@ -275,6 +275,8 @@ def run_master(
                 if ft:
                     _check_failures(link, state, lost, now)
                 # 1. READY and HEARTBEAT (and workers that said they are gone)
+                for rank, host in inbox.hosts:  # a worker's first READY: where it runs
+                    state.note_host(rank, host)
                 for rank, token in inbox.readies:
                     state.on_ready(rank, token, now)
                 for rank, token in inbox.beats:

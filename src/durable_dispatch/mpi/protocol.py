@@ -8,7 +8,7 @@ each worker's messages in the order it sent them (RESULT before its READY).
 | --- | --- | --- |
 | WORK | master -> worker | ``{"token", "items": [{"work_id", "payload", "attempt"}], ...}`` |
 | RESULT | worker -> master | ``{"token", "results": [...], "errors": {"<i>": {...}}}`` |
-| READY | worker -> master | ``{"token"}`` (``null`` when the worker starts) |
+| READY | worker -> master | ``{"token"}`` (``null`` when the worker starts; then also ``"host"``) |
 | HEARTBEAT | worker -> master | ``{"token"}`` |
 | STOP | master -> worker | ``{}`` |
 | GONE | worker -> master | ``{"error"}``: the worker failed (at start, or in its loop) and ends |
@@ -22,6 +22,10 @@ worker could not do, each with its failure kind (``error``, ``crash``, ``result-
 RESULT ``{"token", "error", "kind"}`` reports that the whole dispatch failed (``kind`` is
 ``timeout`` when an isolating worker killed it at its deadline; without ``kind`` it counts as a
 malformed RESULT).
+
+A worker's first READY (``token`` null) names its host (``"host"``: ``socket.gethostname()``);
+the master journals it once per rank per run, for the joblog. A READY without it (a worker of an
+earlier version) is as good: its rank's host is unknown.
 
 A WORK message with ``"ahead": true`` (the master sends it under ``batch="auto"``) lets the
 worker send the outcomes of some of its items ahead of its RESULT, when they would otherwise
@@ -143,6 +147,7 @@ class Inbox:
         parts: ``(rank, token, work_ids, results, errors)`` of each RESULT sent ahead for some
             items of a dispatch (the arguments of ``on_part``); a rank's parts come before its
             RESULT for the same dispatch, so the loop hands them over first.
+        hosts: ``(rank, host)`` of each READY that named its host (a worker's first).
     """
 
     readies: list[tuple[int, Any]] = field(default_factory=list)
@@ -150,6 +155,7 @@ class Inbox:
     results: list[tuple[int, Any, Any, Any, Any]] = field(default_factory=list)
     gone: list[tuple[int, str]] = field(default_factory=list)
     parts: list[tuple[int, Any, Any, Any, Any]] = field(default_factory=list)
+    hosts: list[tuple[int, str]] = field(default_factory=list)
 
 
 def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
@@ -161,6 +167,8 @@ def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
         token = body.get("token") if body is not None else BAD
         if tag == READY:
             inbox.readies.append((src, token))
+            if body is not None and type(host := body.get("host")) is str and host:
+                inbox.hosts.append((src, host[:255]))
         elif tag == HEARTBEAT:
             inbox.beats.append((src, token))
         elif tag == RESULT:

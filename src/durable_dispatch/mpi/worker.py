@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -357,7 +358,8 @@ def _run(
             runner = IsolatedRunner(fn, mode, max_result, memory_limit)
         else:
             runner = _InProcessRunner(fn, mode, max_result, poll)
-        link.send(P.READY, P.encode({"token": None}))  # up: the master may send work now
+        # up: the master may send work now (and journals the host for the joblog)
+        link.send(P.READY, P.encode({"token": None, "host": socket.gethostname()}))
         # U5: a batch system signals every task. The first signal is only noted (the item in
         # hand is finished, and the draining master sends STOP); copies of it within the
         # window are the same request (U10); a second request stops the worker.

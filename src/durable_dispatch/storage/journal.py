@@ -116,6 +116,7 @@ class Journal(Degradation):
         mode: int = 0o600,
         lock_timeout: float = 0.0,
         visit: Callable[[RawBatch], None] | None = None,
+        dir_sync: bool = True,
     ) -> Journal:
         """Open (creating if needed) and recover a journal, taking its writer lock.
 
@@ -138,6 +139,13 @@ class Journal(Degradation):
                 offsets, sequence numbers and payload JSON bytes, in order), so a caller that
                 needs every record reads the file once. Records after the first damage are not
                 visited: they are all seen only when ``journal.recovery.damage`` is empty.
+            dir_sync: False: a file this open creates is not fsynced yet, nor its directory: the
+                journal's first fsync of a record covers its header too, and then fsyncs the
+                directory (before anything counts as durable), unless the caller fsynced the
+                directory and said so with :meth:`directory_synced` (one directory fsync for
+                several journals created together, issue 49). A crash before that first fsync
+                leaves no file, an empty one or a torn header, each of which the next open
+                takes for a new journal (no record was durable, so none is lost).
 
         Returns:
             The open journal; ``journal.recovery`` reports what opening found and did, and
@@ -179,6 +187,7 @@ class Journal(Degradation):
             max_memory_bytes=max_memory_bytes,
             mode=mode,
         )
+        j._dir_sync = dir_sync
         j._start(recovery, lock_timeout, visit)
         resources.register(j)
         return j
@@ -313,8 +322,11 @@ class Journal(Degradation):
             self._file_exists = True
             hdr = self._header.frame()
             fs.write_all(fd, hdr)
-            fs.fsync(fd)
-            fs.fsync_dir(self._dir)
+            if self._dir_sync:
+                fs.fsync(fd)
+                fs.fsync_dir(self._dir)
+            else:  # the first fsync of a record covers the header, then the directory entry
+                self._dir_pending = True  # (unless the caller fsynced the directory)
             self._written = self._synced = self._header_len = len(hdr)
             self._durable_seq = self._next_seq - 1
             return
@@ -448,6 +460,13 @@ class Journal(Degradation):
                     pending=max(0, self._next_seq - 1 - self._durable_seq),
                 )
 
+    def directory_synced(self) -> None:
+        """The caller fsynced this journal's directory after the open that created the file
+        (opened with ``dir_sync=False``): its entry is durable, so its first fsync need not
+        fsync the directory. Say so only after that directory fsync returned."""
+        with self._io_lock:
+            self._dir_pending = False
+
     def sync_now(self) -> int:
         """Write and fsync everything appended so far; returns the durable sequence number.
 
@@ -494,6 +513,9 @@ class Journal(Degradation):
             if sync and self._unsynced:
                 try:
                     fs.fsync(fd)
+                    if self._dir_pending:  # a new file: its entry is durable first (S1)
+                        fs.fsync_dir(self._dir)
+                        self._dir_pending = False
                 except OSError as e:
                     self._degrade("fsync", e, [])
                     return True

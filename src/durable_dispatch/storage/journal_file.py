@@ -127,6 +127,10 @@ class JournalFile:
         self._file_exists = False
         self._flusher: threading.Thread | None = None
         self._file_read = False  # the file on disk was read, verified and repaired by this open
+        # a file this open created whose directory entry no fsync covers yet (dir_sync=False):
+        # the next fsync of the file does the directory's too, before anything counts durable
+        self._dir_pending = False
+        self._dir_sync = True  # Journal.open(dir_sync=...)
         self.recovery = RecoveryReport(mode=kw["recovery"])
         #: checked before each flush: the owner claim of the state directory (S13), or None
         self._guard: Callable[[], None] | None = None
@@ -242,6 +246,7 @@ class JournalFile:
         self._written = self._synced = prefix_end[0]
         try:
             fs.fsync_dir(self._dir)
+            self._dir_pending = False
         except BaseException:
             try:
                 fs.close(fd)

@@ -33,10 +33,13 @@ def replace_file(
     keep_open: bool = False,
     lock: bool = False,
     sync_dir: bool = True,
+    sync: bool = True,
 ) -> Replaced:
     """Write ``chunks`` to the new file ``tmp`` (it must not exist), fsync it and rename it over
     ``target``, then fsync the directory (unless ``sync_dir`` is False: the caller does, after it
-    switched to the new file).
+    switched to the new file). ``sync`` False: no fsync at all (neither the file nor the
+    directory): the replacement is atomic for readers and survives a crash of the process, not
+    a power loss (for files that are only a display, such as the master's statistics).
 
     ``lock`` takes the new file's inode lock (:func:`fs.lock_file`, S12) before it is renamed
     into place; ``keep_open`` returns its descriptors open (the caller owns them), else they are
@@ -58,7 +61,8 @@ def replace_file(
         for data in chunks:
             fs.write_all(new, data)
             size += len(data)
-        fs.fsync(new)
+        if sync:
+            fs.fsync(new)
         if not keep_open:  # a close that fails (NFS reports write errors there) fails it
             _close(inode_lock)
             fd = inode_lock = None
@@ -72,7 +76,7 @@ def replace_file(
             pass
         fs.will_become(tmp, None)
         raise
-    if sync_dir:
+    if sync_dir and sync:
         try:
             fs.fsync_dir(os.path.dirname(target) or ".")
         except BaseException:

@@ -10,9 +10,10 @@ generation that verifies and says when it had to fall back past a damaged newer 
 newest ``keep`` generations are kept; older ones are removed after a successful save.
 
 Durability contract: a generation returned by ``save`` has had its file and its directory entry
-fsynced. A failed save (the disk said EIO, ENOSPC, EDQUOT or EROFS) leaves every earlier
-generation untouched, keeps the value in memory (``unsaved``), turns ``health`` to ``DEGRADED`` and
-raises :class:`~durable_dispatch.errors.StorageDegradedError`; the next ``save`` tries again.
+fsynced (unless the store was made with ``durable=False``: then it is atomic, not durable). A
+failed save (the disk said EIO, ENOSPC, EDQUOT or EROFS) leaves every earlier generation
+untouched, keeps the value in memory (``unsaved``), turns ``health`` to ``DEGRADED`` and raises
+:class:`~durable_dispatch.errors.StorageDegradedError`; the next ``save`` tries again.
 """
 
 from __future__ import annotations
@@ -134,6 +135,10 @@ class SnapshotStore:
         name: the file name stem (letters, digits, ``_ . -``).
         keep: how many newest generations to keep (at least 1; keep 2+ to allow fallback).
         mode: permission bits of created files.
+        durable: False: a save is not fsynced (neither the file nor the directory); it is still
+            atomic for readers and survives a crash of the process, but a power loss may lose
+            it or leave it damaged (the reader then falls back to an older generation). For
+            values that are only a display, such as the master's statistics (issue 49).
     """
 
     def __init__(
@@ -142,6 +147,8 @@ class SnapshotStore:
         name: str = "snapshot",
         keep: int = 3,
         mode: int = 0o600,
+        *,
+        durable: bool = True,
     ) -> None:
         if not _NAME_RE.match(name):
             raise UsageError(f"snapshot name {name!r} must match {_NAME_RE.pattern}")
@@ -151,6 +158,7 @@ class SnapshotStore:
         self.name = name
         self.keep = keep
         self._mode = mode
+        self._durable = durable
         self._health = Health()
         self._unsaved: Any = None
         self._has_unsaved = False
@@ -237,7 +245,8 @@ class SnapshotStore:
 
     def _write(self, gen: int, body: bytes) -> None:
         tmp = os.path.join(self.directory, f".{self.name}.{gen}.{new_salt()}.tmp")
-        replace_file(self.path_of(gen), tmp, [encode_snapshot(gen, body)], self._mode)
+        data = [encode_snapshot(gen, body)]
+        replace_file(self.path_of(gen), tmp, data, self._mode, sync=self._durable)
 
     def _prune(self, newest: int, names: list[str]) -> None:
         """Remove generations older than the newest ``keep`` and stale temp files (best effort),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UsageError
@@ -148,6 +149,8 @@ class LocalWorkers:
         answer: ``answer(rank, token, work_ids)`` may return False to leave a WORK unanswered
             (a hung worker: the watchdog parks its rank), or ``"result-only"`` to send the
             RESULT without its READY; anything else answers normally.
+        hosts: the host name each rank's first READY names (rank -> name; a rank not in it
+            names this machine's, ``socket.gethostname()``), as workers on several nodes would.
 
     Attributes:
         log: every call the master made, in order: ``("receive", [(rank, TAG), ...])``,
@@ -162,7 +165,9 @@ class LocalWorkers:
         *,
         context: bool = False,
         answer: Any = None,
+        hosts: Mapping[int, str] | None = None,
     ) -> None:
+        import socket
         from collections import deque
 
         import orjson
@@ -182,8 +187,10 @@ class LocalWorkers:
         self.ulfm = False
         self.log: list[tuple[Any, ...]] = []
         self.stopped: list[int] = []
+        here, named = socket.gethostname(), dict(hosts or {})
         self._inbox: deque[tuple[int, int, bytes]] = deque(
-            (r, P.READY, P.encode({"token": None})) for r in range(1, self.size)
+            (r, P.READY, P.encode({"token": None, "host": named.get(r, here)}))
+            for r in range(1, self.size)
         )
 
     def receive(self, limit: int) -> list[tuple[int, int, bytes]]:
