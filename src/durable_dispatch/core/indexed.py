@@ -249,6 +249,7 @@ def store_form(item: WorkItem) -> Any:
         and not item.inputs
         and not item.self_contained
         and not item.priority
+        and not item.after
     ):
         return [item.work_id, item.payload]
     return item.to_json()
