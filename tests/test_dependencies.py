@@ -367,3 +367,26 @@ def test_a_dag_under_mpiexec_with_job_sigkills_commits_the_closure_once(tmp_path
     res = run_mpiexec(cmd, timeout=300)
     assert "REPORT True" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
     _check_dag(state)
+
+
+# --------------------------------------------------------------- the one view
+def test_stats_watch_report_and_joblog_show_waiting_items(tmp_path: Path) -> None:
+    from durable_dispatch.cli import main
+    from durable_dispatch.report import report_series
+    from durable_dispatch.results import read_joblog
+    from durable_dispatch.view import STOPPED, read_view
+    from durable_dispatch.watch import stats_text
+
+    state = tmp_path / "s"
+    with CampaignState.open(state) as st:
+        st.submit([WorkItem(f"c{i}", i, after=(f"c{i - 1}",) if i else ()) for i in range(5)])
+        assert st.core.statistics().waiting_now == 4
+    v = read_view(state)
+    assert (v.pending, v.waiting, v.work_items, v.state) == (1, 4, 5, STOPPED)
+    assert v.left == 5 and v.as_dict()["waiting"] == 4
+    assert any("4 waiting for dependencies" in line for line in stats_text(v, {}, False))
+    rows = {r.work_id: r.status for r in read_joblog(state)}
+    assert rows == {"c0": "pending", **{f"c{i}": "waiting" for i in range(1, 5)}}
+    assert main(["joblog", str(state), "--status", "waiting", "--jsonl"]) == 0
+    series = report_series(state)
+    assert series["view"]["waiting"] == 4

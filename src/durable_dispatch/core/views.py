@@ -118,6 +118,7 @@ class Views(DispatcherBase):
             in_flight_now=len(self.ledger.in_flight),
             pending_now=len(self.ledger.frontier),
             deferred_now=len(self.ledger.deferred),
+            waiting_now=len(self.ledger.waiting),
             auto_batch_now=self.auto_batch(),
             watchdog_enabled=self.watchdog.enabled,
             watchdog_seconds=self.watchdog.seconds,
