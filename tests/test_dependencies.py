@@ -23,7 +23,13 @@ from hypothesis import strategies as st
 
 from durable_dispatch import CampaignState, RetryPolicy, WorkItem
 from durable_dispatch.admin import requeue_deferred, view_state
-from durable_dispatch.core.events import Committed, Deferred, Dispatched, RequeuedDeferred, Submitted
+from durable_dispatch.core.events import (
+    Committed,
+    Deferred,
+    Dispatched,
+    RequeuedDeferred,
+    Submitted,
+)
 from durable_dispatch.core.ledger import Ledger
 from durable_dispatch.errors import UsageError
 from durable_dispatch.mpi import run_master

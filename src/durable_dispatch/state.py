@@ -345,6 +345,10 @@ class CampaignState(Delivery, Dependencies):
                 self._announce(new[:done], first, digests[: done * DIGEST_BYTES])
             raise
         self._announce(new, first, digests)
+        if self._has_after:  # G4: a new item that names a deferred item is deferred too
+            led = self.core.ledger
+            for dep in {d: None for w in new for d in w.after if d in led.deferred}:
+                self._apply(self.core.ended_without_commit(dep))
         return len(new)
 
     def _refuse_changed(self, again: list[WorkItem], new: list[WorkItem], digests: bytes) -> None:
