@@ -61,15 +61,19 @@ class Dependencies:
         refs: dict[str, int] = {}
         by = items._by  # (the stored forms: an item with ``after`` is stored as a dict)
         for v in by:
-            if v is None or (type(v) is list):
+            if v is None:
                 continue
-            after = v.after if type(v) is WorkItem else (v.get("after") if type(v) is dict else ())
+            t = type(v)
+            if t is list:
+                after = v[2] if len(v) == 3 else ()
+            else:
+                after = v.after if t is WorkItem else (v.get("after") if t is dict else ())
             for dep in after or ():
                 refs[dep] = refs.get(dep, 0) + 1
             if after:
                 self._has_after = True
         committed = led.committed
-        wanted = {d for d in refs if d in committed}
+        wanted = {d for d in refs if d in committed} if len(committed) else set()
         if not wanted:
             return
         for r in read_results(self.directory, wanted):

@@ -287,7 +287,7 @@ def _payloads(d: str) -> dict[str, Any]:
     if os.path.exists(path):
         for rec in read_journal(path, max_record_bytes=SUBMISSION_RECORD_BYTES):
             for it in rec.payload.get("items") or ():  # [work_id, payload] or an item's JSON
-                if type(it) is list and len(it) == 2 and isinstance(it[0], str):
+                if type(it) is list and len(it) in (2, 3) and isinstance(it[0], str):
                     out[it[0]] = it[1]
                 elif isinstance(it, dict) and isinstance(it.get("work_id"), str):
                     out[it["work_id"]] = it.get("payload")

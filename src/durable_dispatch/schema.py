@@ -110,7 +110,7 @@ def _item(v: Any) -> bool:
 
 def _after(v: Any) -> bool:
     """A work item's ``after`` member: absent, or a list of work IDs."""
-    return v is None or (type(v) is list and all(type(a) is str for a in v))
+    return v is None or (type(v) is list and set(map(type, v)) <= {str})
 
 
 def _token(v: Any) -> bool:

@@ -35,6 +35,7 @@ waiting, in flight, committed and deferred.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import (
     Callable,
     Collection,
@@ -44,7 +45,7 @@ from collections.abc import (
 )
 from typing import Any
 
-from ..schema import Invalid
+from ..schema import Invalid, is_work_item
 from ..tokens import Token
 from .decisions import WorkItem
 from .events import (
@@ -66,6 +67,7 @@ from .indexed import (
     Ids,
     Items,
     Runs,
+    _after_ids,
     payload_digests,
     stored_item,
     stored_payload_digests,
@@ -232,7 +234,8 @@ class Ledger:
         """Register ``wid`` under each of its ``after`` IDs not committed; True when there is
         one (it waits). Naming itself is a dependency that never commits (a cycle)."""
         n = 0
-        committed, dependents = self.committed, self.dependents
+        committed: Collection[str] = self.committed if len(self.committed) else ()
+        dependents = self.dependents
         for dep in dict.fromkeys(after):
             if dep not in committed:
                 n += 1
@@ -501,12 +504,27 @@ class Ledger:
         committed (a snapshot taken while their commits were delivered) goes to the frontier."""
         if not self.waiting and not self.deferred:
             return
-        index, items = self.ids.index, self.items
-        found = [w for w in self.waiting] + [w for w in self.deferred if items[w].after]
+        index, after_of = self.ids.index, self.items.after_of
+        found = [w for w in self.waiting] + [w for w in self.deferred if after_of(w)]
         found.sort(key=index.__getitem__)
+        # as _waits, item by item, with what it looks up hoisted (a reopen of 1M waiting items)
+        committed: Collection[str] = self.committed if len(self.committed) else ()
+        missing, dependents = self.missing, self.dependents
         for wid in found:
-            if not self._waits(wid, items[wid].after) and self.waiting.remove(wid):
-                self.frontier.append(wid, items[wid].priority)
+            after = after_of(wid)
+            n = 0
+            for dep in after if len(after) == 1 else dict.fromkeys(after):
+                if dep not in committed:
+                    n += 1
+                    held = dependents.get(dep)
+                    if held is None:
+                        dependents[dep] = [wid]
+                    else:
+                        held.append(wid)
+            if n:
+                missing[wid] = n
+            elif self.waiting.remove(wid):
+                self.frontier.append(wid, self.items[wid].priority)
 
     @classmethod
     def _common(cls, snap: Mapping[str, Any]) -> Ledger:
@@ -559,6 +577,10 @@ _APPLY: dict[type, Callable[[Ledger, Any], None]] = {
 
 def _first(v: Sequence[Any]) -> Any:
     return v[0]
+
+
+def _third(v: Sequence[Any]) -> Any:
+    return v[2]
 
 
 def _digest(ids: Ids, items: Sequence[WorkItem], start: int) -> None:
@@ -653,8 +675,9 @@ class LedgerLoader:
         led.ids.set_digests(first, stored_payload_digests(items) if digests is None else digests)
         ids, index, mine = led.ids.ids, led.ids.index, led.items
         if first < end <= size and where.count(where[first], first, end) == end - first:
-            if where[first] in (1, 3) and self._in_bulk(items, where[first] == 1):
-                return  # the usual record: every item pending (or committed), in the usual form
+            if where[first] in (1, 3, 5) and self._in_bulk(items, where[first] != 3):
+                return  # the usual record: every item pending, waiting or committed, in the
+                # usual form
         for i, item in enumerate(items, first):
             if item is None:
                 if i < size and where[i]:
@@ -666,8 +689,18 @@ class LedgerLoader:
             w = where[i]
             if not w:
                 continue
-            work = stored_item(item)
-            wid = work.work_id
+            if type(item) is dict and is_work_item(item):  # checked; built when first used
+                wid, work = item["work_id"], item
+            elif (
+                type(item) is list
+                and 2 <= len(item) <= 3
+                and type(item[0]) is str
+                and (len(item) == 2 or _after_ids(item[2]))
+            ):
+                wid, work = item[0], item
+            else:
+                work = stored_item(item)
+                wid = work.work_id
             if wid in index:
                 raise Invalid("work_id", f"{wid!r} is stored at two indices")
             ids[i] = wid
@@ -678,12 +711,22 @@ class LedgerLoader:
     def _in_bulk(self, items: Sequence[Any], pending: bool) -> bool:
         """Take a record whose items are all pending (or all committed: only their work IDs
         are kept) in bulk, in C-level passes with no Python step per item, when each is
-        ``[work_id, payload]``; False (nothing taken) otherwise, for the item-by-item path.
+        ``[work_id, payload]`` (or each ``[work_id, payload, after]``, G4); False (nothing
+        taken) otherwise, for the item-by-item path.
 
         Raises:
             schema.Invalid: a work ID is stored at two indices.
         """
-        if set(map(type, items)) != {list} or set(map(len, items)) != {2}:
+        if set(map(type, items)) != {list}:
+            return False
+        lens = set(map(len, items))
+        if lens == {3}:
+            afters = list(map(_third, items))
+            if set(map(type, afters)) != {list} or not set(
+                map(type, itertools.chain.from_iterable(afters))
+            ) <= {str}:
+                return False
+        elif lens != {2}:
             return False
         wids = list(map(_first, items))
         if set(map(type, wids)) != {str}:
