@@ -25,7 +25,8 @@ alternating between this tree and ``--base-tree DIR`` (a checkout of the base, e
 its time and peak memory; ``--priorities K`` gives the campaign-size cases K priorities in
 blocks (G2); ``--chains C`` makes them C chains (G4, issue 51: each item ``after`` the one
 before it in its chain, so all but C items wait) and prints the memory a waiting item costs
-beyond a queued one (the same campaign without ``after``, measured in the same run). ``--end-to-end N`` runs one campaign of N items to its end instead (submit, every item
+beyond a queued one (the same campaign without ``after``, measured in the same run).
+``--end-to-end N`` runs one campaign of N items to its end instead (submit, every item
 dispatched and committed in dispatches of 64, close, reopen) and prints its times and the
 process's peak memory. Not a test: nothing here asserts a time.
 """

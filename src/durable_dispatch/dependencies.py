@@ -86,9 +86,8 @@ class Dependencies:
         dependents, items, cache = led.dependents, led.items, self._dep_results
         for c in commits:
             wid = c.work_id
-            waiting = dependents.get(wid)
-            if waiting:
-                cache[wid] = [c.result, len(waiting)]
+            if wid in dependents:
+                cache[wid] = [c.result, len(led.dependents_of(wid))]
             item = items.get(wid)
             if item is not None and item.after:
                 self._forget_results(item.after)

@@ -96,7 +96,8 @@ class Ledger:
         missing: work ID (waiting, or deferred with kind ``"dependency"``) -> how many of its
             ``after`` IDs are not committed.
         dependents: a work ID not committed -> the items that name it in ``after`` and wait
-            for it (or were deferred for it), in submission order.
+            for it (or were deferred for it), in submission order: a work ID when there is one
+            (most chains: no list of its own), else a list (see :meth:`dependents_of`).
         released: work IDs that left the deferred set because their last missing dependency
             committed; the shell takes them (to resolve their defer-journal records).
         attempts, kinds, last_error: failures charged per work ID (count, kinds, last reason).
@@ -137,7 +138,7 @@ class Ledger:
         self.deferred: dict[str, WorkItem] = {}
         self.waiting = Frontier(self.ids)
         self.missing: dict[str, int] = {}
-        self.dependents: dict[str, list[str]] = {}
+        self.dependents: dict[str, str | list[str]] = {}
         self.released: list[str] = []
         self.attempts: dict[str, int] = {}
         self.kinds: dict[str, list[str]] = {}
@@ -205,9 +206,10 @@ class Ledger:
     def _release_dependents_of(self, wid: str) -> None:
         """``wid`` committed: each item waiting (or deferred) for it has one dependency less;
         those with none left go to the back of their level of the frontier."""
-        waiting = self.dependents.pop(wid, None)
-        if not waiting:
+        held = self.dependents.pop(wid, None)
+        if not held:
             return
+        waiting = (held,) if type(held) is str else held
         missing, items = self.missing, self.items
         for dep in waiting:
             n = missing.get(dep)
@@ -239,7 +241,13 @@ class Ledger:
         for dep in dict.fromkeys(after):
             if dep not in committed:
                 n += 1
-                dependents.setdefault(dep, []).append(wid)
+                held = dependents.get(dep)
+                if held is None:
+                    dependents[dep] = wid
+                elif type(held) is str:
+                    dependents[dep] = [held, wid]
+                else:
+                    held.append(wid)  # type: ignore[union-attr]
         if n:
             self.missing[wid] = n
         return n > 0
@@ -364,17 +372,24 @@ class Ledger:
         out: list[str] = []
         seen = {wid}
         todo = [wid]
-        waiting, dependents = self.waiting, self.dependents
+        waiting = self.waiting
         while todo:
             nxt: list[str] = []
             for w in todo:
-                for dep in dependents.get(w, ()):
+                for dep in self.dependents_of(w):
                     if dep not in seen and dep in waiting:
                         seen.add(dep)
                         out.append(dep)
                         nxt.append(dep)
             todo = nxt
         return out
+
+    def dependents_of(self, wid: str) -> Sequence[str]:
+        """The items registered as waiting (or deferred) for ``wid``, in submission order."""
+        held = self.dependents.get(wid)
+        if held is None:
+            return ()
+        return (held,) if type(held) is str else held
 
     def blocker(self, wid: str) -> str | None:
         """The first of ``wid``'s ``after`` IDs not committed, or None."""
@@ -518,9 +533,11 @@ class Ledger:
                     n += 1
                     held = dependents.get(dep)
                     if held is None:
-                        dependents[dep] = [wid]
+                        dependents[dep] = wid
+                    elif type(held) is str:
+                        dependents[dep] = [held, wid]
                     else:
-                        held.append(wid)
+                        held.append(wid)  # type: ignore[union-attr]
             if n:
                 missing[wid] = n
             elif self.waiting.remove(wid):
@@ -689,6 +706,7 @@ class LedgerLoader:
             w = where[i]
             if not w:
                 continue
+            work: Any
             if type(item) is dict and is_work_item(item):  # checked; built when first used
                 wid, work = item["work_id"], item
             elif (
@@ -706,7 +724,7 @@ class LedgerLoader:
             ids[i] = wid
             index[wid] = i
             if w != 3:  # committed: its work ID is all that is kept
-                mine[wid] = work
+                mine[wid] = work  # (a WorkItem, or its stored form: Items takes either)
 
     def _in_bulk(self, items: Sequence[Any], pending: bool) -> bool:
         """Take a record whose items are all pending (or all committed: only their work IDs
