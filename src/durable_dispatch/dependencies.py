@@ -35,6 +35,17 @@ log = logging.getLogger("durable_dispatch.state")
 DEPENDENCIES_BYTES = RESULT_RECORD_BYTES
 
 
+def items_after(v: Any) -> Any:
+    """The ``after`` of an item in the ledger's :class:`~durable_dispatch.core.indexed.Items`
+    (a work item, or its stored form)."""
+    t = type(v)
+    if t is list:
+        return v[2] if len(v) == 3 else ()
+    if t is WorkItem:
+        return v.after
+    return v.get("after") if t is dict else ()
+
+
 class Dependencies:
     """The results of dependencies, for :class:`~durable_dispatch.state.CampaignState`."""
 
@@ -60,6 +71,12 @@ class Dependencies:
         items = led.items
         refs: dict[str, int] = {}
         by = items._by  # (the stored forms: an item with ``after`` is stored as a dict)
+        if not len(led.committed):  # no result to load: only whether any item has after
+            self._has_after = bool(led.waiting) or any(
+                v is not None and (type(v) is not list or len(v) == 3) and items_after(v)
+                for v in by
+            )
+            return
         for v in by:
             if v is None:
                 continue

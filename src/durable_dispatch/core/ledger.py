@@ -520,13 +520,21 @@ class Ledger:
         if not self.waiting and not self.deferred:
             return
         index, after_of = self.ids.index, self.items.after_of
-        found = [w for w in self.waiting] + [w for w in self.deferred if after_of(w)]
-        found.sort(key=index.__getitem__)
+        found = [i for a, b in self.waiting.runs() for i in range(a, b)]
+        found += [index[w] for w in self.deferred if after_of(w)]
+        found.sort()
         # as _waits, item by item, with what it looks up hoisted (a reopen of 1M waiting items)
         committed: Collection[str] = self.committed if len(self.committed) else ()
         missing, dependents = self.missing, self.dependents
-        for wid in found:
-            after = after_of(wid)
+        by, ids = self.items._by, self.ids.ids
+        for i in found:
+            v = by[i]
+            wid: str = ids[i]  # type: ignore[assignment]
+            t = type(v)
+            if t is list:
+                after = v[2] if len(v) == 3 else ()
+            else:
+                after = v.after if t is WorkItem else (v.get("after") or ())
             n = 0
             for dep in after if len(after) == 1 else dict.fromkeys(after):
                 if dep not in committed:
