@@ -23,7 +23,10 @@ alternating between this tree and ``--base-tree DIR`` (a checkout of the base, e
 ``PYTHONPATH``; it prints medians and the ratios 1M/20k per tree.
 ``--generator N`` runs run_master over a generator of N items (in-process workers) and prints
 its time and peak memory; ``--priorities K`` gives the campaign-size cases K priorities in
-blocks (G2). ``--end-to-end N`` runs one campaign of N items to its end instead (submit, every item
+blocks (G2); ``--chains C`` makes them C chains (G4, issue 51: each item ``after`` the one
+before it in its chain, so all but C items wait) and prints the memory a waiting item costs
+beyond a queued one (the same campaign without ``after``, measured in the same run).
+``--end-to-end N`` runs one campaign of N items to its end instead (submit, every item
 dispatched and committed in dispatches of 64, close, reopen) and prints its times and the
 process's peak memory. Not a test: nothing here asserts a time.
 """
@@ -150,21 +153,29 @@ def _deep_size(v: Any) -> int:
     return n
 
 
-def _items(n: int, levels: int = 1) -> list[WorkItem]:
-    """``n`` items; with ``levels`` > 1, of priorities 0 .. levels-1 in blocks (G2)."""
+def _items(n: int, levels: int = 1, chains: int = 0) -> list[WorkItem]:
+    """``n`` items; with ``levels`` > 1, of priorities 0 .. levels-1 in blocks (G2); with
+    ``chains`` > 0, that many chains of consecutive items, each waiting for the one before it
+    (G4)."""
+    if chains:
+        k = max(1, n // chains)
+        return [
+            WorkItem(f"w{i:09d}", _payload(i), after=(f"w{i - 1:09d}",) if i % k else ())
+            for i in range(n)
+        ]
     if levels > 1:
         return [WorkItem(f"w{i:09d}", _payload(i), priority=i * levels // n) for i in range(n)]
     return [WorkItem(f"w{i:09d}", _payload(i)) for i in range(n)]
 
 
-def scale_case(items: int, levels: int = 1) -> dict[str, float]:
+def scale_case(items: int, levels: int = 1, chains: int = 0) -> dict[str, float]:
     """Submit, one rollback, reopen and memory for a campaign of ``items`` queued items (of
-    ``levels`` priorities, in blocks)."""
+    ``levels`` priorities, in blocks; in ``chains`` chains of waiting items)."""
     d = tempfile.mkdtemp(prefix="dd-scale-")
     try:
         st = _open(d, 4)
         t = time.perf_counter()
-        work = _items(items, levels)
+        work = _items(items, levels, chains)
         build = time.perf_counter() - t
         t = time.perf_counter()
         st.submit(work)
@@ -189,6 +200,7 @@ def scale_case(items: int, levels: int = 1) -> dict[str, float]:
         t = time.perf_counter()
         old.save({"journal_seq": st.journal.next_seq - 1, "state": st.core.snapshot()})
         rollback_old = time.perf_counter() - t + rollback  # the requeue part is the same
+        waiting = len(st.core.ledger.waiting)
         st.close()
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
         del st
@@ -210,6 +222,7 @@ def scale_case(items: int, levels: int = 1) -> dict[str, float]:
             "steady_bytes_per_item": steady / items,
             "payload_bytes": payload,
             "dir_bytes": size,
+            "waiting": float(waiting),
         }
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -451,6 +464,13 @@ def main() -> int:
     ap.add_argument(
         "--generator", type=int, metavar="N", help="run_master over a generator of N items"
     )
+    ap.add_argument(
+        "--chains",
+        type=int,
+        default=0,
+        metavar="C",
+        help="the campaign-size cases as C chains of waiting items (G4); skips the per-task rows",
+    )
     ap.add_argument("--queue", action="store_true", help="the queue dimension (issue 50)")
     ap.add_argument("--base-tree", metavar="DIR", help="--queue: a checkout of the base")
     ap.add_argument("--rounds", type=int, default=3, help="--queue: rounds per tree")
@@ -475,14 +495,14 @@ def main() -> int:
     sizes = [10_000, 100_000, a.items] if not a.quick else [2_000, 20_000, 100_000]
     print("per-task master cost (us), instant workers:")
     per_task_us(8, 1, tasks // 4)  # warm up (imports, caches)
-    for batch in (1, 64) if a.priorities == 1 else ():
+    for batch in (1, 64) if a.priorities == 1 and not a.chains else ():
         base = per_task_us(8, batch, tasks)
         row = [f"8 ranks {base:7.1f}"]
         for ranks in (1_000, 10_000):
             us = per_task_us(ranks, batch, tasks)
             row.append(f"{ranks:,} ranks {us:7.1f} ({us / base:4.2f}x)")
         print(f"  batch {batch:<3} " + "   ".join(row) + "   (target: 10,000 within 1.3x)")
-    if a.priorities == 1:
+    if a.priorities == 1 and not a.chains:
         turn_us(8)  # warm up
         base = turn_us(8)
         row = [f"8 ranks {base:7.1f}"]
@@ -492,11 +512,13 @@ def main() -> int:
         print("  a turn, every rank busy " + "   ".join(row) + "   (target: 10,000 within 1.3x)")
     print(
         "campaign size (one rollback = requeue + the S8 snapshot before the next dispatch)"
-        + (f", {a.priorities} priorities in blocks:" if a.priorities > 1 else ":")
+        + (f", {a.priorities} priorities in blocks" if a.priorities > 1 else "")
+        + (f", {a.chains} chains of waiting items" if a.chains else "")
+        + ":"
     )
     first = None
     for n in sizes:
-        r = scale_case(n, a.priorities)
+        r = scale_case(n, a.priorities, a.chains)
         first = first or r
         mem = r["peak_growth_bytes_per_item"]
         old, us = r["rollback_old_s"], 1e6 / n
@@ -516,6 +538,15 @@ def main() -> int:
             f"{r['steady_bytes_per_item'] - r['payload_bytes']:4.0f} B of it beyond the payload "
             f"({r['payload_bytes']:.0f} B); directory {r['dir_bytes'] / n:4.0f} B/item"
         )
+        if a.chains:
+            plain = scale_case(n, a.priorities)  # the same items without after, this run
+            extra = r["steady_bytes_per_item"] - plain["steady_bytes_per_item"]
+            print(
+                f"  {'':>9}        {int(r['waiting']):,} waiting; without after: rollback "
+                f"{plain['rollback_s'] * 1e3:7.1f} ms, {plain['steady_bytes_per_item']:4.0f} "
+                f"B/item once open: a waiting item costs {extra:4.0f} B more (its after list "
+                "and its place in the waiting set)"
+            )
     print(
         "targets: rollback at 1M within 2x of 10k; <= ~500 B/item beyond the payload; reopen and "
         "submit of 1M <= 3 s"

@@ -100,6 +100,14 @@ def generate(seed: int, profile: str = "any") -> dict[str, Any]:
             if kind == "sleep":
                 it["arg"] = min(it["arg"], it["timeout"] / 3)
         items.append(it)
+    dr = random.Random(seed * 7919 + 51)  # (its own stream: earlier seeds' draws stay)
+    if dr.random() < 0.5:  # issue 51: some items wait for earlier ones (or for a ghost)
+        for i, it in enumerate(items[1:], start=1):
+            if dr.random() < 0.35:
+                deps = sorted({items[j]["id"] for j in dr.sample(range(i), min(i, 3))})
+                it["after"] = deps[: dr.randint(1, len(deps))]
+                if dr.random() < 0.1:
+                    it["after"].append(f"ghost{i}")  # never submitted
     spawns = []
     for parent in rnd.sample(items, k=min(len(items), rnd.randint(0, 4))):
         kids = []
@@ -695,6 +703,14 @@ def check(s: dict[str, Any], workdir: Path) -> list[str]:
         if c == d:
             how = "both committed and deferred" if c else "neither committed nor deferred"
             v.append(f"{wid} ({it['kind']}): {how}")
+            continue
+        waits = [x for x in it.get("after", ()) if x not in committed]
+        if waits:  # issue 51: a dependency never committed: deferred, never run
+            if c or tuple(p.kinds.get(wid, ())) != ("dependency",):
+                v.append(
+                    f"{wid} waits for {waits} (not committed), but it is "
+                    f"{'committed' if c else 'deferred with ' + str(p.kinds.get(wid))}"
+                )
             continue
         if c:
             if not commits and not (it["kind"] == "memory"):

@@ -51,6 +51,8 @@ def misbehave(kind: str, arg: float) -> None:
 def work(payload: dict[str, Any], ctx: Any) -> Any:
     """Behave as the item's ``kind`` says (see ``torture.KINDS``)."""
     kind, arg = payload["kind"], payload.get("arg", 0)
+    if sorted(ctx.dependencies) != sorted(payload.get("after", ())):  # issue 51
+        raise AssertionError(f"dependencies {sorted(ctx.dependencies)} != {payload.get('after')}")
     misbehave(kind, arg)
     if kind == "memory":
         _hog = bytearray(arg)  # over memory_limit: MemoryError (kind error) or a crash
@@ -131,7 +133,13 @@ def main() -> int:
         finish()
         return 0
     items = [
-        WorkItem(i["id"], i, timeout=i.get("timeout"), priority=i.get("priority", 0))
+        WorkItem(
+            i["id"],
+            i,
+            timeout=i.get("timeout"),
+            priority=i.get("priority", 0),
+            after=tuple(i.get("after", ())),
+        )
         for i in scenario["items"]
     ]
     children = {c["parent"]: c["children"] for c in scenario.get("spawns", [])}

@@ -84,6 +84,8 @@ def fake_campaign(
         state.redeliver(lambda wid, result: on_commit(SimpleNamespace(work_id=wid, result=result)))
     late: list[tuple[float, int, str]] = []  # (when, rank, token) of silent workers' late READY
     for _ in range(max_turns):
+        if core.ledger.waiting:  # G4: what can never run ends deferred (run_master does this)
+            state.settle_waiting()
         if state.done:
             return now
         results = []

@@ -435,4 +435,71 @@ def test_a_fresh_state_keeps_every_acknowledged_commit_at_every_crash_point(
         return not missing, f"acknowledged commits lost: {sorted(missing)[:5]}"
 
     run_states(tally, tmp_path, root, ops, check, seed=49, every=1, at_least=100)
+
+
+# --------------------------------------------------------------- G4: work that waits for work
+def _after(i: int) -> tuple[str, ...]:
+    """d<i> waits for d<i-1> and d<i//2> (fan-in and fan-out); d9 also for one never submitted."""
+    deps = {f"d{j}" for j in (i - 1, i // 2) if 0 <= j < i}
+    if i == 9:
+        deps.add("missing")
+    return tuple(sorted(deps))
+
+
+def test_dependencies_crash_states(tally: Tally, tmp_path: Path) -> None:
+    """Issue 51: a campaign whose items wait for others, with failing dispatches (some items
+    deferred, their dependents after them) and an ID never submitted. At every crash point: no
+    acknowledged commit is lost, no work ID is committed twice, every item that is pending or
+    in flight has each dependency committed in the recovered record (a dependent is never
+    dispatched before its dependencies' commits are durable), every waiting item has one that
+    is not, and the recovered campaign runs to an end whose deferred items are exactly the
+    failed ones and what waits for them."""
+    root = tmp_path / "d"
+    n = 16
+    ids = [f"d{i}" for i in range(n)]
+    acked: list[tuple[int, str]] = []
+    with record() as ops:
+        s = CampaignState.open(root, ranks=(1, 2), watchdog=WatchdogConfig(3), retry=RetryPolicy(1))
+        s.submit(WorkItem(w, {"i": i}, after=_after(i)) for i, w in reversed(list(enumerate(ids))))
+        submitted = len(ops)
+
+        def behave(send: Send) -> str:
+            return "malformed" if any(w.work_id in ("d5", "d12") for w in send.items) else "ok"
+
+        fake_campaign(
+            s, behave=behave, on_commit=lambda c: acked.append((len(ops), c.work_id)), batch=2
+        )
+        s.close()
+    final = view_state(root).projection
+    assert not final.waiting and not final.frontier
+    failed = set(final.deferred)
+    assert {"d5", "d12", "d9"} <= failed and "d4" in final.committed
+
+    def check(d: Path, k: int) -> tuple[bool, str]:
+        with CampaignState.open(d, ranks=(1, 2), watchdog=WatchdogConfig(3)) as s2:
+            led = s2.core.ledger
+            need = {w for kk, w in acked if kk <= k}
+            if not need <= set(led.committed):
+                return False, f"acknowledged commits lost: {sorted(need - set(led.committed))[:5]}"
+            if s2.statistics().duplicate_commits_in_journal:
+                return False, "a work ID was committed twice in the record"
+            for w in (*led.frontier, *led.in_flight):
+                early = [x for x in _after(int(w[1:])) if x not in led.committed]
+                if early:
+                    return False, f"{w} is ready before the commit of {early}"
+            for w in led.waiting:
+                if all(x in led.committed for x in _after(int(w[1:]))):
+                    return False, f"{w} waits with every dependency committed"
+            known = set(led.committed) | set(led.deferred) | set(led.frontier)
+            known |= set(led.waiting) | set(led.in_flight)
+            if k >= submitted and known != set(ids):
+                return False, f"submitted items lost: {sorted(set(ids) - known)[:5]}"
+            if k < submitted:
+                return True, ""
+            fake_campaign(s2, behave=behave)
+            if set(led.deferred) != failed or set(led.committed) != set(ids) - failed:
+                return False, f"ended with deferred {sorted(led.deferred)}, not {sorted(failed)}"
+        return True, ""
+
+    run_states(tally, tmp_path, root, ops, check, seed=51, every=2, at_least=150)
     assert not tally.violations, tally.violations[:5]

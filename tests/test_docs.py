@@ -199,6 +199,11 @@ def test_the_priorities_example_serves_higher_first(tmp_path: Path, capsys: Any)
     assert "['urgent', 'soon', 'routine-1', 'routine-2']" in out, out
 
 
+def test_the_pipeline_example_waits_for_each_stage(tmp_path: Path, capsys: Any) -> None:
+    out = _run_example("examples/pipeline.py", [str(tmp_path / "s")], capsys)
+    assert "True {'total': 210, 'samples': 3}" in out, out
+
+
 def test_the_watchdog_example_runs_both_rules(capsys: Any) -> None:
     out = _run_example("examples/watchdog.py", [], capsys)
     assert "fixed True 600" in out and "adaptive True" in out, out
@@ -238,6 +243,8 @@ RUN_BY = {
     "examples/test_campaign.py": "test_the_readme_test_module_passes",
     "examples/test_pyfakefs_faults.py": "tests/test_pytest_plugin.py",
     "examples/priorities.py": "test_the_priorities_example_serves_higher_first",
+    "examples/pipeline.py": "test_the_pipeline_example_waits_for_each_stage",
+    "examples/futures_reduce.py": "test_the_futures_reduce_example_waits_and_fails_with_its_cause",
     "examples/watchdog.py": "test_the_watchdog_example_runs_both_rules",
     "examples/run_command.py": "test_the_run_command_example_kills_at_the_deadline",
     "examples/results_pandas.py": "test_the_pandas_example_reads_every_result",
@@ -668,3 +675,19 @@ def test_the_futures_tutorial_resolves_from_the_record(tmp_path: Path) -> None:
         assert rc == 0 and out.strip() == "best seed 173", (out, err[-3000:])
     p = view_state(cwd / "state" / "executor-1").projection
     assert len(p.committed) == 200 and p.duplicate_commits == 0
+
+
+def test_the_futures_reduce_example_waits_and_fails_with_its_cause(tmp_path: Path) -> None:
+    """docs/how-to/dependencies.md: map then reduce with futures as arguments, twice (the
+    second run from the record)."""
+    _not_under_intel_mpi()
+    cwd = _copy_examples(tmp_path, "examples")
+    line = "durable-dispatch run -n 4 python -m durable_dispatch.futures --state-dir state"
+    line += " futures_reduce.py"
+    for _ in range(2):
+        rc, out, err = run_line(line, cwd)
+        assert rc == 0, (out, err[-3000:])
+        assert out.splitlines() == [
+            "good 236",
+            "everything failed: ValueError('seed 7 diverged')",
+        ], (out, err[-3000:])

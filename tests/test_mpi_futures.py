@@ -146,3 +146,33 @@ def test_the_readme_futures_example_runs_and_a_rerun_answers_from_the_record(
         seqs.append([r.seq for r in read_results(tmp_path / "executor-1")])
     assert outs[0] == outs[1] and outs[0].startswith("best seed ")
     assert len(seqs[0]) == 200 and seqs[1] == seqs[0]
+
+
+def test_a_map_reduce_of_futures_with_a_failing_map_and_a_kill(tmp_path: Path) -> None:
+    """Issue 51: futures of the same executor passed as arguments (a list of them, several
+    positional ones, a keyword one). The reduction over a failing map fails with
+    DependencyFailed whose __cause__ is the map's exception; the other waits and sums. The job
+    SIGKILLed after 10 maps and run again: the re-run prints the same outcomes, runs no
+    committed call again, and resolves both the failed map and its dependents from the
+    record."""
+    state, count = tmp_path / "state", tmp_path / "count"
+    script = str(CHILDREN / "futures_reduce.py")
+    first = run_mpiexec(_runner(3, script, str(count), "yes", state=state), timeout=180)
+    assert not first.timed_out and first.returncode != 0, first.stderr[-3000:]
+    ran_first = count.read_text().splitlines()
+    second = run_mpiexec(_runner(3, script, str(count), "no", state=state), timeout=180)
+    assert not second.timed_out and second.returncode == 0, second.stderr[-3000:]
+    lines = second.stdout.splitlines()
+    want = [f"square{x} {x * x}" if x != 13 else "square13 ValueError thirteen" for x in range(40)]
+    want.append(f"evens {sum(x * x for x in range(0, 40, 2))}")
+    want.append("odds DependencyFailed True ValueError thirteen")
+    want += [f"pair{i} ('pair', {i * i})" for i in range(4)]
+    assert lines == want + ["done"], second.stdout[-3000:] + second.stderr[-3000:]
+    ran = count.read_text().splitlines()
+    squares = [r for r in ran if r.startswith("square")]
+    assert sorted(set(squares)) == sorted({f"square {x}" for x in range(40)})
+    assert len(squares) - len(set(squares)) <= len([r for r in ran_first if "square" in r])
+    assert ran.count("total") == 1  # the odd reduction never ran; the even one once
+    third = run_mpiexec(_runner(3, script, str(count), "no", state=state), timeout=180)
+    assert third.stdout.splitlines() == want + ["done"]
+    assert count.read_text().splitlines() == ran  # all from the record: nothing ran again

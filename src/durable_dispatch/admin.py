@@ -91,6 +91,7 @@ class StateView:
             "directory": self.directory,
             "epoch": p.epoch,
             "pending": len(p.frontier),
+            "waiting": len(p.waiting),
             "in_flight": len(p.in_flight),
             "committed": len(p.committed),
             "deferred": len(p.deferred),

@@ -563,8 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add(
         "joblog",
         cmd_joblog,
-        "one line per work item: status (committed, deferred, pending, in flight), tries, last "
-        "failure, start time (UTC), seconds, rank, host, and what it runs (a futures call as "
+        "one line per work item: status (committed, deferred, pending, waiting, in flight), "
+        "tries, last failure, start time (UTC), seconds, rank, host, and what it runs (a futures "
+        "call as "
         "function(arguments)); read-only",
         "durable-dispatch joblog state/ --status deferred --jsonl | jq .last_failure",
     )
@@ -573,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--status",
         action="append",
-        choices=["committed", "deferred", "pending", "in flight"],
+        choices=["committed", "deferred", "pending", "waiting", "in flight"],
         help="only items with this status (repeat for several)",
     )
     sp = add(

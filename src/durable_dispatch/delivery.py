@@ -92,6 +92,7 @@ class Delivery:
     commit_durable: bool = True
 
     defer: DeferJournal
+    _has_after: bool
     #: called with each :class:`Defer` once the defer journal took it (or kept it in memory):
     #: the item's retries are spent (the futures executor fails its future)
     on_defer: Callable[[Defer], None] | None
@@ -101,6 +102,8 @@ class Delivery:
         def submit(self, items: Iterable[WorkItem]) -> int: ...
 
         def _save_snapshot(self, reason: str = "") -> bool: ...
+
+        def _note_commits(self, commits: Iterable[Commit]) -> None: ...
 
     # ------------------------------------------------------ persist before you act
     def _record_send(self, send: Send) -> None:
@@ -179,6 +182,9 @@ class Delivery:
                 self.core.defer_recorded(w.work_id, persisted)
                 if self.on_defer is not None:
                     self.on_defer(d)
+                # G4: what waits for it is deferred too, after it (persisted next, as refused
+                # commits' decisions are)
+                refused += self.core.ended_without_commit(w.work_id)
             elif isinstance(d, PersistSnapshot):
                 self._save_snapshot(d.reason)
         return refused
@@ -220,6 +226,8 @@ class Delivery:
                 return self._refuse_part(first, str(e))
             log.error("result of %s cannot be journaled: %s", first.work_id, e)
             return self.core.commit_refused(first.token, first.work_id, f"result too large: {e}")
+        if self._has_after:  # G4: keep what a dependent needs (dependencies.py)
+            self._note_commits(commits)
         self._pending_commits.append(_PendingCommit(r.seq, first.token, commits, on_commit))
         return []
 
@@ -274,8 +282,22 @@ class Delivery:
                 items += len(p.commits)
         finally:
             del pending[:n]
+            if self.core.ledger.released:
+                self._resolve_released()
         self._mark_delivered()
         return items
+
+    def _resolve_released(self) -> None:
+        """Items deferred for a dependency that its commit released (G4) leave the defer
+        journal (``resolved``, how ``"requeued"``: they are back in the queue)."""
+        released, self.core.ledger.released = self.core.ledger.released, []
+        for wid in released:
+            if wid not in self.defer:
+                continue
+            try:
+                self.defer.resolve(wid, "requeued")
+            except StorageDegradedError:
+                log.warning("defer journal: %s released, its record not resolved", wid)
 
     def _mark_delivered(self, *, now: bool = False) -> None:
         """Journal the delivery point if it moved and the last mark is old enough (or ``now``)."""

@@ -39,6 +39,7 @@ __all__ = [
     "LockHeldError",
     "ProtocolError",
     "TaskFailed",
+    "DependencyFailed",
     "TaskCrashed",
     "TaskTimedOut",
 ]
@@ -426,6 +427,35 @@ class TaskFailed(DurableDispatchError):
 class TaskCrashed(TaskFailed):
     """The task's process died by a signal (a segfault, ``abort()``, the kernel's OOM killer)
     each time it ran (kind ``crash``; the message names the signal). Only its future fails."""
+
+
+class DependencyFailed(TaskFailed):
+    """A task of ``durable_dispatch.futures`` was given a future of the same executor as an
+    argument, and that dependency failed (raised, crashed, timed out, or failed for a dependency
+    of its own): the task never ran (kind ``dependency``). Its ``__cause__`` is the dependency's
+    exception, as the dependency's own future raises it.
+
+    Attributes:
+        dependency: the work ID of the dependency that failed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        work_id: str | None = None,
+        kind: str | None = "dependency",
+        attempts: int | None = None,
+        dependency: str | None = None,
+    ) -> None:
+        DurableDispatchError.__init__(
+            self, message, work_id=work_id, kind=kind, attempts=attempts, dependency=dependency
+        )
+
+    @property
+    def dependency(self) -> str | None:
+        """The work ID of the dependency that failed."""
+        return self._facts.get("dependency")
 
 
 class TaskTimedOut(TaskFailed):

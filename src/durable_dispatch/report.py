@@ -180,6 +180,8 @@ def _status(led: Any, w: str, running: bool) -> str:
         return "deferred"
     if w in led.in_flight:
         return "in flight" if running else "pending"
+    if w in led.waiting:
+        return "waiting"
     return "pending"
 
 
@@ -542,7 +544,8 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
         (
             "progress",
             f"{v['committed']} of {v['work_items']} committed, {v['deferred']} deferred, "
-            f"{v['pending']} pending, {v['in_flight']} in flight",
+            f"{v['pending']} pending, {v['in_flight']} in flight"
+            + (f", {v['waiting']} waiting for dependencies" if v.get("waiting") else ""),
         ),
         ("failures by kind", f"{kinds} ({v['failed_items']} items failed at least once)"),
         ("master runs", f"{v['epoch']} (epochs; {_gaps(len(s['gaps']))})"),

@@ -234,8 +234,9 @@ class JobRow:
 
     Attributes:
         work_id: the item's stable work ID.
-        status: ``committed``, ``deferred``, ``pending`` or ``in flight`` (only while a master
-            runs: what a stopped master left in flight is pending).
+        status: ``committed``, ``deferred``, ``pending``, ``waiting`` (for a dependency,
+            ``WorkItem.after``) or ``in flight`` (only while a master runs: what a stopped
+            master left in flight is pending).
         tries: its tries that counted: the failures charged to it, plus the try that committed
             or is running (a rollback at a master's restart or a batch split is not a try).
         last_failure_kind: the kind of its last failure (``timeout``, ``error`` ...), or None.
@@ -289,7 +290,7 @@ def _payloads(d: str) -> dict[str, Any]:
     if os.path.exists(path):
         for rec in read_journal(path, max_record_bytes=SUBMISSION_RECORD_BYTES):
             for it in rec.payload.get("items") or ():  # [work_id, payload] or an item's JSON
-                if type(it) is list and len(it) == 2 and isinstance(it[0], str):
+                if type(it) is list and len(it) in (2, 3) and isinstance(it[0], str):
                     out[it[0]] = it[1]
                 elif isinstance(it, dict) and isinstance(it.get("work_id"), str):
                     out[it["work_id"]] = it.get("payload")
@@ -333,6 +334,8 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
             status = "deferred"
         elif wid in led.in_flight and running:
             status = "in flight"
+        elif wid in led.waiting:
+            status = "waiting"
         else:
             status = "pending"
         kinds = led.kinds.get(wid) or []

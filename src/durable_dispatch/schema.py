@@ -104,7 +104,13 @@ def _item(v: Any) -> bool:
         and type(v.get("leases") or {}) is dict
         and type(v.get("inputs") or []) is list
         and type(v.get("priority", 0)) is int
+        and _after(v.get("after"))
     )
+
+
+def _after(v: Any) -> bool:
+    """A work item's ``after`` member: absent, or a list of work IDs."""
+    return v is None or (type(v) is list and set(map(type, v)) <= {str})
 
 
 def _token(v: Any) -> bool:
@@ -194,6 +200,7 @@ _STATE: tuple[dict[str, Check], dict[str, Check]] = (
         "in_flight": list_of(_in_flight),
         "committed": list_of(is_str),
         "deferred": list_of(_item),
+        "waiting": list_of(_item),
         "attempts": _dict_of(is_int),
         "kinds": _dict_of(list_of(is_str)),
         "last_error": _dict_of(is_str_or_none),
@@ -245,7 +252,7 @@ _COMPACT_STATE: tuple[dict[str, Check], dict[str, Check]] = (
         for k, v in _STATE[1].items()
         if k in ("epoch", "counter", "attempts", "kinds", "last_error", "solo")
     }
-    | {"priorities": list_of(_level)},
+    | {"priorities": list_of(_level), "waiting": list_of(_run)},
 )
 
 #: A submissions store record (``submissions.jsonl``): the items of indices ``first, ...``, and

@@ -41,7 +41,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
@@ -64,6 +64,7 @@ from .core.indexed import DIGEST_BYTES, payload_digests
 from .core.ledger import Ledger
 from .core.ranks import RankState
 from .delivery import Delivery, OnCommit, _PendingCommit
+from .dependencies import Dependencies
 from .errors import (
     ChangedPayloadError,
     NotDurableError,
@@ -135,7 +136,7 @@ class CampaignStats:
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(self).items()}
 
 
-class CampaignState(Delivery):
+class CampaignState(Delivery, Dependencies):
     """A campaign's durable state in one directory, driving a :class:`Dispatcher`.
 
     Open with :meth:`open`; use as a context manager or call :meth:`close`.
@@ -179,6 +180,9 @@ class CampaignState(Delivery):
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck_since: float | None = None  # since when every live worker is parked
         self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
+        self._dep_results: dict[str, list[Any]] = {}  # G4: see dependencies.py
+        self._has_after = False
+        self._sized: set[str] = set()
 
     @classmethod
     def open(
@@ -275,6 +279,11 @@ class CampaignState(Delivery):
         st._durable(r.seq)
         if restarts:  # S8: the rollbacks are folded before the first dispatch
             st._apply(restarts)
+        # G4: a crash between a dependency's deferral and its dependents' left them waiting
+        for wid in [w for w in core.ledger.deferred if core.ledger.dependents.get(w)]:
+            st._apply(core.ended_without_commit(wid))
+        st._load_dependency_results()
+        if restarts:
             st._save_snapshot(f"start of epoch {epoch}")
         # else no snapshot: nothing was rolled back, and the journal holds the epoch (issue 49:
         # it cost two fsyncs and a directory scan at every open, a fresh one included)
@@ -323,6 +332,9 @@ class CampaignState(Delivery):
                 raise UsageError(f"expected a WorkItem with a str work_id, got {i!r}")
             if type(i.priority) is not int:
                 raise UsageError(f"{i.work_id!r}: priority must be an int, got {i.priority!r}")
+            if i.after:
+                i = _checked_after(i)
+                self._has_after = True
             wid = i.work_id
             if wid not in known and wid not in seen:
                 new.append(i)
@@ -343,6 +355,10 @@ class CampaignState(Delivery):
                 self._announce(new[:done], first, digests[: done * DIGEST_BYTES])
             raise
         self._announce(new, first, digests)
+        if self._has_after:  # G4: a new item that names a deferred item is deferred too
+            led = self.core.ledger
+            for dep in {d: None for w in new for d in w.after if d in led.deferred}:
+                self._apply(self.core.ended_without_commit(dep))
         return len(new)
 
     def _refuse_changed(self, again: list[WorkItem], new: list[WorkItem], digests: bytes) -> None:
@@ -395,6 +411,7 @@ class CampaignState(Delivery):
 
         Writes any snapshot the core requires first (S8).
         """
+        self._check_dependency_sizes(max_items)
         while True:
             d = self.core.reserve(now, max_items)
             if isinstance(d, PersistSnapshot):
@@ -747,6 +764,20 @@ def _digests(items: list[WorkItem]) -> bytes:
                     f"work item {w.work_id!r}: its payload cannot be encoded as JSON: {e}"
                 ) from None
         raise
+
+
+def _checked_after(item: WorkItem) -> WorkItem:
+    """``item`` with its ``after`` as a tuple of work IDs (a list is taken as given).
+
+    Raises:
+        UsageError: ``after`` is a string (a common slip for ``[id]``) or names a non-string.
+    """
+    after = item.after
+    if isinstance(after, str) or not all(type(a) is str for a in after):
+        raise UsageError(
+            f"{item.work_id!r}: after must be a list or tuple of work IDs (strings), got {after!r}"
+        )
+    return item if type(after) is tuple else replace(item, after=tuple(after))
 
 
 def _record_lost_deferrals(defer: DeferJournal, ledger: Ledger) -> int:

@@ -48,13 +48,16 @@ class CampaignView:
         state: :data:`RUNNING`, :data:`FINISHED` or :data:`STOPPED`.
         master_running: a master holds the state directory now.
         epoch: the newest master run's epoch (1 for the first run; 0 before any).
-        work_items: every work item submitted (committed + deferred + pending + in_flight).
+        work_items: every work item submitted (committed + deferred + pending + waiting +
+            in_flight).
         committed: items committed (each has its result, ``durable-dispatch results``).
         deferred: items set aside after their retries (``durable-dispatch deferred list``).
         pending: items waiting for a dispatch (including :attr:`interrupted`).
         in_flight: items dispatched and not yet answered (0 when no master runs).
         interrupted: of :attr:`pending`, the items a master that is not running left in flight
             (killed, or its drain cut short); they run again at the next start.
+        waiting: items waiting for a dependency's commit (``WorkItem.after``, G4): not
+            pending yet, not failed.
         failures_by_kind: failures charged to items, by kind (``timeout``, ``error``,
             ``crash`` ...), over the campaign's life (kept by compaction).
         failed_items: items that failed at least once (committed later or not).
@@ -97,6 +100,7 @@ class CampaignView:
     pending: int
     in_flight: int
     interrupted: int
+    waiting: int = 0
     failures_by_kind: Mapping[str, int] = field(default_factory=dict)
     failed_items: int = 0
     duplicate_commits: int = 0
@@ -128,8 +132,8 @@ class CampaignView:
 
     @property
     def left(self) -> int:
-        """Items not done yet: pending and in flight."""
-        return self.pending + self.in_flight
+        """Items not done yet: pending, waiting and in flight."""
+        return self.pending + self.waiting + self.in_flight
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field, in the order above, plus ``finished``."""
@@ -200,6 +204,7 @@ def campaign_view(
     deferred = len(ledger.deferred)
     flying = len(ledger.in_flight)
     pending = len(ledger.frontier)
+    waiting = len(getattr(ledger, "waiting", ()))
     interrupted = 0
     if not running:  # nothing is in flight without a master: it runs again at the next start
         interrupted, pending, flying = flying, pending + flying, 0
@@ -218,9 +223,9 @@ def campaign_view(
         commits = int(core.get("commits") or 0)
         if commits:
             rate = round(commits / (ts - started), 3)
-            left = pending + flying
+            left = pending + waiting + flying
             eta = round(left / rate, 1) if left else 0.0
-    left = pending + flying
+    left = pending + waiting + flying
     if running:
         state = RUNNING
     else:
@@ -237,12 +242,13 @@ def campaign_view(
         state=state,
         master_running=running,
         epoch=int(ledger.epoch),
-        work_items=committed + deferred + pending + flying,
+        work_items=committed + deferred + pending + waiting + flying,
         committed=committed,
         deferred=deferred,
         pending=pending,
         in_flight=flying,
         interrupted=interrupted,
+        waiting=waiting,
         failures_by_kind=dict(sorted(kinds.items())),
         failed_items=failed,
         duplicate_commits=int(ledger.duplicate_commits),

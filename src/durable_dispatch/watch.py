@@ -69,6 +69,8 @@ def _progress(view: CampaignView) -> str:
         f"{view.committed} of {total} committed{pct}, {view.deferred} deferred, "
         f"{view.pending} pending, {view.in_flight} in flight"
     )
+    if view.waiting:
+        line += f", {view.waiting} waiting for dependencies"
     if view.interrupted:
         line += f" ({view.interrupted} of the pending were in flight when the master stopped)"
     return line

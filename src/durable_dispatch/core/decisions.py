@@ -36,6 +36,7 @@ __all__ = [
     "SOURCE_SEND_FAILURE",
     "SOURCE_RANK_LOST",
     "SOURCE_MASTER_RESTART",
+    "SOURCE_DEPENDENCY",
 ]
 
 SOURCE_INVALID_RESULT = "invalid-result"
@@ -43,6 +44,9 @@ SOURCE_WATCHDOG = "watchdog-timeout"
 SOURCE_SEND_FAILURE = "send-failure"
 SOURCE_RANK_LOST = "rank-lost"
 SOURCE_MASTER_RESTART = "master-restart"
+#: The source of a :class:`Defer` of an item that never ran: a dependency ended for good without
+#: a commit, was never submitted, or is part of a cycle (G4); its kind is ``"dependency"``.
+SOURCE_DEPENDENCY = "dependency"
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,12 @@ class WorkItem:
         priority: the frontier serves higher priorities first, first in first out within one
             (G2); 0 by default. Any integer: a fuzzer's favoured inputs get a higher one, a
             depth-first search gives a child its parent's priority + 1.
+        after: work IDs that must be committed, durably, before this item is dispatched (G4);
+            until then it *waits* (neither pending nor deferred). A dependency deferred for
+            good defers this item (kind ``"dependency"``); so does a dependency that is never
+            submitted, or a cycle, once nothing else can run. With ``run_worker(fn,
+            context=True)`` the function gets their results as ``ctx.dependencies``. Not to be
+            confused with ``inputs`` (paths needed to replay a deferred item).
     """
 
     work_id: str
@@ -96,6 +106,7 @@ class WorkItem:
     inputs: tuple[str, ...] = ()
     self_contained: bool = False
     priority: int = 0
+    after: tuple[str, ...] = ()
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # pickle: the shared empty mapping cannot be pickled, a dict copy of the leases can
@@ -107,11 +118,13 @@ class WorkItem:
             self.inputs,
             self.self_contained,
             self.priority,
+            self.after,
         )
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the inverse of :meth:`from_json`); ``priority`` only when it is
-        not 0 (the form of earlier versions stays byte for byte)."""
+        not 0 and ``after`` only when not empty (the form of earlier versions stays byte for
+        byte)."""
         out = {
             "work_id": self.work_id,
             "payload": self.payload,
@@ -122,6 +135,8 @@ class WorkItem:
         }
         if self.priority:
             out["priority"] = self.priority
+        if self.after:
+            out["after"] = list(self.after)
         return out
 
     @classmethod
@@ -136,6 +151,7 @@ class WorkItem:
             inputs=tuple(d.get("inputs") or ()),
             self_contained=bool(d.get("self_contained", False)),
             priority=int(d.get("priority") or 0),
+            after=tuple(d.get("after") or ()),
         )
 
 
@@ -147,10 +163,11 @@ def _work_item(
     inputs: tuple[str, ...],
     self_contained: bool,
     priority: int,
+    after: tuple[str, ...] = (),
 ) -> WorkItem:
     """A pickled :class:`WorkItem` again (an item without leases shares :data:`NO_LEASES`)."""
     return WorkItem(
-        work_id, payload, timeout, leases or NO_LEASES, inputs, self_contained, priority
+        work_id, payload, timeout, leases or NO_LEASES, inputs, self_contained, priority, after
     )
 
 
@@ -251,10 +268,12 @@ class Requeue(Decision):
 
 @dataclass(frozen=True)
 class Defer(Decision):
-    """Append this item to the defer journal, then report ``defer_recorded(work_id, persisted)``."""
+    """Append this item to the defer journal, then report ``defer_recorded(work_id, persisted)``.
+
+    ``token`` is None for an item deferred without a dispatch (``source`` ``"dependency"``)."""
 
     work: WorkItem
-    token: Token
+    token: Token | None
     source: str
     attempts: int
     kinds: tuple[str, ...]

@@ -475,9 +475,7 @@ class Dispatcher(Rollbacks, Views):
                 self._retry_or_defer(item, token, SOURCE_INVALID_RESULT, bad.kind, bad.reason)
             )
         if failed:
-            out.append(
-                self._require_snapshot(f"items of {token} failed ({SOURCE_INVALID_RESULT})")
-            )
+            out.append(self._require_snapshot(f"items of {token} failed ({SOURCE_INVALID_RESULT})"))
         return out
 
     def part_done(self, token: Token, rank: int, work_ids: Sequence[str]) -> None:

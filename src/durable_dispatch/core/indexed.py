@@ -69,11 +69,11 @@ def stored_payload_digests(items: Sequence[Any]) -> bytes:
     Raises:
         schema.Invalid: an item in neither form.
     """
-    if all(type(v) is list and len(v) == 2 for v in items):  # the usual form: in one pass
+    if all(type(v) is list and len(v) in (2, 3) for v in items):  # the usual form: one pass
         return payload_digests(map(_second, items))
     out = bytearray()
     for v in items:
-        if type(v) is list and len(v) == 2:
+        if type(v) is list and len(v) in (2, 3):
             out += payload_digests((v[1],))
         elif type(v) is dict and "payload" in v:
             out += payload_digests((stored_item(v).payload,))
@@ -84,6 +84,11 @@ def stored_payload_digests(items: Sequence[Any]) -> bytes:
 
 def _second(v: Sequence[Any]) -> Any:
     return v[1]
+
+
+def _after_ids(v: Any) -> bool:
+    """A stored item's ``after``: a list of work IDs."""
+    return type(v) is list and set(map(type, v)) <= {str}
 
 
 class Ids:
@@ -242,7 +247,8 @@ class Runs:
 
 def store_form(item: WorkItem) -> Any:
     """How the submissions store writes ``item``: ``[work_id, payload]`` when every other member
-    holds its default (most items), else ``WorkItem.to_json``."""
+    holds its default (most items), ``[work_id, payload, after]`` when only ``after`` does not
+    (G4: a waiting item reopens as cheaply as a queued one), else ``WorkItem.to_json``."""
     if (
         item.timeout is None
         and not item.leases
@@ -250,6 +256,8 @@ def store_form(item: WorkItem) -> Any:
         and not item.self_contained
         and not item.priority
     ):
+        if item.after:
+            return [item.work_id, item.payload, list(item.after)]
         return [item.work_id, item.payload]
     return item.to_json()
 
@@ -263,6 +271,8 @@ def stored_item(v: Any) -> WorkItem:
     if type(v) is list:
         if len(v) == 2 and type(v[0]) is str:
             return WorkItem(v[0], v[1])
+        if len(v) == 3 and type(v[0]) is str and _after_ids(v[2]):
+            return WorkItem(v[0], v[1], after=tuple(v[2]))
     elif is_work_item(v):
         return WorkItem.from_json(v)
     raise Invalid("items", "not a work item ([work_id, payload] or an object with a work_id)")
@@ -306,6 +316,24 @@ class Items(MutableMapping[str, WorkItem]):
                 v = by[i] = stored_item(v)  # type: ignore[index]
             out.append(v)
         return out
+
+    def after_of(self, wid: str) -> Sequence[str]:
+        """The ``after`` IDs of the open item ``wid`` (G4), read from its stored form without
+        building the item.
+
+        Raises:
+            KeyError: no open item ``wid``.
+        """
+        i = self._ids.index.get(wid)
+        by = self._by
+        if i is None or i >= len(by) or by[i] is None:
+            raise KeyError(wid)
+        v = by[i]
+        if type(v) is WorkItem:
+            return v.after
+        if type(v) is dict:
+            return v.get("after") or ()
+        return v[2] if len(v) == 3 else ()  # [work_id, payload(, after)]
 
     def __contains__(self, wid: object) -> bool:
         i = self._ids.index.get(wid) if type(wid) is str else None

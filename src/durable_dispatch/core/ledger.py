@@ -20,10 +20,22 @@ the indices it skips are *void* (in no place). The frontier and the committed se
 runs of consecutive indices, so the compact snapshot form (:meth:`Ledger.to_compact`) costs what
 the runs, the dispatches in flight and the failures cost, not what the campaign's size costs:
 the payloads are in the submissions store, written once at submit.
+
+Dependencies (G4). An item whose ``after`` names a work ID not committed *waits*: it is in
+:attr:`Ledger.waiting` (runs of indices, so a compact snapshot stays flat with a million waiting
+items), not in the frontier. Which items wait is a function of the items and the committed set,
+so replay and the live core agree without an event of its own: a ``committed`` event releases
+each item whose last missing dependency it committed, to the back of its priority's level of the
+frontier (G2: its priority counts from then on), in the order the items were submitted. An item
+deferred with kind ``"dependency"`` stays registered under its missing dependencies, so a
+dependency requeued and committed later releases it too. :attr:`Ledger.missing` and
+:attr:`Ledger.dependents` are derived (rebuilt on load); a work ID is in exactly one of frontier,
+waiting, in flight, committed and deferred.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import (
     Callable,
     Collection,
@@ -33,7 +45,7 @@ from collections.abc import (
 )
 from typing import Any
 
-from ..schema import Invalid
+from ..schema import Invalid, is_work_item
 from ..tokens import Token
 from .decisions import WorkItem
 from .events import (
@@ -56,6 +68,7 @@ from .indexed import (
     Ids,
     Items,
     Runs,
+    _after_ids,
     payload_digests,
     stored_item,
     stored_payload_digests,
@@ -80,6 +93,14 @@ class Ledger:
         in_flight: work ID -> (token, rank) of its open dispatch, in dispatch order.
         committed: committed work IDs (a set).
         deferred: deferred work items by work ID, in the order they were deferred.
+        waiting: work IDs waiting for a dependency (G4), in submission order.
+        missing: work ID (waiting, or deferred with kind ``"dependency"``) -> how many of its
+            ``after`` IDs are not committed.
+        dependents: a work ID not committed -> the items that name it in ``after`` and wait
+            for it (or were deferred for it), in submission order: a work ID when there is one
+            (most chains: no list of its own), else a list (see :meth:`dependents_of`).
+        released: work IDs that left the deferred set because their last missing dependency
+            committed; the shell takes them (to resolve their defer-journal records).
         attempts, kinds, last_error: failures charged per work ID (count, kinds, last reason).
         solo: work IDs dispatched alone from now on.
         delivered: the newest journaled delivery point (U6), -1 when none.
@@ -95,6 +116,10 @@ class Ledger:
         "in_flight",
         "committed",
         "deferred",
+        "waiting",
+        "missing",
+        "dependents",
+        "released",
         "attempts",
         "kinds",
         "last_error",
@@ -112,6 +137,10 @@ class Ledger:
         self.in_flight: dict[str, tuple[Token, int]] = {}
         self.committed = CommittedIds(self.ids)
         self.deferred: dict[str, WorkItem] = {}
+        self.waiting = Frontier(self.ids)
+        self.missing: dict[str, int] = {}
+        self.dependents: dict[str, str | list[str]] = {}
+        self.released: list[str] = []
         self.attempts: dict[str, int] = {}
         self.kinds: dict[str, list[str]] = {}
         self.last_error: dict[str, str] = {}
@@ -170,6 +199,59 @@ class Ledger:
                 solo.discard(wid)
         runs.add_all(done)  # (an item in flight is never committed: each is new to the runs)
         self.items.discard_indices(done)
+        if self.dependents:
+            ids = self.ids.ids
+            for i in done:
+                self._release_dependents_of(ids[i])  # type: ignore[arg-type]
+
+    def _release_dependents_of(self, wid: str) -> None:
+        """``wid`` committed: each item waiting (or deferred) for it has one dependency less;
+        those with none left go to the back of their level of the frontier."""
+        held = self.dependents.pop(wid, None)
+        if not held:
+            return
+        waiting = (held,) if type(held) is str else held
+        missing, items = self.missing, self.items
+        for dep in waiting:
+            n = missing.get(dep)
+            if n is None:
+                continue
+            if n > 1:
+                missing[dep] = n - 1
+                continue
+            del missing[dep]
+            if self.waiting.remove(dep):
+                self.frontier.append(dep, items[dep].priority)
+            elif self.deferred.pop(dep, None) is not None:
+                self._forget_failures(dep)
+                self.released.append(dep)
+                self.frontier.append(dep, items[dep].priority)
+
+    def _forget_failures(self, wid: str) -> None:
+        self.attempts.pop(wid, None)
+        self.kinds.pop(wid, None)
+        self.last_error.pop(wid, None)
+        self.solo.discard(wid)
+
+    def _waits(self, wid: str, after: Sequence[str]) -> bool:
+        """Register ``wid`` under each of its ``after`` IDs not committed; True when there is
+        one (it waits). Naming itself is a dependency that never commits (a cycle)."""
+        n = 0
+        committed: Collection[str] = self.committed if len(self.committed) else ()
+        dependents = self.dependents
+        for dep in dict.fromkeys(after):
+            if dep not in committed:
+                n += 1
+                held = dependents.get(dep)
+                if held is None:
+                    dependents[dep] = wid
+                elif type(held) is str:
+                    dependents[dep] = [held, wid]
+                else:
+                    held.append(wid)  # type: ignore[union-attr]
+        if n:
+            self.missing[wid] = n
+        return n > 0
 
     def _requeued(self, ev: Requeued) -> None:
         wid = self._known_item(ev.work_id)
@@ -206,7 +288,10 @@ class Ledger:
             self.attempts.pop(wid, None)
             self.kinds.pop(wid, None)
             self.last_error.pop(wid, None)
-            self.frontier.append(wid, self.items[wid].priority)
+            if self.missing.get(wid):
+                self.waiting.append(wid)  # (still registered under its missing dependencies)
+            else:
+                self.frontier.append(wid, self.items[wid].priority)
 
     def _delivered(self, ev: Delivered) -> None:
         self.delivered = max(self.delivered, ev.upto)
@@ -225,6 +310,7 @@ class Ledger:
         start = len(numbered)
         new: list[int] = []  # the indices of the new items (the others are void)
         levels = False
+        deps = False
         for i, item in enumerate(items, start):
             wid = item.work_id
             if wid in index:
@@ -235,16 +321,21 @@ class Ledger:
             new.append(i)
             if item.priority:
                 levels = True
+            if item.after:
+                deps = True
         if ids.digested() < start + len(items):  # not given by the store (nor the caller)
             _digest(ids, items, start)
-        if len(new) == len(items) and not levels:  # all new, all of level 0: in bulk
+        if len(new) == len(items) and not levels and not deps:  # all new, level 0: in bulk
             mine.put(start, items)
             self.frontier.extend_range(start, start + len(new))
             return
         for i in new:
             item = items[i - start]
             mine[numbered[i]] = item  # type: ignore[index]
-            self.frontier.append_index(i, item.priority)
+            if item.after and self._waits(item.work_id, item.after):
+                self.waiting.append_index(i)
+            else:
+                self.frontier.append_index(i, item.priority)
 
     def apply_record(
         self, rec: Any, stored: Callable[[int, int], Sequence[WorkItem]] | None = None
@@ -265,7 +356,8 @@ class Ledger:
     def _leave(self, wid: str) -> None:
         """``wid`` leaves wherever it is (frontier, in flight, deferred) to go somewhere else."""
         if self.in_flight.pop(wid, None) is None and self.deferred.pop(wid, None) is None:
-            self.frontier.remove(wid)
+            if not self.frontier.remove(wid):
+                self.waiting.remove(wid)
 
     def _known_item(self, wid: str) -> str:
         if wid not in self.items:
@@ -274,8 +366,42 @@ class Ledger:
 
     # ---------------------------------------------------------------- queries
     def known(self, wid: str) -> bool:
-        """True when ``wid`` is pending, in flight, committed or deferred."""
+        """True when ``wid`` is pending, waiting, in flight, committed or deferred."""
         return wid in self.ids.index
+
+    def waiting_dependents(self, wid: str) -> list[str]:
+        """The items that wait (not deferred) for ``wid``, directly or through another waiting
+        item, in the order found (breadth first): what ending ``wid`` for good without a commit
+        defers (G4). O(the items found)."""
+        out: list[str] = []
+        seen = {wid}
+        todo = [wid]
+        waiting = self.waiting
+        while todo:
+            nxt: list[str] = []
+            for w in todo:
+                for dep in self.dependents_of(w):
+                    if dep not in seen and dep in waiting:
+                        seen.add(dep)
+                        out.append(dep)
+                        nxt.append(dep)
+            todo = nxt
+        return out
+
+    def dependents_of(self, wid: str) -> Sequence[str]:
+        """The items registered as waiting (or deferred) for ``wid``, in submission order."""
+        held = self.dependents.get(wid)
+        if held is None:
+            return ()
+        return (held,) if type(held) is str else held
+
+    def blocker(self, wid: str) -> str | None:
+        """The first of ``wid``'s ``after`` IDs not committed, or None."""
+        item = self.items.get(wid)
+        for dep in item.after if item is not None else ():
+            if dep not in self.committed:
+                return dep
+        return None
 
     # ----------------------------------------------------------- snapshot form
     def to_snapshot(self, committing: Collection[str] = ()) -> dict[str, Any]:
@@ -301,6 +427,7 @@ class Ledger:
             ],
             "committed": sorted(set(self.committed).union(committing)),
             "deferred": [i.to_json() for i in self.deferred.values()],
+            **({"waiting": [items[w].to_json() for w in self.waiting]} if self.waiting else {}),
             "attempts": dict(self.attempts),
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "last_error": dict(self.last_error),
@@ -333,6 +460,7 @@ class Ledger:
             ],
             "committed": committed.runs(),
             "deferred": [index[w] for w in self.deferred],
+            **({"waiting": self.waiting.runs()} if self.waiting else {}),
             "attempts": dict(self.attempts),
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "last_error": dict(self.last_error),
@@ -373,6 +501,12 @@ class Ledger:
                 led.ids.assign(w.work_id)
                 items[w.work_id] = w
                 led.deferred[w.work_id] = w
+        for it in snap.get("waiting", ()):
+            w = WorkItem.from_json(it)
+            if w.work_id not in led.ids.index:
+                led.ids.assign(w.work_id)
+                items[w.work_id] = w
+                led.waiting.append(w.work_id)
         for tx in snap.get("in_flight", ()):
             w = WorkItem.from_json(tx["work"])
             token = _token(tx["token"])
@@ -380,7 +514,46 @@ class Ledger:
                 led.ids.assign(w.work_id)
                 items[w.work_id] = w
                 led.in_flight[w.work_id] = (token, int(tx["rank"]))
+        led._register_waiting()
         return led
+
+    def _register_waiting(self) -> None:
+        """Rebuild :attr:`missing` and :attr:`dependents` from the waiting and deferred items
+        (a loaded snapshot), in index order; a waiting item whose dependencies are all
+        committed (a snapshot taken while their commits were delivered) goes to the frontier."""
+        if not self.waiting and not self.deferred:
+            return
+        index, after_of = self.ids.index, self.items.after_of
+        found = [i for a, b in self.waiting.runs() for i in range(a, b)]
+        found += [index[w] for w in self.deferred if after_of(w)]
+        found.sort()
+        # as _waits, item by item, with what it looks up hoisted (a reopen of 1M waiting items)
+        committed: Collection[str] = self.committed if len(self.committed) else ()
+        missing, dependents = self.missing, self.dependents
+        by, ids = self.items._by, self.ids.ids
+        for i in found:
+            v = by[i]
+            wid: str = ids[i]  # type: ignore[assignment]
+            t = type(v)
+            if t is list:
+                after = v[2] if len(v) == 3 else ()
+            else:
+                after = v.after if t is WorkItem else (v.get("after") or ())
+            n = 0
+            for dep in after if len(after) == 1 else dict.fromkeys(after):
+                if dep not in committed:
+                    n += 1
+                    held = dependents.get(dep)
+                    if held is None:
+                        dependents[dep] = wid
+                    elif type(held) is str:
+                        dependents[dep] = [held, wid]
+                    else:
+                        held.append(wid)  # type: ignore[union-attr]
+            if n:
+                missing[wid] = n
+            elif self.waiting.remove(wid):
+                self.frontier.append(wid, self.items[wid].priority)
 
     @classmethod
     def _common(cls, snap: Mapping[str, Any]) -> Ledger:
@@ -414,7 +587,7 @@ class Ledger:
         return (
             f"<Ledger epoch={self.epoch} pending={len(self.frontier)} "
             f"in_flight={len(self.in_flight)} committed={len(self.committed)} "
-            f"deferred={len(self.deferred)}>"
+            f"deferred={len(self.deferred)} waiting={len(self.waiting)}>"
         )
 
 
@@ -434,6 +607,10 @@ _APPLY: dict[type, Callable[[Ledger, Any], None]] = {
 
 def _first(v: Sequence[Any]) -> Any:
     return v[0]
+
+
+def _third(v: Sequence[Any]) -> Any:
+    return v[2]
 
 
 def _digest(ids: Ids, items: Sequence[WorkItem], start: int) -> None:
@@ -494,7 +671,8 @@ class LedgerLoader:
         self._snap = snap
         self._led = Ledger._common(snap)
         self._size = size = int(snap["size"])
-        # where each index is: 0 void, 1 pending, 2 in flight, 3 committed, 4 deferred
+        # where each index is: 0 void, 1 pending, 2 in flight, 3 committed, 4 deferred,
+        # 5 waiting
         self._where = where = bytearray(size)
         for a, b in snap["frontier"]:
             _place(where, a, b, 1, "frontier")
@@ -507,6 +685,8 @@ class LedgerLoader:
             _place(where, a, b, 3, "committed")
         for i in snap["deferred"]:
             _place(where, i, i + 1, 4, "deferred")
+        for a, b in snap.get("waiting", ()):
+            _place(where, a, b, 5, "waiting")
         self._led.ids.ids.extend([None] * size)
 
     def take(self, first: int, items: Sequence[Any], digests: bytes | None = None) -> None:
@@ -525,8 +705,9 @@ class LedgerLoader:
         led.ids.set_digests(first, stored_payload_digests(items) if digests is None else digests)
         ids, index, mine = led.ids.ids, led.ids.index, led.items
         if first < end <= size and where.count(where[first], first, end) == end - first:
-            if where[first] in (1, 3) and self._in_bulk(items, where[first] == 1):
-                return  # the usual record: every item pending (or committed), in the usual form
+            if where[first] in (1, 3, 5) and self._in_bulk(items, where[first] != 3):
+                return  # the usual record: every item pending, waiting or committed, in the
+                # usual form
         for i, item in enumerate(items, first):
             if item is None:
                 if i < size and where[i]:
@@ -538,24 +719,45 @@ class LedgerLoader:
             w = where[i]
             if not w:
                 continue
-            work = stored_item(item)
-            wid = work.work_id
+            work: Any
+            if type(item) is dict and is_work_item(item):  # checked; built when first used
+                wid, work = item["work_id"], item
+            elif (
+                type(item) is list
+                and 2 <= len(item) <= 3
+                and type(item[0]) is str
+                and (len(item) == 2 or _after_ids(item[2]))
+            ):
+                wid, work = item[0], item
+            else:
+                work = stored_item(item)
+                wid = work.work_id
             if wid in index:
                 raise Invalid("work_id", f"{wid!r} is stored at two indices")
             ids[i] = wid
             index[wid] = i
             if w != 3:  # committed: its work ID is all that is kept
-                mine[wid] = work
+                mine[wid] = work  # (a WorkItem, or its stored form: Items takes either)
 
     def _in_bulk(self, items: Sequence[Any], pending: bool) -> bool:
         """Take a record whose items are all pending (or all committed: only their work IDs
         are kept) in bulk, in C-level passes with no Python step per item, when each is
-        ``[work_id, payload]``; False (nothing taken) otherwise, for the item-by-item path.
+        ``[work_id, payload]`` (or each ``[work_id, payload, after]``, G4); False (nothing
+        taken) otherwise, for the item-by-item path.
 
         Raises:
             schema.Invalid: a work ID is stored at two indices.
         """
-        if set(map(type, items)) != {list} or set(map(len, items)) != {2}:
+        if set(map(type, items)) != {list}:
+            return False
+        lens = set(map(len, items))
+        if lens == {3}:
+            afters = list(map(_third, items))
+            if set(map(type, afters)) != {list} or not set(
+                map(type, itertools.chain.from_iterable(afters))
+            ) <= {str}:
+                return False
+        elif lens != {2}:
             return False
         wids = list(map(_first, items))
         if set(map(type, wids)) != {str}:
@@ -598,5 +800,8 @@ class LedgerLoader:
             wid = ids[i]
             if wid is not None:
                 led.in_flight[wid] = (_token(token), int(rank))
+        if snap.get("waiting"):
+            led.waiting = Frontier.of_runs(led.ids, snap["waiting"])
+        led._register_waiting()
         self._where = bytearray()
         return led, self._tail

@@ -14,6 +14,7 @@ from ..errors import UsageError
 from ..tokens import Token
 from .config import RetryPolicy, WatchdogConfig
 from .decisions import (
+    SOURCE_DEPENDENCY,
     SOURCE_INVALID_RESULT,
     SOURCE_MASTER_RESTART,
     SOURCE_RANK_LOST,
@@ -120,6 +121,66 @@ class Rollbacks(DispatcherBase):
         if work_id not in self.ledger.deferred:
             raise UsageError(f"{work_id!r} is not deferred")
         self._apply(RequeuedDeferred(work_id))
+
+    # ------------------------------------------------- dependencies (G4)
+    def ended_without_commit(self, work_id: str, why: str = "deferred") -> list[Decision]:
+        """``work_id`` ended for good without a commit (deferred for good, or cancelled by an
+        operator, ``why``): defer every item that waits for it, directly or transitively, with
+        kind ``"dependency"`` and a last error naming ``work_id``. They never run (until an
+        operator requeues ``work_id`` and it commits, which releases them again).
+
+        This is the one entry point for that rule: the shell calls it after it persisted each
+        :class:`Defer` (so a dependent's deferral follows its dependency's in the journal), and
+        for each item an operator cancelled. Each returned :class:`Defer` is already applied to
+        the ledger; the shell persists it as any other (and calling this again for it finds
+        nothing to do). Safe to call for any work ID, known or not: nothing waits, nothing
+        happens.
+        """
+        ledger = self.ledger
+        if not ledger.dependents.get(work_id):
+            return []
+        error = f"dependency {work_id!r} ended without a commit ({why})"
+        return [self._defer_dependency(w, error) for w in ledger.waiting_dependents(work_id)]
+
+    def defer_unreachable(self) -> list[Decision]:
+        """When nothing is pending or in flight, every waiting item waits for a work ID that
+        was never submitted, that is deferred, or that is part of a cycle: defer each (kind
+        ``"dependency"``, the last error naming the dependency it waits for). The shell calls
+        it once its work source is exhausted and every commit was delivered; then the campaign
+        is done. Returns nothing while something is pending or in flight."""
+        ledger = self.ledger
+        if ledger.frontier or ledger.in_flight or not ledger.waiting:
+            return []
+        out: list[Decision] = []
+        for wid in list(ledger.waiting):
+            dep = ledger.blocker(wid)
+            if dep is None or not ledger.known(dep):
+                error = f"dependency {dep!r} was never submitted"
+            elif dep in ledger.deferred:
+                error = f"dependency {dep!r} ended without a commit (deferred)"
+            else:
+                error = f"dependency {dep!r} cannot run: a cycle, or a dependency upstream failed"
+            out.append(self._defer_dependency(wid, error))
+        return out
+
+    def defer_for_dependency(self, work_id: str, error: str) -> list[Decision]:
+        """Defer the pending ``work_id`` (kind ``"dependency"``) without running it: its
+        dependencies' results cannot reach it (too large for a WORK message, say); then defer
+        what waits for it. Returns the :class:`Defer` decisions, applied to the ledger.
+
+        Raises:
+            UsageError: ``work_id`` is not pending.
+        """
+        if work_id not in self.ledger.frontier:
+            raise UsageError(f"{work_id!r} is not pending")
+        return [self._defer_dependency(work_id, error)]
+
+    def _defer_dependency(self, wid: str, error: str) -> Decision:
+        ledger = self.ledger
+        kinds = (*ledger.kinds.get(wid, ()), "dependency")
+        item = ledger.items[wid]
+        attempts = ledger.attempts.get(wid, 0)
+        return self._record(Defer(item, None, SOURCE_DEPENDENCY, attempts, kinds, error))
 
     # ------------------------------------------- the paths every failure takes
     def _roll_back(

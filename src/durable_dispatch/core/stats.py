@@ -66,6 +66,7 @@ class DispatchStats:
     in_flight_now: int = field(default=0, metadata=_GAUGE)
     pending_now: int = field(default=0, metadata=_GAUGE)
     deferred_now: int = field(default=0, metadata=_GAUGE)
+    waiting_now: int = field(default=0, metadata=_GAUGE)
     auto_batch_now: int = field(default=1, metadata=_GAUGE)
     watchdog_enabled: bool = field(default=True, metadata=_GAUGE)
     watchdog_seconds: float = field(default=0.0, metadata=_GAUGE)

@@ -79,6 +79,8 @@ class WorkStatus(str, Enum):
     IN_FLIGHT = "IN_FLIGHT"
     COMMITTED = "COMMITTED"
     DEFERRED = "DEFERRED"
+    #: waiting for a dependency's commit (``WorkItem.after``, G4)
+    WAITING = "WAITING"
 
     def __repr__(self) -> str:
         return self.value

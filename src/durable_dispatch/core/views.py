@@ -32,12 +32,15 @@ class Views(DispatcherBase):
             return WorkStatus.DEFERRED
         if work_id in ledger.frontier:
             return WorkStatus.PENDING
+        if work_id in ledger.waiting:
+            return WorkStatus.WAITING
         return None
 
     @property
     def done(self) -> bool:
-        """True when nothing is pending or in flight (everything committed or deferred)."""
-        return not self.ledger.frontier and not self.ledger.in_flight
+        """True when nothing is pending, waiting or in flight (everything committed or
+        deferred)."""
+        return not self.ledger.frontier and not self.ledger.in_flight and not self.ledger.waiting
 
     @property
     def snapshot_required(self) -> bool:
@@ -115,6 +118,7 @@ class Views(DispatcherBase):
             in_flight_now=len(self.ledger.in_flight),
             pending_now=len(self.ledger.frontier),
             deferred_now=len(self.ledger.deferred),
+            waiting_now=len(self.ledger.waiting),
             auto_batch_now=self.auto_batch(),
             watchdog_enabled=self.watchdog.enabled,
             watchdog_seconds=self.watchdog.seconds,

@@ -41,7 +41,7 @@ from concurrent.futures import (
 from types import TracebackType
 from typing import Any
 
-from ..errors import TaskCrashed, TaskFailed, TaskTimedOut, UsageError
+from ..errors import DependencyFailed, TaskCrashed, TaskFailed, TaskTimedOut, UsageError
 from ._executor import STATE_DIR_ENV, DurableExecutor
 from ._util import collect, compose
 
@@ -53,6 +53,7 @@ __all__ = [
     "TaskFailed",
     "TaskCrashed",
     "TaskTimedOut",
+    "DependencyFailed",
     "STATE_DIR_ENV",
     "Executor",
     "Future",

@@ -23,7 +23,14 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["function_name", "call_digest", "call_id"]
+__all__ = [
+    "function_name",
+    "call_digest",
+    "call_id",
+    "Dependency",
+    "take_dependencies",
+    "put_values",
+]
 
 _PICKLE = 4  # protocol of the pickles the digest reads: the same bytes on every Python >= 3.8
 
@@ -124,3 +131,73 @@ def call_digest(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
 def call_id(name: str, digest: str, n: int) -> str:
     """The work ID of the ``n``-th identical call (from 0): ``<module:qualname>/<digest>/<n>``."""
     return f"{name}/{digest}/{n}"
+
+
+class Dependency:
+    """What a call's argument holds in place of a future of the same executor (G4): the
+    dependency's work ID. Its pickle (this class's name and the work ID) is what the call's
+    digest reads, so the call's work ID digests the dependency's work ID, not its value; the
+    worker puts the dependency's value in its place (:func:`put_values`)."""
+
+    __slots__ = ("work_id",)
+
+    def __init__(self, work_id: str) -> None:
+        self.work_id = work_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Dependency, (self.work_id,))
+
+    def __repr__(self) -> str:
+        return f"<result of {self.work_id}>"
+
+
+def take_dependencies(
+    args: tuple[Any, ...], kwargs: dict[str, Any], is_mine: Callable[[Any], str | None]
+) -> tuple[tuple[Any, ...], dict[str, Any], list[str]]:
+    """``args`` and ``kwargs`` with each future ``is_mine`` names a work ID for (an argument,
+    or an element of a list, tuple or dict argument, one level deep) replaced by a
+    :class:`Dependency`; and the work IDs, in order of first appearance."""
+    found: dict[str, None] = {}
+
+    def swap(v: Any) -> Any:
+        wid = is_mine(v)
+        if wid is None:
+            return v
+        found[wid] = None
+        return Dependency(wid)
+
+    def one(v: Any) -> Any:
+        t = type(v)
+        if t is list:
+            return [swap(x) for x in v]
+        if t is tuple:
+            return tuple(swap(x) for x in v)
+        if t is dict:
+            return {k: swap(x) for k, x in v.items()}
+        return swap(v)
+
+    new_args = tuple(one(a) for a in args)
+    new_kwargs = {k: one(v) for k, v in kwargs.items()}
+    return new_args, new_kwargs, list(found)
+
+
+def put_values(
+    args: tuple[Any, ...], kwargs: dict[str, Any], value: Callable[[str], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The inverse of :func:`take_dependencies`: each :class:`Dependency` replaced by
+    ``value(work_id)``."""
+
+    def swap(v: Any) -> Any:
+        return value(v.work_id) if type(v) is Dependency else v
+
+    def one(v: Any) -> Any:
+        t = type(v)
+        if t is list:
+            return [swap(x) for x in v]
+        if t is tuple:
+            return tuple(swap(x) for x in v)
+        if t is dict:
+            return {k: swap(x) for k, x in v.items()}
+        return swap(v)
+
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}

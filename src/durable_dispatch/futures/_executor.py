@@ -36,14 +36,14 @@ from typing import Any
 
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..core.decisions import Defer
-from ..errors import RecordTooLargeError, UsageError
+from ..errors import DependencyFailed, RecordTooLargeError, UsageError
 from ..mpi.context import MAX_RESULT_BYTES
 from ..mpi.master import Feed, MasterReport, run_master
 from ..results import read_results
 from ..state import CampaignState
 from ..storage import fs
 from . import _serve
-from ._calls import call_digest, call_id, function_name
+from ._calls import call_digest, call_id, function_name, take_dependencies
 from ._outcomes import failure, gather, resolve
 from ._seal import Sealer, load_or_create_key
 
@@ -100,11 +100,14 @@ class _CallFeed(Feed):
                     ex._digests[r.work_id] = r.result["d"]
             for d in state.defer.items():
                 ex._failed[d.work_id] = (d.kinds, d.last_error, d.attempts)
+                after = d.item.get("after") if isinstance(d.item, dict) else None
+                if after:
+                    ex._after[d.work_id] = tuple(after)
                 payload = d.item.get("payload") if isinstance(d.item, dict) else None
                 if isinstance(payload, dict) and isinstance(payload.get("d"), str):
                     ex._digests[d.work_id] = payload["d"]
             ledger = state.core.ledger
-            for wid in ledger.frontier:  # calls an earlier run left: checked before they run
+            for wid in (*ledger.frontier, *ledger.waiting):  # calls an earlier run left: checked
                 payload = ledger.items[wid].payload
                 ex._sealer.check_call(wid, payload)
                 ex._digests[wid] = payload["d"]
@@ -187,7 +190,7 @@ class _CallFeed(Feed):
             return True
         if failed is not None:
             if fut.set_running_or_notify_cancel():
-                fut.set_exception(failure(wid, *failed))
+                fut.set_exception(ex._failure(wid, failed))
             return True
         return False
 
@@ -211,8 +214,10 @@ class _CallFeed(Feed):
         wid = d.work.work_id
         with self.ex._lock:
             self.ex._failed[wid] = (d.kinds, d.last_error, d.attempts)
+        if d.work.after:
+            self.ex._after.setdefault(wid, d.work.after)
         for f in self.waiting.pop(wid, ()):
-            f.set_exception(failure(wid, d.kinds, d.last_error, d.attempts))
+            f.set_exception(self.ex._failure(wid, (d.kinds, d.last_error, d.attempts)))
 
     def abandon(self, why: str) -> None:
         """The campaign ended before these calls: each future fails with BrokenExecutor."""
@@ -328,6 +333,7 @@ class DurableExecutor(Executor):
         self._record: dict[str, Any] = {}
         self._failed: dict[str, tuple[tuple[str, ...], str | None, int]] = {}
         self._digests: dict[str, str] = {}
+        self._after: dict[str, tuple[str, ...]] = {}  # a call's dependencies (G4)
         self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._sealer: Sealer | None = None
         self._shut = self._cancel = False
@@ -395,7 +401,43 @@ class DurableExecutor(Executor):
 
     def _resolve(self, fut: Future[Any], wid: str, result: Any) -> None:
         assert self._sealer is not None
-        resolve(fut, self._sealer, wid, result)
+        resolve(fut, self._sealer, wid, result, self._exception_of)
+
+    # ------------------------------------------------- futures as arguments (G4)
+    def _mine(self, v: Any) -> str | None:
+        """The work ID of ``v`` when it is a future this executor returned, else None."""
+        if isinstance(v, Future) and getattr(v, "_dd_owner", None) is self:
+            return getattr(v, "work_id", None)
+        return None
+
+    def _failure(self, wid: str, failed: tuple[tuple[str, ...], str | None, int]) -> BaseException:
+        """The exception of the deferred call ``wid``: :class:`DependencyFailed` (its cause the
+        failed dependency's exception) when a dependency failed, else :func:`failure`'s."""
+        kinds, last_error, attempts = failed
+        if not kinds or kinds[-1] != "dependency":
+            return failure(wid, kinds, last_error, attempts)
+        dep = next((d for d in self._after.get(wid, ()) if self._exception_of(d) is not None), None)
+        e = DependencyFailed(
+            f"the task never ran: its dependency {dep} failed ({last_error})",
+            work_id=wid,
+            attempts=attempts,
+            dependency=dep,
+        )
+        e.__cause__ = self._exception_of(dep) if dep is not None else None
+        return e
+
+    def _exception_of(self, wid: str) -> BaseException | None:
+        """The exception the call ``wid``'s future fails with, from the record; None when it
+        returned a value or has not ended."""
+        failed = self._failed.get(wid)
+        if failed is not None:
+            return self._failure(wid, failed)
+        rec = self._record.get(wid)
+        if rec is None:
+            return None
+        probe: Future[Any] = Future()
+        self._resolve(probe, wid, rec)
+        return probe.exception()
 
     # ------------------------------------------------------------------ the API
     @property
@@ -427,6 +469,13 @@ class DurableExecutor(Executor):
         """Schedule ``fn(*args, **kwargs)``; returns its future, with ``.work_id``. A call
         committed by an earlier run resolves at once from the record.
 
+        A future this executor returned, passed as an argument (positional or keyword, or an
+        element of a list, tuple or dict argument, one level deep), is a dependency (G4): the
+        call waits for it and receives its value in its place. The call's work ID digests the
+        dependency's work ID, not its value. If the dependency failed (raised, crashed, timed
+        out), this call never runs and its future fails with :class:`DependencyFailed`, whose
+        ``__cause__`` is the dependency's exception. A re-run resolves both from the record.
+
         An argument that cannot be pickled fails the future it returns with the pickling
         error itself (its own type), as in mpi4py and the standard library; that future has
         no work ID (None): nothing is recorded.
@@ -438,6 +487,7 @@ class DurableExecutor(Executor):
             BrokenExecutor: the executor is broken.
         """
         name = function_name(fn)
+        args, kwargs, after = take_dependencies(args, kwargs, self._mine)
         try:
             digest = call_digest(fn, args, kwargs)
         except Exception as e:  # noqa: BLE001 - an argument pickle refuses: the future's
@@ -448,7 +498,8 @@ class DurableExecutor(Executor):
             self._check_open()
             n = self._counts[(name, digest)]
             self._counts[(name, digest)] = n + 1
-            return self._enqueue(call_id(name, digest, n), name, digest, (fn, args, kwargs))
+            wid = call_id(name, digest, n)
+            return self._enqueue(wid, name, digest, (fn, args, kwargs), after)
 
     def submit_as(
         self, work_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
@@ -463,6 +514,7 @@ class DurableExecutor(Executor):
         if type(work_id) is not str or not work_id:
             raise UsageError(f"work_id must be a non-empty str, got {work_id!r}")
         name = function_name(fn)
+        args, kwargs, after = take_dependencies(args, kwargs, self._mine)
         try:
             digest = call_digest(fn, args, kwargs)
         except Exception as e:  # noqa: BLE001 - as in submit
@@ -471,7 +523,7 @@ class DurableExecutor(Executor):
             return _failed(e)
         with self._lock:
             self._check_open()
-            return self._enqueue(work_id, name, digest, (fn, args, kwargs))
+            return self._enqueue(work_id, name, digest, (fn, args, kwargs), after)
 
     def _check_open(self) -> None:
         if self._broken is not None:
@@ -479,7 +531,9 @@ class DurableExecutor(Executor):
         if self._shut:
             raise RuntimeError("cannot schedule new futures after shutdown")
 
-    def _enqueue(self, wid: str, name: str, digest: str, call: Any) -> Future[Any]:
+    def _enqueue(
+        self, wid: str, name: str, digest: str, call: Any, after: list[str] | None = None
+    ) -> Future[Any]:
         known = self._digests.get(wid)
         if known is not None and known != digest:
             raise UsageError(
@@ -488,6 +542,9 @@ class DurableExecutor(Executor):
             )
         fut: Future[Any] = Future()
         fut.work_id = wid  # type: ignore[attr-defined]
+        fut._dd_owner = self  # type: ignore[attr-defined]  # (an argument of a later call, G4)
+        if after:
+            self._after[wid] = tuple(after)
         if self._feed._settled(wid, fut, locked=True):  # committed or deferred: from the record
             return fut
         assert self._sealer is not None
@@ -496,7 +553,9 @@ class DurableExecutor(Executor):
         except Exception as e:  # noqa: BLE001 - as in submit
             return _failed(e)
         self._digests[wid] = digest
-        item = WorkItem(wid, payload, timeout=self._timeout, self_contained=True)
+        item = WorkItem(
+            wid, payload, timeout=self._timeout, self_contained=True, after=tuple(after or ())
+        )
         self._queue.append((fut, item))
         return fut
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, TimeoutError, wait
 from typing import Any
 
-from ..errors import TaskCrashed, TaskFailed, TaskTimedOut
+from ..errors import DependencyFailed, TaskCrashed, TaskFailed, TaskTimedOut
 from ._seal import Sealer
 
 __all__ = ["failure", "gather", "resolve"]
@@ -28,9 +28,16 @@ class _RemoteTraceback(Exception):
         return self.tb
 
 
-def resolve(fut: Future[Any], sealer: Sealer, wid: str, result: Any) -> None:
+def resolve(
+    fut: Future[Any],
+    sealer: Sealer,
+    wid: str,
+    result: Any,
+    cause: Callable[[str], BaseException | None] | None = None,
+) -> None:
     """Settle ``fut`` with the committed ``result`` of the call ``wid`` (its sealed outcome); a
-    record that does not open fails this future only."""
+    record that does not open fails this future only. ``cause(dependency)``: the exception of
+    a failed dependency, the ``__cause__`` of a :class:`DependencyFailed` outcome."""
     try:
         how, value, tb = sealer.open_result(wid, result)
     except Exception as e:  # noqa: BLE001 - a corrupt record fails this future only
@@ -39,7 +46,9 @@ def resolve(fut: Future[Any], sealer: Sealer, wid: str, result: Any) -> None:
     if how == "ok":
         fut.set_result(value)
     else:
-        if tb is not None and isinstance(value, BaseException):
+        if isinstance(value, DependencyFailed) and cause is not None and value.dependency:
+            value.__cause__ = cause(value.dependency)
+        elif tb is not None and isinstance(value, BaseException):
             value.__cause__ = _RemoteTraceback(tb)
         fut.set_exception(value)
 

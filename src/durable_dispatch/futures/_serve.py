@@ -27,10 +27,11 @@ import time
 import traceback
 from typing import Any
 
-from ..errors import IsolationError
+from ..errors import DependencyFailed, IsolationError
 from ..mpi import guard
 from ..mpi import protocol as P
 from ..mpi.context import WorkContext
+from ._calls import put_values
 from ._seal import Sealer
 
 __all__ = ["SESSION", "EXIT", "Task", "serve", "exit_workers"]
@@ -79,6 +80,11 @@ class Task:
         digest = payload["d"]
         try:
             fn, args, kwargs = pickle.loads(data)  # an argument that cannot be unpickled
+            if ctx.dependencies:  # futures of the same executor among the arguments (G4)
+                failed = self._dependency_failed(wid, ctx.dependencies)
+                if failed is not None:
+                    return self._raised(wid, digest, failed)
+                args, kwargs = put_values(args, kwargs, self._opened(ctx.dependencies))
             value = fn(*args, **kwargs)  # raises here, as the call would (as in mpi4py)
         except BaseException as e:  # noqa: BLE001 - the call's outcome, kept and re-raised
             return self._raised(wid, digest, e)
@@ -86,6 +92,23 @@ class Task:
             return self.sealer.seal_result(wid, digest, "ok", value)
         except Exception as e:  # noqa: BLE001 - a value pickle cannot hold
             return self._raised(wid, digest, e)
+
+    def _dependency_failed(self, wid: str, results: Any) -> DependencyFailed | None:
+        """The failure of a call one of whose dependencies raised (its committed outcome), or
+        None when each returned a value."""
+        for dep, result in results.items():
+            how, _data = self.sealer.check_result(dep, result)
+            if how != "ok":
+                return DependencyFailed(
+                    f"the task never ran: its dependency {dep} raised", work_id=wid, dependency=dep
+                )
+        return None
+
+    def _opened(self, results: Any) -> Any:
+        def value(dep: str) -> Any:
+            return self.sealer.open_result(dep, results[dep])[1]
+
+        return value
 
     def _raised(self, wid: str, digest: str, e: BaseException) -> dict[str, Any]:
         tb = "".join(traceback.format_exception(e))[-_TB_CHARS:]

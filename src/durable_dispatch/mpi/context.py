@@ -8,7 +8,7 @@ the isolated child imports this module with MPI left uninitialised.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,8 @@ class WorkContext:
             isolating worker kills the function then), or None when there is no deadline. Each
             :meth:`beat` pushes it to at least ``now + lease``.
         lease: how far a heartbeat pushes the deadline, in seconds.
+        dependencies: the committed result of each work ID the item names in
+            ``WorkItem.after``, by work ID (G4); empty for an item without dependencies.
     """
 
     work_id: str
@@ -52,6 +54,7 @@ class WorkContext:
     deadline: float | None
     lease: float
     _send_beat: Callable[[], None] = field(repr=False, default=lambda: None)
+    dependencies: Mapping[str, Any] = field(default_factory=dict)
 
     def seconds_left(self) -> float | None:
         """Seconds until :attr:`deadline` (never negative), or None without a deadline."""
@@ -122,5 +125,8 @@ def run_items(
         ctx = WorkContext(
             str(item.get("work_id")), int(item.get("attempt", 0)), deadline, lease, beat
         )
+        deps = item.get("dependencies")
+        if type(deps) is dict:
+            ctx.dependencies = deps
         yield call_work_function(fn, mode, item.get("payload"), ctx, max_result)
         deadline = ctx.deadline

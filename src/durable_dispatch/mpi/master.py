@@ -261,6 +261,8 @@ def run_master(
                 raw = time.monotonic()
                 now = core.clock.observe(raw)  # U7: a pause of the master is not counted
                 source.refill()
+                if source.exhausted and core.ledger.waiting:
+                    state.settle_waiting()  # G4: nothing else can run: they never will
                 if source.exhausted and state.done:  # G1: every callback returned, too
                     if linger_until is None:
                         linger_until = now + linger
@@ -290,7 +292,9 @@ def run_master(
                     and (s := state.next_send(now, core.auto_batch() if auto else fixed))
                     is not None
                 ):
-                    error = link.send(s.rank, P.WORK, P.work_message(s, ahead=auto))
+                    deps = state.dependencies_of(s)  # G4: None unless an item has ``after``
+                    msg = P.work_message(s, ahead=auto, dependencies=deps)
+                    error = link.send(s.rank, P.WORK, msg)
                     state.sent(s.token, state.now(), error)
                     if error is not None and ft:
                         _check_failures(link, state, lost, now)

@@ -37,7 +37,7 @@ answers with one RESULT, as the user chose.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,10 +185,17 @@ def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
     return inbox
 
 
-def work_message(send: Send, *, ahead: bool = False) -> bytes:
+def work_message(
+    send: Send,
+    *,
+    ahead: bool = False,
+    dependencies: Mapping[str, Mapping[str, Any]] | None = None,
+) -> bytes:
     """The WORK message of a dispatch: its token, its items (work ID, payload, attempt), and its
     deadline and lease, so an isolating worker kills the work at the master's deadline;
-    ``ahead``: the worker may send finished items ahead of its RESULT (see the module docs)."""
+    ``ahead``: the worker may send finished items ahead of its RESULT (see the module docs);
+    ``dependencies``: by work ID, the committed results of an item's ``after`` IDs (G4), sent
+    as the item's ``dependencies`` member (``ctx.dependencies``)."""
     items = send.items
     if len(items) == 1 and len(send.attempts) == 1:  # (batch=1: no zip, no comprehension)
         w = items[0]
@@ -198,6 +205,11 @@ def work_message(send: Send, *, ahead: bool = False) -> bytes:
             {"work_id": w.work_id, "payload": w.payload, "attempt": n}
             for w, n in zip(items, send.attempts, strict=True)
         ]
+    if dependencies:
+        for entry in listed:
+            deps = dependencies.get(entry["work_id"])
+            if deps is not None:
+                entry["dependencies"] = deps
     body = {"token": str(send.token), "items": listed, "seconds": send.seconds, "lease": send.lease}
     if ahead and len(items) > 1:
         body["ahead"] = True
