@@ -81,6 +81,7 @@ def test_results_are_read_beside_a_running_master_without_changing_anything(
     with CampaignState.open(tmp_path, ranks=(1,), watchdog=WatchdogConfig(30)) as s:
         s.submit(WorkItem(w, {"w": w}) for w in _ids(8))
         fake_campaign(s)
+
         # The master's own statistics thread may be writing its temporary file, or publishing
         # its first statistics, at either look; what the reader must not do is create or lock
         # anything.
