@@ -619,6 +619,9 @@ def test_the_first_tutorial_runs_as_written(tmp_path: Path) -> None:
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # as a shell does for a foreground job: a suite started in the background ("cmd &")
+        # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt (test_mpi_demo)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     first: list[str] = []
     try:

@@ -1077,9 +1077,9 @@ def test_frozen_items_are_freed_as_they_commit_not_held_for_the_campaign(
     from durable_dispatch.mpi import run_master
     from durable_dispatch.testing import LocalWorkers
 
-    monkeypatch.setattr(replay, "FREEZE_AT", 500)
-    monkeypatch.setattr(master_mod._Source, "CHUNK", 2000)
-    monkeypatch.setattr(master_mod._Source, "LOW", 500)
+    monkeypatch.setattr(replay, "FREEZE_AT", 250)
+    monkeypatch.setattr(master_mod._Source, "CHUNK", 1000)
+    monkeypatch.setattr(master_mod._Source, "LOW", 250)
     seen: list[int] = []
 
     class Watch(LocalWorkers):
@@ -1087,7 +1087,7 @@ def test_frozen_items_are_freed_as_they_commit_not_held_for_the_campaign(
             seen.append(gc.get_freeze_count())
             return super().receive(limit)
 
-    n = 40_000  # 20 chunks, each a bulk build that froze
+    n = 20_000  # 20 chunks, each a bulk build that froze
     items = (WorkItem(f"w{i:06d}", {"i": i, "pad": "x" * 20}) for i in range(n))
     report = run_master(items, tmp_path / "s", comm=Watch(lambda p: p["i"], 4), batch=64)
     assert report.finished
