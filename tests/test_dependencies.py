@@ -357,6 +357,7 @@ def test_a_dag_in_process_with_master_sigkills_commits_the_closure_once(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.loop
 def test_a_dag_under_mpiexec_with_job_sigkills_commits_the_closure_once(tmp_path: Path) -> None:
     """The same DAG under a real mpiexec (its own session, killed after a timeout), the whole
     job SIGKILLed at random moments."""

@@ -116,6 +116,7 @@ def test_a_generator_source_is_consumed_as_the_frontier_drains(tmp_path: Path) -
     assert again.finished and again.stats["core"]["dispatches"] == 0
 
 
+@pytest.mark.loop
 def test_a_growing_campaign_killed_at_random_moments_commits_the_closure_once(
     tmp_path: Path,
 ) -> None:

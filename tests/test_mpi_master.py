@@ -471,6 +471,7 @@ def test_sigterm_to_mpiexec_on_each_mpi_and_a_rerun_finishes(tmp_path: Path) -> 
 SINK = Path(__file__).parent / "children" / "sink_campaign.py"
 
 
+@pytest.mark.loop
 def test_a_sigkilled_master_delivers_every_result_to_the_users_sink(tmp_path: Path) -> None:
     """Issue 16 (U6), as a user met it: on_commit appends each result to a file; the master is
     SIGKILLed 20 times (half of them inside the callback), with compaction between some runs.

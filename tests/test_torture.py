@@ -16,7 +16,7 @@ import torture  # noqa: E402
 
 # Every test here runs scenarios under mpiexec inside the harness, where the tier classifier
 # (tests/conftest.py) does not look: so the tier is stated.
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.loop]
 
 
 def _first_violation(plant: str, profile: str, tmp: Path, tries: int = 3) -> list[str]:
