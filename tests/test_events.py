@@ -8,6 +8,8 @@ import pytest
 from durable_dispatch.core.decisions import WorkItem
 from durable_dispatch.core.events import (
     EVENTS,
+    Cancelled,
+    CommandApplied,
     Committed,
     Deferred,
     Delivered,
@@ -36,6 +38,9 @@ SAMPLES = [
     Deferred("a", T, "invalid-result", 3, ("error", "error", "timeout"), "boom"),
     RequeuedDeferred("a"),
     Delivered(41),
+    Cancelled("a", "cmd-1"),
+    Cancelled("a"),
+    CommandApplied("cmd-1", "cancel", {"work_ids": {"a": "cancelled"}, "ok": True}),
 ]
 
 

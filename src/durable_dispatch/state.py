@@ -177,6 +177,8 @@ class CampaignState(Delivery):
         self._opened_at = time.time()
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck_since: float | None = None  # since when every live worker is parked
+        #: the operator commands this open applied (``control.Applied``; O1)
+        self.applied_at_open: list[Any] = []
 
     @classmethod
     def open(
@@ -270,6 +272,13 @@ class CampaignState(Delivery):
         st._apply(restarts)
         st._save_snapshot(f"start of epoch {epoch}")
         _resources.register(st)
+        try:  # O1: the operator's commands that wait (``durable-dispatch cancel`` ...), once
+            from .control import apply_waiting
+
+            st.applied_at_open = apply_waiting(st, running=False)
+        except BaseException:
+            st.close()
+            raise
         if on_commit is not None:
             try:
                 st.redeliver(on_commit)

@@ -36,6 +36,7 @@ __all__ = [
     "SOURCE_SEND_FAILURE",
     "SOURCE_RANK_LOST",
     "SOURCE_MASTER_RESTART",
+    "SOURCE_OPERATOR",
 ]
 
 SOURCE_INVALID_RESULT = "invalid-result"
@@ -43,6 +44,7 @@ SOURCE_WATCHDOG = "watchdog-timeout"
 SOURCE_SEND_FAILURE = "send-failure"
 SOURCE_RANK_LOST = "rank-lost"
 SOURCE_MASTER_RESTART = "master-restart"
+SOURCE_OPERATOR = "operator"  # O1: an operator's ``durable-dispatch cancel`` (issue 52)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,9 @@ event (``"event"``)    what it records
 ``deferred``           an item ran out of retries and was set aside for an operator
 ``requeued_deferred``  an operator put a deferred item back at the end of the frontier
 ``delivered``          every commit journaled up to ``upto`` was handed to the callback (U6)
+``cancelled``          an operator cancelled an item: it ends for good, not committed (O1)
+``command``            an operator's command (``durable-dispatch cancel/retry/submit/drain``)
+                       was applied, with its outcome: replay skips a command ID it holds
 =====================  ==================================================================
 
 :func:`decode` checks a record against its event's schema (S11, :func:`check_event`) and raises
@@ -60,6 +63,8 @@ __all__ = [
     "Deferred",
     "RequeuedDeferred",
     "Delivered",
+    "Cancelled",
+    "CommandApplied",
     "encode",
     "decode",
     "check_event",
@@ -380,8 +385,8 @@ class Deferred(_Event):
 
 @dataclass(frozen=True, slots=True)
 class RequeuedDeferred(_Event):
-    """An operator put the deferred ``work_id`` back at the end of the frontier, its failure
-    counts cleared."""
+    """An operator put the deferred (or cancelled) ``work_id`` back at the end of the frontier,
+    its failure counts cleared (``durable-dispatch retry``)."""
 
     NAME: ClassVar[str] = "requeued_deferred"
     REQUIRED: ClassVar[Mapping[str, Check]] = {"work_id": is_str}
@@ -417,6 +422,58 @@ class Delivered(_Event):
         return cls(rec["upto"])
 
 
+@dataclass(frozen=True, slots=True)
+class Cancelled(_Event):
+    """An operator cancelled ``work_id`` (pending, in flight or deferred): it ends for good
+    without a commit, a final state beside committed and deferred (O1). ``command``: the ID of
+    the operator's command that did it."""
+
+    NAME: ClassVar[str] = "cancelled"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {"work_id": is_str}
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {"command": is_str_or_none}
+
+    work_id: str
+    command: str | None = None
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        return {"event": "cancelled", "work_id": self.work_id, "command": self.command}
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> Cancelled:
+        """The event of a checked record."""
+        return cls(rec["work_id"], rec.get("command"))
+
+
+def _is_dict(v: Any) -> bool:
+    return type(v) is dict
+
+
+@dataclass(frozen=True, slots=True)
+class CommandApplied(_Event):
+    """The operator's command ``id`` (``op``: ``cancel``, ``retry``, ``submit`` or ``drain``)
+    was applied with ``outcome`` (JSON: what it did to each work ID). Journaled after the
+    command's effects and before its acknowledgement, so a command is applied once: replay
+    knows its ID, and a command file found again is acknowledged, not applied again."""
+
+    NAME: ClassVar[str] = "command"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {"id": is_str, "op": is_str}
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {"outcome": _is_dict}
+
+    id: str
+    op: str
+    outcome: Mapping[str, Any]
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        return {"event": "command", "id": self.id, "op": self.op, "outcome": dict(self.outcome)}
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> CommandApplied:
+        """The event of a checked record."""
+        return cls(rec["id"], rec["op"], rec.get("outcome") or {})
+
+
 Event = (
     EpochStarted
     | Submitted
@@ -426,6 +483,8 @@ Event = (
     | Deferred
     | RequeuedDeferred
     | Delivered
+    | Cancelled
+    | CommandApplied
 )
 
 #: Every event class, in the order of the module docs' table.
@@ -438,6 +497,8 @@ EVENTS: tuple[type[Event], ...] = (
     Deferred,
     RequeuedDeferred,
     Delivered,
+    Cancelled,
+    CommandApplied,
 )
 _BY_NAME: dict[str, type[Event]] = {c.NAME: c for c in EVENTS}
 

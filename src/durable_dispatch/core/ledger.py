@@ -9,10 +9,11 @@ durable field is added in one place.
 
 The facts: the epoch and its dispatch counter; the frontier (work IDs in dispatch order); the work
 items in flight, with the token and rank of their dispatch; the committed work IDs; the deferred
-items; per work ID the failures charged (count, kinds, last error) and the ``solo`` mark (failed in
-a multi-item dispatch: dispatched alone from now on); the delivery point (U6). A work ID is in
-exactly one of frontier, in flight, committed and deferred. Payloads are kept once, in
-:attr:`Ledger.items`, for every work ID not committed.
+items; the cancelled items (O1: an operator's ``cancel``, final like a commit); per work ID
+the failures charged (count, kinds, last error) and the ``solo`` mark (failed in a multi-item
+dispatch: dispatched alone from now on); the delivery point (U6); the operator commands applied
+(their IDs and outcomes). A work ID is in exactly one of frontier, in flight, committed, deferred
+and cancelled. Payloads are kept once, in :attr:`Ledger.items`, for every work ID not committed.
 
 Dense indices (S8). Every work ID gets the next *index* when it is first submitted
 (:class:`Ids`); a submission may name its first index (the submissions store's numbering), and
@@ -37,6 +38,8 @@ from ..schema import Invalid
 from ..tokens import Token
 from .decisions import WorkItem
 from .events import (
+    Cancelled,
+    CommandApplied,
     Committed,
     Deferred,
     Delivered,
@@ -79,6 +82,8 @@ class Ledger:
         in_flight: work ID -> (token, rank) of its open dispatch, in dispatch order.
         committed: committed work IDs (a set).
         deferred: deferred work items by work ID, in the order they were deferred.
+        cancelled: cancelled work items by work ID, in the order they were cancelled (O1).
+        commands: the outcome of every operator command applied, by command ID (O1).
         attempts, kinds, last_error: failures charged per work ID (count, kinds, last reason).
         solo: work IDs dispatched alone from now on.
         delivered: the newest journaled delivery point (U6), -1 when none.
@@ -100,6 +105,8 @@ class Ledger:
         "solo",
         "delivered",
         "duplicate_commits",
+        "cancelled",
+        "commands",
     )
 
     def __init__(self, epoch: int = 0) -> None:
@@ -117,6 +124,8 @@ class Ledger:
         self.solo: set[str] = set()
         self.delivered = -1
         self.duplicate_commits = 0
+        self.cancelled: dict[str, WorkItem] = {}
+        self.commands: dict[str, dict[str, Any]] = {}
 
     # ----------------------------------------------------------------- events
     def apply(self, ev: Event) -> None:
@@ -201,11 +210,23 @@ class Ledger:
         wid = ev.work_id
         if wid not in self.ids.index:
             raise Invalid("work_id", f"{wid!r} names no work item of this campaign")
-        if self.deferred.pop(wid, None) is not None:
+        if self.deferred.pop(wid, None) is not None or self.cancelled.pop(wid, None) is not None:
             self.attempts.pop(wid, None)
             self.kinds.pop(wid, None)
             self.last_error.pop(wid, None)
             self.frontier.append(wid, self.items[wid].priority)
+
+    def _cancelled(self, ev: Cancelled) -> None:
+        wid = ev.work_id
+        if wid in self.cancelled:
+            return  # (a command applied again after a crash before its ``command`` record)
+        wid = self._known_item(wid)
+        self._leave(wid)
+        self.cancelled[wid] = self.items[wid]
+        self.solo.discard(wid)
+
+    def _command_applied(self, ev: CommandApplied) -> None:
+        self.commands[ev.id] = dict(ev.outcome)
 
     def _delivered(self, ev: Delivered) -> None:
         self.delivered = max(self.delivered, ev.upto)
@@ -259,8 +280,13 @@ class Ledger:
             self.apply(ev)
 
     def _leave(self, wid: str) -> None:
-        """``wid`` leaves wherever it is (frontier, in flight, deferred) to go somewhere else."""
-        if self.in_flight.pop(wid, None) is None and self.deferred.pop(wid, None) is None:
+        """``wid`` leaves wherever it is (frontier, in flight, deferred, cancelled) to go
+        somewhere else."""
+        if (
+            self.in_flight.pop(wid, None) is None
+            and self.deferred.pop(wid, None) is None
+            and self.cancelled.pop(wid, None) is None
+        ):
             self.frontier.remove(wid)
 
     def _known_item(self, wid: str) -> str:
@@ -270,7 +296,7 @@ class Ledger:
 
     # ---------------------------------------------------------------- queries
     def known(self, wid: str) -> bool:
-        """True when ``wid`` is pending, in flight, committed or deferred."""
+        """True when ``wid`` is pending, in flight, committed, deferred or cancelled."""
         return wid in self.ids.index
 
     # ----------------------------------------------------------- snapshot form
@@ -301,7 +327,19 @@ class Ledger:
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "last_error": dict(self.last_error),
             "solo": sorted(self.solo.difference(committing)),
+            **self._operator(lambda w: items[w].to_json()),
         }
+
+    def _operator(self, name: Callable[[str], Any]) -> dict[str, Any]:
+        """The snapshot members of the operator's facts (O1): ``cancelled`` (each named by
+        ``name(work_id)``) and ``commands``; nothing when there are none (the form of earlier
+        versions, byte for byte)."""
+        out: dict[str, Any] = {}
+        if self.cancelled:
+            out["cancelled"] = [name(w) for w in self.cancelled]
+        if self.commands:
+            out["commands"] = {k: dict(v) for k, v in self.commands.items()}
+        return out
 
     def to_compact(self, committing: Collection[str] = ()) -> dict[str, Any]:
         """The ledger in the compact snapshot form (S8): indices instead of payloads, the
@@ -333,6 +371,7 @@ class Ledger:
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "last_error": dict(self.last_error),
             "solo": sorted(self.solo.difference(committing)),
+            **self._operator(index.__getitem__),
         }
 
     def _levels(self) -> dict[str, Any]:
@@ -369,6 +408,12 @@ class Ledger:
                 led.ids.assign(w.work_id)
                 items[w.work_id] = w
                 led.deferred[w.work_id] = w
+        for it in snap.get("cancelled", ()):
+            w = WorkItem.from_json(it)
+            if w.work_id not in led.ids.index:
+                led.ids.assign(w.work_id)
+                items[w.work_id] = w
+                led.cancelled[w.work_id] = w
         for tx in snap.get("in_flight", ()):
             w = WorkItem.from_json(tx["work"])
             token = _token(tx["token"])
@@ -386,6 +431,7 @@ class Ledger:
         led.kinds = {k: list(v) for k, v in snap.get("kinds", {}).items()}
         led.last_error = dict(snap.get("last_error", {}))
         led.solo = set(snap.get("solo", ()))
+        led.commands = {k: dict(v) for k, v in snap.get("commands", {}).items()}
         return led
 
     @classmethod
@@ -410,7 +456,7 @@ class Ledger:
         return (
             f"<Ledger epoch={self.epoch} pending={len(self.frontier)} "
             f"in_flight={len(self.in_flight)} committed={len(self.committed)} "
-            f"deferred={len(self.deferred)}>"
+            f"deferred={len(self.deferred)} cancelled={len(self.cancelled)}>"
         )
 
 
@@ -424,6 +470,8 @@ _APPLY: dict[type, Callable[[Ledger, Any], None]] = {
     EpochStarted: Ledger._epoch_started,
     RequeuedDeferred: Ledger._requeued_deferred,
     Delivered: Ledger._delivered,
+    Cancelled: Ledger._cancelled,
+    CommandApplied: Ledger._command_applied,
 }
 
 
@@ -489,7 +537,8 @@ class LedgerLoader:
         self._snap = snap
         self._led = Ledger._common(snap)
         self._size = size = int(snap["size"])
-        # where each index is: 0 void, 1 pending, 2 in flight, 3 committed, 4 deferred
+        # where each index is: 0 void, 1 pending, 2 in flight, 3 committed, 4 deferred,
+        # 5 cancelled
         self._where = where = bytearray(size)
         for a, b in snap["frontier"]:
             _place(where, a, b, 1, "frontier")
@@ -502,6 +551,8 @@ class LedgerLoader:
             _place(where, a, b, 3, "committed")
         for i in snap["deferred"]:
             _place(where, i, i + 1, 4, "deferred")
+        for i in snap.get("cancelled", ()):
+            _place(where, i, i + 1, 5, "cancelled")
         self._led.ids.ids.extend([None] * size)
 
     def take(self, first: int, items: Sequence[Any], digests: bytes | None = None) -> None:
@@ -589,6 +640,10 @@ class LedgerLoader:
             wid = ids[i]
             if wid is not None:
                 led.deferred[wid] = items[wid]
+        for i in snap.get("cancelled", ()):
+            wid = ids[i]
+            if wid is not None:
+                led.cancelled[wid] = items[wid]
         for i, token, rank in snap["in_flight"]:
             wid = ids[i]
             if wid is not None:

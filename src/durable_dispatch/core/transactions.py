@@ -79,6 +79,7 @@ class WorkStatus(str, Enum):
     IN_FLIGHT = "IN_FLIGHT"
     COMMITTED = "COMMITTED"
     DEFERRED = "DEFERRED"
+    CANCELLED = "CANCELLED"
 
     def __repr__(self) -> str:
         return self.value

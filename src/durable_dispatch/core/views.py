@@ -32,11 +32,14 @@ class Views(DispatcherBase):
             return WorkStatus.DEFERRED
         if work_id in ledger.frontier:
             return WorkStatus.PENDING
+        if work_id in ledger.cancelled:
+            return WorkStatus.CANCELLED
         return None
 
     @property
     def done(self) -> bool:
-        """True when nothing is pending or in flight (everything committed or deferred)."""
+        """True when nothing is pending or in flight (everything committed, deferred or
+        cancelled)."""
         return not self.ledger.frontier and not self.ledger.in_flight
 
     @property
@@ -115,6 +118,7 @@ class Views(DispatcherBase):
             in_flight_now=len(self.ledger.in_flight),
             pending_now=len(self.ledger.frontier),
             deferred_now=len(self.ledger.deferred),
+            cancelled_now=len(self.ledger.cancelled),
             auto_batch_now=self.auto_batch(),
             watchdog_enabled=self.watchdog.enabled,
             watchdog_seconds=self.watchdog.seconds,

@@ -12,6 +12,7 @@ each worker's messages in the order it sent them (RESULT before its READY).
 | HEARTBEAT | worker -> master | ``{"token"}`` |
 | STOP | master -> worker | ``{}`` |
 | GONE | worker -> master | ``{"error"}``: the worker failed (at start, or in its loop) and ends |
+| CANCEL | master -> worker | ``{"token"}``: an operator cancelled the dispatch (O1) |
 
 A WORK message carries one item, or several when the master runs with ``batch > 1``; its RESULT
 has one entry in ``results`` per item, in order. ``seconds`` is the dispatch's deadline as the
@@ -22,6 +23,9 @@ worker could not do, each with its failure kind (``error``, ``crash``, ``result-
 RESULT ``{"token", "error", "kind"}`` reports that the whole dispatch failed (``kind`` is
 ``timeout`` when an isolating worker killed it at its deadline; without ``kind`` it counts as a
 malformed RESULT).
+
+On CANCEL an isolating worker kills the dispatch's child (and its process tree) and sends
+READY with the token; a worker without isolation finishes the dispatch (its RESULT is stale).
 
 A WORK message with ``"ahead": true`` (the master sends it under ``batch="auto"``) lets the
 worker send the outcomes of some of its items ahead of its RESULT, when they would otherwise
@@ -48,6 +52,7 @@ __all__ = [
     "HEARTBEAT",
     "STOP",
     "GONE",
+    "CANCEL",
     "TAG_NAMES",
     "encode",
     "decode",
@@ -59,6 +64,7 @@ __all__ = [
 ]
 
 WORK, RESULT, READY, HEARTBEAT, STOP, GONE = 11, 12, 13, 14, 15, 16
+CANCEL = 17  # issue 52
 TAG_NAMES = {
     WORK: "WORK",
     RESULT: "RESULT",
@@ -66,6 +72,7 @@ TAG_NAMES = {
     HEARTBEAT: "HEARTBEAT",
     STOP: "STOP",
     GONE: "GONE",
+    CANCEL: "CANCEL",
 }
 MAX_MESSAGE = 16 << 20
 
