@@ -48,13 +48,16 @@ class CampaignView:
         state: :data:`RUNNING`, :data:`FINISHED` or :data:`STOPPED`.
         master_running: a master holds the state directory now.
         epoch: the newest master run's epoch (1 for the first run; 0 before any).
-        work_items: every work item submitted (committed + deferred + pending + in_flight).
+        work_items: every work item submitted (committed + deferred + cancelled + pending +
+            in_flight).
         committed: items committed (each has its result, ``durable-dispatch results``).
         deferred: items set aside after their retries (``durable-dispatch deferred list``).
         pending: items waiting for a dispatch (including :attr:`interrupted`).
         in_flight: items dispatched and not yet answered (0 when no master runs).
         interrupted: of :attr:`pending`, the items a master that is not running left in flight
             (killed, or its drain cut short); they run again at the next start.
+        cancelled: items an operator cancelled (``durable-dispatch cancel``): final, never
+            retried unless ``durable-dispatch retry`` puts them back.
         failures_by_kind: failures charged to items, by kind (``timeout``, ``error``,
             ``crash`` ...), over the campaign's life (kept by compaction).
         failed_items: items that failed at least once (committed later or not).
@@ -97,6 +100,7 @@ class CampaignView:
     pending: int
     in_flight: int
     interrupted: int
+    cancelled: int = 0
     failures_by_kind: Mapping[str, int] = field(default_factory=dict)
     failed_items: int = 0
     duplicate_commits: int = 0
@@ -198,6 +202,7 @@ def campaign_view(
     core: Mapping[str, Any] = stats.get("core") or {}
     committed = len(ledger.committed)
     deferred = len(ledger.deferred)
+    cancelled = len(ledger.cancelled)
     flying = len(ledger.in_flight)
     pending = len(ledger.frontier)
     interrupted = 0
@@ -237,12 +242,13 @@ def campaign_view(
         state=state,
         master_running=running,
         epoch=int(ledger.epoch),
-        work_items=committed + deferred + pending + flying,
+        work_items=committed + deferred + cancelled + pending + flying,
         committed=committed,
         deferred=deferred,
         pending=pending,
         in_flight=flying,
         interrupted=interrupted,
+        cancelled=cancelled,
         failures_by_kind=dict(sorted(kinds.items())),
         failed_items=failed,
         duplicate_commits=int(ledger.duplicate_commits),

@@ -79,9 +79,10 @@ class MasterReport:
     Attributes:
         stats: the campaign's statistics (``CampaignStats.as_dict()``).
         mode: ``"ulfm"`` or ``"no-ulfm"``.
-        finished: True when every work item was committed or deferred. (When the disk refuses
-            the journal to the end, commits live in memory only: ``run_master`` retries it for a
-            few seconds, then raises ``NotDurableError`` from closing the state.)
+        finished: True when every work item was committed, deferred or cancelled. (When the
+            disk refuses the journal to the end, commits live in memory only: ``run_master``
+            retries it for a few seconds, then raises ``NotDurableError`` from closing the
+            state.)
         lost_ranks: rank -> wall-clock time the master rolled back its dispatch: ranks the
             runtime reported dead (ULFM), and workers that said they failed (GONE).
         seconds: the campaign's duration.
