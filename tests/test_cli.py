@@ -215,16 +215,20 @@ def test_every_command_has_help_and_docs() -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     names = sorted(sub.choices)  # type: ignore[union-attr]
     assert names == [
+        "cancel",
         "compact",
         "deferred",
         "demo",
+        "drain",
         "inspect",
         "joblog",
         "launch",
         "report",
         "results",
+        "retry",
         "run",
         "stats",
+        "submit",
         "verify",
         "watch",
     ]

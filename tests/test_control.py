@@ -408,3 +408,29 @@ def _read(p: Path) -> str | None:
         return p.read_text() or None
     except FileNotFoundError:
         return None
+
+
+def test_a_deferred_item_cancelled_leaves_the_deferred_list_and_retry_brings_it_back(
+    tmp_path: Path,
+) -> None:
+    from durable_dispatch import RetryPolicy
+
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=[1], retry=RetryPolicy(0)) as s:
+        s.submit([WorkItem("w1", {"x": 1})])
+        x = s.next_send(0.0)
+        assert x is not None
+        s.sent(x.token, 0.0)
+        s.on_results(1, str(x.token), None, 0.0, failure="garbled")
+        s.on_ready(1, str(x.token), 0.0)
+        s.tick(0.0)
+    assert [r["work_id"] for r in json.loads(cli("deferred", "list", str(d), "--json").stdout)]
+    out = json.loads(cli("cancel", str(d), "w1", "--json").stdout)
+    assert out["work_ids"] == {"w1": "cancelled"}, out
+    assert json.loads(cli("deferred", "list", str(d), "--json").stdout) == []
+    st = json.loads(cli("stats", str(d), "--json").stdout)
+    assert (st["cancelled"], st["deferred"], st["finished"]) == (1, 0, True)
+    assert cli("deferred", "requeue", str(d), "w1").returncode == 2  # not deferred: cancelled
+    assert cli("retry", str(d), "w1").returncode == 0
+    led = view_state(d).projection
+    assert "w1" in led.frontier and not led.attempts.get("w1")  # a fresh budget

@@ -202,7 +202,7 @@ def campaign_view(
     core: Mapping[str, Any] = stats.get("core") or {}
     committed = len(ledger.committed)
     deferred = len(ledger.deferred)
-    cancelled = len(ledger.cancelled)
+    cancelled = len(getattr(ledger, "cancelled", ()))  # (a ledger of an earlier shape: none)
     flying = len(ledger.in_flight)
     pending = len(ledger.frontier)
     interrupted = 0
