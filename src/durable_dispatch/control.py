@@ -280,7 +280,9 @@ class Inbox:
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
         self.dir = control_dir(state_dir)
-        self._next = 0.0  # the master's clock: when to look again
+        #: the master's clock: when to look again (the loop compares it before calling
+        #: :meth:`due`, so a turn between polls costs one comparison)
+        self.next_poll = 0.0
         self._mtime: int | None = None
         self._listed = -RESCAN_SECONDS
         self._refused: set[str] = set()  # logged once each
@@ -291,9 +293,9 @@ class Inbox:
     def due(self, now: float) -> list[Command]:
         """The commands waiting, read and checked, in the order to apply them; [] between
         polls. ``now``: the master's monotonic clock."""
-        if now < self._next:
+        if now < self.next_poll:
             return []
-        self._next = now + POLL_SECONDS
+        self.next_poll = now + POLL_SECONDS
         self.stats["stats"] += 1
         try:
             mtime = os.stat(self.dir).st_mtime_ns

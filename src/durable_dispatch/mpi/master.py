@@ -304,7 +304,7 @@ def run_master(
                 # 4. deliver durable commits, join invalid results, 5. sweep the watchdog (once
                 # the backlog is read), retry degraded storage
                 state.tick(state.now(), drained=len(msgs) < _RECEIVE_LIMIT)
-                if commands := operator.due(now):  # (a stat at most every 0.5 s; control.py)
+                if now >= operator.next_poll and (commands := operator.due(now)):  # (control.py)
                     _steer(state, link, stopping, commands, now)
                 if progress is not None and now >= next_progress:
                     progress(state.statistics().as_dict())
