@@ -591,7 +591,7 @@ def _one_run(
     launcher.remove_stale_shm()
     if verbose:
         print(f"  run {r}: rc {proc.returncode} in {time.monotonic() - t0:.1f}s", flush=True)
-    if proc.returncode == 0 and _finished_since(s, workdir, t0_wall):
+    if proc.returncode == 0 and _finished_since(s, workdir, t0_wall) and not _left(s, workdir):
         return True
     if "Traceback" in stderr and "CorruptError" in stderr:
         out.violations.append(f"run {r} refused its own state: {stderr[-1500:]}")
@@ -608,6 +608,18 @@ def _rank0(ranks: list[int]) -> int:
         if b"OMPI_COMM_WORLD_RANK=0" in env or b"PMI_RANK=0" in env:
             return p
     return ranks[0]
+
+
+def _left(s: dict[str, Any], workdir: Path) -> bool:
+    """Work an operator's command gave the campaign after its master finished (a ``retry`` or
+    ``submit`` applied with no master running, or a command still queued): run again."""
+    if s.get("mode") == "futures" or not any(a["do"].startswith("op-") for a in s["nemesis"]):
+        return False
+    from durable_dispatch.admin import view_state
+    from durable_dispatch.control import pending_commands
+
+    state = _statedir(s, workdir)
+    return bool(view_state(state).projection.frontier) or bool(pending_commands(str(state)))
 
 
 def _finished_since(s: dict[str, Any], workdir: Path, since: float) -> bool:
