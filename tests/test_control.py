@@ -434,3 +434,25 @@ def test_a_deferred_item_cancelled_leaves_the_deferred_list_and_retry_brings_it_
     assert cli("retry", str(d), "w1").returncode == 0
     led = view_state(d).projection
     assert "w1" in led.frontier and not led.attempts.get("w1")  # a fresh budget
+
+
+def test_a_command_whose_master_ends_before_it_looks_is_applied_by_the_command_line(
+    tmp_path: Path,
+) -> None:
+    """The master closed (finished) without polling again: the waiting command line sees no
+    master running any more and applies the command itself, instead of timing out."""
+    d = _state(tmp_path)
+    st = CampaignState.open(d, ranks=(1,))  # a master that never polls
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "durable_dispatch", "cancel", str(d), "w2", "--json"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        _wait(lambda: pending_commands(str(d)), 60)
+    finally:
+        st.close()
+    stdout, _ = proc.communicate(timeout=120)
+    body = json.loads(stdout)
+    assert proc.returncode == 0 and body["applied_by"] == "opened", body
+    assert set(view_state(d).projection.cancelled) == {"w2"}

@@ -444,6 +444,9 @@ def _cancel(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied
             state._apply(decisions, state._on_commit)
             if stop is not None:
                 done.stop.append(stop)
+            hook = getattr(state, "on_cancel", None)  # (a face that waits on items: futures)
+            if hook is not None:
+                hook(wid)
     n = sum(1 for w in result.values() if w.startswith("cancelled"))
     left = {w: why for w, why in result.items() if not why.startswith("cancelled")}
     done.outcome |= {
@@ -619,29 +622,41 @@ def send(
             stays queued for the next master).
     """
     from .errors import LockHeldError
+    from .state import CampaignState
     from .statedir import _master_running
+
+    def apply_here() -> Sent | None:
+        """No master: open the state directory (its open applies the command); None when a
+        master started meanwhile (it applies it)."""
+        try:
+            with CampaignState.open(state_dir):
+                pass
+        except LockHeldError:
+            return None
+        return Sent(cmd, read_ack(state_dir, cmd.id), "opened")
 
     running = _master_running(state_dir)
     if op == "drain" and not running:
         raise UsageError(f"no master is running on {state_dir}: nothing to drain")
     cmd = write_command(state_dir, op, args)
-    if not running:
-        from .state import CampaignState
-
-        try:
-            with CampaignState.open(state_dir):
-                pass
-        except LockHeldError:  # a master started meanwhile: it applies the command
-            running = True
-        else:
-            return Sent(cmd, read_ack(state_dir, cmd.id), "opened")
+    if not running and (here := apply_here()) is not None:
+        return here
     if not wait:
         return Sent(cmd, None, "queued")
     end = time.monotonic() + timeout
+    check = time.monotonic() + 1.0
     while True:
         got = read_ack(state_dir, cmd.id)
         if got is not None:
             return Sent(cmd, got, "master")
+        if time.monotonic() >= check:  # the master ended before it looked: apply it here
+            check = time.monotonic() + 1.0
+            if op != "drain" and not _master_running(state_dir):
+                got = read_ack(state_dir, cmd.id)  # (it may have, just before it ended)
+                if got is not None:
+                    return Sent(cmd, got, "master")
+                if (here := apply_here()) is not None:
+                    return here
         if time.monotonic() >= end:
             return Sent(cmd, None, "timeout")
         time.sleep(poll)
