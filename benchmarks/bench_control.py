@@ -9,7 +9,7 @@ Prints one JSON object:
   ``next_poll`` first, so a turn pays less than this);
 * ``due_us_poll``: one poll with nothing new (a ``stat`` of ``control/``, every 0.5 s);
 * ``latency_s``: median, max of ``--commands`` ``cancel`` commands sent with
-  ``control.send`` to a running in-process master (``LocalWorkers``, items of 20 ms), from
+  ``steer.send`` to a running in-process master (``LocalWorkers``, items of 20 ms), from
   the call to the acknowledgement read (the effect is journaled and fsynced before it).
 
 Not a test: nothing here asserts a time (the per-task figures are ``compare.py``'s).
@@ -29,8 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from durable_dispatch import WorkItem  # noqa: E402
-from durable_dispatch.control import Inbox, send  # noqa: E402
+from durable_dispatch.control import Inbox  # noqa: E402
 from durable_dispatch.mpi import run_master  # noqa: E402
+from durable_dispatch.steer import send  # noqa: E402
 from durable_dispatch.testing import LocalWorkers  # noqa: E402
 
 

@@ -345,10 +345,10 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _steer(args: argparse.Namespace, op: str, cmd_args: dict[str, Any]) -> int:
-    """Send an operator command (O1; ``control.send``) and print what was done: exit 0 when
+    """Send an operator command (O1; ``steer.send``) and print what was done: exit 0 when
     it was applied as asked, 1 when something was left alone (an unknown work ID, a payload
     that conflicts, no master to drain) or no acknowledgement came in time."""
-    from .control import send
+    from .steer import send
 
     _need_state_dir(args.state_dir)
     sent = send(args.state_dir, op, cmd_args, wait=not args.no_wait, timeout=args.timeout)
