@@ -17,10 +17,13 @@ adaptive watchdog, retry budgets per kind, children spawned from results, priori
 worker, of an isolated child; SIGSTOP/SIGCONT of each; SIGUSR1 drains; ``results`` and
 ``compact`` while the master runs, ``compact`` between runs; a tmpfs under the state directory
 that fills up and frees (real ENOSPC, as root); a journal forged between runs (expected: a typed
-refusal, the file unchanged).
+refusal, the file unchanged); an operator's ``cancel``, ``retry --all``, ``submit`` and
+``drain`` at random moments (issue 52: ``op-*``, drawn from a generator of their own so the
+other faults of a seed stay as they were).
 
 The **checker** (:func:`check`) reads the campaign's own record and the user's sink and holds
-them against the model: every submitted or spawned work ID ends committed or deferred, once;
+them against the model: every submitted or spawned work ID ends committed, deferred or (named
+by an operator's cancel) cancelled, once;
 each committed result is the function of its payload; every commit reached the callback; no
 duplicate commit in the journal; each deferral's kinds are allowed for its item and its counts
 follow the retry budgets; no rank parked at the end with isolation; no process of the job left;
@@ -137,6 +140,7 @@ def generate(seed: int, profile: str = "any") -> dict[str, Any]:
         "spawns": spawns,
         "nemesis": _nemesis(rnd, isolate, profile),
     }
+    scenario["nemesis"] = _operator_actions(seed, items, scenario["nemesis"])
     scenario["tmpfs"] = os.geteuid() == 0 and any(a["do"] == "fill" for a in scenario["nemesis"])
     # ULFM (Open MPI's --with-ft ulfm): a killed worker is a lost rank the master rolls back
     # (uncharged) while the others go on, instead of the end of the job
@@ -230,6 +234,31 @@ def _profiled(rnd: random.Random, seed: int, profile: str) -> dict[str, Any]:
         "nemesis": nemesis,
         "tmpfs": False,
     }
+
+
+def _operator_actions(
+    seed: int, items: list[dict[str, Any]], nemesis: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``nemesis`` with an operator's commands added (issue 52), half the time: ``op-cancel``
+    (one or two items), ``op-retry`` (``--all``), ``op-submit`` (two new instant items),
+    ``op-drain``; from a generator of their own (the seed's other draws are unchanged)."""
+    rnd = random.Random(seed * 7919 + 52)
+    if rnd.random() < 0.5:
+        return nemesis
+    out = list(nemesis)
+    for k in range(rnd.randint(1, 3)):
+        a: dict[str, Any] = {
+            "run": 0,
+            "at": round(rnd.uniform(0.3, 2.5), 2),
+            "do": rnd.choice(["op-cancel", "op-cancel", "op-retry", "op-submit", "op-drain"]),
+            "after": "state",
+        }
+        if a["do"] == "op-cancel":
+            a["ids"] = sorted({rnd.choice(items)["id"] for _ in range(rnd.randint(1, 2))})
+        elif a["do"] == "op-submit":
+            a["items"] = [{"id": f"x{k}.{j}", "kind": "instant"} for j in range(2)]
+        out.append(a)
+    return sorted(out, key=lambda a: (a["run"], a["at"]))
 
 
 def _nemesis(rnd: random.Random, isolate: bool, profile: str) -> list[dict[str, Any]]:
@@ -570,7 +599,7 @@ def _one_run(
     launcher.remove_stale_shm()
     if verbose:
         print(f"  run {r}: rc {proc.returncode} in {time.monotonic() - t0:.1f}s", flush=True)
-    if proc.returncode == 0 and _finished_since(s, workdir, t0_wall):
+    if proc.returncode == 0 and _finished_since(s, workdir, t0_wall) and not _left(s, workdir):
         return True
     if "Traceback" in stderr and "CorruptError" in stderr:
         out.violations.append(f"run {r} refused its own state: {stderr[-1500:]}")
@@ -587,6 +616,18 @@ def _rank0(ranks: list[int]) -> int:
         if b"OMPI_COMM_WORLD_RANK=0" in env or b"PMI_RANK=0" in env:
             return p
     return ranks[0]
+
+
+def _left(s: dict[str, Any], workdir: Path) -> bool:
+    """Work an operator's command gave the campaign after its master finished (a ``retry`` or
+    ``submit`` applied with no master running, or a command still queued): run again."""
+    if s.get("mode") == "futures" or not any(a["do"].startswith("op-") for a in s["nemesis"]):
+        return False
+    from durable_dispatch.admin import view_state
+    from durable_dispatch.control import pending_commands
+
+    state = _statedir(s, workdir)
+    return bool(view_state(state).projection.frontier) or bool(pending_commands(str(state)))
 
 
 def _finished_since(s: dict[str, Any], workdir: Path, since: float) -> bool:
@@ -645,6 +686,8 @@ def _act(
         if _signal(proc.pid, signal.SIGUSR1):
             out.faults[do] += 1
         return True, None
+    if do.startswith("op-"):
+        return _operator(a, s, workdir, out), None
     if do in ("results", "compact"):
         if not (_statedir(s, workdir) / "events.jsonl").exists():
             return False, None
@@ -671,6 +714,46 @@ def _act(
     return True, None
 
 
+def _operator(a: dict[str, Any], s: dict[str, Any], workdir: Path, out: Outcome) -> bool:
+    """An operator's command beside the master (issue 52): exit 0, or 1 for a finding (an ID
+    left alone, no master to drain, no acknowledgement in time: it stays queued); each is
+    logged in ``ops.jsonl`` for the checker."""
+    state = str(_statedir(s, workdir))
+    do = a["do"]
+    stdin = None
+    if do == "op-cancel":
+        args = ["cancel", state, *a["ids"]]
+    elif do == "op-retry":
+        args = ["retry", state, "--all"]
+    elif do == "op-submit":
+        args = ["submit", state, "-"]
+        stdin = "".join(
+            json.dumps({"work_id": i["id"], "payload": i, "priority": 0}) + "\n" for i in a["items"]
+        )
+    else:
+        args = ["drain", state]
+    res = subprocess.run(
+        [sys.executable, "-m", "durable_dispatch", *args, "--json", "--timeout", "15"],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=120,
+    )
+    out.faults[do] += 1
+    if res.returncode not in (0, 1):
+        out.violations.append(
+            f"{do}: exit {res.returncode}: {res.stdout[-400:]}{res.stderr[-400:]}"
+        )
+    with open(workdir / "ops.jsonl", "a") as f:
+        f.write(json.dumps({**a, "rc": res.returncode, "out": res.stdout[-2000:]}) + "\n")
+    return True
+
+
+def _ops(workdir: Path) -> list[dict[str, Any]]:
+    path = workdir / "ops.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
 # ------------------------------------------------------------------------------ the checker
 def check(s: dict[str, Any], workdir: Path) -> list[str]:
     """The model's promises, held against the campaign's record (see the module docs)."""
@@ -689,6 +772,11 @@ def check(s: dict[str, Any], workdir: Path) -> list[str]:
     for parent, children in kids.items():
         if parent in committed:
             spec.update({c["id"]: c for c in children})
+    ops = _ops(workdir)  # issue 52: what an operator may have cancelled or added
+    may_cancel = {w for o in ops if o["do"] == "op-cancel" for w in o["ids"]}
+    for o in ops:
+        if o["do"] == "op-submit":
+            spec.update({i["id"]: i for i in o["items"] if p.known(i["id"])})
     nemesis = {a["do"] for a in s["nemesis"]}
     suspect = set()
     if nemesis & {"stop-worker", "stop-child", "stop-master"} or s["watchdog"].get("quantile"):
@@ -700,6 +788,12 @@ def check(s: dict[str, Any], workdir: Path) -> list[str]:
     for wid, it in spec.items():
         commits, allowed, _ = KINDS[it["kind"]]
         c, d = wid in committed, wid in deferred_ids
+        if wid in p.cancelled:
+            if wid not in may_cancel:
+                v.append(f"{wid}: cancelled, but no operator cancelled it")
+            if c or d:
+                v.append(f"{wid}: cancelled and {'committed' if c else 'deferred'}")
+            continue
         if c == d:
             how = "both committed and deferred" if c else "neither committed nor deferred"
             v.append(f"{wid} ({it['kind']}): {how}")
@@ -732,7 +826,7 @@ def check(s: dict[str, Any], workdir: Path) -> list[str]:
                 v.append(
                     f"{wid}: deferred after {len(kinds)} failure(s) within its budget: {kinds}"
                 )
-    unknown = (set(committed) | deferred_ids) - set(spec)
+    unknown = (set(committed) | deferred_ids | set(p.cancelled)) - set(spec)
     if unknown:
         v.append(f"work IDs nobody submitted or spawned: {sorted(unknown)[:5]}")
     if p.duplicate_commits:

@@ -189,7 +189,8 @@ def test_commands_refuse_while_a_master_runs(tmp_path: Path) -> None:
     with CampaignState.open(d, ranks=(1,)):
         out = run("compact", str(d))
         assert out.returncode == 1 and out.stderr.startswith("Error:") and "master" in out.stderr
-        assert run("deferred", "requeue", str(d), "w3").returncode == 1
+        queued = run("deferred", "requeue", str(d), "w3", "--no-wait")  # (issue 52: retry)
+        assert queued.returncode == 0 and "queued" in queued.stdout, queued
         st = json.loads(run("stats", str(d), "--json").stdout)  # reading is fine
         assert st["master_running"] is True
 
@@ -214,16 +215,20 @@ def test_every_command_has_help_and_docs() -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     names = sorted(sub.choices)  # type: ignore[union-attr]
     assert names == [
+        "cancel",
         "compact",
         "deferred",
         "demo",
+        "drain",
         "inspect",
         "joblog",
         "launch",
         "report",
         "results",
+        "retry",
         "run",
         "stats",
+        "submit",
         "verify",
         "watch",
     ]

@@ -8,6 +8,8 @@ import pytest
 from durable_dispatch.core.decisions import WorkItem
 from durable_dispatch.core.events import (
     EVENTS,
+    Cancelled,
+    CommandApplied,
     Committed,
     Deferred,
     Delivered,
@@ -38,6 +40,9 @@ SAMPLES = [
     RequeuedDeferred("a"),
     Delivered(41),
     WorkerHost(2, "node-7", 12.5),
+    Cancelled("a", "cmd-1"),
+    Cancelled("a"),
+    CommandApplied("cmd-1", "cancel", {"work_ids": {"a": "cancelled"}, "ok": True}),
 ]
 
 

@@ -348,9 +348,81 @@ def cmd_compact(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _steer(args: argparse.Namespace, op: str, cmd_args: dict[str, Any]) -> int:
+    """Send an operator command (O1; ``steer.send``) and print what was done: exit 0 when
+    it was applied as asked, 1 when something was left alone (an unknown work ID, a payload
+    that conflicts, no master to drain) or no acknowledgement came in time."""
+    from .steer import send
+
+    _need_state_dir(args.state_dir)
+    sent = send(args.state_dir, op, cmd_args, wait=not args.no_wait, timeout=args.timeout)
+    out = dict(sent.outcome or {"id": sent.command.id, "op": op})
+    out["applied_by"] = sent.how
+    if sent.how == "queued":
+        out["message"] = "queued: the running master applies it within about a second"
+    elif sent.how == "timeout":
+        out["ok"] = False
+        out["message"] = (
+            f"no acknowledgement within {args.timeout:g}s: the command stays queued and is "
+            "applied once, by the running master or else by the next one at its start"
+        )
+    elif sent.how == "opened":
+        out["message"] = (
+            f"no master was running; applied now, as a master's start would: {out.get('message')}"
+        )
+    if args.json:
+        _print(out, True)
+    else:
+        print(out.get("message", ""))
+        if sent.how == "timeout":
+            return EXIT_FINDING
+    return EXIT_OK if out.get("ok", True) else EXIT_FINDING
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Cancel work items (O1): pending ones are removed, in-flight ones stopped; they end
+    cancelled, never retried."""
+    return _steer(args, "cancel", {"work_ids": args.ids})
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    """Put deferred or cancelled work items back to pending with fresh retry budgets."""
+    if args.all == bool(args.ids):
+        raise UsageError("retry needs work IDs or --all (not both)")
+    return _steer(args, "retry", {"work_ids": args.ids, "all": args.all})
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    """Drain the running master as SIGUSR1 does (it stops resumably)."""
+    from .statedir import _master_running
+
+    _need_state_dir(args.state_dir)
+    if not _master_running(args.state_dir):  # a finding, not a usage error: exit 1
+        found = LookupError(f"no master is running on {args.state_dir}: nothing to drain")
+        return _error(args, found, EXIT_FINDING)
+    return _steer(args, "drain", {})
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Add work items from a JSON Lines file (or standard input) to the campaign."""
+    from .control import parse_submit_lines
+    from .errors import ChangedPayloadError
+
+    _need_state_dir(args.state_dir)
+    try:
+        if args.file == "-":
+            items = parse_submit_lines(sys.stdin.buffer)
+        else:
+            with open(args.file, "rb") as f:
+                items = parse_submit_lines(f)
+    except ChangedPayloadError as e:
+        return _error(args, e, EXIT_FINDING)
+    return _steer(args, "submit", {"items": items})
+
+
 def cmd_deferred(args: argparse.Namespace) -> int:
     """List, show, requeue or drop deferred work items of a state directory."""
-    from .admin import drop_deferred, requeue_deferred
+    from .admin import drop_deferred, view_state
     from .storage.defer import DEFAULT_DEFER_NAME
     from .storage.journal import read_journal
 
@@ -358,8 +430,13 @@ def cmd_deferred(args: argparse.Namespace) -> int:
     if args.action in ("requeue", "drop"):
         if not args.ids:
             raise UsageError(f"deferred {args.action} needs at least one work ID")
-        fn = requeue_deferred if args.action == "requeue" else drop_deferred
-        done = fn(args.state_dir, args.ids)
+        if args.action == "requeue":  # an alias of ``retry`` (issue 52), for deferred items
+            led = view_state(args.state_dir).projection
+            for w in args.ids:
+                if w not in led.deferred:
+                    raise UsageError(f"{w!r} is not deferred")
+            return _steer(args, "retry", {"work_ids": list(args.ids)})
+        done = drop_deferred(args.state_dir, args.ids)
         _print({"action": args.action, "work_ids": done}, args.json)
         return EXIT_OK
     live: dict[str, dict[str, Any]] = {}
@@ -563,9 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add(
         "joblog",
         cmd_joblog,
-        "one line per work item: status (committed, deferred, pending, waiting, in flight), "
-        "tries, last failure, start time (UTC), seconds, rank, host, and what it runs (a futures "
-        "call as "
+        "one line per work item: status (committed, deferred, cancelled, pending, waiting, in "
+        "flight), tries, last failure, start time (UTC), seconds, rank, host, and what it runs "
+        "(a futures call as "
         "function(arguments)); read-only",
         "durable-dispatch joblog state/ --status deferred --jsonl | jq .last_failure",
     )
@@ -574,7 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--status",
         action="append",
-        choices=["committed", "deferred", "pending", "waiting", "in flight"],
+        choices=["committed", "deferred", "cancelled", "pending", "waiting", "in flight"],
         help="only items with this status (repeat for several)",
     )
     sp = add(
@@ -616,6 +693,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("state_dir", help="a state directory")
     sp.add_argument("ids", nargs="*", help="work IDs (show, requeue, drop)")
+    _steering(sp)
+    sp = add(
+        "cancel",
+        cmd_cancel,
+        "cancel work items, running master or not: pending ones are removed, in-flight ones "
+        "stopped (an isolated child is killed); they end cancelled, never retried; a committed "
+        "one is left alone",
+        "durable-dispatch cancel state/ w-17 w-18",
+    )
+    sp.add_argument("state_dir", help="a state directory")
+    sp.add_argument("ids", nargs="+", metavar="ID", help="work IDs")
+    _steering(sp)
+    sp = add(
+        "retry",
+        cmd_retry,
+        "put deferred or cancelled work items back to pending with fresh retry budgets, "
+        "running master or not",
+        "durable-dispatch retry state/ --all",
+    )
+    sp.add_argument("state_dir", help="a state directory")
+    sp.add_argument("ids", nargs="*", metavar="ID", help="work IDs")
+    sp.add_argument("--all", action="store_true", help="every deferred and cancelled item")
+    _steering(sp)
+    sp = add(
+        "drain",
+        cmd_drain,
+        "drain the running master as SIGUSR1 does: no new dispatch, in-flight work finishes "
+        "and commits, then it stops resumably",
+        "durable-dispatch drain state/",
+    )
+    sp.add_argument("state_dir", help="a state directory")
+    _steering(sp)
+    sp = add(
+        "submit",
+        cmd_submit,
+        'add work items from JSON Lines {"work_id", "payload", "priority"?, "after"?}, running '
+        "master or not; a known ID with the same payload is skipped, with another payload the "
+        "whole file is refused (exit 1); a malformed line refuses the whole file (exit 2)",
+        "durable-dispatch submit state/ new-items.jsonl",
+    )
+    sp.add_argument("state_dir", help="a state directory")
+    sp.add_argument("file", help="a JSON Lines file, or - for standard input")
+    _steering(sp)
     dp = sub.add_parser(
         "demo",
         help="run the bundled campaign under mpiexec, with injected faults",
@@ -668,6 +788,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_launch(sub)
     return p
+
+
+def _steering(sp: argparse.ArgumentParser) -> None:
+    """The options of the commands that steer a campaign (O1)."""
+    sp.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the running master's acknowledgement",
+    )
+    sp.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="do not wait for the running master's acknowledgement",
+    )
 
 
 class _Parser(argparse.ArgumentParser):

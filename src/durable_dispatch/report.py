@@ -178,6 +178,8 @@ def _status(led: Any, w: str, running: bool) -> str:
         return "committed"
     if w in led.deferred:
         return "deferred"
+    if w in led.cancelled:
+        return "cancelled"
     if w in led.in_flight:
         return "in flight" if running else "pending"
     if w in led.waiting:
@@ -544,7 +546,8 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
         (
             "progress",
             f"{v['committed']} of {v['work_items']} committed, {v['deferred']} deferred, "
-            f"{v['pending']} pending, {v['in_flight']} in flight"
+            + (f"{v['cancelled']} cancelled, " if v.get("cancelled") else "")
+            + f"{v['pending']} pending, {v['in_flight']} in flight"
             + (f", {v['waiting']} waiting for dependencies" if v.get("waiting") else ""),
         ),
         ("failures by kind", f"{kinds} ({v['failed_items']} items failed at least once)"),

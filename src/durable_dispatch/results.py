@@ -234,9 +234,9 @@ class JobRow:
 
     Attributes:
         work_id: the item's stable work ID.
-        status: ``committed``, ``deferred``, ``pending``, ``waiting`` (for a dependency,
-            ``WorkItem.after``) or ``in flight`` (only while a master runs: what a stopped
-            master left in flight is pending).
+        status: ``committed``, ``deferred``, ``cancelled``, ``pending``, ``waiting`` (for a
+            dependency, ``WorkItem.after``) or ``in flight`` (only while a master runs: what a
+            stopped master left in flight is pending).
         tries: its tries that counted: the failures charged to it, plus the try that committed
             or is running (a rollback at a master's restart or a batch split is not a try).
         last_failure_kind: the kind of its last failure (``timeout``, ``error`` ...), or None.
@@ -332,6 +332,8 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
             status = "committed"
         elif wid in led.deferred:
             status = "deferred"
+        elif wid in led.cancelled:  # O1: an operator's cancel (final)
+            status = "cancelled"
         elif wid in led.in_flight and running:
             status = "in flight"
         elif wid in led.waiting:

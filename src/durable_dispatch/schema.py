@@ -205,6 +205,8 @@ _STATE: tuple[dict[str, Check], dict[str, Check]] = (
         "kinds": _dict_of(list_of(is_str)),
         "last_error": _dict_of(is_str_or_none),
         "solo": list_of(is_str),
+        "cancelled": list_of(_item),  # O1 (issue 52): absent when none
+        "commands": _dict_of(lambda v: type(v) is dict),
     },
 )
 
@@ -250,9 +252,9 @@ _COMPACT_STATE: tuple[dict[str, Check], dict[str, Check]] = (
     {
         k: v
         for k, v in _STATE[1].items()
-        if k in ("epoch", "counter", "attempts", "kinds", "last_error", "solo")
+        if k in ("epoch", "counter", "attempts", "kinds", "last_error", "solo", "commands")
     }
-    | {"priorities": list_of(_level), "waiting": list_of(_run)},
+    | {"priorities": list_of(_level), "waiting": list_of(_run), "cancelled": list_of(_index)},
 )
 
 #: A submissions store record (``submissions.jsonl``): the items of indices ``first, ...``, and

@@ -183,6 +183,8 @@ class CampaignState(Delivery, Dependencies):
         self._dep_results: dict[str, list[Any]] = {}  # G4: see dependencies.py
         self._has_after = False
         self._sized: set[str] = set()
+        #: the operator commands this open applied (``control.Applied``; O1)
+        self.applied_at_open: list[Any] = []
 
     @classmethod
     def open(
@@ -280,14 +282,24 @@ class CampaignState(Delivery, Dependencies):
         if restarts:  # S8: the rollbacks are folded before the first dispatch
             st._apply(restarts)
         # G4: a crash between a dependency's deferral and its dependents' left them waiting
+        # (or an operator's cancel and its dependents', O1)
         for wid in [w for w in core.ledger.deferred if core.ledger.dependents.get(w)]:
             st._apply(core.ended_without_commit(wid))
+        for wid in [w for w in core.ledger.cancelled if core.ledger.dependents.get(w)]:
+            st._apply(core.ended_without_commit(wid, "cancelled"))
         st._load_dependency_results()
         if restarts:
             st._save_snapshot(f"start of epoch {epoch}")
         # else no snapshot: nothing was rolled back, and the journal holds the epoch (issue 49:
         # it cost two fsyncs and a directory scan at every open, a fresh one included)
         _resources.register(st)
+        try:  # O1: the operator's commands that wait (``durable-dispatch cancel`` ...), once
+            from .control import apply_waiting
+
+            st.applied_at_open = apply_waiting(st, running=False)
+        except BaseException:
+            st.close()
+            raise
         if on_commit is not None:
             try:
                 st.redeliver(on_commit)

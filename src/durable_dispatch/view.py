@@ -48,7 +48,8 @@ class CampaignView:
         state: :data:`RUNNING`, :data:`FINISHED` or :data:`STOPPED`.
         master_running: a master holds the state directory now.
         epoch: the newest master run's epoch (1 for the first run; 0 before any).
-        work_items: every work item submitted (committed + deferred + pending + waiting +
+        work_items: every work item submitted (committed + deferred + cancelled + pending +
+        waiting +
             in_flight).
         committed: items committed (each has its result, ``durable-dispatch results``).
         deferred: items set aside after their retries (``durable-dispatch deferred list``).
@@ -58,6 +59,8 @@ class CampaignView:
             (killed, or its drain cut short); they run again at the next start.
         waiting: items waiting for a dependency's commit (``WorkItem.after``, G4): not
             pending yet, not failed.
+        cancelled: items an operator cancelled (``durable-dispatch cancel``): final, never
+            retried unless ``durable-dispatch retry`` puts them back.
         failures_by_kind: failures charged to items, by kind (``timeout``, ``error``,
             ``crash`` ...), over the campaign's life (kept by compaction).
         failed_items: items that failed at least once (committed later or not).
@@ -101,6 +104,7 @@ class CampaignView:
     in_flight: int
     interrupted: int
     waiting: int = 0
+    cancelled: int = 0
     failures_by_kind: Mapping[str, int] = field(default_factory=dict)
     failed_items: int = 0
     duplicate_commits: int = 0
@@ -202,6 +206,7 @@ def campaign_view(
     core: Mapping[str, Any] = stats.get("core") or {}
     committed = len(ledger.committed)
     deferred = len(ledger.deferred)
+    cancelled = len(getattr(ledger, "cancelled", ()))  # (a ledger of an earlier shape: none)
     flying = len(ledger.in_flight)
     pending = len(ledger.frontier)
     waiting = len(getattr(ledger, "waiting", ()))
@@ -242,13 +247,14 @@ def campaign_view(
         state=state,
         master_running=running,
         epoch=int(ledger.epoch),
-        work_items=committed + deferred + pending + waiting + flying,
+        work_items=committed + deferred + cancelled + pending + waiting + flying,
         committed=committed,
         deferred=deferred,
         pending=pending,
         in_flight=flying,
         interrupted=interrupted,
         waiting=waiting,
+        cancelled=cancelled,
         failures_by_kind=dict(sorted(kinds.items())),
         failed_items=failed,
         duplicate_commits=int(ledger.duplicate_commits),

@@ -67,7 +67,8 @@ def _progress(view: CampaignView) -> str:
     pct = f" ({100.0 * view.committed / total:.1f}%)" if total else ""
     line = (
         f"{view.committed} of {total} committed{pct}, {view.deferred} deferred, "
-        f"{view.pending} pending, {view.in_flight} in flight"
+        + (f"{view.cancelled} cancelled, " if view.cancelled else "")
+        + f"{view.pending} pending, {view.in_flight} in flight"
     )
     if view.waiting:
         line += f", {view.waiting} waiting for dependencies"

@@ -37,6 +37,7 @@ __all__ = [
     "SOURCE_RANK_LOST",
     "SOURCE_MASTER_RESTART",
     "SOURCE_DEPENDENCY",
+    "SOURCE_OPERATOR",
 ]
 
 SOURCE_INVALID_RESULT = "invalid-result"
@@ -47,6 +48,7 @@ SOURCE_MASTER_RESTART = "master-restart"
 #: The source of a :class:`Defer` of an item that never ran: a dependency ended for good without
 #: a commit, was never submitted, or is part of a cycle (G4); its kind is ``"dependency"``.
 SOURCE_DEPENDENCY = "dependency"
+SOURCE_OPERATOR = "operator"  # O1: an operator's ``durable-dispatch cancel`` (issue 52)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ event (``"event"``)    what it records
 ``delivered``          every commit journaled up to ``upto`` was handed to the callback (U6)
 ``host``               the worker ``rank`` of this run said it runs on ``host`` (the joblog's
                        host column; no effect on the ledger; a journal without it reads)
+``cancelled``          an operator cancelled an item: it ends for good, not committed (O1)
+``command``            an operator's command (``durable-dispatch cancel/retry/submit/drain``)
+                       was applied, with its outcome: replay skips a command ID it holds
 =====================  ==================================================================
 
 :func:`decode` checks a record against its event's schema (S11, :func:`check_event`) and raises
@@ -63,6 +66,8 @@ __all__ = [
     "RequeuedDeferred",
     "Delivered",
     "WorkerHost",
+    "Cancelled",
+    "CommandApplied",
     "encode",
     "decode",
     "check_event",
@@ -383,8 +388,8 @@ class Deferred(_Event):
 
 @dataclass(frozen=True, slots=True)
 class RequeuedDeferred(_Event):
-    """An operator put the deferred ``work_id`` back at the end of the frontier, its failure
-    counts cleared."""
+    """An operator put the deferred (or cancelled) ``work_id`` back at the end of the frontier,
+    its failure counts cleared (``durable-dispatch retry``)."""
 
     NAME: ClassVar[str] = "requeued_deferred"
     REQUIRED: ClassVar[Mapping[str, Check]] = {"work_id": is_str}
@@ -444,6 +449,58 @@ class WorkerHost(_Event):
         return cls(rec["rank"], rec["host"], rec.get("ts"))
 
 
+@dataclass(frozen=True, slots=True)
+class Cancelled(_Event):
+    """An operator cancelled ``work_id`` (pending, in flight or deferred): it ends for good
+    without a commit, a final state beside committed and deferred (O1). ``command``: the ID of
+    the operator's command that did it."""
+
+    NAME: ClassVar[str] = "cancelled"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {"work_id": is_str}
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {"command": is_str_or_none}
+
+    work_id: str
+    command: str | None = None
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        return {"event": "cancelled", "work_id": self.work_id, "command": self.command}
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> Cancelled:
+        """The event of a checked record."""
+        return cls(rec["work_id"], rec.get("command"))
+
+
+def _is_dict(v: Any) -> bool:
+    return type(v) is dict
+
+
+@dataclass(frozen=True, slots=True)
+class CommandApplied(_Event):
+    """The operator's command ``id`` (``op``: ``cancel``, ``retry``, ``submit`` or ``drain``)
+    was applied with ``outcome`` (JSON: what it did to each work ID). Journaled after the
+    command's effects and before its acknowledgement, so a command is applied once: replay
+    knows its ID, and a command file found again is acknowledged, not applied again."""
+
+    NAME: ClassVar[str] = "command"
+    REQUIRED: ClassVar[Mapping[str, Check]] = {"id": is_str, "op": is_str}
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {"outcome": _is_dict}
+
+    id: str
+    op: str
+    outcome: Mapping[str, Any]
+
+    def encode(self) -> dict[str, Any]:
+        """The journal record (the inverse of :meth:`decode`)."""
+        return {"event": "command", "id": self.id, "op": self.op, "outcome": dict(self.outcome)}
+
+    @classmethod
+    def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> CommandApplied:
+        """The event of a checked record."""
+        return cls(rec["id"], rec["op"], rec.get("outcome") or {})
+
+
 Event = (
     EpochStarted
     | Submitted
@@ -454,6 +511,8 @@ Event = (
     | RequeuedDeferred
     | Delivered
     | WorkerHost
+    | Cancelled
+    | CommandApplied
 )
 
 #: Every event class, in the order of the module docs' table.
@@ -467,6 +526,8 @@ EVENTS: tuple[type[Event], ...] = (
     RequeuedDeferred,
     Delivered,
     WorkerHost,
+    Cancelled,
+    CommandApplied,
 )
 _BY_NAME: dict[str, type[Event]] = {c.NAME: c for c in EVENTS}
 

@@ -9,10 +9,11 @@ durable field is added in one place.
 
 The facts: the epoch and its dispatch counter; the frontier (work IDs in dispatch order); the work
 items in flight, with the token and rank of their dispatch; the committed work IDs; the deferred
-items; per work ID the failures charged (count, kinds, last error) and the ``solo`` mark (failed in
-a multi-item dispatch: dispatched alone from now on); the delivery point (U6). A work ID is in
-exactly one of frontier, in flight, committed and deferred. Payloads are kept once, in
-:attr:`Ledger.items`, for every work ID not committed.
+items; the cancelled items (O1: an operator's ``cancel``, final like a commit); per work ID
+the failures charged (count, kinds, last error) and the ``solo`` mark (failed in a multi-item
+dispatch: dispatched alone from now on); the delivery point (U6); the operator commands applied
+(their IDs and outcomes). A work ID is in exactly one of frontier, in flight, committed, deferred
+and cancelled. Payloads are kept once, in :attr:`Ledger.items`, for every work ID not committed.
 
 Dense indices (S8). Every work ID gets the next *index* when it is first submitted
 (:class:`Ids`); a submission may name its first index (the submissions store's numbering), and
@@ -49,6 +50,8 @@ from ..schema import Invalid, is_work_item
 from ..tokens import Token
 from .decisions import WorkItem
 from .events import (
+    Cancelled,
+    CommandApplied,
     Committed,
     Deferred,
     Delivered,
@@ -101,6 +104,8 @@ class Ledger:
             (most chains: no list of its own), else a list (see :meth:`dependents_of`).
         released: work IDs that left the deferred set because their last missing dependency
             committed; the shell takes them (to resolve their defer-journal records).
+        cancelled: cancelled work items by work ID, in the order they were cancelled (O1).
+        commands: the outcome of every operator command applied, by command ID (O1).
         attempts, kinds, last_error: failures charged per work ID (count, kinds, last reason).
         solo: work IDs dispatched alone from now on.
         delivered: the newest journaled delivery point (U6), -1 when none.
@@ -126,6 +131,8 @@ class Ledger:
         "solo",
         "delivered",
         "duplicate_commits",
+        "cancelled",
+        "commands",
     )
 
     def __init__(self, epoch: int = 0) -> None:
@@ -147,6 +154,8 @@ class Ledger:
         self.solo: set[str] = set()
         self.delivered = -1
         self.duplicate_commits = 0
+        self.cancelled: dict[str, WorkItem] = {}
+        self.commands: dict[str, dict[str, Any]] = {}
 
     # ----------------------------------------------------------------- events
     def apply(self, ev: Event) -> None:
@@ -284,7 +293,7 @@ class Ledger:
         wid = ev.work_id
         if wid not in self.ids.index:
             raise Invalid("work_id", f"{wid!r} names no work item of this campaign")
-        if self.deferred.pop(wid, None) is not None:
+        if self.deferred.pop(wid, None) is not None or self.cancelled.pop(wid, None) is not None:
             self.attempts.pop(wid, None)
             self.kinds.pop(wid, None)
             self.last_error.pop(wid, None)
@@ -292,6 +301,18 @@ class Ledger:
                 self.waiting.append(wid)  # (still registered under its missing dependencies)
             else:
                 self.frontier.append(wid, self.items[wid].priority)
+
+    def _cancelled(self, ev: Cancelled) -> None:
+        wid = ev.work_id
+        if wid in self.cancelled:
+            return  # (a command applied again after a crash before its ``command`` record)
+        wid = self._known_item(wid)
+        self._leave(wid)
+        self.cancelled[wid] = self.items[wid]
+        self.solo.discard(wid)
+
+    def _command_applied(self, ev: CommandApplied) -> None:
+        self.commands[ev.id] = dict(ev.outcome)
 
     def _delivered(self, ev: Delivered) -> None:
         self.delivered = max(self.delivered, ev.upto)
@@ -354,8 +375,13 @@ class Ledger:
             self.apply(ev)
 
     def _leave(self, wid: str) -> None:
-        """``wid`` leaves wherever it is (frontier, in flight, deferred) to go somewhere else."""
-        if self.in_flight.pop(wid, None) is None and self.deferred.pop(wid, None) is None:
+        """``wid`` leaves wherever it is (frontier, waiting, in flight, deferred, cancelled) to
+        go somewhere else."""
+        if (
+            self.in_flight.pop(wid, None) is None
+            and self.deferred.pop(wid, None) is None
+            and self.cancelled.pop(wid, None) is None
+        ):
             if not self.frontier.remove(wid):
                 self.waiting.remove(wid)
 
@@ -366,7 +392,7 @@ class Ledger:
 
     # ---------------------------------------------------------------- queries
     def known(self, wid: str) -> bool:
-        """True when ``wid`` is pending, waiting, in flight, committed or deferred."""
+        """True when ``wid`` is pending, waiting, in flight, committed, deferred or cancelled."""
         return wid in self.ids.index
 
     def waiting_dependents(self, wid: str) -> list[str]:
@@ -432,7 +458,19 @@ class Ledger:
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "last_error": dict(self.last_error),
             "solo": sorted(self.solo.difference(committing)),
+            **self._operator(lambda w: items[w].to_json()),
         }
+
+    def _operator(self, name: Callable[[str], Any]) -> dict[str, Any]:
+        """The snapshot members of the operator's facts (O1): ``cancelled`` (each named by
+        ``name(work_id)``) and ``commands``; nothing when there are none (the form of earlier
+        versions, byte for byte)."""
+        out: dict[str, Any] = {}
+        if self.cancelled:
+            out["cancelled"] = [name(w) for w in self.cancelled]
+        if self.commands:
+            out["commands"] = {k: dict(v) for k, v in self.commands.items()}
+        return out
 
     def to_compact(self, committing: Collection[str] = ()) -> dict[str, Any]:
         """The ledger in the compact snapshot form (S8): indices instead of payloads, the
@@ -465,6 +503,7 @@ class Ledger:
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "last_error": dict(self.last_error),
             "solo": sorted(self.solo.difference(committing)),
+            **self._operator(index.__getitem__),
         }
 
     def _levels(self) -> dict[str, Any]:
@@ -507,6 +546,12 @@ class Ledger:
                 led.ids.assign(w.work_id)
                 items[w.work_id] = w
                 led.waiting.append(w.work_id)
+        for it in snap.get("cancelled", ()):
+            w = WorkItem.from_json(it)
+            if w.work_id not in led.ids.index:
+                led.ids.assign(w.work_id)
+                items[w.work_id] = w
+                led.cancelled[w.work_id] = w
         for tx in snap.get("in_flight", ()):
             w = WorkItem.from_json(tx["work"])
             token = _token(tx["token"])
@@ -563,6 +608,7 @@ class Ledger:
         led.kinds = {k: list(v) for k, v in snap.get("kinds", {}).items()}
         led.last_error = dict(snap.get("last_error", {}))
         led.solo = set(snap.get("solo", ()))
+        led.commands = {k: dict(v) for k, v in snap.get("commands", {}).items()}
         return led
 
     @classmethod
@@ -588,6 +634,7 @@ class Ledger:
             f"<Ledger epoch={self.epoch} pending={len(self.frontier)} "
             f"in_flight={len(self.in_flight)} committed={len(self.committed)} "
             f"deferred={len(self.deferred)} waiting={len(self.waiting)}>"
+            f"deferred={len(self.deferred)} cancelled={len(self.cancelled)}>"
         )
 
 
@@ -602,6 +649,8 @@ _APPLY: dict[type, Callable[[Ledger, Any], None]] = {
     RequeuedDeferred: Ledger._requeued_deferred,
     Delivered: Ledger._delivered,
     WorkerHost: Ledger._worker_host,
+    Cancelled: Ledger._cancelled,
+    CommandApplied: Ledger._command_applied,
 }
 
 
@@ -672,7 +721,7 @@ class LedgerLoader:
         self._led = Ledger._common(snap)
         self._size = size = int(snap["size"])
         # where each index is: 0 void, 1 pending, 2 in flight, 3 committed, 4 deferred,
-        # 5 waiting
+        # 5 waiting, 6 cancelled
         self._where = where = bytearray(size)
         for a, b in snap["frontier"]:
             _place(where, a, b, 1, "frontier")
@@ -687,6 +736,8 @@ class LedgerLoader:
             _place(where, i, i + 1, 4, "deferred")
         for a, b in snap.get("waiting", ()):
             _place(where, a, b, 5, "waiting")
+        for i in snap.get("cancelled", ()):
+            _place(where, i, i + 1, 6, "cancelled")
         self._led.ids.ids.extend([None] * size)
 
     def take(self, first: int, items: Sequence[Any], digests: bytes | None = None) -> None:
@@ -796,6 +847,10 @@ class LedgerLoader:
             wid = ids[i]
             if wid is not None:
                 led.deferred[wid] = items[wid]
+        for i in snap.get("cancelled", ()):
+            wid = ids[i]
+            if wid is not None:
+                led.cancelled[wid] = items[wid]
         for i, token, rank in snap["in_flight"]:
             wid = ids[i]
             if wid is not None:

@@ -17,6 +17,7 @@ from .decisions import (
     SOURCE_DEPENDENCY,
     SOURCE_INVALID_RESULT,
     SOURCE_MASTER_RESTART,
+    SOURCE_OPERATOR,
     SOURCE_RANK_LOST,
     SOURCE_WATCHDOG,
     Decision,
@@ -27,7 +28,7 @@ from .decisions import (
     WorkItem,
 )
 from .dispatch_base import DispatcherBase
-from .events import EpochStarted, RequeuedDeferred
+from .events import Cancelled, EpochStarted, RequeuedDeferred
 from .ledger import Ledger
 from .ranks import RankState
 from .transactions import Transaction, TxEvent, TxState, advance
@@ -181,6 +182,87 @@ class Rollbacks(DispatcherBase):
         item = ledger.items[wid]
         attempts = ledger.attempts.get(wid, 0)
         return self._record(Defer(item, None, SOURCE_DEPENDENCY, attempts, kinds, error))
+
+    # ------------------------------------------------------- the operator (O1)
+    def cancel(
+        self, work_id: str, command: str | None = None
+    ) -> tuple[str, list[Decision], tuple[int, Token] | None]:
+        """An operator cancels ``work_id`` (``durable-dispatch cancel``, O1): it ends for good,
+        ``cancelled``, never retried.
+
+        Returns ``(what, decisions, stop)``. ``what`` is ``"cancelled"`` (it was pending or
+        deferred: the ``cancelled`` event is applied to the ledger; the shell journals it, then
+        ``decisions``), ``"cancelled in flight"`` (its dispatch is rolled back as a timeout's
+        is: its rank is parked until the READY of its exact token, and ``stop`` names
+        ``(rank, token)`` so the shell can tell the worker to stop it; the dispatch's other
+        items are requeued uncharged, each alone, in ``decisions``), or why nothing changed:
+        ``"committed"``, ``"committing"`` (its result is journaled, being made durable),
+        ``"already cancelled"``, ``"unknown"``.
+
+        Raises:
+            UsageError: its dispatch is PREPARING (apply commands between turns, never
+                between ``reserve`` and ``mark_dispatched``).
+        """
+        ledger = self.ledger
+        if work_id in ledger.cancelled:
+            return "already cancelled", [], None
+        if work_id in ledger.committed:
+            return "committed", [], None
+        if not ledger.known(work_id):
+            return "unknown", [], None
+        held = ledger.in_flight.get(work_id)
+        if held is None:  # pending or deferred
+            self._apply(Cancelled(work_id, command))
+            self._n.operator_cancels += 1
+            return "cancelled", [], None
+        tx = self._open.get(str(held[0]))
+        if tx is None or tx.state is not TxState.DISPATCHED:
+            if tx is not None and tx.state is TxState.PREPARING:
+                raise UsageError(f"{work_id!r}: its dispatch {tx.token} is being sent")
+            return "committing", [], None
+        item = next((w for w in tx.items if w.work_id == work_id), None)
+        if item is None:  # sent ahead (a part): its commit is under way
+            return "committing", [], None
+        self._apply(Cancelled(work_id, command))
+        self._n.operator_cancels += 1
+        self._n.operator_cancelled_in_flight += 1
+        # The rest is a rollback of the dispatch (W4): the rank is parked until its exact
+        # READY (W6, W7), unless that READY already came; the other items go back uncharged.
+        advance(tx, TxEvent.ROLLED_BACK)
+        for w in tx.items:
+            self._unlease(w, tx.token)
+        del self._open[tx.wire]
+        out: list[Decision] = []
+        stop: tuple[int, Token] | None = None
+        if tx.ready_seen:
+            self._ranks.finish(tx.rank, tx.token)
+        else:
+            self._ranks.park(tx.rank, tx.token)
+            out.append(Park(tx.rank, tx.token, SOURCE_OPERATOR))
+            stop = (tx.rank, tx.token)
+        why = f"{work_id} of the same dispatch was cancelled"
+        out += [
+            self._requeue_alone(w, tx.token, SOURCE_OPERATOR, "cancelled", why)
+            for w in reversed(tx.items)
+            if w is not item
+        ]
+        out.append(self._require_snapshot(f"cancel of {work_id} under {tx.token}"))
+        return "cancelled in flight", out, stop
+
+    def retry_item(self, work_id: str) -> str:
+        """An operator puts a deferred or cancelled ``work_id`` back at the end of the frontier
+        with fresh retry budgets (``durable-dispatch retry``, O1). Returns ``"requeued"`` (the
+        ``requeued_deferred`` event is applied; the shell journals it) or why nothing changed:
+        ``"pending"``, ``"in flight"``, ``"committed"``, ``"unknown"``."""
+        ledger = self.ledger
+        if work_id in ledger.deferred or work_id in ledger.cancelled:
+            self._apply(RequeuedDeferred(work_id))
+            return "requeued"
+        if work_id in ledger.committed:
+            return "committed"
+        if work_id in ledger.in_flight:
+            return "in flight"
+        return "pending" if ledger.known(work_id) else "unknown"
 
     # ------------------------------------------- the paths every failure takes
     def _roll_back(

@@ -58,6 +58,8 @@ class DispatchStats:
     parked_ready_missing: int = 0
     parked_ready_malformed: int = 0
     parked_ready_other_token: int = 0
+    operator_cancels: int = 0  # O1: items an operator cancelled while this master ran
+    operator_cancelled_in_flight: int = 0  # of those, dispatches stopped in flight
     # the gauges, read when the snapshot is taken (not counters of the core)
     parked_ranks_now: int = field(default=0, metadata=_GAUGE)
     starting_ranks_now: int = field(default=0, metadata=_GAUGE)
@@ -67,6 +69,7 @@ class DispatchStats:
     pending_now: int = field(default=0, metadata=_GAUGE)
     deferred_now: int = field(default=0, metadata=_GAUGE)
     waiting_now: int = field(default=0, metadata=_GAUGE)
+    cancelled_now: int = field(default=0, metadata=_GAUGE)
     auto_batch_now: int = field(default=1, metadata=_GAUGE)
     watchdog_enabled: bool = field(default=True, metadata=_GAUGE)
     watchdog_seconds: float = field(default=0.0, metadata=_GAUGE)

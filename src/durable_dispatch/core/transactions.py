@@ -81,6 +81,7 @@ class WorkStatus(str, Enum):
     DEFERRED = "DEFERRED"
     #: waiting for a dependency's commit (``WorkItem.after``, G4)
     WAITING = "WAITING"
+    CANCELLED = "CANCELLED"
 
     def __repr__(self) -> str:
         return self.value

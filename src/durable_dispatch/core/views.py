@@ -34,12 +34,14 @@ class Views(DispatcherBase):
             return WorkStatus.PENDING
         if work_id in ledger.waiting:
             return WorkStatus.WAITING
+        if work_id in ledger.cancelled:
+            return WorkStatus.CANCELLED
         return None
 
     @property
     def done(self) -> bool:
-        """True when nothing is pending, waiting or in flight (everything committed or
-        deferred)."""
+        """True when nothing is pending, waiting or in flight (everything committed, deferred
+        or cancelled)."""
         return not self.ledger.frontier and not self.ledger.in_flight and not self.ledger.waiting
 
     @property
@@ -119,6 +121,7 @@ class Views(DispatcherBase):
             pending_now=len(self.ledger.frontier),
             deferred_now=len(self.ledger.deferred),
             waiting_now=len(self.ledger.waiting),
+            cancelled_now=len(self.ledger.cancelled),
             auto_batch_now=self.auto_batch(),
             watchdog_enabled=self.watchdog.enabled,
             watchdog_seconds=self.watchdog.seconds,

@@ -364,7 +364,11 @@ class IsolatedRunner:
                     wid = items[todo[index] if job == self._job else todo[answered]]["work_id"]
                     why = f"{wid}: deadline passed; its processes were killed"
                     return [o for o in out if o is not None], ItemOutcome(None, "timeout", why)
-                if tick():
+                if stop := tick():
+                    if stop is CANCEL_REQUESTED:  # an operator cancelled the dispatch (O1)
+                        self._kill()
+                        self._kill_leftovers()
+                        raise CancelRequested
                     self.close()
                     raise StopRequested
         self._kill_leftovers()
@@ -488,6 +492,16 @@ class IsolatedRunner:
 
 class StopRequested(Exception):
     """STOP arrived while an item ran (the worker ends; the child was killed)."""
+
+
+class CancelRequested(Exception):
+    """CANCEL arrived for the dispatch that ran (O1): its child and the child's process tree
+    were killed; the worker goes on (it sends READY with the dispatch's token)."""
+
+
+#: What a runner's ``tick()`` returns when the dispatch was cancelled (a true value, so a
+#: runner that does not know it stops as on STOP).
+CANCEL_REQUESTED: Any = type("CancelRequestedMark", (), {"__repr__": lambda s: "CANCEL"})()
 
 
 # ---------------------------------------------------------------------------- the child side

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from ..control import Inbox, apply_command
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..errors import UsageError
 from ..state import CampaignState, OnCommit
@@ -78,14 +79,16 @@ class MasterReport:
     Attributes:
         stats: the campaign's statistics (``CampaignStats.as_dict()``).
         mode: ``"ulfm"`` or ``"no-ulfm"``.
-        finished: True when every work item was committed or deferred. (When the disk refuses
-            the journal to the end, commits live in memory only: ``run_master`` retries it for a
-            few seconds, then raises ``NotDurableError`` from closing the state.)
+        finished: True when every work item was committed, deferred or cancelled. (When the
+            disk refuses the journal to the end, commits live in memory only: ``run_master``
+            retries it for a few seconds, then raises ``NotDurableError`` from closing the
+            state.)
         lost_ranks: rank -> wall-clock time the master rolled back its dispatch: ranks the
             runtime reported dead (ULFM), and workers that said they failed (GONE).
         seconds: the campaign's duration.
         reason: why it stopped before finishing (None when ``finished``): ``"signal"`` (it
-            drained on SIGTERM, SIGINT or SIGUSR1), ``"max_seconds"``, ``"no workers left"`` or
+            drained on SIGTERM, SIGINT or SIGUSR1), ``"drain"`` (it drained on an operator's
+            ``durable-dispatch drain``, as on SIGUSR1), ``"max_seconds"``, ``"no workers left"`` or
             ``"every worker parked"`` (work remains, and no parked rank sent its exact READY
             within ``stuck_grace``). The state directory resumes later.
         view: the campaign as the master left it, the numbers ``durable-dispatch stats``
@@ -252,6 +255,7 @@ def run_master(
         drain_seconds,
     )
     reason: str | None = None
+    operator = Inbox(os.fspath(state.directory))  # O1: the operator's commands (control.py)
     with CaughtSignals() as caught:
         try:
             source = work if isinstance(work, Feed) else _Source(work)  # G3: as it drains
@@ -306,6 +310,8 @@ def run_master(
                 # 4. deliver durable commits, join invalid results, 5. sweep the watchdog (once
                 # the backlog is read), retry degraded storage
                 state.tick(state.now(), drained=len(msgs) < _RECEIVE_LIMIT)
+                if now >= operator.next_poll and (commands := operator.due(now)):  # (control.py)
+                    _steer(state, link, stopping, commands, now)
                 if progress is not None and now >= next_progress:
                     progress(state.statistics().as_dict())
                     next_progress = now + progress_interval
@@ -428,6 +434,20 @@ class _Source(Feed):
                 self._known_read = True
 
 
+def _steer(
+    state: CampaignState, link: Transport, stopping: _Stopping, commands: list[Any], now: float
+) -> None:
+    """Apply the operator's commands (O1): each is journaled durably before it is
+    acknowledged (``control.apply_command``); a dispatch cancelled in flight is told to stop
+    (an isolated child is killed); a ``drain`` drains as SIGUSR1 does."""
+    for c in commands:
+        done = apply_command(state, c, running=True)
+        for rank, token in done.stop:
+            link.send(rank, P.CANCEL, P.encode({"token": str(token)}))
+        if done.drain:
+            stopping.operator_drain(now, state)
+
+
 class _Stopping:
     """When the master loop stops before its work is done, and why (no I/O: it is given the
     time, the core and the signals received, and logs its decision)."""
@@ -438,11 +458,24 @@ class _Stopping:
         self.start, self.max_seconds = start, max_seconds
         self.grace, self.drain_seconds = grace, drain_seconds
         self.drain_until: float | None = None  # set by the first signal
+        self.why_drain = "signal"  # or "drain": an operator's ``durable-dispatch drain``
 
     @property
     def draining(self) -> bool:
         """True once a signal asked the campaign to drain: nothing new is dispatched."""
         return self.drain_until is not None
+
+    def operator_drain(self, now: float, state: CampaignState) -> None:
+        """An operator's ``durable-dispatch drain``: drain as on a first SIGUSR1 (O1, U5)."""
+        if self.drain_until is None:
+            self.drain_until = now + self.drain_seconds
+            self.why_drain = "drain"
+            log.warning(
+                "master: drain requested by an operator: draining (no new dispatch; up to "
+                "%.0fs for %d in flight)",
+                self.drain_seconds,
+                state.core.in_flight_count(),
+            )
 
     def reason(
         self, now: float, state: CampaignState, signals: list[int], raw: float
@@ -467,6 +500,9 @@ class _Stopping:
                 )
             if len(signals) > 1 or not core.in_flight_count() or now >= self.drain_until:
                 return "signal"
+        elif self.drain_until is not None:  # an operator's drain (the same bound)
+            if not core.in_flight_count() or now >= self.drain_until:
+                return self.why_drain
         return state.stop_reason(now, grace=self.grace)
 
 

@@ -12,6 +12,7 @@ each worker's messages in the order it sent them (RESULT before its READY).
 | HEARTBEAT | worker -> master | ``{"token"}`` |
 | STOP | master -> worker | ``{}`` |
 | GONE | worker -> master | ``{"error"}``: the worker failed (at start, or in its loop) and ends |
+| CANCEL | master -> worker | ``{"token"}``: an operator cancelled the dispatch (O1) |
 
 A WORK message carries one item, or several when the master runs with ``batch > 1``; its RESULT
 has one entry in ``results`` per item, in order. ``seconds`` is the dispatch's deadline as the
@@ -26,6 +27,9 @@ malformed RESULT).
 A worker's first READY (``token`` null) names its host (``"host"``: ``socket.gethostname()``);
 the master journals it once per rank per run, for the joblog. A READY without it (a worker of an
 earlier version) is as good: its rank's host is unknown.
+
+On CANCEL an isolating worker kills the dispatch's child (and its process tree) and sends
+READY with the token; a worker without isolation finishes the dispatch (its RESULT is stale).
 
 A WORK message with ``"ahead": true`` (the master sends it under ``batch="auto"``) lets the
 worker send the outcomes of some of its items ahead of its RESULT, when they would otherwise
@@ -52,6 +56,7 @@ __all__ = [
     "HEARTBEAT",
     "STOP",
     "GONE",
+    "CANCEL",
     "TAG_NAMES",
     "encode",
     "decode",
@@ -63,6 +68,7 @@ __all__ = [
 ]
 
 WORK, RESULT, READY, HEARTBEAT, STOP, GONE = 11, 12, 13, 14, 15, 16
+CANCEL = 17  # issue 52
 TAG_NAMES = {
     WORK: "WORK",
     RESULT: "RESULT",
@@ -70,6 +76,7 @@ TAG_NAMES = {
     HEARTBEAT: "HEARTBEAT",
     STOP: "STOP",
     GONE: "GONE",
+    CANCEL: "CANCEL",
 }
 MAX_MESSAGE = 16 << 20
 

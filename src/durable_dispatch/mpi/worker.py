@@ -34,7 +34,7 @@ from ..errors import UsageError
 from . import guard
 from . import protocol as P
 from .context import CHILD_MARKER, MAX_RESULT_BYTES, ItemOutcome, WorkContext, run_items
-from .isolation import IsolatedRunner, StopRequested
+from .isolation import CANCEL_REQUESTED, CancelRequested, IsolatedRunner, StopRequested
 from .launchcheck import require_workers
 from .signals import CaughtSignals
 
@@ -106,6 +106,20 @@ class _Link:
         except self.MPI.Exception as e:
             self._master_gone(e)
         return True
+
+    def cancel_arrived(self, token: Any) -> bool:
+        """True when rank 0 sent CANCEL for ``token`` (O1; each CANCEL read is consumed, one
+        for another token ignored)."""
+        hit = False
+        try:
+            while self.comm.Iprobe(source=0, tag=P.CANCEL, status=self.status):
+                buf = bytearray(self.status.Get_count(self.MPI.BYTE))
+                self.comm.Recv([buf, self.MPI.BYTE], 0, P.CANCEL)
+                body, _err = P.decode(buf)
+                hit = hit or (body is not None and body.get("token") == token)
+        except self.MPI.Exception as e:
+            self._master_gone(e)
+        return hit
 
     def _master_gone(self, e: Exception) -> int:
         guard.peer_failed(master=True)  # MPI_Finalize may wait for it forever: leave without
@@ -377,6 +391,11 @@ def _run(
             runner.close()
 
 
+def _tick_or_cancel(tick: Callable[[], bool], link: _Link, token: Any) -> Any:
+    """An isolated runner's ``tick``: STOP first, then a CANCEL of this dispatch."""
+    return tick() or (CANCEL_REQUESTED if link.cancel_arrived(token) else False)
+
+
 def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: WorkerHooks) -> int:
     """The worker's loop (see :func:`run_worker`)."""
     done = 0
@@ -403,10 +422,16 @@ def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: Worker
         report: Callable[[int, ItemOutcome], None] | None = None
         if ahead is not None:  # a slow item must not hold the others' outcomes (see _Ahead)
             tick, report = ahead.tick, ahead.add
+        if isinstance(runner, IsolatedRunner):  # O1: an operator's cancel kills the child
+            tick = functools.partial(_tick_or_cancel, tick, link, token)
         try:
             outcomes, whole = runner.run(items, deadline, lease, tick, beat, report)
         except StopRequested:
             return done
+        except CancelRequested:  # (the master rolled it back: READY releases the rank, W7)
+            runner.prepare()
+            link.send(P.READY, P.encode({"token": token}))
+            continue
         done += len(items)
         if ahead is not None and whole is None:
             outcomes = ahead.rest(outcomes)

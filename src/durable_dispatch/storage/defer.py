@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 DEFAULT_DEFER_NAME = ".dispatch_protocol_deferred.jsonl"
-RESOLUTIONS = ("requeued", "dropped", "replayed")
+RESOLUTIONS = ("requeued", "dropped", "replayed", "cancelled")  # cancelled: issue 52
 
 
 @dataclass(frozen=True)
@@ -355,7 +355,8 @@ class DeferJournal:
         return DeferReceipt(r.seq, persisted)
 
     def resolve(self, work_id: str, how: str) -> bool:
-        """Record that a deferred item was ``requeued``, ``dropped`` or ``replayed``.
+        """Record that a deferred item was ``requeued``, ``dropped``, ``replayed`` or
+        ``cancelled`` (an operator's ``durable-dispatch cancel``).
 
         Returns:
             True when the resolution is on disk (False: held in memory, degraded).
