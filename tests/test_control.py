@@ -456,3 +456,41 @@ def test_a_command_whose_master_ends_before_it_looks_is_applied_by_the_command_l
     body = json.loads(stdout)
     assert proc.returncode == 0 and body["applied_by"] == "opened", body
     assert set(view_state(d).projection.cancelled) == {"w2"}
+
+
+# ------------------------------------------------- with dependencies (G4, issue 51)
+def test_a_cancelled_item_defers_its_dependents_and_a_retry_then_its_commit_releases_them(
+    tmp_path: Path,
+) -> None:
+    """The seam of issues 51 and 52: cancelling an item defers what waits for it, transitively
+    (kind "dependency", the error naming it and "cancelled"), across a reopen; ``submit``'s
+    ``after`` makes a new item wait; ``retry`` of the cancelled item, then its commit, releases
+    its dependents, and the campaign ends with everything committed."""
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=(1,)) as s:
+        s.submit([WorkItem("a"), WorkItem("b", after=("a",)), WorkItem("c", after=("b",))])
+    sub = cli("submit", str(d), "-", stdin='{"work_id": "z", "payload": 1, "after": ["c"]}\n')
+    assert sub.returncode == 0, sub
+    out = json.loads(cli("cancel", str(d), "a", "--json").stdout)
+    assert out["work_ids"] == {"a": "cancelled"}, out
+    v = view_state(d).projection
+    assert set(v.cancelled) == {"a"} and set(v.deferred) == {"b", "c", "z"} and not v.waiting
+    with CampaignState.open(d, ranks=(1,)) as s:  # the deferral is durable
+        led = s.core.ledger
+        assert set(led.deferred) == {"b", "c", "z"}
+        assert led.kinds["b"][-1] == "dependency"
+    rows = {
+        r["work_id"]: r
+        for r in map(json.loads, cli("joblog", str(d), "--jsonl").stdout.splitlines())
+    }
+    assert "'a'" in rows["b"]["last_failure"] and "cancelled" in rows["b"]["last_failure"]
+    ret = json.loads(cli("retry", str(d), "a", "--json").stdout)
+    assert ret["requeued"] == 1, ret
+    seen: list[str] = []
+    report = run_master(
+        [],
+        d,
+        lambda wid, _r: seen.append(wid),
+        comm=LocalWorkers(lambda p, ctx: p, 1, context=True),
+    )
+    assert report.finished and seen == ["a", "b", "c", "z"], (report, seen)
