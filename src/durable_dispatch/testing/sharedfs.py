@@ -372,6 +372,7 @@ class _Knobs:
             if self.s.stalled:
                 self.counts["stalled_fsyncs"] += 1
                 self.counts["waiting_fsyncs"] += 1
+                self.dirty = True  # published while it waits, not only once it returned
                 while self.s.stalled:
                     self.cond.wait(0.5)
                 self.counts["waiting_fsyncs"] -= 1
