@@ -71,9 +71,10 @@ class _Subset:
 class _CallFeed(Feed):
     """The executor's calls, fed to the campaign as they are submitted (manager thread)."""
 
-    #: dispatches per worker whose calls are in the frontier (running) ahead of the workers;
-    #: the other calls wait here, pending, and can still be cancelled
-    AHEAD = 2
+    #: refilled again once the turn's READYs are handled: the calls enter the frontier (and
+    #: are running) only as idle workers take them, in the turn they are sent; the other calls
+    #: wait here, pending, and can still be cancelled
+    just_in_time = True
 
     def __init__(self, ex: DurableExecutor) -> None:
         self.ex = ex
@@ -140,9 +141,10 @@ class _CallFeed(Feed):
             self._cancel_local()
         frontier = ledger.frontier
         batch: list[WorkItem] = []
-        # as many calls as the next dispatches take: a dispatch's size (batch="auto") for
-        # each worker, twice, so none waits for work while the rest stay cancellable
-        low = self.AHEAD * self.ex._workers * self.state.core.auto_batch()
+        # as many calls as this turn's dispatches take: a dispatch's size (batch="auto") for
+        # each idle worker, so every call not sent to a worker stays cancellable
+        core = self.state.core
+        low = core.idle_rank_count() * core.auto_batch()
         while self.local and len(frontier) + len(batch) < low:
             item = self.local.popleft()
             self.queued.discard(item.work_id)
