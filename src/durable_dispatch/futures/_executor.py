@@ -12,8 +12,11 @@ and runs only the rest.
 Threads. ``submit`` (any thread) seals the call and queues it; only the manager thread touches
 the campaign state: it resolves futures (their callbacks run there, as in the standard library),
 marks a future running when its call enters the frontier (a cancelled one never does), and fails
-the futures whose items were deferred. A future of a call that was submitted but not yet in the
-frontier can be cancelled; ``shutdown(cancel_futures=True)`` cancels those.
+the futures whose items were deferred. A call enters the frontier only in the loop turn an idle
+worker takes it (the feed is refilled again once the turn's READYs are handled), so a future
+whose call no worker started can be cancelled; ``shutdown(cancel_futures=True)`` cancels those.
+Several executors may be open at once: each has its own master loop (manager thread) and its
+own communicator on every rank (:func:`._serve.open_session`), and the workers serve them all.
 """
 
 from __future__ import annotations
@@ -240,7 +243,8 @@ class DurableExecutor(Executor):
 
     Names and argument positions are mpi4py's ``MPIPoolExecutor``'s; everything new is
     keyword-only. Run the script with ``mpiexec -n N python -m durable_dispatch.futures
-    script.py``: rank 0 runs the script, the other ranks serve its executors (one at a time).
+    script.py``: rank 0 runs the script, the other ranks serve its executors (several may be open
+    at once: they share the workers, each with its own state directory).
 
     Args:
         max_workers: how many worker ranks serve it (default: all); ``<= 0`` is a ValueError.
@@ -264,7 +268,8 @@ class DurableExecutor(Executor):
 
     Raises:
         UsageError: no state directory; not run under the runner (nor inside a
-            ``DurableCommExecutor``); another executor of this job is still open; no worker
+            ``DurableCommExecutor``); another executor of this job is still open where MPI
+            is not ``MPI_THREAD_MULTIPLE``; no worker
             ranks; a bad argument (a ``ValueError`` too).
         LockHeldError: another master holds the state directory.
         ValueCorruptError: the state directory holds a call or result whose tag fails.
