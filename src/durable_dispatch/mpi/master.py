@@ -282,7 +282,7 @@ def run_master(
                 for rank, why in inbox.gone:
                     state.on_gone(rank, why, now)
                     lost.setdefault(rank, time.time())  # it ends: no STOP for it
-                if source.just_in_time:  # its work for the ranks that are idle now
+                if source.just_in_time and inbox.readies:  # work for the ranks idle now
                     source.refill()
                 # 2. dispatch: persist (journal) before send; the deadline starts when it returned
                 while (
