@@ -16,7 +16,7 @@ the futures whose items were deferred. A call enters the frontier only in the lo
 worker takes it (the feed is refilled again once the turn's READYs are handled), so a future
 whose call no worker started can be cancelled; ``shutdown(cancel_futures=True)`` cancels those.
 Several executors may be open at once: each has its own master loop (manager thread) and its
-own communicator on every rank (:func:`._serve.open_session`), and the workers serve them all.
+own communicator on every rank (``_serve.open_session``), and the workers serve them all.
 """
 
 from __future__ import annotations
