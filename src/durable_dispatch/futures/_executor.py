@@ -406,10 +406,8 @@ class DurableExecutor(Executor):
                 self._shut = True
             self._feed.abandon(why)
             _job["open"].discard(self)
-            try:
-                self._link.comm.Free()
-            except Exception as e:  # noqa: BLE001 - a communicator left allocated is no harm
-                log.debug("freeing the session's communicator failed: %s", e)
+            # The session's communicator is never freed: a message still unreceived on it (a
+            # worker's last READY) would match a later communicator given its context ID.
 
     def _resolve(self, fut: Future[Any], wid: str, result: Any) -> None:
         assert self._sealer is not None

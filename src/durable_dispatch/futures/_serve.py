@@ -144,7 +144,6 @@ def serve(comm: Any = None) -> int:
             continue  # a stray: not ours
         sub = comm.Dup()  # the session's own communicator (rank 0 makes it too)
         if bytes(buf) != b"1":  # this rank does not serve it (max_workers)
-            _free(sub)
             continue
         sessions += 1
         if not threads_shared():
@@ -174,13 +173,6 @@ def _join(threads: list[threading.Thread], timeout: float = 10.0) -> None:
     end = time.monotonic() + timeout
     for t in threads:
         t.join(max(0.0, end - time.monotonic()))
-
-
-def _free(comm: Any) -> None:
-    try:
-        comm.Free()
-    except Exception as e:  # noqa: BLE001 - a communicator left allocated is no harm
-        log.debug("freeing a session's communicator failed: %s", e)
 
 
 def _session(sub: Any, failed: list[BaseException]) -> None:
@@ -231,8 +223,8 @@ def _session(sub: Any, failed: list[BaseException]) -> None:
             log.error("worker %d: %s", sub.Get_rank(), e)
     except BaseException as e:  # noqa: BLE001 - raised by serve() in the rank's main thread
         failed.append(e)
-    finally:
-        _free(sub)
+    # ``sub`` is never freed: a message still unreceived on it (a STOP that crossed the
+    # session's end) would match a later communicator given its context ID (MPICH reuses them)
 
 
 def open_session(comm: Any, workers: int) -> Any:
