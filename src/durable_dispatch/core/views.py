@@ -60,10 +60,6 @@ class Views(DispatcherBase):
         """Idle ranks, sorted."""
         return self._ranks.idle()
 
-    def idle_rank_count(self) -> int:
-        """How many ranks are idle (O(1), where :meth:`idle_ranks` lists them)."""
-        return self._ranks.count(RankState.IDLE)
-
     def starting_ranks(self) -> int:
         """How many ranks have not said their first READY yet (STARTING)."""
         return self._ranks.count(RankState.STARTING)

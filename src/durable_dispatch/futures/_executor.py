@@ -12,9 +12,8 @@ and runs only the rest.
 Threads. ``submit`` (any thread) seals the call and queues it; only the manager thread touches
 the campaign state: it resolves futures (their callbacks run there, as in the standard library),
 marks a future running when its call enters the frontier (a cancelled one never does), and fails
-the futures whose items were deferred. A call enters the frontier only in the loop turn an idle
-worker takes it (the feed is refilled again once the turn's READYs are handled), so a future
-whose call no worker started can be cancelled; ``shutdown(cancel_futures=True)`` cancels those.
+the futures whose items were deferred. A future of a call that was submitted but not yet in the
+frontier can be cancelled; ``shutdown(cancel_futures=True)`` cancels those.
 Several executors may be open at once: each has its own master loop (manager thread) and its
 own communicator on every rank (``_serve.open_session``), and the workers serve them all.
 """
@@ -74,10 +73,9 @@ class _Subset:
 class _CallFeed(Feed):
     """The executor's calls, fed to the campaign as they are submitted (manager thread)."""
 
-    #: refilled again once the turn's READYs are handled: the calls enter the frontier (and
-    #: are running) only as idle workers take them, in the turn they are sent; the other calls
-    #: wait here, pending, and can still be cancelled
-    just_in_time = True
+    #: dispatches per worker whose calls are in the frontier (running) ahead of the workers;
+    #: the other calls wait here, pending, and can still be cancelled
+    AHEAD = 2
 
     def __init__(self, ex: DurableExecutor) -> None:
         self.ex = ex
@@ -144,10 +142,9 @@ class _CallFeed(Feed):
             self._cancel_local()
         frontier = ledger.frontier
         batch: list[WorkItem] = []
-        # as many calls as this turn's dispatches take: a dispatch's size (batch="auto") for
-        # each idle worker, so every call not sent to a worker stays cancellable
-        core = self.state.core
-        low = core.idle_rank_count() * core.auto_batch()
+        # as many calls as the next dispatches take: a dispatch's size (batch="auto") for
+        # each worker, twice, so none waits for work while the rest stay cancellable
+        low = self.AHEAD * self.ex._workers * self.state.core.auto_batch()
         while self.local and len(frontier) + len(batch) < low:
             item = self.local.popleft()
             self.queued.discard(item.work_id)

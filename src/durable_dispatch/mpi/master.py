@@ -282,8 +282,6 @@ def run_master(
                 for rank, why in inbox.gone:
                     state.on_gone(rank, why, now)
                     lost.setdefault(rank, time.time())  # it ends: no STOP for it
-                if source.just_in_time and inbox.readies:  # work for the ranks idle now
-                    source.refill()
                 # 2. dispatch: persist (journal) before send; the deadline starts when it returned
                 while (
                     not stopping.draining
@@ -388,9 +386,6 @@ class Feed:
     """
 
     exhausted: bool = False
-    #: also call :meth:`refill` once the turn's READYs are handled, just before the dispatch,
-    #: so that a feed can submit exactly the work the idle ranks take in this turn
-    just_in_time: bool = False
     state: CampaignState
 
     def attach(self, state: CampaignState) -> None:
