@@ -21,7 +21,7 @@ import pytest
 
 from durable_dispatch import read_results
 from durable_dispatch.core import RetryPolicy
-from durable_dispatch.errors import UsageError, ValueCorruptError
+from durable_dispatch.errors import ValueCorruptError
 from durable_dispatch.futures import (
     ALL_COMPLETED,
     FIRST_COMPLETED,
@@ -110,6 +110,27 @@ def step(kind: str, marker: str) -> str:
 
 
 BLOCK = 3.0
+
+
+def wait_for(marker: str) -> str:
+    """Return once the file ``marker`` exists (a test lets it go; no clock)."""
+    while not os.path.exists(marker):
+        time.sleep(0.01)
+    return marker
+
+
+def spawn_and_wait(marker: str) -> int:
+    """Start a grandchild (a process of this call's own tree) and return once ``marker``
+    exists, with the grandchild still alive: a kill of another session's child must not reach
+    either of them."""
+    import subprocess
+
+    p = subprocess.Popen(["sleep", "300"])
+    wait_for(marker)
+    alive = p.poll() is None
+    p.kill()
+    p.wait()
+    return int(alive)
 
 
 class GoodPickle:
@@ -224,14 +245,67 @@ def test_wait_as_completed_and_callbacks(tmp_path: Path) -> None:
     assert seen == [0]
 
 
-def test_max_workers_and_one_executor_at_a_time(tmp_path: Path) -> None:
+def test_max_workers_and_executors_open_at_once(tmp_path: Path) -> None:
+    """As under mpi4py's runner, several executors open at once share the workers (issue 48),
+    each with its own state directory; nested ones too."""
     with MPIPoolExecutor(max_workers=1, state_dir=tmp_path / "s") as ex:
         assert ex.num_workers == 1
         assert list(ex.map(add, range(5))) == list(range(5))
-        with pytest.raises(UsageError, match="another executor"):
-            MPIPoolExecutor(state_dir=tmp_path / "t")
+        with MPIPoolExecutor(state_dir=tmp_path / "t") as other:
+            assert other.num_workers == WORKERS
+            assert list(other.map(add, range(5), range(5))) == list(range(0, 10, 2))
+            assert ex.submit(add, 7).result() == 7
     with MPIPoolExecutor(max_workers=99, state_dir=tmp_path / "u") as ex:
         assert ex.num_workers == WORKERS
+
+
+def test_two_executors_open_at_once_interleave_their_calls(tmp_path: Path) -> None:
+    """Two pools (one per stage), calls submitted in turn to each, results read in turn: each
+    future gets its own executor's call, each state directory holds its own calls only, and
+    isolated and in-process sessions serve side by side."""
+    a = MPIPoolExecutor(state_dir=tmp_path / "a")
+    b = MPIPoolExecutor(state_dir=tmp_path / "b", isolate=False)
+    try:
+        fa, fb = [], []
+        for i in range(30):
+            fa.append(a.submit(add, i, 1000))
+            fb.append(b.submit(add, i, 2000))
+        for i in range(30):
+            assert fb[i].result(timeout=120) == i + 2000
+            assert fa[i].result(timeout=120) == i + 1000
+        fc = [b.submit(counted, str(tmp_path / "count"), i) for i in range(10)]
+        assert [f.result(timeout=120) for f in fc] == [i * 10 for i in range(10)]
+    finally:
+        a.shutdown()
+        b.shutdown()
+    ra = {r.work_id: r for r in read_results(tmp_path / "a")}
+    rb = {r.work_id: r for r in read_results(tmp_path / "b")}
+    assert set(ra) == {f.work_id for f in fa}
+    assert set(rb) == {f.work_id for f in fb + fc}
+    assert sorted(runs(tmp_path / "count")) == list(range(10))  # each call ran once
+
+
+def test_a_timeout_in_one_executor_kills_none_of_the_others_calls(tmp_path: Path) -> None:
+    """Isolation kills a timed-out call's process tree, and only its own: calls of another
+    executor open at once, running in their own children on the same worker ranks (with a
+    child of their own), live on and return."""
+    marker = str(tmp_path / "go")
+    slow = MPIPoolExecutor(state_dir=tmp_path / "slow")
+    try:
+        held = [slow.submit(spawn_and_wait, marker) for _ in range(WORKERS)]
+        while not all(f.running() for f in held):
+            time.sleep(0.01)
+        with MPIPoolExecutor(task_timeout=1, retry=RetryPolicy(0), state_dir=tmp_path / "t") as ex:
+            stuck = [ex.submit(hang) for _ in range(WORKERS)]
+            for f in stuck:
+                with pytest.raises(TaskTimedOut):
+                    f.result(timeout=120)
+            assert ex.submit(add, 3).result(timeout=120) == 3
+        Path(marker).write_text("go")
+        assert [f.result(timeout=120) for f in held] == [1] * WORKERS  # alive to the end
+    finally:
+        Path(marker).write_text("go")
+        slow.shutdown()
 
 
 @pytest.mark.parametrize("isolate", [True, False])
@@ -505,26 +579,31 @@ def test_num_workers_bootup_and_submit_after_shutdown(tmp_path: Path) -> None:
         ex.shutdown(wait=wait_, cancel_futures=cancel)
 
 
+@pytest.mark.parametrize("workers", [1, WORKERS])
 def test_shutdown_cancel_futures_cancels_every_call_not_handed_to_a_worker(
-    tmp_path: Path,
+    tmp_path: Path, workers: int
 ) -> None:
-    """mpi4py's test_submit_shutdown_cancel_wait, one worker: the call that runs finishes;
-    of the 100 calls behind it at most the next two dispatches' ran (the calls the frontier
-    holds for the worker: nothing was measured yet, so a dispatch carries one call), and the
-    two last calls are cancelled."""
-    count = tmp_path / "count"
-    ex = MPIPoolExecutor(max_workers=1, state_dir=tmp_path / "s")
-    first = ex.submit(sleep_for, 0.5)
+    """mpi4py's test_submit_shutdown_cancel_wait: the calls the workers run finish; of the
+    calls behind them at most the next two dispatches per worker ran (the calls the frontier
+    holds ahead: nothing was measured yet, so a dispatch carries one call); every other one is
+    cancelled and never runs, and the two last calls are cancelled."""
+    count, marker = tmp_path / "count", str(tmp_path / "go")
+    ex = MPIPoolExecutor(max_workers=workers, state_dir=tmp_path / "s")
+    first = [ex.submit(wait_for, marker) for _ in range(workers)]
     rest = [ex.submit(counted, str(count), i) for i in range(100)]
     last = [ex.submit(sleep_for, 0), ex.submit(sleep_for, 0)]
-    while not first.running():
-        time.sleep(0.01)
-    ex.shutdown(wait=False, cancel_futures=True)
-    done, not_done = wait([first, *last])
-    assert not not_done and not first.cancelled() and all(f.cancelled() for f in last)
+    try:
+        while not all(f.running() for f in first):
+            time.sleep(0.01)
+        ex.shutdown(wait=False, cancel_futures=True)
+    finally:
+        Path(marker).write_text("go")
+    done, not_done = wait([*first, *last], timeout=120)
+    assert not not_done and all(f.result() == marker for f in first)
     ex.shutdown(wait=True, cancel_futures=True)
     ran = [f for f in rest if not f.cancelled()]
-    assert len(ran) <= _CallFeed.AHEAD and all(f.done() for f in rest)
+    assert all(f.cancelled() for f in last) and all(f.done() for f in rest)
+    assert len(ran) <= _CallFeed.AHEAD * workers
     assert len(runs(count)) == len(ran)  # a cancelled call never ran
 
 

@@ -3,10 +3,11 @@
 ``TARGET`` is ``script.py [args]``, ``-m module [args]`` or ``-c command [args]``, as for
 ``python`` and mpi4py's ``python -m mpi4py.futures``. Rank 0 runs it as ``__main__``; every
 other rank imports the script (or module) as ``__mp_main__``, as ``multiprocessing`` does, so
-the functions it defines can be found by name, then serves each executor rank 0 makes, one
-after the other (:func:`~durable_dispatch.futures._serve.serve`). When the target ends, the
-executors it left open finish their calls, the workers are told to exit, and the job ends with
-the target's status. An exception in the target ends the whole job non-zero (U8), never a hang.
+the functions it defines can be found by name, then serves every executor rank 0 makes,
+several at once when several are open (:func:`~durable_dispatch.futures._serve.serve`). When
+the target ends, the executors it left open finish their calls, the workers are told to exit,
+and the job ends with the target's status. An exception in the target ends the whole job
+non-zero (U8), never a hang.
 
 ``--state-dir D``: executors made without ``state_dir=`` keep their state in ``D/executor-<k>``
 (also ``$DURABLE_DISPATCH_STATE_DIR``).

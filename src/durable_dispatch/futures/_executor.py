@@ -14,6 +14,8 @@ the campaign state: it resolves futures (their callbacks run there, as in the st
 marks a future running when its call enters the frontier (a cancelled one never does), and fails
 the futures whose items were deferred. A future of a call that was submitted but not yet in the
 frontier can be cancelled; ``shutdown(cancel_futures=True)`` cancels those.
+Several executors may be open at once: each has its own master loop (manager thread) and its
+own communicator on every rank (``_serve.open_session``), and the workers serve them all.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ log = logging.getLogger("durable_dispatch.futures")
 #: The environment variable that names the state directory of executors made without one.
 STATE_DIR_ENV = "DURABLE_DISPATCH_STATE_DIR"
 
-_job: dict[str, Any] = {"runner": False, "state_dir": None, "made": 0, "active": None}
+_job: dict[str, Any] = {"runner": False, "state_dir": None, "made": 0, "open": set()}
 _executors: list[DurableExecutor] = []  # the runner shuts down those the script left open
 
 
@@ -243,7 +245,8 @@ class DurableExecutor(Executor):
 
     Names and argument positions are mpi4py's ``MPIPoolExecutor``'s; everything new is
     keyword-only. Run the script with ``mpiexec -n N python -m durable_dispatch.futures
-    script.py``: rank 0 runs the script, the other ranks serve its executors (one at a time).
+    script.py``: rank 0 runs the script, the other ranks serve its executors (several may be open
+    at once: they share the workers, each with its own state directory).
 
     Args:
         max_workers: how many worker ranks serve it (default: all); ``<= 0`` is a ValueError.
@@ -267,7 +270,8 @@ class DurableExecutor(Executor):
 
     Raises:
         UsageError: no state directory; not run under the runner (nor inside a
-            ``DurableCommExecutor``); another executor of this job is still open; no worker
+            ``DurableCommExecutor``); another executor of this job is still open where MPI
+            is not ``MPI_THREAD_MULTIPLE``; no worker
             ranks; a bad argument (a ``ValueError`` too).
         LockHeldError: another master holds the state directory.
         ValueCorruptError: the state directory holds a call or result whose tag fails.
@@ -305,24 +309,20 @@ class DurableExecutor(Executor):
         # does), so a value of a class the script defines comes back pickled as
         # ``__mp_main__.Name``: here that is the script's ``__main__``.
         sys.modules.setdefault("__mp_main__", sys.modules["__main__"])
-        if _job["active"] is not None:
+        if _job["open"] and not _serve.threads_shared():
             raise UsageError(
-                "another executor of this job is still open: its workers serve one executor "
-                "at a time; shut it down first (or use one 'with' block after the other)"
+                "another executor of this job is still open, and this MPI serves one thread at "
+                "a time (not MPI_THREAD_MULTIPLE), so its workers serve one executor at a "
+                "time; shut it down first (or use one 'with' block after the other)"
             )
         from mpi4py import MPI
 
-        from ..mpi.transport import MpiTransport
-
         comm = _comm if _comm is not None else MPI.COMM_WORLD
-        link: Any = MpiTransport(comm)
-        available = link.size - 1
+        available = comm.Get_size() - 1
         if available < 1:
             raise UsageError("no worker ranks: start the job with at least 2 processes")
         self._workers: int = min(available, max_workers or available)
-        if self._workers < available:
-            link = _Subset(link, self._workers)
-        self._comm, self._link = comm, link
+        self._comm = comm
         init = None
         if initializer is not None:
             function_name(initializer)  # a TypeError now, not in every worker
@@ -343,7 +343,8 @@ class DurableExecutor(Executor):
         self._bound = threading.Event()
         self._feed = _CallFeed(self)
         fs.makedirs(self._dir)
-        _job["active"] = self
+        self._link = self._open_link()
+        _job["open"].add(self)
         self._thread = threading.Thread(
             target=self._manage,
             name="durable-dispatch-executor",
@@ -366,9 +367,20 @@ class DurableExecutor(Executor):
                 "max_result": MAX_RESULT_BYTES,
             }
         )
+        sub = self._link.comm
         for r in range(1, self._workers + 1):
-            comm.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
+            sub.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
         _executors.append(self)
+
+    def _open_link(self) -> Any:
+        """The session's own communicator on every worker (several executors open at once
+        share the workers; their messages never meet), as the master loop's transport."""
+        from ..mpi.transport import MpiTransport
+
+        link: Any = MpiTransport(_serve.open_session(self._comm, self._workers))
+        if self._workers < link.size - 1:
+            link = _Subset(link, self._workers)
+        return link
 
     # ------------------------------------------------------------------ the manager
     def _manage(self, **kw: Any) -> None:
@@ -396,8 +408,9 @@ class DurableExecutor(Executor):
             with self._lock:
                 self._shut = True
             self._feed.abandon(why)
-            if _job["active"] is self:
-                _job["active"] = None
+            _job["open"].discard(self)
+            # The session's communicator is never freed: a message still unreceived on it (a
+            # worker's last READY) would match a later communicator given its context ID.
 
     def _resolve(self, fut: Future[Any], wid: str, result: Any) -> None:
         assert self._sealer is not None

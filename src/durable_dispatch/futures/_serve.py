@@ -2,10 +2,12 @@
 
 A worker rank of the runner (``python -m durable_dispatch.futures``), or a non-root rank inside
 a :class:`~durable_dispatch.futures.DurableCommExecutor`, waits in :func:`serve` for the master's
-messages on two tags of its own, outside the dispatch protocol: ``SESSION`` starts serving one
-executor (``run_worker`` until that executor's STOP), ``EXIT`` ends :func:`serve`. A session's
-message is the executor's set-up, pickled by rank 0 (a trusted peer, never read from disk): the
-state directory's key, whether to isolate, the memory limit and the initializer.
+messages on two tags of its own, outside the dispatch protocol: ``SESSION`` opens one
+executor's session on a communicator of its own, served by a thread (``run_worker`` until that
+executor's STOP), so that several executors open at once share the workers; ``EXIT`` ends
+:func:`serve`. A session's first message, on its communicator, is the executor's set-up, pickled
+by rank 0 (a trusted peer, never read from disk): the state directory's key, whether to isolate,
+the memory limit and the initializer.
 
 :class:`Task` is the work function of a session: it checks the call's HMAC tag (see
 :mod:`._seal`), unpickles it, calls it, and seals what it returned or raised. An exception the
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 import time
 import traceback
 from typing import Any
@@ -34,7 +37,7 @@ from ..mpi.context import WorkContext
 from ._calls import put_values
 from ._seal import Sealer
 
-__all__ = ["SESSION", "EXIT", "Task", "serve", "exit_workers"]
+__all__ = ["SESSION", "EXIT", "Task", "serve", "open_session", "threads_shared", "exit_workers"]
 
 log = logging.getLogger("durable_dispatch.futures")
 
@@ -124,34 +127,101 @@ def serve(comm: Any = None) -> int:
     """Serve the master's executors until it says EXIT, or (ULFM) until it is gone; returns how
     many sessions were served.
 
-    Rank 0 is the master. Between sessions this rank polls for the next message with naps (up
-    to 10 ms), so an idle worker does not take a core from a master that computes.
+    Rank 0 is the master. Each ``SESSION`` opens one executor's session on a communicator of
+    its own (``comm.Dup()``, collective: rank 0 makes it too), served by a thread of this rank
+    (``run_worker`` until that executor's STOP), so that executors open at once share the
+    workers and their messages never meet. Where MPI gives fewer threads than
+    ``MPI_THREAD_MULTIPLE``, a session is served in this thread and rank 0 opens one executor
+    at a time. Between messages this rank polls with naps (up to 10 ms), so an idle worker does
+    not take a core from a master that computes.
     """
     from mpi4py import MPI
-
-    from ..mpi.worker import run_worker
 
     comm = comm if comm is not None else MPI.COMM_WORLD
     status = MPI.Status()
     sessions = 0
+    threads: list[threading.Thread] = []
+    failed: list[BaseException] = []  # an error of a session's thread ends the rank (U8)
     while True:
         nap = 0.0001
         try:
             while not comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=status):
+                if failed:
+                    raise failed[0]
                 time.sleep(nap)
                 nap = min(nap * 2, 0.01)
         except MPI.Exception as e:  # ULFM: the master died between two sessions
             guard.peer_failed(master=True)
             log.warning("worker %d: the master (rank 0) is gone (%s)", comm.Get_rank(), e)
+            _join(threads)
             return sessions
         buf = bytearray(status.Get_count(MPI.BYTE))
         tag = status.Get_tag()
         comm.Recv([buf, MPI.BYTE], source=0, tag=tag)
         if tag == EXIT:
+            _join(threads)
+            if failed:
+                raise failed[0]
             return sessions
         if tag != SESSION:
-            continue  # a STOP from a master that could not start, or a stray: not ours
+            continue  # a stray: not ours
+        sub = comm.Dup()  # the session's own communicator (rank 0 makes it too)
+        if bytes(buf) != b"1":  # this rank does not serve it (max_workers)
+            continue
         sessions += 1
+        if not threads_shared():
+            _session(sub, failed)
+            if failed:
+                raise failed[0]
+            if guard.master_failed():  # ULFM: the session ended because the master died
+                return sessions
+            continue
+        threads = [t for t in threads if t.is_alive()]
+        t = threading.Thread(
+            target=_session, args=(sub, failed), name="durable-dispatch-session", daemon=True
+        )
+        t.start()
+        threads.append(t)
+
+
+def threads_shared() -> bool:
+    """True when MPI serves every thread at once (``MPI_THREAD_MULTIPLE``): then sessions of
+    several executors may run at once."""
+    from mpi4py import MPI
+
+    return bool(MPI.Query_thread() >= MPI.THREAD_MULTIPLE)
+
+
+def _join(threads: list[threading.Thread], timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+
+
+def _session(sub: Any, failed: list[BaseException]) -> None:
+    """Serve one executor on its communicator ``sub``: its set-up (``SESSION``), then
+    ``run_worker`` until its STOP. A STOP (or EXIT) instead of the set-up: its master could not
+    start."""
+    from mpi4py import MPI
+
+    from ..mpi.worker import run_worker
+
+    status = MPI.Status()
+    try:
+        nap = 0.0001
+        try:
+            while not sub.Iprobe(source=0, tag=MPI.ANY_TAG, status=status):
+                time.sleep(nap)
+                nap = min(nap * 2, 0.01)
+        except MPI.Exception as e:  # ULFM: the master died
+            guard.peer_failed(master=True)
+            log.warning("worker %d: the master (rank 0) is gone (%s)", sub.Get_rank(), e)
+            return
+        buf = bytearray(status.Get_count(MPI.BYTE))
+        tag = status.Get_tag()
+        sub.Recv([buf, MPI.BYTE], source=0, tag=tag)
+        if tag != SESSION:
+            return  # its master could not start (it sent STOP)
         config = bytes(buf)
         c = pickle.loads(config)
         task = Task(config)
@@ -160,22 +230,40 @@ def serve(comm: Any = None) -> int:
                 task.initialize()
             except BaseException as e:  # noqa: BLE001 - the master learns it (GONE)
                 error = f"the initializer failed: {type(e).__name__}: {e}"
-                log.error("worker %d: %s", comm.Get_rank(), error)
-                comm.Send([P.encode({"error": error}), MPI.BYTE], dest=0, tag=P.GONE)
-                continue
+                log.error("worker %d: %s", sub.Get_rank(), error)
+                sub.Send([P.encode({"error": error}), MPI.BYTE], dest=0, tag=P.GONE)
+                return
         try:
             run_worker(
                 task,
-                comm=comm,
+                comm=sub,
                 context=True,
                 isolate=c["isolate"],
                 memory_limit=c["memory_limit"],
                 max_result_bytes=c["max_result"],
             )
         except IsolationError as e:  # it told the master (GONE); wait for the next session
-            log.error("worker %d: %s", comm.Get_rank(), e)
-        if guard.master_failed():  # ULFM: the session ended because the master died
-            return sessions
+            log.error("worker %d: %s", sub.Get_rank(), e)
+    except BaseException as e:  # noqa: BLE001 - raised by serve() in the rank's main thread
+        failed.append(e)
+    # ``sub`` is never freed: a message still unreceived on it (a STOP that crossed the
+    # session's end) would match a later communicator given its context ID (MPICH reuses them)
+
+
+def open_session(comm: Any, workers: int) -> Any:
+    """Rank 0: open an executor's session on every other rank of ``comm`` (the first
+    ``workers`` of them serve it) and return its own communicator (``comm.Dup()``); the
+    executor then sends its set-up on it (``SESSION``) and runs its master loop there."""
+    from mpi4py import MPI
+
+    with _opening:  # one collective at a time on ``comm`` (executors made in two threads)
+        for r in range(1, comm.Get_size()):
+            flag = b"1" if r <= workers else b"0"
+            comm.Send([flag, MPI.BYTE], dest=r, tag=SESSION)
+        return comm.Dup()
+
+
+_opening = threading.Lock()
 
 
 def exit_workers(comm: Any = None, timeout: float = 10.0) -> bool:

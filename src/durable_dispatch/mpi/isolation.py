@@ -174,6 +174,8 @@ class _Child:
             os.close(to_child_r)
             os.close(from_child_w)
             os.close(progress)
+        with _live_lock:
+            _live.add(self.proc.pid)
         self.send = Connection(to_child_w, readable=False)
         self.recv = Connection(from_child_r, writable=False)
         self.send.send_bytes(setup)
@@ -219,13 +221,21 @@ class _Child:
 
     def kill(self) -> None:
         """Kill the child's group and every descendant left, and close the pipes (bounded: a
-        child stuck in the kernel is left to die later)."""
-        processes.kill_group(self.proc.pid)
+        child stuck in the kernel is left to die later). Beside another session's child (an
+        executor's calls next to another's) it kills its own tree only."""
+        pid = self.proc.pid
+        alone = not _others(pid)
+        if not alone:
+            processes.kill_trees([pid])  # its descendants, while they are still below it
+        processes.kill_group(pid)
         try:
             self.proc.wait(timeout=processes.REAP_SECONDS)
         except subprocess.TimeoutExpired:
-            log.warning("isolated child %d did not die at once; not waiting", self.proc.pid)
-        processes.kill_descendants()
+            log.warning("isolated child %d did not die at once; not waiting", pid)
+        if alone:
+            processes.kill_descendants()
+        with _live_lock:
+            _live.discard(pid)
         self.close()
 
     def running(self) -> tuple[int, int]:
@@ -382,7 +392,9 @@ class IsolatedRunner:
         left."""
         child = self._child
         keep = child.proc.pid if child is not None else None
-        left = [p for p in processes.children() if p != keep] if self._subreaper else []
+        # beside another session's child an orphan may be that one's: swept once alone
+        alone = not _others(keep)
+        left = [p for p in processes.children() if p != keep] if self._subreaper and alone else []
         if keep is not None:
             left += processes.children(keep)
         if left:
@@ -486,8 +498,21 @@ class IsolatedRunner:
         """Kill the child and every descendant (on STOP and when the worker ends), then copy
         the last of their output."""
         self._kill()
-        processes.kill_descendants()
+        if not _others(None):  # else another session's child runs: it keeps its tree
+            processes.kill_descendants()
         self._output.close()
+
+
+#: The pids of this process's live isolated children: one per session of a futures worker, where
+#: several executors open at once are served side by side (each kills its own tree only).
+_live: set[int] = set()
+_live_lock = threading.Lock()
+
+
+def _others(own: int | None) -> bool:
+    """True when an isolated child of this process other than ``own`` is alive."""
+    with _live_lock:
+        return bool(_live - {own})
 
 
 class StopRequested(Exception):
