@@ -214,3 +214,50 @@ def test_a_map_reduce_of_futures_with_a_failing_map_and_a_kill(tmp_path: Path) -
     third = run_mpiexec(_runner(3, script, str(count), "no", state=state), timeout=180)
     assert third.stdout.splitlines() == want + ["done"]
     assert count.read_text().splitlines() == ran  # all from the record: nothing ran again
+
+
+def test_an_operator_cancels_a_running_call_and_its_futures_fail_now_and_in_a_rerun(
+    tmp_path: Path,
+) -> None:
+    """Issue 52 with the futures face: ``durable-dispatch cancel`` of a running call (isolated,
+    300 s) fails its future at once with TaskFailed (kind "cancelled"), and the future that
+    took it as an argument (issue 51) with DependencyFailed whose cause is that exception; the
+    script ends long before the call would have; a re-run answers both from the record."""
+    import json
+    import subprocess
+
+    from durable_dispatch.mpi.launcher import kill_session, launch_env
+
+    state, mark = tmp_path / "state", tmp_path / "mark"
+    script = str(CHILDREN / "futures_cancel.py")
+    cmd = _runner(2, script, str(mark), state=state)
+    expected = ["slow TaskFailed cancelled", "after DependencyFailed TaskFailed"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=launch_env(quiet=True), start_new_session=True,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 90
+        while not mark.exists():
+            assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+            time.sleep(0.2)
+        wid = mark.read_text()
+        time.sleep(1.0)  # the call is in flight on the worker
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "durable_dispatch", "cancel", str(state / "executor-1"), wid,
+             "--json"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        body = json.loads(out.stdout)
+        assert out.returncode == 0 and body["work_ids"][wid].startswith("cancelled"), out
+        stdout, stderr = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert stdout.splitlines() == expected, (stdout, stderr[-3000:])
+    assert took < 240  # the 300 s call did not run to its end
+    again = run_mpiexec(_runner(2, script, str(mark), state=state), timeout=180)
+    assert not again.timed_out and again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines() == expected

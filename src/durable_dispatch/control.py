@@ -440,15 +440,15 @@ def _cancel(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied
             if was_deferred and wid in state.defer:
                 state.defer.resolve(wid, "cancelled")
             state._apply(decisions, state._on_commit)
-            # G4: the dependents of a cancelled item are deferred (kind "dependency"),
-            # transitively; after the cancel's own record, so a replay finds them in order (and
-            # the open's repair defers them if a crash came between)
-            state._apply(state.core.ended_without_commit(wid, "cancelled"), state._on_commit)
             if stop is not None:
                 done.stop.append(stop)
-            hook = getattr(state, "on_cancel", None)  # (a face that waits on items: futures)
-            if hook is not None:
-                hook(wid)
+            if state.on_cancel is not None:  # (a face that waits on items: futures)
+                state.on_cancel(wid)
+            # G4: the dependents of a cancelled item are deferred (kind "dependency"),
+            # transitively; after the cancel's own record, so a replay finds them in order (and
+            # the open's repair defers them if a crash came between), and after the hook, so a
+            # dependent future's failure names the cancelled one's as its cause
+            state._apply(state.core.ended_without_commit(wid, "cancelled"), state._on_commit)
     n = sum(1 for w in result.values() if w.startswith("cancelled"))
     left = {w: why for w, why in result.items() if not why.startswith("cancelled")}
     done.outcome |= {

@@ -96,6 +96,9 @@ class Delivery:
     #: called with each :class:`Defer` once the defer journal took it (or kept it in memory):
     #: the item's retries are spent (the futures executor fails its future)
     on_defer: Callable[[Defer], None] | None
+    #: called with the work ID of each item an operator cancelled (O1; the futures executor
+    #: fails its future)
+    on_cancel: Callable[[str], None] | None
 
     if TYPE_CHECKING:  # provided by CampaignState
 

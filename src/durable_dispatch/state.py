@@ -172,6 +172,10 @@ class CampaignState(Delivery, Dependencies):
         #: called with each :class:`Defer` once the defer journal took it (or kept it in
         #: memory): the item's retries are spent (the futures executor fails its future)
         self.on_defer: Callable[[Defer], None] | None = None
+        #: called with the work ID of each item an operator cancelled (``durable-dispatch
+        #: cancel``, O1), once its ``cancelled`` record is journaled (the futures executor
+        #: fails its future)
+        self.on_cancel: Callable[[str], None] | None = None
         # a display, not state: atomic, not fsynced (issue 49; readers take damage as "none")
         self._live = SnapshotStore(directory, name=LIVE_STATS_NAME, keep=2, durable=False)
         self._publisher = BackgroundSaver(self._live)  # off the master's thread (issue 49)

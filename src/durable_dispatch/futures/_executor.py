@@ -53,6 +53,8 @@ __all__ = ["DurableExecutor", "STATE_DIR_ENV"]
 
 log = logging.getLogger("durable_dispatch.futures")
 
+#: The last error of a call an operator cancelled (``durable-dispatch cancel``).
+CANCELLED_ERROR = "cancelled by an operator (durable-dispatch cancel)"
 #: The environment variable that names the state directory of executors made without one.
 STATE_DIR_ENV = "DURABLE_DISPATCH_STATE_DIR"
 
@@ -109,11 +111,14 @@ class _CallFeed(Feed):
                 if isinstance(payload, dict) and isinstance(payload.get("d"), str):
                     ex._digests[d.work_id] = payload["d"]
             ledger = state.core.ledger
+            for wid in ledger.cancelled:  # an operator's cancel (O1): final, like a deferral
+                ex._failed[wid] = (("cancelled",), CANCELLED_ERROR, ledger.attempts.get(wid, 0))
             for wid in (*ledger.frontier, *ledger.waiting):  # calls an earlier run left: checked
                 payload = ledger.items[wid].payload
                 ex._sealer.check_call(wid, payload)
                 ex._digests[wid] = payload["d"]
             state.on_defer = self.deferred
+            state.on_cancel = self.cancelled
         except BaseException as e:
             ex._error = e  # before the constructor wakes: it raises this
             raise
@@ -220,6 +225,16 @@ class _CallFeed(Feed):
             self.ex._after.setdefault(wid, d.work.after)
         for f in self.waiting.pop(wid, ()):
             f.set_exception(self.ex._failure(wid, (d.kinds, d.last_error, d.attempts)))
+
+    def cancelled(self, wid: str) -> None:
+        """``on_cancel``: an operator cancelled the call (``durable-dispatch cancel``, O1); its
+        futures fail with :class:`TaskFailed` (kind ``"cancelled"``), now and in a re-run."""
+        failed = (("cancelled",), CANCELLED_ERROR, self.state.core.ledger.attempts.get(wid, 0))
+        with self.ex._lock:
+            self.ex._failed[wid] = failed
+        for f in self.waiting.pop(wid, ()):
+            if not f.done() and (f.running() or f.set_running_or_notify_cancel()):
+                f.set_exception(self.ex._failure(wid, failed))
 
     def abandon(self, why: str) -> None:
         """The campaign ended before these calls: each future fails with BrokenExecutor."""
