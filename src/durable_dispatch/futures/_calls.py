@@ -166,19 +166,22 @@ def take_dependencies(
         found[wid] = None
         return Dependency(wid)
 
-    def one(v: Any) -> Any:
-        t = type(v)
-        if t is list:
-            return [swap(x) for x in v]
-        if t is tuple:
-            return tuple(swap(x) for x in v)
-        if t is dict:
-            return {k: swap(x) for k, x in v.items()}
-        return swap(v)
-
-    new_args = tuple(one(a) for a in args)
-    new_kwargs = {k: one(v) for k, v in kwargs.items()}
+    new_args = tuple(_one_level(a, swap) for a in args)
+    new_kwargs = {k: _one_level(v, swap) for k, v in kwargs.items()}
     return new_args, new_kwargs, list(found)
+
+
+def _one_level(v: Any, swap: Callable[[Any], Any]) -> Any:
+    """``swap`` applied to ``v``, or to each member of a list, tuple or dict ``v`` (one level
+    deep, as a future may be passed)."""
+    t = type(v)
+    if t is list:
+        return [swap(x) for x in v]
+    if t is tuple:
+        return tuple(swap(x) for x in v)
+    if t is dict:
+        return {k: swap(x) for k, x in v.items()}
+    return swap(v)
 
 
 def put_values(
@@ -190,14 +193,6 @@ def put_values(
     def swap(v: Any) -> Any:
         return value(v.work_id) if type(v) is Dependency else v
 
-    def one(v: Any) -> Any:
-        t = type(v)
-        if t is list:
-            return [swap(x) for x in v]
-        if t is tuple:
-            return tuple(swap(x) for x in v)
-        if t is dict:
-            return {k: swap(x) for k, x in v.items()}
-        return swap(v)
-
-    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+    return tuple(_one_level(a, swap) for a in args), {
+        k: _one_level(v, swap) for k, v in kwargs.items()
+    }
