@@ -58,17 +58,18 @@ def _figures(n: int, whole: float, loop: float) -> dict[str, float]:
     }
 
 
-def role_inproc(n: int, state_dir: str, batch: int | str, workers: int) -> None:
+def _run(n: int, state_dir: str, batch: int | str, comm: object = None) -> None:
+    """The master of one measured campaign: ``n`` trivial tasks, timed whole and as the loop
+    (``MasterReport.seconds``), printed as one JSON line."""
     from durable_dispatch.core import RetryPolicy, WatchdogConfig, WorkItem
     from durable_dispatch.mpi import run_master
-    from durable_dispatch.testing import LocalWorkers
 
     items = [WorkItem(f"t{i}", {"i": i}) for i in range(n)]
     t = time.perf_counter()
     rep = run_master(
         items,
         state_dir,
-        comm=LocalWorkers(trivial, workers),
+        comm=comm,
         watchdog=WatchdogConfig(600),
         retry=RetryPolicy(1),
         sync="batch",
@@ -80,27 +81,19 @@ def role_inproc(n: int, state_dir: str, batch: int | str, workers: int) -> None:
     print(json.dumps(_figures(n, el, rep.seconds)), flush=True)
 
 
+def role_inproc(n: int, state_dir: str, batch: int | str, workers: int) -> None:
+    from durable_dispatch.testing import LocalWorkers
+
+    _run(n, state_dir, batch, LocalWorkers(trivial, workers))
+
+
 def role_mpi(n: int, state_dir: str, batch: int | str) -> None:
     from mpi4py import MPI
 
-    from durable_dispatch.core import RetryPolicy, WatchdogConfig, WorkItem
-    from durable_dispatch.mpi import run_master, run_worker
+    from durable_dispatch.mpi import run_worker
 
     if MPI.COMM_WORLD.Get_rank() == 0:
-        items = [WorkItem(f"t{i}", {"i": i}) for i in range(n)]
-        t = time.perf_counter()
-        rep = run_master(
-            items,
-            state_dir,
-            watchdog=WatchdogConfig(600),
-            retry=RetryPolicy(1),
-            sync="batch",
-            batch=batch,
-            linger=0,
-        )
-        el = time.perf_counter() - t
-        assert rep.finished and rep.stats["core"]["commits"] == n
-        print(json.dumps(_figures(n, el, rep.seconds)), flush=True)
+        _run(n, state_dir, batch)
     else:
         run_worker(trivial, poll=0.0001)
 
