@@ -267,6 +267,25 @@ def _campaign(state: Path, out: Path, n: int, delay: float, *extra: str) -> subp
     )
 
 
+def _verify(state: Path) -> None:
+    """``durable-dispatch verify`` finds the state directory intact."""
+    r = subprocess.run(
+        [sys.executable, "-m", "durable_dispatch", "verify", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _kill_all(procs: list[subprocess.Popen[str]]) -> None:
+    """SIGKILL the process group of each campaign still running, and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def _result(out: Path, p: subprocess.Popen[str], timeout: float = 240) -> dict[str, Any]:
     p.wait(timeout=timeout)
     return dict(json.loads(out.read_text()))
@@ -302,18 +321,9 @@ def test_two_masters_with_locks_that_do_not_lock(tmp_path: Path, where: str) -> 
             )
             commits = (tmp_path / "a.json.commits").read_text().split()
             assert sorted(commits) == [f"w{i:04d}" for i in range(300)]
-            r = subprocess.run(
-                [sys.executable, "-m", "durable_dispatch", "verify", str(state)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert r.returncode == 0, r.stdout + r.stderr
+            _verify(state)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            _kill_all(procs)
 
 
 @fuse
@@ -344,18 +354,9 @@ def test_a_killed_owner_then_a_resume_on_a_mount_without_locks(tmp_path: Path) -
             )
             assert done == {f"w{i:04d}" for i in range(200)}
             print(f"a resume from another node after a SIGKILLed owner took {took:.1f}s (bound 3s)")
-            r = subprocess.run(
-                [sys.executable, "-m", "durable_dispatch", "verify", str(state)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert r.returncode == 0, r.stdout + r.stderr
+            _verify(state)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            _kill_all(procs)
 
 
 def test_a_zombie_owner_is_dead(tmp_path: Path) -> None:
