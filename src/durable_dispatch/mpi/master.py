@@ -467,42 +467,39 @@ class _Stopping:
 
     def operator_drain(self, now: float, state: CampaignState) -> None:
         """An operator's ``durable-dispatch drain``: drain as on a first SIGUSR1 (O1, U5)."""
+        self._drain(now, state, "drain", "drain requested by an operator")
+
+    def _drain(self, now: float, state: CampaignState, why: str, cause: str) -> None:
+        """Begin the drain (once; what asked first names it): nothing new is dispatched, and
+        the in-flight work has ``drain_seconds`` to finish."""
         if self.drain_until is None:
             self.drain_until = now + self.drain_seconds
-            self.why_drain = "drain"
+            self.why_drain = why
             log.warning(
-                "master: drain requested by an operator: draining (no new dispatch; up to "
-                "%.0fs for %d in flight)",
+                "master: %s: draining (no new dispatch; up to %.0fs for %d in flight; a second "
+                "signal, %gs or more after it, stops at once)",
+                cause,
                 self.drain_seconds,
                 state.core.in_flight_count(),
+                SAME_REQUEST_SECONDS,
             )
 
     def reason(
         self, now: float, state: CampaignState, signals: list[int], raw: float
     ) -> str | None:
-        """``"max_seconds"``, ``"signal"``, ``"no workers left"``, ``"every worker parked"``, or
-        None to go on. ``now`` is the observed clock (grace and drain bounds), ``raw`` the
+        """``"max_seconds"``, ``"signal"``, ``"drain"``, ``"no workers left"``, ``"every worker
+        parked"``, or None to go on. ``now`` is the observed clock (grace and drain bounds), ``raw`` the
         monotonic clock (``max_seconds`` counts a pause of the master too)."""
         if self.max_seconds is not None and raw - self.start > self.max_seconds:
             log.warning("master: giving up after %.0fs (resumable)", raw - self.start)
             return "max_seconds"
         core = state.core
         if signals:
-            if self.drain_until is None:
-                self.drain_until = now + self.drain_seconds
-                log.warning(
-                    "master: %s received: draining (no new dispatch; up to %.0fs for %d in "
-                    "flight; a second signal, %gs or more after it, stops at once)",
-                    signal.Signals(signals[0]).name,
-                    self.drain_seconds,
-                    core.in_flight_count(),
-                    SAME_REQUEST_SECONDS,
-                )
-            if len(signals) > 1 or not core.in_flight_count() or now >= self.drain_until:
-                return "signal"
-        elif self.drain_until is not None:  # an operator's drain (the same bound)
-            if not core.in_flight_count() or now >= self.drain_until:
-                return self.why_drain
+            self._drain(now, state, "signal", f"{signal.Signals(signals[0]).name} received")
+            if len(signals) > 1:
+                return "signal"  # a second request: stop at once
+        if self.drain_until is not None and (not core.in_flight_count() or now >= self.drain_until):
+            return self.why_drain
         return state.stop_reason(now, grace=self.grace)
 
 
