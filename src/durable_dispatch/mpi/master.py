@@ -487,9 +487,10 @@ class _Stopping:
     def reason(
         self, now: float, state: CampaignState, signals: list[int], raw: float
     ) -> str | None:
-        """``"max_seconds"``, ``"signal"``, ``"drain"``, ``"no workers left"``, ``"every worker
-        parked"``, or None to go on. ``now`` is the observed clock (grace and drain bounds), ``raw`` the
-        monotonic clock (``max_seconds`` counts a pause of the master too)."""
+        """``"max_seconds"``, ``"signal"``, ``"drain"``, ``"no workers left"``, ``"every
+        worker parked"``, or None to go on. ``now`` is the observed clock (grace and drain
+        bounds), ``raw`` the monotonic clock (``max_seconds`` counts a pause of the master
+        too)."""
         if self.max_seconds is not None and raw - self.start > self.max_seconds:
             log.warning("master: giving up after %.0fs (resumable)", raw - self.start)
             return "max_seconds"
