@@ -403,9 +403,15 @@ def _mountdir(s: dict[str, Any], workdir: Path) -> Path:
 
 
 def run_scenario(
-    s: dict[str, Any], root: Path, plant: str | None = None, verbose: bool = False
+    s: dict[str, Any],
+    root: Path,
+    plant: str | None = None,
+    verbose: bool = False,
+    bound: float | None = None,
 ) -> Outcome:
-    """Run ``s`` to the end (a run per restart) in ``root``, then check it."""
+    """Run ``s`` to the end (a run per restart) in ``root``, then check it. ``bound``, if
+    given, caps how long one run may take (a test of a planted hang need not wait out the
+    scenario's worst case)."""
     out = Outcome()
     start = time.monotonic()
     workdir = root
@@ -429,7 +435,7 @@ def run_scenario(
             for a in s["nemesis"]:
                 if a["run"] == r and a["do"] in ("compact-between", "forge-between") and r > 0:
                     _between(a["do"], s, workdir, out, plant)
-            finished = _one_run(s, r, workdir, out, plant, verbose)
+            finished = _one_run(s, r, workdir, out, plant, verbose, bound)
             if finished or out.violations:
                 break
         if not finished and not out.violations:
@@ -536,7 +542,13 @@ def _argv(s: dict[str, Any], workdir: Path, plant: str | None) -> list[str]:
 
 
 def _one_run(
-    s: dict[str, Any], r: int, workdir: Path, out: Outcome, plant: str | None, verbose: bool
+    s: dict[str, Any],
+    r: int,
+    workdir: Path,
+    out: Outcome,
+    plant: str | None,
+    verbose: bool,
+    cap: float | None = None,
 ) -> bool:
     shutil.rmtree(workdir / "pids", ignore_errors=True)
     argv = _argv(s, workdir, plant)
@@ -549,7 +561,7 @@ def _one_run(
         env=env,
         start_new_session=True,
     )
-    bound = _bound(s)
+    bound = _bound(s) if cap is None else min(cap, _bound(s))
     t0, t0_wall = time.monotonic(), time.time()
     todo = [a for a in s["nemesis"] if a["run"] == r and not a["do"].endswith("-between")]
     stopped: list[tuple[float, int]] = []
