@@ -248,7 +248,9 @@ compact_state(sys.argv[1])
 
 
 def test_compaction_killed_at_random_points_loses_nothing(tmp_path: Path) -> None:
-    """SIGKILL `compact` at random moments (30+ times): open and verify after each."""
+    """SIGKILL `compact` at random moments (15 times): open and verify after each. (Every crash
+    point of a compaction, one by one, is test_crash_consistency's; this one kills the real
+    command, its process and its threads, where they happen to be.)"""
     import random
     import signal
     import time
@@ -276,7 +278,7 @@ def test_compaction_killed_at_random_points_loses_nothing(tmp_path: Path) -> Non
     grow(25_000)
     rnd = random.Random(99)
     kills = finished = 0
-    while kills < 30:
+    while kills < 15:
         p = subprocess.Popen([sys.executable, "-c", _COMPACT_CHILD, str(d)])
         time.sleep(rnd.uniform(0.05, 0.75))
         p.send_signal(signal.SIGKILL)
@@ -288,7 +290,7 @@ def test_compaction_killed_at_random_points_loses_nothing(tmp_path: Path) -> Non
         if p.returncode == 0:  # finished before the kill: give the next one work again
             finished += 1
             grow(10_000)
-        if kills % 10 == 0:
+        if kills % 5 == 0:
             with CampaignState.open(d, ranks=(1,)) as s:  # the next open handles the crash
                 assert s.core.committed() == expected
     assert subprocess.run([sys.executable, "-c", _COMPACT_CHILD, str(d)]).returncode == 0
