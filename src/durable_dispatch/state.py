@@ -177,7 +177,13 @@ class CampaignState(Delivery, Dependencies):
         #: fails its future)
         self.on_cancel: Callable[[str], None] | None = None
         # a display, not state: atomic, not fsynced (issue 49; readers take damage as "none")
-        self._live = SnapshotStore(directory, name=LIVE_STATS_NAME, keep=2, durable=False)
+        self._live = SnapshotStore(
+            directory,
+            name=LIVE_STATS_NAME,
+            keep=2,
+            durable=False,
+            directory_claim=self._lock.claim,
+        )
         self._publisher = BackgroundSaver(self._live)  # off the master's thread (issue 49)
         self._live_at = -STATS_SECONDS  # monotonic time of the last publication
         self._opened_at = time.time()
@@ -238,16 +244,18 @@ class CampaignState(Delivery, Dependencies):
         defer: DeferJournal | None = None
         opening = object()  # holds what the reopen's bulk build freezes until the state does
         try:
-            snapshots, snap = _load_snapshot(d, keep_snapshots)
+            snapshots, snap = _load_snapshot(d, keep_snapshots, lock.claim)
             base = snap.value if snap is not None else {}
             with paused_gc(opening) as block:
-                # issue 49: the journals this open creates share one directory fsync (below)
+                # issue 49: the journals this open creates share one directory fsync (below),
+                # and take no lock file each: the directory's lock and claim are held (S5, S13)
                 kw = {"dir_sync": False, **dict(journal_options or {})}
+                kw["directory_claim"] = lock.claim
                 journal, store, proj, n, stored = _open_and_fold(
                     os.path.join(d, STATE_JOURNAL), base, sync=sync, **kw
                 )
                 block.items = len(proj.items)
-            defer = DeferJournal.open(d, dir_sync=False)
+            defer = DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
             _sync_created(d, (journal, store, defer.journal))
             covered = _reconcile_store(journal, store, proj, stored)
             epoch = proj.epoch + 1
@@ -298,9 +306,13 @@ class CampaignState(Delivery, Dependencies):
         # it cost two fsyncs and a directory scan at every open, a fresh one included)
         _resources.register(st)
         try:  # O1: the operator's commands that wait (``durable-dispatch cancel`` ...), once
-            from .control import apply_waiting
+            from .control import CONTROL_DIR, apply_waiting
 
-            st.applied_at_open = apply_waiting(st, running=False)
+            # (none when the claim's listing had no control directory: one lookup less on a
+            # slow mount; a command written since is applied by the running loop's next look)
+            names = lock.claim.listing
+            if names is None or CONTROL_DIR in names:
+                st.applied_at_open = apply_waiting(st, running=False)
         except BaseException:
             st.close()
             raise

@@ -208,11 +208,15 @@ def _path(d: str, gen: int) -> str:
     return os.path.join(d, f"{OWNER_PREFIX}{gen}")
 
 
-def _generations(d: str) -> list[int]:
+def _generations(d: str, listing: list[str] | None = None) -> list[int]:
+    """The owner records' generations in ``d``, oldest first; ``listing`` (a list to fill)
+    receives the directory's names too (None when the directory is missing)."""
     try:
         names = os.listdir(d)
     except FileNotFoundError:
         return []
+    if listing is not None:
+        listing[:] = names
     gens = []
     for n in names:
         if n.startswith(OWNER_PREFIX):
@@ -421,6 +425,11 @@ class OwnerClaim:
         self.lost: LockHeldError | None = None
         #: the filesystem the claim was made on (see :func:`fs.filesystem`)
         self.filesystem = fs.filesystem()
+        #: the directory's names as the claim found them, before it linked its record (what an
+        #: open that holds the directory reads instead of listing it again: nothing else
+        #: writes it from then on, S5, S13); None when unknown
+        self.listing: frozenset[str] | None = None
+        self._key = _key(directory)
         self._next = _path(directory, record.generation + 1)
         self._stop = threading.Event()
         self._rw = threading.Lock()
@@ -506,8 +515,8 @@ class OwnerClaim:
                 return
             self.released = True
             with _held_lock:
-                if _held.get(_key(self.directory)) is self:
-                    del _held[_key(self.directory)]
+                if _held.get(self._key) is self:
+                    del _held[self._key]
             if self.lost is not None:
                 return
             try:
@@ -557,8 +566,9 @@ def claim(
     mine = _holding(d)
     if mine is not None and not mine.released:
         raise _refusal(mine.record, d, "this process holds it")
+    listing: list[str] = []
     for _attempt in range(64):
-        gens = _generations(d)
+        gens = _generations(d, listing)
         top = gens[-1] if gens else 0
         cur = _read(d, top) if gens else None
         if cur is not None or gens:
@@ -599,8 +609,9 @@ def claim(
         if not _try_create(d, rec):
             continue  # another newcomer took this generation: judge it
         c = OwnerClaim(d, rec)
+        c.listing = frozenset(listing)
         with _held_lock:
-            _held[_key(d)] = c
+            _held[c._key] = c
         for g in gens:  # the older records: best effort
             try:
                 fs.unlink(_path(d, g))
