@@ -262,7 +262,8 @@ def lock_file(path: str, mode: int = 0o600, *, exists: bool | None = None) -> in
         exists = None  # the hint serves the first attempt only
         if existed:
             try:
-                fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+                # (O_NONBLOCK: a FIFO planted at the path does not block the open)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC)
             except FileNotFoundError:
                 continue  # removed since: look again
         else:
@@ -534,9 +535,12 @@ def unlink(path: str) -> None:
     _record("unlink", path)
 
 
-def makedirs(directory: str, mode: int = 0o700) -> None:
-    """Create ``directory`` and missing parents (owner-only), then fsync the parent of each."""
-    _check("open", directory)
+def makedirs(directory: str, mode: int = 0o700) -> bool:
+    """Create ``directory`` and missing parents (owner-only), then fsync the parent of each.
+
+    Returns:
+        True when this call created ``directory`` itself (False: it was there).
+    """
     missing = []
     d = os.path.abspath(directory)
     while d and not os.path.isdir(d):
@@ -545,10 +549,16 @@ def makedirs(directory: str, mode: int = 0o700) -> None:
         if parent == d:
             break
         d = parent
+    if not missing:
+        return False
+    _check("open", directory)
+    created = False
     for d in reversed(missing):
         try:
             os.mkdir(d, mode)
         except FileExistsError:
             continue
+        created = d == missing[0]
         _record("mkdir", d)
         fsync_dir(os.path.dirname(d))
+    return created

@@ -329,10 +329,10 @@ def _key(d: str) -> str:
     return os.path.realpath(d)
 
 
-def _holding(d: str) -> OwnerClaim | None:
-    """The claim this process holds on ``d`` on the filesystem calls reach now (a claim made
-    on a fake filesystem that is gone is forgotten)."""
-    k = _key(d)
+def _holding(d: str, key: str | None = None) -> OwnerClaim | None:
+    """The claim this process holds on ``d`` (``key``: its real path, if known) on the
+    filesystem calls reach now (a claim made on a fake filesystem that is gone is forgotten)."""
+    k = _key(d) if key is None else key
     with _held_lock:
         c = _held.get(k)
         if c is None:
@@ -417,7 +417,7 @@ class OwnerClaim:
     :meth:`check` before each flush.
     """
 
-    def __init__(self, directory: str, record: Owner) -> None:
+    def __init__(self, directory: str, record: Owner, key: str | None = None) -> None:
         self.directory = directory
         self.record = record
         self.nonce = record.nonce
@@ -429,7 +429,7 @@ class OwnerClaim:
         #: open that holds the directory reads instead of listing it again: nothing else
         #: writes it from then on, S5, S13); None when unknown
         self.listing: frozenset[str] | None = None
-        self._key = _key(directory)
+        self._key = _key(directory) if key is None else key  # its real path
         self._next = _path(directory, record.generation + 1)
         self._stop = threading.Event()
         self._rw = threading.Lock()
@@ -563,7 +563,8 @@ def claim(
     d = os.fspath(directory)
     bound = stale_seconds() if stale is None else min(_MAX_STALE, max(_MIN_STALE, stale))
     me = _identity()
-    mine = _holding(d)
+    key = _key(d)  # once (each component is a lookup on a slow mount)
+    mine = _holding(d, key)
     if mine is not None and not mine.released:
         raise _refusal(mine.record, d, "this process holds it")
     listing: list[str] = []
@@ -608,7 +609,7 @@ def claim(
         )
         if not _try_create(d, rec):
             continue  # another newcomer took this generation: judge it
-        c = OwnerClaim(d, rec)
+        c = OwnerClaim(d, rec, key)
         c.listing = frozenset(listing)
         with _held_lock:
             _held[c._key] = c
