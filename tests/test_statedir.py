@@ -88,7 +88,7 @@ def _as_587a243_left_it(d: Path) -> None:
 _OLD_MASTER = """
 import sys, time
 import filelock
-from durable_dispatch.storage import Journal
+from durable_dispatch.storage import Journal, owner
 d = sys.argv[1]
 lock = filelock.FileLock(d + "/master.lock", timeout=0, mode=0o600, thread_local=False)
 lock.acquire()
@@ -174,6 +174,7 @@ def _open_close(m: SlowMount, d: Path) -> tuple[dict[str, int], list[str]]:
     m.configure(trace=False)
     ops = m.trace(clear=True)
     counts = {k: after[k] - before.get(k, 0) for k in ("fsyncs", "metadata_ops")}
+    print(f"open and close of {d.name}: {counts}")
     shown = [f"{o.op} {o.path} {o.other} {o.outcome}" for o in ops if o.metadata]
     shown += [f"{o.op} {o.path}" for o in ops if o.op.startswith("fsync")]
     return counts, shown
@@ -185,15 +186,17 @@ def test_an_open_and_a_close_cost_at_most_these_operations_on_a_slow_mount(
 ) -> None:
     """Pins what one open and close of a state directory asks of a shared filesystem (counts,
     not times: on a cluster's mount each metadata operation costs about 1 ms and each fsync
-    several). 587a243 made 87 metadata operations and 7 fsyncs for a fresh directory, and 45
-    and 8 for the resume (among them each journal's lock file: a lookup, a create and a chmod
-    each); this version 44 and 7, 33 and 8. A lookup the kernel serves from its cache never
-    reaches the mount, so these are upper bounds."""
-    with slow_mount(tmp_path, SlowStorage()) as m:
+    several). The kernel caches no lookup here (``cache_seconds=0``), so every lookup the
+    library makes reaches the mount and the counts do not depend on timing: 587a243 made 246
+    metadata operations and 7 fsyncs for a fresh directory and 264 and 8 for the resume
+    (among them each journal's lock file: a lookup, a create and a chmod each, four listings
+    of the directory); this version 106 and 7, 130 and 8. (With the kernel's default 1 s
+    cache, as ``bench_sharedfs.py`` mounts it: 87 and 45 before, 44 and 33 now.)"""
+    with slow_mount(tmp_path, SlowStorage(), cache_seconds=0) as m:
         d = Path(m.path) / "s"
         fresh, trace = _open_close(m, d)
         kinds = Counter(line.split()[0] for line in trace)
-        assert fresh["fsyncs"] <= 7 and fresh["metadata_ops"] <= 44, (fresh, trace)
+        assert fresh["fsyncs"] <= 7 and fresh["metadata_ops"] <= 106, (fresh, trace)
         assert kinds["chmod"] == 0 and kinds["readdir"] <= 1, (kinds, trace)
         again, trace = _open_close(m, d)
-        assert again["fsyncs"] <= 8 and again["metadata_ops"] <= 33, (again, trace)
+        assert again["fsyncs"] <= 8 and again["metadata_ops"] <= 130, (again, trace)

@@ -143,6 +143,10 @@ class SlowMount:
         storage: the initial :class:`SlowStorage` settings.
         locks: ``"local"`` (the kernel's locks: they exclude, as on one node) or ``"none"``
             (``flock`` and ``fcntl`` locks succeed and exclude no one).
+        cache_seconds: how long the kernel may keep what a lookup or a stat of the mount
+            returned (libfuse's ``entry_timeout`` and ``attr_timeout``; None: libfuse's
+            default, 1 s; an NFS client caches for 3 to 60 s). 0 sends every lookup to the
+            server, so its counts are what a program asks for, whatever the timing.
     """
 
     def __init__(
@@ -152,12 +156,14 @@ class SlowMount:
         storage: SlowStorage | None = None,
         *,
         locks: str = "local",
+        cache_seconds: float | None = None,
     ) -> None:
         if locks not in ("local", "none"):
             raise ValueError(f"locks must be 'local' or 'none', got {locks!r}")
         self.backing = os.path.abspath(os.fspath(backing))
         self.mountpoint = os.path.abspath(os.fspath(mountpoint))
         self.locks = locks
+        self.cache_seconds = cache_seconds
         self.storage = storage or SlowStorage()
         self._work = tempfile.mkdtemp(prefix="slowmount-")
         self._control = os.path.join(self._work, "control.json")
@@ -193,6 +199,11 @@ class SlowMount:
                     self.locks,
                     "--trace",
                     self._trace,
+                    *(
+                        ["--cache-seconds", repr(float(self.cache_seconds))]
+                        if self.cache_seconds is not None
+                        else []
+                    ),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -318,10 +329,12 @@ def slow_mount(
     storage: SlowStorage | None = None,
     *,
     locks: str = "local",
+    cache_seconds: float | None = None,
 ) -> Iterator[SlowMount]:
     """A :class:`SlowMount` of ``base/backing`` at ``base/mnt`` for a ``with`` block."""
     b = os.fspath(base)
-    with SlowMount(os.path.join(b, "backing"), os.path.join(b, "mnt"), storage, locks=locks) as m:
+    backing, mnt = os.path.join(b, "backing"), os.path.join(b, "mnt")
+    with SlowMount(backing, mnt, storage, locks=locks, cache_seconds=cache_seconds) as m:
         yield m
 
 
@@ -689,6 +702,7 @@ def _serve(argv: list[str] | None = None) -> None:
     p.add_argument("--counters", required=True)
     p.add_argument("--locks", choices=("local", "none"), default="local")
     p.add_argument("--trace", help="the file operations are logged to while tracing is on")
+    p.add_argument("--cache-seconds", type=float, help="the kernel's entry and attribute timeout")
     a = p.parse_args(argv)
     import warnings
 
@@ -697,6 +711,9 @@ def _serve(argv: list[str] | None = None) -> None:
     knobs = _Knobs(a.control, a.counters, a.trace)
     threading.Thread(target=knobs.watch, daemon=True, name="control").start()
     ops = _operations(os.path.abspath(a.backing), knobs, a.locks)
+    cache: dict[str, float] = {}
+    if a.cache_seconds is not None:
+        cache = {"entry_timeout": a.cache_seconds, "attr_timeout": a.cache_seconds}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         mfusepy.FUSE(
@@ -706,6 +723,7 @@ def _serve(argv: list[str] | None = None) -> None:
             nothreads=False,
             use_ino=True,
             fsname="slowmount",
+            **cache,
         )
 
 
