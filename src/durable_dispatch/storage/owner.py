@@ -433,6 +433,8 @@ class OwnerClaim:
         self._next = _path(directory, record.generation + 1)
         self._stop = threading.Event()
         self._rw = threading.Lock()
+        #: the released record, written and fsynced under a temporary name (prepare_release)
+        self._prepared: tuple[str, Owner] | None = None
         self._thread = threading.Thread(
             target=self._beat_loop, name=f"owner-heartbeat:{directory}", daemon=True
         )
@@ -505,27 +507,60 @@ class OwnerClaim:
             # heartbeat (a crash may tear it: the owner is dead then anyway).
             _rewrite(self.directory, self.record, sync=False)
 
+    def prepare_release(self) -> None:
+        """Write and fsync the released record now, under a temporary name, so that
+        :meth:`release` only renames it into place: a closing master does this beside its
+        last snapshot (issue 49: the fsync overlaps that snapshot's instead of following it).
+        Changes nothing a reader sees; a failure is logged and :meth:`release` writes the
+        record itself."""
+        with self._rw:
+            if self.released or self.lost is not None or self._prepared is not None:
+                return
+            rec = _replace(self.record, released=True, ts=time.time())
+            try:
+                self._prepared = (_write_tmp(self.directory, rec), rec)
+            except OSError as e:
+                log.warning("owner: could not prepare the release of %s: %s", self.directory, e)
+
     def release(self) -> None:
         """Let go: the record says ``released`` (the next master claims at once)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         with self._rw:
-            if self.released:
-                return
-            self.released = True
-            with _held_lock:
-                if _held.get(self._key) is self:
-                    del _held[self._key]
-            if self.lost is not None:
-                return
+            prepared, self._prepared = self._prepared, None
+            used = False
             try:
-                cur = _read(self.directory, self.record.generation)
-                if cur is not None and cur.nonce == self.nonce:
-                    self.record = _replace(self.record, released=True, ts=time.time())
-                    _rewrite(self.directory, self.record)
-            except OSError as e:
-                log.warning("owner: could not mark %s released: %s", self.directory, e)
+                used = self._release(prepared)
+            finally:
+                if prepared is not None and not used:
+                    try:
+                        fs.unlink(prepared[0])
+                    except OSError:
+                        pass
+
+    def _release(self, prepared: tuple[str, Owner] | None) -> bool:
+        """Mark the record released; True when ``prepared`` was renamed into place."""
+        if self.released:
+            return False
+        self.released = True
+        with _held_lock:
+            if _held.get(self._key) is self:
+                del _held[self._key]
+        if self.lost is not None:
+            return False
+        try:
+            cur = _read(self.directory, self.record.generation)
+            if cur is not None and cur.nonce == self.nonce:
+                if prepared is not None:  # written and fsynced already: into place
+                    fs.replace(prepared[0], _path(self.directory, self.record.generation))
+                    self.record = prepared[1]
+                    return True
+                self.record = _replace(self.record, released=True, ts=time.time())
+                _rewrite(self.directory, self.record)
+        except OSError as e:
+            log.warning("owner: could not mark %s released: %s", self.directory, e)
+        return False
 
     def __repr__(self) -> str:
         return f"<OwnerClaim {self.directory!r} generation={self.record.generation}>"
