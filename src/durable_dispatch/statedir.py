@@ -178,9 +178,14 @@ def _take_master_lock(d: str, *, create: bool = False) -> _MasterLock:
         StorageError: the lock or the record cannot be created (nothing was changed).
     """
     path = os.path.join(d, LOCK_NAME)
+    real: str | None = None
     try:
         # A directory this call made has no lock file yet: created at once, without a lookup.
         created = _fs.makedirs(d) if create else False
+        if created:  # a directory, not a link: its real path is its parent's and its name
+            absolute = os.path.abspath(d)
+            parent = os.path.realpath(os.path.dirname(absolute))
+            real = os.path.join(parent, os.path.basename(absolute))
         lock = _FileLock(path, _fs.lock_file(path, 0o600, exists=not created))
     except BlockingIOError:
         host, pid = _holder(d, path)
@@ -197,7 +202,7 @@ def _take_master_lock(d: str, *, create: bool = False) -> _MasterLock:
             errno=e.errno,
         ) from e
     try:
-        claim = _owner.claim(d)
+        claim = _owner.claim(d, real_path=real)
     except OSError as e:
         lock.release()
         raise StorageError(

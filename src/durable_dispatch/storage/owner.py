@@ -577,6 +577,7 @@ def claim(
     *,
     stale: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    real_path: str | None = None,
 ) -> OwnerClaim:
     """Claim ``directory`` for this process (the caller took its ``flock`` first).
 
@@ -587,6 +588,8 @@ def claim(
         directory: the state directory (it exists).
         stale: the dead-owner bound (default: :func:`stale_seconds`).
         sleep: how to wait between two looks at a watched heartbeat.
+        real_path: the directory's real path (``os.path.realpath``) when the caller knows it
+            already (it just made the directory): spares a lookup of each of its components.
 
     Returns:
         The claim; its heartbeat thread runs until :meth:`OwnerClaim.release`.
@@ -598,7 +601,7 @@ def claim(
     d = os.fspath(directory)
     bound = stale_seconds() if stale is None else min(_MAX_STALE, max(_MIN_STALE, stale))
     me = _identity()
-    key = _key(d)  # once (each component is a lookup on a slow mount)
+    key = _key(d) if real_path is None else real_path  # once (a lookup per component)
     mine = _holding(d, key)
     if mine is not None and not mine.released:
         raise _refusal(mine.record, d, "this process holds it")
