@@ -161,7 +161,8 @@ class Journal(Degradation):
 
         Raises:
             UsageError: an unknown sync policy or recovery mode, or a non-positive bound.
-            LockHeldError: another writer holds ``<path>.lock`` (S5).
+            LockHeldError: another writer holds ``<path>.lock`` (S5) or the file itself (S12:
+                a state directory's master, which takes no ``<path>.lock`` for its journals).
             JournalCorruptError: damage the recovery mode does not repair (offset included).
             JournalVersionError: the file is of a format version this library does not read.
             StorageError: the OS refused with a non-disk error (permission denied, not a file ...),
