@@ -30,6 +30,7 @@ from .statedir import (
 )
 from .storage import Journal, SnapshotStore
 from .storage.journal import read_journal
+from .storage.owner import OwnerClaim
 from .storage.scan import RawBatch
 from .storage.snapshot import Snapshot
 
@@ -269,7 +270,9 @@ def _open_and_fold(
     store, proj, stored = _load_store(d, base.get("state"), writer=True, **journal_kw)
     assert store is not None
     count = 0
-    size = os.path.getsize(path) if os.path.exists(path) else 0
+    size = 0
+    if progress is not None:  # (a lookup less on a slow mount when nobody shows progress)
+        size = os.path.getsize(path) if os.path.exists(path) else 0
 
     def fold(batch: RawBatch) -> None:
         nonlocal count
@@ -327,10 +330,13 @@ def _fold(
         ) from None
 
 
-def _load_snapshot(d: str, keep: int = 3) -> tuple[SnapshotStore, Snapshot | None]:
+def _load_snapshot(
+    d: str, keep: int = 3, claim: OwnerClaim | None = None
+) -> tuple[SnapshotStore, Snapshot | None]:
     """The state directory's snapshot store and its newest valid generation (S11: a generation
-    whose body does not match its schema is passed over like a damaged one)."""
-    store = SnapshotStore(d, name=SNAPSHOT_NAME, keep=keep)
+    whose body does not match its schema is passed over like a damaged one); ``claim``: the
+    directory's owner claim when this process holds the directory (a master's open)."""
+    store = SnapshotStore(d, name=SNAPSHOT_NAME, keep=keep, directory_claim=claim)
     return store, store.load(validate=check_state_snapshot)
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -177,7 +178,13 @@ class CampaignState(Delivery, Dependencies):
         #: fails its future)
         self.on_cancel: Callable[[str], None] | None = None
         # a display, not state: atomic, not fsynced (issue 49; readers take damage as "none")
-        self._live = SnapshotStore(directory, name=LIVE_STATS_NAME, keep=2, durable=False)
+        self._live = SnapshotStore(
+            directory,
+            name=LIVE_STATS_NAME,
+            keep=2,
+            durable=False,
+            directory_claim=self._lock.claim,
+        )
         self._publisher = BackgroundSaver(self._live)  # off the master's thread (issue 49)
         self._live_at = -STATS_SECONDS  # monotonic time of the last publication
         self._opened_at = time.time()
@@ -238,16 +245,18 @@ class CampaignState(Delivery, Dependencies):
         defer: DeferJournal | None = None
         opening = object()  # holds what the reopen's bulk build freezes until the state does
         try:
-            snapshots, snap = _load_snapshot(d, keep_snapshots)
+            snapshots, snap = _load_snapshot(d, keep_snapshots, lock.claim)
             base = snap.value if snap is not None else {}
             with paused_gc(opening) as block:
-                # issue 49: the journals this open creates share one directory fsync (below)
+                # issue 49: the journals this open creates share one directory fsync (below),
+                # and take no lock file each: the directory's lock and claim are held (S5, S13)
                 kw = {"dir_sync": False, **dict(journal_options or {})}
+                kw["directory_claim"] = lock.claim
                 journal, store, proj, n, stored = _open_and_fold(
                     os.path.join(d, STATE_JOURNAL), base, sync=sync, **kw
                 )
                 block.items = len(proj.items)
-            defer = DeferJournal.open(d, dir_sync=False)
+            defer = DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
             _sync_created(d, (journal, store, defer.journal))
             covered = _reconcile_store(journal, store, proj, stored)
             epoch = proj.epoch + 1
@@ -298,9 +307,13 @@ class CampaignState(Delivery, Dependencies):
         # it cost two fsyncs and a directory scan at every open, a fresh one included)
         _resources.register(st)
         try:  # O1: the operator's commands that wait (``durable-dispatch cancel`` ...), once
-            from .control import apply_waiting
+            from .control import CONTROL_DIR, apply_waiting
 
-            st.applied_at_open = apply_waiting(st, running=False)
+            # (none when the claim's listing had no control directory: one lookup less on a
+            # slow mount; a command written since is applied by the running loop's next look)
+            names = lock.claim.listing
+            if names is None or CONTROL_DIR in names:
+                st.applied_at_open = apply_waiting(st, running=False)
         except BaseException:
             st.close()
             raise
@@ -576,14 +589,7 @@ class CampaignState(Delivery, Dependencies):
         if not force and t - self._live_at < STATS_SECONDS:
             return False
         self._live_at = t
-        body = {
-            "ts": time.time(),
-            "running": running,
-            "pid": os.getpid(),
-            "host": os.uname().nodename,
-            "started": self._opened_at,
-            "stats": self.statistics().as_dict(),
-        }
+        body = self._statistics_body(running)
         if not force:
             return self._publisher.submit(body)
         self._publisher.close()
@@ -593,6 +599,17 @@ class CampaignState(Delivery, Dependencies):
             log.warning("statistics not published: %s", e)
             return False
         return True
+
+    def _statistics_body(self, running: bool) -> dict[str, Any]:
+        """What the statistics file holds (see :meth:`publish_statistics`)."""
+        return {
+            "ts": time.time(),
+            "running": running,
+            "pid": os.getpid(),
+            "host": os.uname().nodename,
+            "started": self._opened_at,
+            "stats": self.statistics().as_dict(),
+        }
 
     def _save_snapshot(self, reason: str = "") -> bool:
         """Write the projection atomically; tells the core it is persisted. False if the disk
@@ -692,8 +709,23 @@ class CampaignState(Delivery, Dependencies):
             try:
                 self._complete_commits(wait=True)
                 self._mark_delivered(now=True)
-                self._save_snapshot("close")
-                self.publish_statistics(running=False, force=True)
+                # issue 49: the last statistics are written by their thread while the snapshot
+                # is written and fsynced here (a display: no order between the two); again
+                # here, after that thread ended, if the snapshot failed (a figure changed)
+                failures = self._snapshot_failures
+                handed = self._publisher.submit(self._statistics_body(running=False))
+                # and the owner record's release is written and fsynced beside it too (it is
+                # renamed into place only once the journals are closed, S13)
+                prepare = _prepare_release(self._lock.claim)
+                try:
+                    self._save_snapshot("close")
+                finally:
+                    if prepare is not None:
+                        prepare.join()
+                if handed and self._snapshot_failures == failures:
+                    self._publisher.close()
+                else:
+                    self.publish_statistics(running=False, force=True)
             finally:
                 # whatever failed above: each journal is closed, no writer lock is left held
                 for journal in (self.journal, self.submissions, self.defer):
@@ -719,6 +751,16 @@ class CampaignState(Delivery, Dependencies):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _prepare_release(claim: Any) -> threading.Thread | None:
+    """Start writing ``claim``'s released record in a thread (``OwnerClaim.prepare_release``);
+    None under a fake filesystem (pyfakefs), where no thread may reach the files."""
+    if _fs.filesystem() is not _fs.REAL_FILESYSTEM:
+        return None
+    t = threading.Thread(target=claim.prepare_release, name="owner-release", daemon=True)
+    t.start()
+    return t
 
 
 def _sync_created(d: str, journals: Iterable[Journal]) -> None:

@@ -6,8 +6,8 @@ import the others' part back, which made a circle). A state directory holds the 
 ``submissions.jsonl``, the results journal ``results.jsonl``, the defer journal, the master's
 live statistics ``master-stats.<generation>.snap`` and the master lock ``master.lock``.
 
-One master at a time (S5, S12): a master holds a ``flock`` on ``master.lock`` (filelock's
-backend) and one on its state journal file itself, so an operator who deletes the lock file
+One master at a time (S5, S12): a master holds a ``flock`` on ``master.lock`` (the lock
+filelock takes) and one on its state journal file itself, so an operator who deletes the lock file
 does not let a second master in. Where locks do not lock (Lustre's ``localflock`` seen from two
 nodes, NFS without a lock daemon), the owner record ``master.owner.<generation>`` keeps one
 writer (S13, :mod:`.storage.owner`): it is claimed after the ``flock``, checked before each
@@ -21,8 +21,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import filelock
 
 from .errors import LockHeldError, StorageError
 from .storage import fs as _fs
@@ -73,7 +71,7 @@ def is_state_dir(directory: str | os.PathLike[str]) -> bool:
 def _master_running(d: str) -> bool:
     """True when a master holds ``d``; creates and changes nothing (S10).
 
-    A master holds a ``flock`` on ``master.lock`` (filelock's backend) and one on its state
+    A master holds a ``flock`` on ``master.lock`` (the lock filelock takes) and one on its state
     journal file itself (S12, which holds when an operator deleted the lock file). A shared,
     non-blocking ``flock`` on a read-only descriptor fails exactly while a writer holds either.
     Where locks do not lock, its owner record says so (S13: a process that runs, on this host;
@@ -114,11 +112,42 @@ def _locked(path: str) -> bool:
     return False
 
 
+class _FileLock:
+    """An exclusive ``flock`` on a lock file, held by a descriptor of it (:func:`fs.lock_file`:
+    the same lock filelock takes, so a master of an earlier version and this one exclude each
+    other; without filelock's ``chmod`` and lookups, each a metadata operation on a slow mount).
+    """
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.lock_file = path
+        self.fd: int | None = fd
+        self.filesystem = _fs.filesystem()
+
+    @property
+    def is_locked(self) -> bool:
+        """True while held."""
+        return self.fd is not None
+
+    def release(self) -> None:
+        """Close the descriptor (which lets go of the lock); on a filesystem that is gone it is
+        only forgotten, never closed (its number names another descriptor now)."""
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        if not _fs.reaches(self.filesystem):
+            _fs.forget(fd)
+            return
+        try:
+            _fs.close(fd)
+        except OSError:
+            pass
+
+
 class _MasterLock:
     """What a writer of a state directory holds: the ``flock`` on ``master.lock`` (S5) and the
     owner record's claim (S13). ``release()`` lets go of both."""
 
-    def __init__(self, flock: filelock.BaseFileLock, claim: _owner.OwnerClaim) -> None:
+    def __init__(self, flock: _FileLock, claim: _owner.OwnerClaim) -> None:
         self.flock = flock
         self.claim = claim
 
@@ -149,12 +178,16 @@ def _take_master_lock(d: str, *, create: bool = False) -> _MasterLock:
         StorageError: the lock or the record cannot be created (nothing was changed).
     """
     path = os.path.join(d, LOCK_NAME)
-    lock = filelock.FileLock(path, timeout=0, mode=0o600, thread_local=False)
+    real: str | None = None
     try:
-        if create and not os.path.isdir(d):
-            _fs.makedirs(d)
-        lock.acquire()
-    except filelock.Timeout:
+        # A directory this call made has no lock file yet: created at once, without a lookup.
+        created = _fs.makedirs(d) if create else False
+        if created:  # a directory, not a link: its real path is its parent's and its name
+            absolute = os.path.abspath(d)
+            parent = os.path.realpath(os.path.dirname(absolute))
+            real = os.path.join(parent, os.path.basename(absolute))
+        lock = _FileLock(path, _fs.lock_file(path, 0o600, exists=not created))
+    except BlockingIOError:
         host, pid = _holder(d, path)
         who = f": host {host}, pid {pid}" if pid is not None else ""
         raise LockHeldError(
@@ -169,7 +202,7 @@ def _take_master_lock(d: str, *, create: bool = False) -> _MasterLock:
             errno=e.errno,
         ) from e
     try:
-        claim = _owner.claim(d)
+        claim = _owner.claim(d, real_path=real)
     except OSError as e:
         lock.release()
         raise StorageError(

@@ -275,7 +275,9 @@ class DeferJournal:
                 :meth:`Journal.open`.
         """
         p = os.fspath(path)
-        if os.path.isdir(p):
+        claim = journal_kw.get("directory_claim")
+        held = claim is not None and os.path.abspath(claim.directory) == os.path.abspath(p)
+        if held or os.path.isdir(p):  # (the claimed state directory is one: no lookup)
             p = os.path.join(p, DEFAULT_DEFER_NAME)
         return cls(Journal.open(p, sync=sync, **journal_kw))
 

@@ -239,7 +239,7 @@ def open_append(path: str, mode: int = 0o600) -> int:
     return _remember(fd, path)
 
 
-def lock_file(path: str, mode: int = 0o600) -> int:
+def lock_file(path: str, mode: int = 0o600, *, exists: bool | None = None) -> int:
     """Take an exclusive, non-blocking ``flock`` on the file at ``path`` itself (S12).
 
     Opens ``path`` read-only (creating it if missing, never through a symlink) and locks the open
@@ -247,15 +247,34 @@ def lock_file(path: str, mode: int = 0o600) -> int:
     when the path was renamed over between the open and the lock, so the returned descriptor's
     inode is the one the path names. The lock lasts until the descriptor is closed.
 
+    ``exists``: whether the caller saw a file at ``path`` a moment ago (None: unknown, look);
+    it spares the lookup that tells a creation from an open on a slow mount. True: a file that
+    went since is looked for again. False: the file is created exclusively, and anything at the
+    path now raises ``FileExistsError`` (the caller checks what it is, then calls again).
+
     Raises:
         BlockingIOError: another open file holds the lock (another writer).
+        FileExistsError: ``exists=False`` and something is at the path.
     """
+    hint = exists
     for _attempt in range(8):
-        existed = os.path.lexists(path)
-        if not existed:
+        existed = os.path.lexists(path) if exists is None else exists
+        exists = None  # the hint serves the first attempt only
+        if existed:
+            try:
+                # (O_NONBLOCK: a FIFO planted at the path does not block the open)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC)
+            except FileNotFoundError:
+                continue  # removed since: look again
+        else:
             _check("open", path)  # it creates the file; opening an existing one writes nothing
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, mode)
-        if not existed:
+            flags = os.O_RDONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+            try:
+                fd = os.open(path, flags, mode)
+            except FileExistsError:
+                if hint is False:
+                    raise
+                continue  # created since: look again
             _record("open", path, True)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -516,9 +535,12 @@ def unlink(path: str) -> None:
     _record("unlink", path)
 
 
-def makedirs(directory: str, mode: int = 0o700) -> None:
-    """Create ``directory`` and missing parents (owner-only), then fsync the parent of each."""
-    _check("open", directory)
+def makedirs(directory: str, mode: int = 0o700) -> bool:
+    """Create ``directory`` and missing parents (owner-only), then fsync the parent of each.
+
+    Returns:
+        True when this call created ``directory`` itself (False: it was there).
+    """
     missing = []
     d = os.path.abspath(directory)
     while d and not os.path.isdir(d):
@@ -527,10 +549,16 @@ def makedirs(directory: str, mode: int = 0o700) -> None:
         if parent == d:
             break
         d = parent
+    if not missing:
+        return False
+    _check("open", directory)
+    created = False
     for d in reversed(missing):
         try:
             os.mkdir(d, mode)
         except FileExistsError:
             continue
+        created = d == missing[0]
         _record("mkdir", d)
         fsync_dir(os.path.dirname(d))
+    return created

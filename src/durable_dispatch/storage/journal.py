@@ -117,6 +117,7 @@ class Journal(Degradation):
         lock_timeout: float = 0.0,
         visit: Callable[[RawBatch], None] | None = None,
         dir_sync: bool = True,
+        directory_claim: owner.OwnerClaim | None = None,
     ) -> Journal:
         """Open (creating if needed) and recover a journal, taking its writer lock.
 
@@ -146,6 +147,13 @@ class Journal(Degradation):
                 several journals created together, issue 49). A crash before that first fsync
                 leaves no file, an empty one or a torn header, each of which the next open
                 takes for a new journal (no record was durable, so none is lost).
+            directory_claim: the owner claim (S13) of the state directory the journal is in,
+                held by this process together with that directory's master lock (S5): what a
+                state directory's master passes (``CampaignState.open``). The journal then
+                takes no ``<path>.lock`` of its own (the directory's lock already keeps every
+                other writer out of it, and a journal opened alone on the same file is still
+                refused by the lock on the file itself, S12) and checks this claim before each
+                flush. Without it (a journal used alone) the journal takes its own lock file.
 
         Returns:
             The open journal; ``journal.recovery`` reports what opening found and did, and
@@ -153,7 +161,8 @@ class Journal(Degradation):
 
         Raises:
             UsageError: an unknown sync policy or recovery mode, or a non-positive bound.
-            LockHeldError: another writer holds ``<path>.lock`` (S5).
+            LockHeldError: another writer holds ``<path>.lock`` (S5) or the file itself (S12:
+                a state directory's master, which takes no ``<path>.lock`` for its journals).
             JournalCorruptError: damage the recovery mode does not repair (offset included).
             JournalVersionError: the file is of a format version this library does not read.
             StorageError: the OS refused with a non-disk error (permission denied, not a file ...),
@@ -188,7 +197,7 @@ class Journal(Degradation):
             mode=mode,
         )
         j._dir_sync = dir_sync
-        j._start(recovery, lock_timeout, visit)
+        j._start(recovery, lock_timeout, visit, directory_claim)
         resources.register(j)
         return j
 
@@ -197,15 +206,28 @@ class Journal(Degradation):
         recovery: str,
         lock_timeout: float,
         visit: Callable[[RawBatch], None] | None = None,
+        claim: owner.OwnerClaim | None = None,
     ) -> None:
         try:
             try:
-                refuse_unsafe_path(self.path)
-                if not os.path.isdir(self._dir):
+                held = claim is not None and os.path.abspath(claim.directory) == self._dir
+                listing = claim.listing if claim is not None and held else None
+                if listing is not None and os.path.basename(self.path) not in listing:
+                    exists = False  # nothing there when the claim listed the directory
+                else:
+                    exists = refuse_unsafe_path(self.path)
+                if not exists and not held and not os.path.isdir(self._dir):
                     fs.makedirs(self._dir)
-                self._take_lock(lock_timeout)
-                self._lock_inode()
-                self._guard = owner.guard_for(self.path)  # S13: before each flush
+                if claim is not None and held:
+                    self._guard = claim.check  # S13: before each flush
+                else:
+                    self._take_lock(lock_timeout)
+                try:
+                    self._lock_inode(exists)
+                except FileExistsError:  # it appeared since: what is it?
+                    self._lock_inode(refuse_unsafe_path(self.path))
+                if self._guard is None:
+                    self._guard = owner.guard_for(self.path)  # S13: before each flush
                 self._recover_and_open(recovery, visit)
             except StorageError:
                 raise
@@ -236,8 +258,11 @@ class Journal(Degradation):
             self._flusher.start()
 
     def _recover_and_open(self, mode: str, visit: Callable[[RawBatch], None] | None = None) -> None:
-        size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
-        self._file_exists = os.path.exists(self.path)
+        # The file the lock is on is the journal (lock_file checked it names the path): its size
+        # now, without another lookup of the path.
+        assert self._owned.inode_lock is not None
+        size = os.fstat(self._owned.inode_lock).st_size
+        self._file_exists = True
         created = False
         cut_offset: int | None = None
         side: str | None = None

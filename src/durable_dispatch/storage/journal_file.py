@@ -172,17 +172,21 @@ class JournalFile:
             ) from None
         self._flock = lock
 
-    def _lock_inode(self) -> None:
+    def _lock_inode(self, exists: bool | None = None) -> None:
         """Lock the journal file itself (S12), after its lock file: an operator who deletes or
         replaces ``<path>.lock`` under a running writer lets a second one take the lock file, but
-        never this lock. A rewrite moves it to the new file before renaming it into place."""
+        never this lock. A rewrite moves it to the new file before renaming it into place. A
+        state directory's master takes no ``<path>.lock`` (``directory_claim``): this lock is
+        then what refuses a journal opened alone on its file. ``exists``: whether the file was
+        there a moment ago (a hint that spares a lookup; None: unknown)."""
         try:
-            self._owned.inode_lock = fs.lock_file(self.path, self._file_mode)
+            self._owned.inode_lock = fs.lock_file(self.path, self._file_mode, exists=exists)
         except BlockingIOError:
             pid = fs.flock_holder(self.path)
             raise LockHeldError(
-                "another writer holds this journal (its lock file was deleted or replaced under "
-                "it)" + (f": pid {pid} on this host" if pid is not None else ""),
+                "another writer holds this journal (a state directory's master, or a writer "
+                "whose lock file was deleted or replaced under it)"
+                + (f": pid {pid} on this host" if pid is not None else ""),
                 path=self.path,
                 host=_hostname() if pid is not None else None,
                 pid=pid,

@@ -208,11 +208,15 @@ def _path(d: str, gen: int) -> str:
     return os.path.join(d, f"{OWNER_PREFIX}{gen}")
 
 
-def _generations(d: str) -> list[int]:
+def _generations(d: str, listing: list[str] | None = None) -> list[int]:
+    """The owner records' generations in ``d``, oldest first; ``listing`` (a list to fill)
+    receives the directory's names too (None when the directory is missing)."""
     try:
         names = os.listdir(d)
     except FileNotFoundError:
         return []
+    if listing is not None:
+        listing[:] = names
     gens = []
     for n in names:
         if n.startswith(OWNER_PREFIX):
@@ -325,10 +329,10 @@ def _key(d: str) -> str:
     return os.path.realpath(d)
 
 
-def _holding(d: str) -> OwnerClaim | None:
-    """The claim this process holds on ``d`` on the filesystem calls reach now (a claim made
-    on a fake filesystem that is gone is forgotten)."""
-    k = _key(d)
+def _holding(d: str, key: str | None = None) -> OwnerClaim | None:
+    """The claim this process holds on ``d`` (``key``: its real path, if known) on the
+    filesystem calls reach now (a claim made on a fake filesystem that is gone is forgotten)."""
+    k = _key(d) if key is None else key
     with _held_lock:
         c = _held.get(k)
         if c is None:
@@ -413,7 +417,7 @@ class OwnerClaim:
     :meth:`check` before each flush.
     """
 
-    def __init__(self, directory: str, record: Owner) -> None:
+    def __init__(self, directory: str, record: Owner, key: str | None = None) -> None:
         self.directory = directory
         self.record = record
         self.nonce = record.nonce
@@ -421,9 +425,16 @@ class OwnerClaim:
         self.lost: LockHeldError | None = None
         #: the filesystem the claim was made on (see :func:`fs.filesystem`)
         self.filesystem = fs.filesystem()
+        #: the directory's names as the claim found them, before it linked its record (what an
+        #: open that holds the directory reads instead of listing it again: nothing else
+        #: writes it from then on, S5, S13); None when unknown
+        self.listing: frozenset[str] | None = None
+        self._key = _key(directory) if key is None else key  # its real path
         self._next = _path(directory, record.generation + 1)
         self._stop = threading.Event()
         self._rw = threading.Lock()
+        #: the released record, written and fsynced under a temporary name (prepare_release)
+        self._prepared: tuple[str, Owner] | None = None
         self._thread = threading.Thread(
             target=self._beat_loop, name=f"owner-heartbeat:{directory}", daemon=True
         )
@@ -496,27 +507,60 @@ class OwnerClaim:
             # heartbeat (a crash may tear it: the owner is dead then anyway).
             _rewrite(self.directory, self.record, sync=False)
 
+    def prepare_release(self) -> None:
+        """Write and fsync the released record now, under a temporary name, so that
+        :meth:`release` only renames it into place: a closing master does this beside its
+        last snapshot (issue 49: the fsync overlaps that snapshot's instead of following it).
+        Changes nothing a reader sees; a failure is logged and :meth:`release` writes the
+        record itself."""
+        with self._rw:
+            if self.released or self.lost is not None or self._prepared is not None:
+                return
+            rec = _replace(self.record, released=True, ts=time.time())
+            try:
+                self._prepared = (_write_tmp(self.directory, rec), rec)
+            except OSError as e:
+                log.warning("owner: could not prepare the release of %s: %s", self.directory, e)
+
     def release(self) -> None:
         """Let go: the record says ``released`` (the next master claims at once)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         with self._rw:
-            if self.released:
-                return
-            self.released = True
-            with _held_lock:
-                if _held.get(_key(self.directory)) is self:
-                    del _held[_key(self.directory)]
-            if self.lost is not None:
-                return
+            prepared, self._prepared = self._prepared, None
+            used = False
             try:
-                cur = _read(self.directory, self.record.generation)
-                if cur is not None and cur.nonce == self.nonce:
-                    self.record = _replace(self.record, released=True, ts=time.time())
-                    _rewrite(self.directory, self.record)
-            except OSError as e:
-                log.warning("owner: could not mark %s released: %s", self.directory, e)
+                used = self._release(prepared)
+            finally:
+                if prepared is not None and not used:
+                    try:
+                        fs.unlink(prepared[0])
+                    except OSError:
+                        pass
+
+    def _release(self, prepared: tuple[str, Owner] | None) -> bool:
+        """Mark the record released; True when ``prepared`` was renamed into place."""
+        if self.released:
+            return False
+        self.released = True
+        with _held_lock:
+            if _held.get(self._key) is self:
+                del _held[self._key]
+        if self.lost is not None:
+            return False
+        try:
+            cur = _read(self.directory, self.record.generation)
+            if cur is not None and cur.nonce == self.nonce:
+                if prepared is not None:  # written and fsynced already: into place
+                    fs.replace(prepared[0], _path(self.directory, self.record.generation))
+                    self.record = prepared[1]
+                    return True
+                self.record = _replace(self.record, released=True, ts=time.time())
+                _rewrite(self.directory, self.record)
+        except OSError as e:
+            log.warning("owner: could not mark %s released: %s", self.directory, e)
+        return False
 
     def __repr__(self) -> str:
         return f"<OwnerClaim {self.directory!r} generation={self.record.generation}>"
@@ -533,6 +577,7 @@ def claim(
     *,
     stale: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    real_path: str | None = None,
 ) -> OwnerClaim:
     """Claim ``directory`` for this process (the caller took its ``flock`` first).
 
@@ -543,6 +588,8 @@ def claim(
         directory: the state directory (it exists).
         stale: the dead-owner bound (default: :func:`stale_seconds`).
         sleep: how to wait between two looks at a watched heartbeat.
+        real_path: the directory's real path (``os.path.realpath``) when the caller knows it
+            already (it just made the directory): spares a lookup of each of its components.
 
     Returns:
         The claim; its heartbeat thread runs until :meth:`OwnerClaim.release`.
@@ -554,11 +601,13 @@ def claim(
     d = os.fspath(directory)
     bound = stale_seconds() if stale is None else min(_MAX_STALE, max(_MIN_STALE, stale))
     me = _identity()
-    mine = _holding(d)
+    key = _key(d) if real_path is None else real_path  # once (a lookup per component)
+    mine = _holding(d, key)
     if mine is not None and not mine.released:
         raise _refusal(mine.record, d, "this process holds it")
+    listing: list[str] = []
     for _attempt in range(64):
-        gens = _generations(d)
+        gens = _generations(d, listing)
         top = gens[-1] if gens else 0
         cur = _read(d, top) if gens else None
         if cur is not None or gens:
@@ -598,9 +647,10 @@ def claim(
         )
         if not _try_create(d, rec):
             continue  # another newcomer took this generation: judge it
-        c = OwnerClaim(d, rec)
+        c = OwnerClaim(d, rec, key)
+        c.listing = frozenset(listing)
         with _held_lock:
-            _held[_key(d)] = c
+            _held[c._key] = c
         for g in gens:  # the older records: best effort
             try:
                 fs.unlink(_path(d, g))

@@ -128,17 +128,20 @@ def save_side(path: str, offset: int, size: int, mode: int) -> str:
     return side
 
 
-def refuse_unsafe_path(path: str) -> None:
+def refuse_unsafe_path(path: str) -> bool:
     """Refuse, before anything is read or written, a journal path that is not a plain file.
 
     A symbolic link (its target would be read, copied and written), a FIFO, device, socket or
     directory (a reader would block or read forever), or a file with more than one hard link
     (writing it would change the file under its other names too).
+
+    Returns:
+        Whether a file is at the path (False: nothing is there).
     """
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return
+        return False
     why, code = "", errno.EINVAL
     if stat.S_ISLNK(st.st_mode):
         why, code = "is a symbolic link; a journal path is never followed", errno.ELOOP
@@ -156,6 +159,7 @@ def refuse_unsafe_path(path: str) -> None:
             op="open",
             errno=code,
         )
+    return True
 
 
 def nothing_to_lose(path: str) -> bool:

@@ -139,6 +139,12 @@ class SnapshotStore:
             atomic for readers and survives a crash of the process, but a power loss may lose
             it or leave it damaged (the reader then falls back to an older generation). For
             values that are only a display, such as the master's statistics (issue 49).
+        directory_claim: the owner claim (S13) of the state directory the store is in, held by
+            this process with that directory's master lock (S5), as a state directory's master
+            passes it: the store checks it before each save, and, being the only writer of its
+            files while the claim is held, reads the directory's names from the claim's
+            listing once and keeps track of its own generations from then on (no listing per
+            load or save, issue 49). Without it every save lists the directory.
     """
 
     def __init__(
@@ -149,6 +155,7 @@ class SnapshotStore:
         mode: int = 0o600,
         *,
         durable: bool = True,
+        directory_claim: owner.OwnerClaim | None = None,
     ) -> None:
         if not _NAME_RE.match(name):
             raise UsageError(f"snapshot name {name!r} must match {_NAME_RE.pattern}")
@@ -164,6 +171,10 @@ class SnapshotStore:
         self._has_unsaved = False
         self._last_gen = 0
         self._file_re = re.compile(r"^" + re.escape(name) + r"\.(\d{12})\.snap$")
+        self._claim = directory_claim
+        #: with a claim: the directory's names as this store knows them (its own files kept up
+        #: to date by its saves and prunes), None until first needed
+        self._names: list[str] | None = None
 
     # ------------------------------------------------------------------ listing
     def generations(self, names: list[str] | None = None) -> list[int]:
@@ -179,6 +190,23 @@ class SnapshotStore:
             if m:
                 gens.append(int(m.group(1)))
         return sorted(gens)
+
+    def _listing(self) -> list[str]:
+        """The directory's names: listed now, or, for a store that holds the directory's claim,
+        as it knows them (the claim's listing, kept up to date by its own saves and prunes)."""
+        if self._names is not None:
+            return list(self._names)
+        claim = self._claim
+        if claim is not None and claim.listing is not None:
+            names = list(claim.listing)
+        else:
+            try:
+                names = os.listdir(self.directory)
+            except FileNotFoundError:
+                return []
+        if claim is not None:
+            self._names = list(names)
+        return names
 
     def path_of(self, generation: int) -> str:
         """The file path of ``generation``."""
@@ -200,13 +228,14 @@ class SnapshotStore:
             body = orjson.dumps(obj)
         except (orjson.JSONEncodeError, TypeError) as e:
             raise RecordEncodeError(f"snapshot value cannot be encoded as JSON: {e}") from None
-        guard = owner.guard_for(self.path_of(0))
+        claim = self._claim
+        guard = claim.check if claim is not None else owner.guard_for(self.path_of(0))
         if guard is not None:
             guard()  # S13: another master claimed the directory: write nothing (LockHeldError)
         try:
-            if not os.path.isdir(self.directory):
+            if claim is None and not os.path.isdir(self.directory):
                 fs.makedirs(self.directory)
-            names = os.listdir(self.directory)  # once: for the number and the pruning
+            names = self._listing()  # once: for the number and the pruning
             gens = self.generations(names)
             gen = max([self._last_gen, *gens]) + 1
             if gen > MAX_GENERATION:
@@ -217,6 +246,8 @@ class SnapshotStore:
                     op="save",
                 )
             self._write(gen, body)
+            if self._names is not None:
+                self._names.append(os.path.basename(self.path_of(gen)))
         except OSError as e:
             if not fs.is_degradable(e):
                 raise StorageError(
@@ -259,6 +290,9 @@ class SnapshotStore:
         try:
             old = [g for g in [*self.generations(names), newest] if g <= newest][: -self.keep]
             stale = [n for n in names if n.startswith(f".{self.name}.") and n.endswith(".tmp")]
+            gone = {os.path.basename(self.path_of(g)) for g in old} | set(stale)
+            if self._names is not None:
+                self._names = [n for n in self._names if n not in gone]
             for g in old:
                 fs.unlink(self.path_of(g))
             for n in stale:
@@ -280,7 +314,7 @@ class SnapshotStore:
             StorageError: a generation file cannot be read for a reason other than damage.
         """
         skipped: list[tuple[str, str]] = []
-        for gen in reversed(self.generations()):
+        for gen in reversed(self.generations(self._listing())):
             path = self.path_of(gen)
             try:
                 with fs.open_read(path) as f:

@@ -18,7 +18,9 @@ Lustre mount:
 
 The settings can change while the mount is up (:meth:`SlowMount.configure`): the test process
 writes a small control file that the server reads every 20 ms. The server counts what it did
-(:meth:`SlowMount.counters`).
+(:meth:`SlowMount.counters`) and, with ``trace=True``, logs each operation with its path and
+outcome (:meth:`SlowMount.trace`): what a program does to a slow mount, one line per call the
+kernel passes on (a profile of a state directory's open and close, say).
 
 It lives in ``durable_dispatch.testing`` rather than the test tree because users want it too: a
 campaign's own test suite can run its state directory on a mount that is as slow and as
@@ -55,7 +57,7 @@ from dataclasses import asdict, dataclass, replace
 from types import TracebackType
 from typing import Any
 
-__all__ = ["SlowStorage", "SlowMount", "unavailable", "slow_mount"]
+__all__ = ["SlowStorage", "SlowMount", "TracedOperation", "unavailable", "slow_mount"]
 
 #: the control file's poll period in the server (seconds)
 _POLL = 0.02
@@ -72,6 +74,7 @@ class SlowStorage:
         metadata_ms: the cost of each metadata operation.
         stalled: every ``fsync`` blocks until this is False again.
         seed: the tail's random seed.
+        trace: log every operation the server receives (:meth:`SlowMount.trace`).
     """
 
     fsync_ms: float = 0.0
@@ -80,6 +83,31 @@ class SlowStorage:
     metadata_ms: float = 0.0
     stalled: bool = False
     seed: int = 0
+    trace: bool = False
+
+
+@dataclass(frozen=True)
+class TracedOperation:
+    """One operation the mount's server received (see :meth:`SlowMount.trace`).
+
+    Attributes:
+        op: the FUSE operation (``getattr`` is the kernel's lookup or stat of a name,
+            ``create`` an ``open`` with ``O_CREAT`` of a missing file, ``fsync``, ``rename``,
+            ``flock`` ...).
+        path: the path inside the mount (``/`` its root).
+        outcome: ``"ok"``, or the error's errno name (``"ENOENT"``).
+        metadata: True when the mount counts it as a metadata operation (it costs
+            ``metadata_ms``).
+        other: the second path of a ``rename``, ``link`` or ``symlink`` ("" otherwise).
+        at: when it returned (``time.time()`` in the server, on this host's clock).
+    """
+
+    op: str
+    path: str
+    outcome: str
+    metadata: bool
+    other: str = ""
+    at: float = 0.0
 
 
 def unavailable() -> str | None:
@@ -115,6 +143,10 @@ class SlowMount:
         storage: the initial :class:`SlowStorage` settings.
         locks: ``"local"`` (the kernel's locks: they exclude, as on one node) or ``"none"``
             (``flock`` and ``fcntl`` locks succeed and exclude no one).
+        cache_seconds: how long the kernel may keep what a lookup or a stat of the mount
+            returned (libfuse's ``entry_timeout`` and ``attr_timeout``; None: libfuse's
+            default, 1 s; an NFS client caches for 3 to 60 s). 0 sends every lookup to the
+            server, so its counts are what a program asks for, whatever the timing.
     """
 
     def __init__(
@@ -124,17 +156,20 @@ class SlowMount:
         storage: SlowStorage | None = None,
         *,
         locks: str = "local",
+        cache_seconds: float | None = None,
     ) -> None:
         if locks not in ("local", "none"):
             raise ValueError(f"locks must be 'local' or 'none', got {locks!r}")
         self.backing = os.path.abspath(os.fspath(backing))
         self.mountpoint = os.path.abspath(os.fspath(mountpoint))
         self.locks = locks
+        self.cache_seconds = cache_seconds
         self.storage = storage or SlowStorage()
         self._work = tempfile.mkdtemp(prefix="slowmount-")
         self._control = os.path.join(self._work, "control.json")
         self._counters = os.path.join(self._work, "counters.json")
         self._log = os.path.join(self._work, "server.log")
+        self._trace = os.path.join(self._work, "trace.tsv")
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -162,6 +197,13 @@ class SlowMount:
                     self._counters,
                     "--locks",
                     self.locks,
+                    "--trace",
+                    self._trace,
+                    *(
+                        ["--cache-seconds", repr(float(self.cache_seconds))]
+                        if self.cache_seconds is not None
+                        else []
+                    ),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -211,6 +253,27 @@ class SlowMount:
                 return dict(json.loads(f.read() or b"{}"))
         except (OSError, ValueError):
             return {}
+
+    def trace(self, *, clear: bool = False) -> list[TracedOperation]:
+        """The operations logged while ``trace`` was on (``configure(trace=True)``), oldest
+        first, as of at most about 20 ms ago (this waits that long); ``clear`` empties the log
+        after reading it. For a profile: which path each lookup, create and fsync was of."""
+        time.sleep(3 * _POLL)
+        try:
+            with open(self._trace, "rb") as f:
+                data = f.read()
+            if clear:
+                with open(self._trace, "r+b") as f:
+                    f.truncate(0)
+        except OSError:
+            return []
+        out = []
+        for line in data.decode("utf-8", "replace").splitlines():
+            parts = line.split("\t")
+            if len(parts) == 6:
+                op, path, outcome, meta, other, at = parts
+                out.append(TracedOperation(op, path, outcome, meta == "1", other, float(at)))
+        return out
 
     def close(self) -> None:
         """Resume a stall, unmount and stop the server (idempotent; never raises)."""
@@ -266,10 +329,12 @@ def slow_mount(
     storage: SlowStorage | None = None,
     *,
     locks: str = "local",
+    cache_seconds: float | None = None,
 ) -> Iterator[SlowMount]:
     """A :class:`SlowMount` of ``base/backing`` at ``base/mnt`` for a ``with`` block."""
     b = os.fspath(base)
-    with SlowMount(os.path.join(b, "backing"), os.path.join(b, "mnt"), storage, locks=locks) as m:
+    backing, mnt = os.path.join(b, "backing"), os.path.join(b, "mnt")
+    with SlowMount(backing, mnt, storage, locks=locks, cache_seconds=cache_seconds) as m:
         yield m
 
 
@@ -293,8 +358,8 @@ def _unmount(mountpoint: str) -> None:
 class _Knobs:
     """The server's settings, re-read from the control file, and its counters."""
 
-    def __init__(self, control: str, counters: str) -> None:
-        self.control, self.counters_path = control, counters
+    def __init__(self, control: str, counters: str, trace: str | None = None) -> None:
+        self.control, self.counters_path, self.trace_path = control, counters, trace
         self.s = SlowStorage()
         self.rng = random.Random(0)
         self.cond = threading.Condition()
@@ -343,6 +408,20 @@ class _Knobs:
                     pass
             time.sleep(_POLL)
 
+    def trace(self, op: str, path: str, outcome: str, other: str = "") -> None:
+        """Log one operation (while ``trace`` is on): its name, path, outcome, whether it was
+        counted as metadata, and its second path."""
+        if not self.s.trace or not self.trace_path:
+            return
+        meta = "1" if op in _METADATA_OPS else "0"
+        line = f"{op}\t{path}\t{outcome}\t{meta}\t{other}\t{time.time():.6f}\n".encode()
+        with self.cond:
+            try:
+                with open(self.trace_path, "ab") as f:
+                    f.write(line)
+            except OSError:
+                pass
+
     def count(self, key: str, n: int = 1) -> None:
         with self.cond:
             self.counts[key] += n
@@ -382,6 +461,11 @@ class _Knobs:
 
 
 _FIELDS = frozenset(SlowStorage.__dataclass_fields__)
+#: the operations the server counts as metadata (each costs ``metadata_ms``)
+_METADATA_OPS = frozenset(
+    "getattr readdir mkdir rmdir unlink symlink link rename chmod chown truncate utimens "
+    "create".split()
+)
 
 
 def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
@@ -391,11 +475,21 @@ def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
         return os.path.join(root, path.lstrip("/"))
 
     def oserr(fn: Any) -> Any:
+        name = fn.__name__
+        two = name in ("rename", "link", "symlink")
+
         def wrapped(*a: Any, **k: Any) -> Any:
             try:
-                return fn(*a, **k)
+                out = fn(*a, **k)
             except OSError as e:
+                if knobs.s.trace:
+                    code = e.errno or errno.EIO
+                    other = str(a[2]) if two and len(a) > 2 else ""
+                    knobs.trace(name, str(a[1]), errno.errorcode.get(code, str(code)), other)
                 raise mfusepy.FuseOSError(e.errno or errno.EIO) from None
+            if knobs.s.trace:
+                knobs.trace(name, str(a[1]), "ok", str(a[2]) if two and len(a) > 2 else "")
+            return out
 
         wrapped.__name__ = fn.__name__
         return wrapped
@@ -584,6 +678,7 @@ def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
             def lock(self, path: str, fh: int, cmd: int, lock: Any) -> int:
                 import fcntl
 
+                knobs.trace("lock", path, "ok")
                 if cmd == fcntl.F_GETLK and lock:
                     lock.contents.l_type = fcntl.F_UNLCK  # nobody holds anything
                 else:
@@ -591,6 +686,7 @@ def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
                 return 0
 
             def flock(self, path: str, fh: int, op: int) -> int:
+                knobs.trace("flock", path, "ok")
                 knobs.count("locks_granted")
                 return 0
 
@@ -605,14 +701,19 @@ def _serve(argv: list[str] | None = None) -> None:
     p.add_argument("--control", required=True)
     p.add_argument("--counters", required=True)
     p.add_argument("--locks", choices=("local", "none"), default="local")
+    p.add_argument("--trace", help="the file operations are logged to while tracing is on")
+    p.add_argument("--cache-seconds", type=float, help="the kernel's entry and attribute timeout")
     a = p.parse_args(argv)
     import warnings
 
     import mfusepy
 
-    knobs = _Knobs(a.control, a.counters)
+    knobs = _Knobs(a.control, a.counters, a.trace)
     threading.Thread(target=knobs.watch, daemon=True, name="control").start()
     ops = _operations(os.path.abspath(a.backing), knobs, a.locks)
+    cache: dict[str, float] = {}
+    if a.cache_seconds is not None:
+        cache = {"entry_timeout": a.cache_seconds, "attr_timeout": a.cache_seconds}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         mfusepy.FUSE(
@@ -622,6 +723,7 @@ def _serve(argv: list[str] | None = None) -> None:
             nothreads=False,
             use_ino=True,
             fsname="slowmount",
+            **cache,
         )
 
 
