@@ -442,3 +442,65 @@ def test_u9_a_restarted_child_keeps_each_items_own_timeout(runner: Any) -> None:
     runner.prepare()
     runner.prepare()  # a child that runs is kept
     assert runner.restarts == 3
+
+
+def test_two_sessions_starting_and_killing_children_side_by_side_never_kill_each_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two executors open at once (issue 48): a worker serves each in a thread with a runner of
+    its own. One session's child was taken for a leftover by the other's sweep when it was
+    started between the sweep's look at the live children and its kill: the starting runner
+    got BrokenPipeError writing the child's setup, and the futures worker rank ended the job
+    (MPI_Abort; seen once in two runs of the conformance suite). Here one thread starts a
+    fresh child for each item (its runner closed after each) while the other's items hang to a
+    0.1 s deadline (a kill and a sweep each): every item of the first still runs. A start is
+    made slow after the fork (as on a loaded machine, where the thread loses the core there),
+    so that the other thread's sweeps meet children being started."""
+    import threading
+    import types
+
+    from durable_dispatch.mpi import isolation
+
+    def slow_popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(*args, **kwargs)
+        time.sleep(0.05)
+        return proc
+
+    monkeypatch.setattr(
+        isolation, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "Popen": slow_popen})
+    )
+
+    errors: list[BaseException] = []
+    outcomes: list[Any] = []
+    end = time.monotonic() + 6.0
+
+    def start_many() -> None:
+        try:
+            while time.monotonic() < end:
+                r = IsolatedRunner(work, "context", 4096, 1 << 30, subreaper=True)
+                try:
+                    outcomes.append(_run(r, _item("a"))[0])
+                finally:
+                    r.close()
+        except BaseException as e:  # noqa: BLE001 - the finding
+            errors.append(e)
+
+    def kill_many() -> None:
+        r = IsolatedRunner(work, "context", 4096, 1 << 30, subreaper=True)
+        try:
+            while time.monotonic() < end:
+                _run(r, _item("b", do="hang"), seconds=0.1)
+        except BaseException as e:  # noqa: BLE001 - the finding
+            errors.append(e)
+        finally:
+            r.close()
+
+    threads = [threading.Thread(target=start_many), threading.Thread(target=kill_many)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert outcomes and all(o.kind is None for o in outcomes), [
+        (o.kind, o.reason) for o in outcomes if o.kind is not None
+    ]

@@ -161,24 +161,29 @@ class _Child:
         argv = [sys.executable, "-c", _BOOTSTRAP, str(to_child_r)]
         argv += [str(from_child_w), str(progress), str(memory_limit or 0), str(os.getpid())]
         try:
-            self.proc = subprocess.Popen(
-                argv,
-                pass_fds=(to_child_r, from_child_w, progress),
-                stdin=subprocess.DEVNULL,
-                stdout=output.fds[0],
-                stderr=output.fds[1],
-                env=child_environment(),
-                process_group=0,  # its own group, still in the job's session
-            )
+            # Started and counted live under the lock: a sweep of another session's thread
+            # (which holds it) never sees this child unaccounted for and kills it as a leftover.
+            with _live_lock:
+                self.proc = subprocess.Popen(
+                    argv,
+                    pass_fds=(to_child_r, from_child_w, progress),
+                    stdin=subprocess.DEVNULL,
+                    stdout=output.fds[0],
+                    stderr=output.fds[1],
+                    env=child_environment(),
+                    process_group=0,  # its own group, still in the job's session
+                )
+                _live.add(self.proc.pid)
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
             os.close(progress)
-        with _live_lock:
-            _live.add(self.proc.pid)
         self.send = Connection(to_child_w, readable=False)
         self.recv = Connection(from_child_r, writable=False)
-        self.send.send_bytes(setup)
+        try:
+            self.send.send_bytes(setup)
+        except OSError:  # it died before it read it (killed): its status says so, below
+            pass
         end = time.monotonic() + _START_TIMEOUT
         first = self._first_frame(end)
         if first is None and self._exit_code() < 0:
@@ -224,18 +229,16 @@ class _Child:
         child stuck in the kernel is left to die later). Beside another session's child (an
         executor's calls next to another's) it kills its own tree only."""
         pid = self.proc.pid
-        alone = not _others(pid)
-        if not alone:
-            processes.kill_trees([pid])  # its descendants, while they are still below it
+        processes.kill_trees([pid])  # its descendants, while they are still below it
         processes.kill_group(pid)
         try:
             self.proc.wait(timeout=processes.REAP_SECONDS)
         except subprocess.TimeoutExpired:
             log.warning("isolated child %d did not die at once; not waiting", pid)
-        if alone:
-            processes.kill_descendants()
         with _live_lock:
             _live.discard(pid)
+            if not _live:  # no other session's child: the orphans re-parented here are its
+                processes.kill_descendants()
         self.close()
 
     def running(self) -> tuple[int, int]:
@@ -392,13 +395,14 @@ class IsolatedRunner:
         left."""
         child = self._child
         keep = child.proc.pid if child is not None else None
-        # beside another session's child an orphan may be that one's: swept once alone
-        alone = not _others(keep)
-        left = [p for p in processes.children() if p != keep] if self._subreaper and alone else []
-        if keep is not None:
-            left += processes.children(keep)
-        if left:
-            killed = processes.kill_trees(left)
+        with _live_lock:  # no other session's child starts while its siblings are swept
+            # beside another session's child an orphan may be that one's: swept once alone
+            alone = self._subreaper and not (_live - {keep})
+            left = [p for p in processes.children() if p != keep] if alone else []
+            if keep is not None:
+                left += processes.children(keep)
+            killed = processes.kill_trees(left) if left else []
+        if killed:
             log.warning("worker: killed %d process(es) its last items left running", len(killed))
 
     def run_item(
@@ -498,21 +502,18 @@ class IsolatedRunner:
         """Kill the child and every descendant (on STOP and when the worker ends), then copy
         the last of their output."""
         self._kill()
-        if not _others(None):  # else another session's child runs: it keeps its tree
-            processes.kill_descendants()
+        with _live_lock:
+            if not _live:  # else another session's child runs: it keeps its tree
+                processes.kill_descendants()
         self._output.close()
 
 
 #: The pids of this process's live isolated children: one per session of a futures worker, where
-#: several executors open at once are served side by side (each kills its own tree only).
+#: several executors open at once are served side by side (each kills its own tree only). A
+#: child is started and added under the lock, and every sweep of this process's descendants
+#: decides and kills under it: a child another thread is starting is never taken for a leftover.
 _live: set[int] = set()
 _live_lock = threading.Lock()
-
-
-def _others(own: int | None) -> bool:
-    """True when an isolated child of this process other than ``own`` is alive."""
-    with _live_lock:
-        return bool(_live - {own})
 
 
 class StopRequested(Exception):
