@@ -14,6 +14,7 @@ everywhere.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import shutil
@@ -421,7 +422,13 @@ def test_scancel_under_srun_drains_and_stays_cancelled(jobs: Any) -> None:
     Found while writing these tests: the job requeued itself after every scancel."""
     job: Job = jobs["scancel-srun"]  # the fixture sends the scancel after 5 commits
     f = job.wait(600)
-    time.sleep(20)  # a requeue would show within the cycle's 15 s
+    # a requeue would show within the cycle's 15 s of the job's end (often long past by now:
+    # the jobs of the module ran side by side)
+    try:  # (Slurm's local time, as datetime reads a time without a zone)
+        ended = datetime.datetime.fromisoformat(f.get("EndTime", "")).timestamp()
+    except ValueError:
+        ended = time.time()
+    time.sleep(max(0.0, ended + 20 - time.time()))
     f = job.poll() or f
     line = job.report()
     assert job.sent == 0, line
