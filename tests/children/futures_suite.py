@@ -36,7 +36,6 @@ from durable_dispatch.futures import (
     wait,
 )
 from durable_dispatch.futures._calls import call_digest, call_id, function_name
-from durable_dispatch.futures._executor import _CallFeed
 from durable_dispatch.futures._seal import KEY_FILE, VALUES_DIR
 
 WORKERS = int(os.environ.get("FUTURES_WORKERS", "2"))
@@ -117,6 +116,14 @@ def wait_for(marker: str) -> str:
     while not os.path.exists(marker):
         time.sleep(0.01)
     return marker
+
+
+def block_on(started: str, go: str, i: int) -> int:
+    """Leave ``started/<i>.<pid>`` (which process runs it: a worker's), then return ``i`` once
+    the file ``go`` exists: a worker that takes it is blocked until the test lets it go."""
+    Path(started, f"{i}.{os.getpid()}").write_text("")
+    wait_for(go)
+    return i
 
 
 def spawn_and_wait(marker: str) -> int:
@@ -583,10 +590,9 @@ def test_num_workers_bootup_and_submit_after_shutdown(tmp_path: Path) -> None:
 def test_shutdown_cancel_futures_cancels_every_call_not_handed_to_a_worker(
     tmp_path: Path, workers: int
 ) -> None:
-    """mpi4py's test_submit_shutdown_cancel_wait: the calls the workers run finish; of the
-    calls behind them at most the next two dispatches per worker ran (the calls the frontier
-    holds ahead: nothing was measured yet, so a dispatch carries one call); every other one is
-    cancelled and never runs, and the two last calls are cancelled."""
+    """mpi4py's test_submit_shutdown_cancel_wait: the calls the workers run finish; every
+    call behind them is cancelled and never runs, those the frontier held ahead of the workers
+    too (issue 48), and the two last calls are cancelled."""
     count, marker = tmp_path / "count", str(tmp_path / "go")
     ex = MPIPoolExecutor(max_workers=workers, state_dir=tmp_path / "s")
     first = [ex.submit(wait_for, marker) for _ in range(workers)]
@@ -603,8 +609,82 @@ def test_shutdown_cancel_futures_cancels_every_call_not_handed_to_a_worker(
     ex.shutdown(wait=True, cancel_futures=True)
     ran = [f for f in rest if not f.cancelled()]
     assert all(f.cancelled() for f in last) and all(f.done() for f in rest)
-    assert len(ran) <= _CallFeed.AHEAD * workers
-    assert len(runs(count)) == len(ran)  # a cancelled call never ran
+    assert not ran and not runs(count)  # every worker was busy: no call behind them was sent
+
+
+def _dispatches(state: Path) -> list[tuple[str, ...]]:
+    """The work IDs of each dispatch the state journal records, in order."""
+    from durable_dispatch.core.events import Dispatched
+    from durable_dispatch.storage.journal import read_journal
+
+    return [
+        Dispatched.decode(r.payload).work_ids
+        for r in read_journal(state / "events.jsonl")
+        if r.payload.get("event") == "dispatched"
+    ]
+
+
+def test_shutdown_cancel_futures_withdraws_the_calls_the_frontier_held_ahead(
+    tmp_path: Path,
+) -> None:
+    """Issue 48: with batch="auto" ramped up, every worker blocked inside a dispatch of several
+    calls and the next dispatches' calls in the frontier ahead of the workers,
+    shutdown(wait=False, cancel_futures=True) cancels (before it returns) every call not sent
+    to a worker: no dispatch is made after it (the journal says so), the dispatches sent run
+    whole and their futures resolve, no cancelled call ran (each call leaves a side effect),
+    and a re-run on the same state directory runs exactly the cancelled calls."""
+    count, started, go, state = (
+        tmp_path / "count",
+        tmp_path / "started",
+        tmp_path / "go",
+        tmp_path / "s",
+    )
+    started.mkdir()
+
+    def submit(ex: DurableExecutor) -> list[tuple[str, int, Any]]:
+        return [
+            ("block", i, ex.submit(block_on, str(started), str(go), i))
+            if i % 7 == 0
+            else ("count", i, ex.submit(counted, str(count), i))
+            for i in range(700)
+        ]
+
+    ex = MPIPoolExecutor(state_dir=state)
+    try:
+        assert list(ex.map(add, range(3000))) == list(range(3000))  # batch="auto" ramps up
+        calls = submit(ex)
+        deadline = time.monotonic() + 120
+        while len({n.split(".")[1] for n in os.listdir(started)}) < WORKERS:  # all blocked
+            assert time.monotonic() < deadline, "the workers never took the blocking calls"
+            time.sleep(0.01)
+        ex.shutdown(wait=False, cancel_futures=True)
+        cancelled = {i for _, i, f in calls if f.cancelled()}  # settled when shutdown returned
+        blocked = {int(n.split(".")[0]) for n in os.listdir(started)}
+    finally:
+        go.write_text("go")
+    ex.shutdown(wait=True)
+    assert len(blocked) == WORKERS and not blocked & cancelled
+    for kind, i, f in calls:
+        assert f.done() and (f.cancelled() == (i in cancelled))
+        if i not in cancelled:
+            assert f.result() == (i if kind == "block" else i * 10)
+    ran = set(runs(count)) | {int(n.split(".")[0]) for n in os.listdir(started)}
+    assert ran == {i for _, i, _ in calls} - cancelled and len(runs(count)) == len(set(runs(count)))
+    by_id = {f.work_id: i for _, i, f in calls}
+    dispatches = [[by_id[w] for w in ids if w in by_id] for ids in _dispatches(state)]
+    last = max(k for k, d in enumerate(dispatches) if blocked & set(d))
+    assert not dispatches[last + 1 :], "calls were dispatched after the shutdown"
+    assert max(len(d) for d in dispatches) > 1  # batched: each sent whole, all its calls ran
+    assert cancelled  # the frontier held some ahead (else the calls behind all ran first)
+    ran_before = len(runs(count))
+    with MPIPoolExecutor(state_dir=state) as again:  # a re-run: the cancelled calls run now
+        assert list(again.map(add, range(3000))) == list(range(3000))
+        for kind, i, f in submit(again):
+            assert f.result() == (i if kind == "block" else i * 10)
+    rerun = set(runs(count)[ran_before:]) | {
+        int(n.split(".")[0]) for n in os.listdir(started) if int(n.split(".")[0]) in cancelled
+    }
+    assert rerun == cancelled and len(runs(count)) == len(set(runs(count)))
 
 
 def test_map_argument_errors_are_mpi4pys(tmp_path: Path) -> None:

@@ -11,9 +11,12 @@ and runs only the rest.
 
 Threads. ``submit`` (any thread) seals the call and queues it; only the manager thread touches
 the campaign state: it resolves futures (their callbacks run there, as in the standard library),
-marks a future running when its call enters the frontier (a cancelled one never does), and fails
-the futures whose items were deferred. A future of a call that was submitted but not yet in the
-frontier can be cancelled; ``shutdown(cancel_futures=True)`` cancels those.
+marks a future running when its call is sent to a worker (``CampaignState.on_dispatch``: a
+dispatch is sent whole, so all its calls are running; a cancelled future never is), and fails
+the futures whose items were deferred. The calls enter the frontier ahead of the workers (the
+next two dispatches per worker), still pending: ``shutdown(cancel_futures=True)`` cancels every
+call not sent yet, withdrawing those in the frontier from this run (``Ledger.withdraw``: in
+memory; they stay pending in the state directory, and a re-run that submits them runs them).
 Several executors may be open at once: each has its own master loop (manager thread) and its
 own communicator on every rank (``_serve.open_session``), and the workers serve them all.
 """
@@ -37,7 +40,7 @@ from concurrent.futures import (
 from typing import Any
 
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
-from ..core.decisions import Defer
+from ..core.decisions import Defer, Send
 from ..errors import DependencyFailed, RecordTooLargeError, UsageError
 from ..mpi.context import MAX_RESULT_BYTES
 from ..mpi.master import Feed, MasterReport, run_master
@@ -75,15 +78,18 @@ class _Subset:
 class _CallFeed(Feed):
     """The executor's calls, fed to the campaign as they are submitted (manager thread)."""
 
-    #: dispatches per worker whose calls are in the frontier (running) ahead of the workers;
-    #: the other calls wait here, pending, and can still be cancelled
+    #: dispatches per worker whose calls are in the frontier ahead of the workers (pending
+    #: until a dispatch sends them); the other calls wait here
     AHEAD = 2
 
     def __init__(self, ex: DurableExecutor) -> None:
         self.ex = ex
-        self.waiting: dict[str, list[Future[Any]]] = {}  # work ID -> its futures
+        # work ID -> its futures not settled: pending until its call is sent, then running
+        self.waiting: dict[str, list[Future[Any]]] = {}
+        self.sent: set[str] = set()  # work IDs sent to a worker in this run, not settled
         self.local: collections.deque[WorkItem] = collections.deque()
         self.queued: set[str] = set()  # the work IDs in ``local``
+        self.withdrew = False  # shutdown(cancel_futures=True) was handled
 
     @property
     def exhausted(self) -> bool:  # type: ignore[override]
@@ -119,6 +125,7 @@ class _CallFeed(Feed):
                 ex._digests[wid] = payload["d"]
             state.on_defer = self.deferred
             state.on_cancel = self.cancelled
+            state.on_dispatch = self.dispatched
         except BaseException as e:
             ex._error = e  # before the constructor wakes: it raises this
             raise
@@ -135,28 +142,32 @@ class _CallFeed(Feed):
             except IndexError:  # shutdown(cancel_futures=True) took it
                 break
             wid = item.work_id
-            if wid in waiting:
-                waiting[wid].append(fut)
-                if wid not in self.queued:  # already in the frontier: it runs
-                    fut.set_running_or_notify_cancel()
+            futs = waiting.get(wid)
+            if futs is not None:  # (a call submitted again: one task, several futures)
+                if wid not in self.sent or fut.set_running_or_notify_cancel():
+                    futs.append(fut)
             elif not self._settled(wid, fut):
+                if wid in self.sent:  # an earlier run's call, sent before it was submitted
+                    if fut.set_running_or_notify_cancel():
+                        waiting[wid] = [fut]
+                    continue
                 waiting[wid] = [fut]
-                if ledger.known(wid):  # an earlier run's call, pending: it runs anyway
-                    fut.set_running_or_notify_cancel()
-                else:
+                if not ledger.known(wid):  # (else an earlier run's call, pending)
                     self.local.append(item)
                     self.queued.add(item.work_id)
         if ex._cancel:
             self._cancel_local()
+            if not self.withdrew:
+                self._withdraw()
         frontier = ledger.frontier
         batch: list[WorkItem] = []
         # as many calls as the next dispatches take: a dispatch's size (batch="auto") for
-        # each worker, twice, so none waits for work while the rest stay cancellable
+        # each worker, twice, so none waits for work (they stay cancellable until sent)
         low = self.AHEAD * self.ex._workers * self.state.core.auto_batch()
         while self.local and len(frontier) + len(batch) < low:
             item = self.local.popleft()
             self.queued.discard(item.work_id)
-            futs = [f for f in waiting[item.work_id] if f.set_running_or_notify_cancel()]
+            futs = [f for f in waiting[item.work_id] if _live(f)]
             if futs:
                 waiting[item.work_id] = futs
                 batch.append(item)
@@ -164,6 +175,36 @@ class _CallFeed(Feed):
                 del waiting[item.work_id]
         if batch:
             self._submit(batch)
+
+    def dispatched(self, send: Send) -> None:
+        """``on_dispatch``: the calls of ``send`` are sent to a worker now (the whole dispatch):
+        their futures are running (a future cancelled before is dropped; its call runs all the
+        same, as it is in the dispatch: its result is recorded)."""
+        waiting, sent = self.waiting, self.sent
+        for item in send.items:
+            wid = item.work_id
+            if wid in sent:  # sent again (retried): running already
+                continue
+            sent.add(wid)
+            futs = waiting.get(wid)
+            if futs:
+                live = [f for f in futs if f.set_running_or_notify_cancel()]
+                if len(live) != len(futs):
+                    waiting[wid] = live
+
+    def _withdraw(self) -> None:
+        """``shutdown(cancel_futures=True)``: cancel the future of every call not sent to a
+        worker, and withdraw those calls from this run (the frontier's and those waiting for a
+        dependency): the campaign ends once the calls sent have ended, and the withdrawn ones
+        stay pending in the state directory (a re-run that submits them runs them). The calls
+        sent and retried since stay in the frontier: their futures are running."""
+        self.withdrew = True
+        sent = self.sent
+        self.state.core.ledger.withdraw(keep=sent)
+        for wid in [w for w in self.waiting if w not in sent]:
+            for f in self.waiting.pop(wid):
+                _cancel(f)
+        self.ex._withdrawn.set()
 
     def _submit(self, batch: list[WorkItem]) -> None:
         # A call pending from an earlier run is known by its work ID (the call's canonical
@@ -181,7 +222,8 @@ class _CallFeed(Feed):
                     self.state.submit([item])
                 except RecordTooLargeError as e:
                     for f in self.waiting.pop(item.work_id, ()):
-                        f.set_exception(e)
+                        if _start(f):
+                            f.set_exception(e)
 
     def _settled(self, wid: str, fut: Future[Any], *, locked: bool = False) -> bool:
         """Resolve ``fut`` from the record if ``wid`` is committed or deferred (any thread)."""
@@ -192,11 +234,11 @@ class _CallFeed(Feed):
             with ex._lock:
                 rec, failed = ex._record.get(wid), ex._failed.get(wid)
         if rec is not None:
-            if fut.set_running_or_notify_cancel():
+            if _start(fut):
                 ex._resolve(fut, wid, rec)
             return True
         if failed is not None:
-            if fut.set_running_or_notify_cancel():
+            if _start(fut):
                 fut.set_exception(ex._failure(wid, failed))
             return True
         return False
@@ -213,7 +255,8 @@ class _CallFeed(Feed):
         ex = self.ex
         with ex._lock:
             ex._record[wid] = result
-        for f in self.waiting.pop(wid, ()):
+        self.sent.discard(wid)
+        for f in self.waiting.pop(wid, ()):  # (each running: its call was sent)
             ex._resolve(f, wid, result)
 
     def deferred(self, d: Defer) -> None:
@@ -223,8 +266,10 @@ class _CallFeed(Feed):
             self.ex._failed[wid] = (d.kinds, d.last_error, d.attempts)
         if d.work.after:
             self.ex._after.setdefault(wid, d.work.after)
+        self.sent.discard(wid)
         for f in self.waiting.pop(wid, ()):
-            f.set_exception(self.ex._failure(wid, (d.kinds, d.last_error, d.attempts)))
+            if _start(f):  # (pending when it never ran: a dependency failed)
+                f.set_exception(self.ex._failure(wid, (d.kinds, d.last_error, d.attempts)))
 
     def cancelled(self, wid: str) -> None:
         """``on_cancel``: an operator cancelled the call (``durable-dispatch cancel``, O1); its
@@ -232,8 +277,9 @@ class _CallFeed(Feed):
         failed = (("cancelled",), CANCELLED_ERROR, self.state.core.ledger.attempts.get(wid, 0))
         with self.ex._lock:
             self.ex._failed[wid] = failed
+        self.sent.discard(wid)
         for f in self.waiting.pop(wid, ()):
-            if not f.done() and (f.running() or f.set_running_or_notify_cancel()):
+            if _start(f):
                 f.set_exception(self.ex._failure(wid, failed))
 
     def abandon(self, why: str) -> None:
@@ -244,13 +290,14 @@ class _CallFeed(Feed):
                 fut, _ = ex._queue.popleft()
             except IndexError:
                 break
-            if fut.set_running_or_notify_cancel():
+            if _start(fut):
                 fut.set_exception(BrokenExecutor(why))
         for futs in self.waiting.values():
             for f in futs:
-                if not f.done() and (f.running() or f.set_running_or_notify_cancel()):
+                if _start(f):
                     f.set_exception(BrokenExecutor(why))
         self.waiting.clear()
+        self.sent.clear()
         self.local.clear()
         self.queued.clear()
 
@@ -356,6 +403,7 @@ class DurableExecutor(Executor):
         self._error: BaseException | None = None
         self._report: MasterReport | None = None
         self._bound = threading.Event()
+        self._withdrawn = threading.Event()  # a cancel_futures shutdown was handled
         self._feed = _CallFeed(self)
         fs.makedirs(self._dir)
         self._link = self._open_link()
@@ -423,6 +471,7 @@ class DurableExecutor(Executor):
             with self._lock:
                 self._shut = True
             self._feed.abandon(why)
+            self._withdrawn.set()
             _job["open"].discard(self)
             # The session's communicator is never freed: a message still unreceived on it (a
             # worker's last READY) would match a later communicator given its context ID.
@@ -651,9 +700,14 @@ class DurableExecutor(Executor):
         return gather(first, refill if buffersize is not None else None, end, unordered=unordered)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """No new calls; the submitted ones finish (or, ``cancel_futures``, those not yet
-        started are cancelled), then the workers stop serving it. Everything committed is
-        durable before a ``wait=True`` shutdown returns.
+        """No new calls; the submitted ones finish, then the workers stop serving it.
+        Everything committed is durable before a ``wait=True`` shutdown returns.
+
+        With ``cancel_futures``, every call not yet sent to a worker is cancelled before this
+        returns (its future's ``cancelled()`` is True; as in the standard library): the calls
+        sent (a dispatch of several calls is sent whole) run to their end and their futures
+        resolve. A cancelled call stays pending in the state directory: a re-run of the script
+        that submits it again runs it.
 
         Raises:
             NotDurableError: the disk refused the journal to the end: some results resolved
@@ -671,6 +725,8 @@ class DurableExecutor(Executor):
                 except IndexError:
                     break
                 _cancel(fut)
+            if threading.current_thread() is not self._thread:  # (not from a callback)
+                self._withdrawn.wait()  # the manager's next turn withdraws the frontier's
         if wait:
             self._thread.join()
             error, self._error = self._error, None
@@ -679,6 +735,23 @@ class DurableExecutor(Executor):
 
     def __repr__(self) -> str:
         return f"DurableExecutor(state_dir={self._dir!r}, workers={self._workers})"
+
+
+def _start(fut: Future[Any]) -> bool:
+    """Mark ``fut`` running unless it is; True when it is running now (it may be settled),
+    False when it was cancelled (its waiters are told) or settled already."""
+    try:
+        return fut.set_running_or_notify_cancel()
+    except RuntimeError:  # running already, or cancelled (and told) or settled before
+        return fut.running()
+
+
+def _live(fut: Future[Any]) -> bool:
+    """False when ``fut`` was cancelled (its waiters are told now): its call need not run."""
+    if not fut.cancelled():
+        return True
+    _cancel(fut)
+    return False
 
 
 def _cancel(fut: Future[Any]) -> None:
