@@ -612,7 +612,41 @@ def test_shutdown_cancel_futures_cancels_every_call_not_handed_to_a_worker(
     assert not ran and not runs(count)  # every worker was busy: no call behind them was sent
 
 
-def _dispatches(state: Path) -> list[tuple[str, ...]]:
+def test_a_call_cancelled_in_the_frontier_never_runs_and_a_rerun_runs_it(tmp_path: Path) -> None:
+    """Issue 48: a call is running once a dispatch sends it, not when it enters the frontier
+    ahead of the workers: until then ``cancel()`` succeeds, its waiters are told, and the call
+    never runs (it is withdrawn from the run); it stays pending in the state directory, so a
+    re-run that submits it runs it. A call sent to the busy worker is not cancellable."""
+    count, marker, state = tmp_path / "count", str(tmp_path / "go"), tmp_path / "s"
+    ex = MPIPoolExecutor(max_workers=1, state_dir=state)
+    try:
+        first = ex.submit(wait_for, marker)
+        rest = [ex.submit(counted, str(count), i) for i in range(6)]
+        while not first.running():  # sent: the worker is busy until the marker exists
+            time.sleep(0.001)
+        assert not first.cancel() and not any(f.running() for f in rest)
+        assert rest[0].cancel() and rest[1].cancel()  # the frontier's (pending until sent)
+        done, _ = wait(rest[:2], timeout=60)
+        assert done == set(rest[:2]) and all(f.cancelled() for f in rest[:2])
+    finally:
+        Path(marker).write_text("go")
+    assert [f.result(timeout=60) for f in rest[2:]] == [20, 30, 40, 50]
+    ex.shutdown(wait=True)
+    assert sorted(runs(count)) == [2, 3, 4, 5]  # the cancelled calls never ran
+    with MPIPoolExecutor(max_workers=1, state_dir=state) as again:
+        again.submit(wait_for, marker)
+        assert [again.submit(counted, str(count), i).result() for i in range(6)] == [
+            0,
+            10,
+            20,
+            30,
+            40,
+            50,
+        ]
+    assert sorted(runs(count)) == [0, 1, 2, 3, 4, 5]  # the re-run ran them, and only them
+
+
+def _dispatch_order(state: Path) -> list[tuple[str, ...]]:
     """The work IDs of each dispatch the state journal records, in order."""
     from durable_dispatch.core.events import Dispatched
     from durable_dispatch.storage.journal import read_journal
@@ -663,7 +697,11 @@ def test_shutdown_cancel_futures_withdraws_the_calls_the_frontier_held_ahead(
     finally:
         go.write_text("go")
     ex.shutdown(wait=True)
-    assert len(blocked) == WORKERS and not blocked & cancelled
+    assert ex._report is not None and (ex._report.finished, ex._report.reason) == (
+        False,
+        "withdrawn",  # (the cancelled calls are pending: a later run does them)
+    )
+    assert ex._broken is None and len(blocked) == WORKERS and not blocked & cancelled
     for kind, i, f in calls:
         assert f.done() and (f.cancelled() == (i in cancelled))
         if i not in cancelled:
@@ -671,7 +709,7 @@ def test_shutdown_cancel_futures_withdraws_the_calls_the_frontier_held_ahead(
     ran = set(runs(count)) | {int(n.split(".")[0]) for n in os.listdir(started)}
     assert ran == {i for _, i, _ in calls} - cancelled and len(runs(count)) == len(set(runs(count)))
     by_id = {f.work_id: i for _, i, f in calls}
-    dispatches = [[by_id[w] for w in ids if w in by_id] for ids in _dispatches(state)]
+    dispatches = [[by_id[w] for w in ids if w in by_id] for ids in _dispatch_order(state)]
     last = max(k for k, d in enumerate(dispatches) if blocked & set(d))
     assert not dispatches[last + 1 :], "calls were dispatched after the shutdown"
     assert max(len(d) for d in dispatches) > 1  # batched: each sent whole, all its calls ran

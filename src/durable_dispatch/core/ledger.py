@@ -432,6 +432,21 @@ class Ledger:
             self.withdrawn = (frontier, waiting)
         return n
 
+    def withdraw_item(self, wid: str) -> bool:
+        """Take the one item ``wid`` out of this run, as :meth:`withdraw` does, if it is pending
+        or waiting (O(runs) of its level); True when it was."""
+        held = self.withdrawn
+        if held is None:
+            held = (Frontier(self.ids), Frontier(self.ids))
+        if self.frontier.remove(wid):
+            held[0].append(wid, self.items[wid].priority)
+        elif self.waiting.remove(wid):
+            held[1].append(wid)
+        else:
+            return False
+        self.withdrawn = held
+        return True
+
     def put_back(self) -> int:
         """Return the items :meth:`withdraw` took (after the items of the live frontier and
         waiting set; swapped back whole when those are empty, as at a campaign's end), so the

@@ -155,6 +155,8 @@ class _CallFeed(Feed):
                 if not ledger.known(wid):  # (else an earlier run's call, pending)
                     self.local.append(item)
                     self.queued.add(item.work_id)
+        if ex._dropped:
+            self._drop_cancelled()
         if ex._cancel:
             self._cancel_local()
             if not self.withdrew:
@@ -178,8 +180,9 @@ class _CallFeed(Feed):
 
     def dispatched(self, send: Send) -> None:
         """``on_dispatch``: the calls of ``send`` are sent to a worker now (the whole dispatch):
-        their futures are running (a future cancelled before is dropped; its call runs all the
-        same, as it is in the dispatch: its result is recorded)."""
+        their futures are running. (A future cancelled in the same loop turn, before the turn's
+        :meth:`_drop_cancelled`, is dropped here: its call runs all the same, as it is in the
+        dispatch, and its result is recorded.)"""
         waiting, sent = self.waiting, self.sent
         for item in send.items:
             wid = item.work_id
@@ -191,6 +194,29 @@ class _CallFeed(Feed):
                 live = [f for f in futs if f.set_running_or_notify_cancel()]
                 if len(live) != len(futs):
                     waiting[wid] = live
+
+    def _drop_cancelled(self) -> None:
+        """Withdraw from this run each call in the frontier (or waiting for a dependency) whose
+        every future was cancelled (``Future.cancel``) and that no dispatch sent yet: it stays
+        pending in the state directory, as :meth:`_withdraw`'s calls do."""
+        dropped, waiting, ledger = self.ex._dropped, self.waiting, self.state.core.ledger
+        while dropped:
+            wid = dropped.popleft()
+            futs = waiting.get(wid)
+            if futs is None or wid in self.sent or wid in self.queued:
+                continue  # settled, running, or not in the frontier yet (refill drops it)
+            live = [f for f in futs if _live(f)]
+            if live:
+                waiting[wid] = live
+            else:
+                del waiting[wid]
+                ledger.withdraw_item(wid)
+
+    def _cancelled_one(self, fut: Future[Any]) -> None:
+        """A done callback of each future: one that was cancelled (any thread) is looked at by
+        the next turn (:meth:`_drop_cancelled`)."""
+        if fut.cancelled():
+            self.ex._dropped.append(fut.work_id)  # type: ignore[attr-defined]
 
     def _withdraw(self) -> None:
         """``shutdown(cancel_futures=True)``: cancel the future of every call not sent to a
@@ -404,6 +430,7 @@ class DurableExecutor(Executor):
         self._report: MasterReport | None = None
         self._bound = threading.Event()
         self._withdrawn = threading.Event()  # a cancel_futures shutdown was handled
+        self._dropped: collections.deque[str] = collections.deque()  # cancelled: work IDs
         self._feed = _CallFeed(self)
         fs.makedirs(self._dir)
         self._link = self._open_link()
@@ -458,7 +485,7 @@ class DurableExecutor(Executor):
                 linger=2.0,
                 **kw,
             )
-            if not self._report.finished:
+            if not self._report.finished and self._report.reason != "withdrawn":
                 why = f"the executor's campaign stopped: {self._report.reason}"
                 self._broken = why
                 log.error("%s; %s resumes it", why, self._dir)
@@ -633,6 +660,7 @@ class DurableExecutor(Executor):
         item = WorkItem(
             wid, payload, timeout=self._timeout, self_contained=True, after=tuple(after or ())
         )
+        fut.add_done_callback(self._feed._cancelled_one)  # (a call cancelled in the frontier)
         self._queue.append((fut, item))
         return fut
 
