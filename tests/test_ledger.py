@@ -378,8 +378,13 @@ def test_withdrawn_items_leave_the_run_but_stay_pending_in_both_snapshot_forms()
     assert led.to_compact() == replay.to_compact()
     back, _tail = Ledger.from_compact(led.to_compact(), _store_of(led))
     assert back == replay and set(back.frontier) == {"b", "c", "w"} and list(back.waiting) == ["v"]
+    assert led.put_back("w") == 1 and led.put_back("w") == 0 and list(led.frontier) == ["b", "w"]
+    assert led.withdraw_item("b") and not led.withdraw_item("b") and list(led.frontier) == ["w"]
+    assert led.to_compact()["frontier"] == [[4, 5], [3, 4], [1, 2]]  # w, then c, b (withdrawn)
     assert led.put_back() == 3 and led.withdrawn is None and led.put_back() == 0
-    assert set(led.frontier) == {"b", "c", "w"} and list(led.waiting) == ["v"] and led == replay
+    assert set(led.frontier) == {"b", "c", "w"} and list(led.waiting) == ["v"]
+    back, _tail = Ledger.from_compact(led.to_compact(), _store_of(led))
+    assert back == led and set(back.frontier) == set(replay.frontier)
 
 
 def _store_of(led: Ledger) -> list[tuple[int, list[Any]]]:

@@ -27,6 +27,8 @@ from durable_dispatch.futures import (
     FIRST_COMPLETED,
     FIRST_EXCEPTION,
     BrokenExecutor,
+    CancelledError,
+    DependencyFailed,
     DurableExecutor,
     MPIPoolExecutor,
     TaskCrashed,
@@ -615,13 +617,22 @@ def test_shutdown_cancel_futures_cancels_every_call_not_handed_to_a_worker(
 def test_a_call_cancelled_in_the_frontier_never_runs_and_a_rerun_runs_it(tmp_path: Path) -> None:
     """Issue 48: a call is running once a dispatch sends it, not when it enters the frontier
     ahead of the workers: until then ``cancel()`` succeeds, its waiters are told, and the call
-    never runs (it is withdrawn from the run); it stays pending in the state directory, so a
-    re-run that submits it runs it. A call sent to the busy worker is not cancellable."""
+    never runs (it is withdrawn from the run); the calls given its future as an argument never
+    run either (DependencyFailed caused by the CancelledError); nothing of them is recorded as
+    ended, so a re-run that submits them runs them. A call sent to the busy worker is not
+    cancellable."""
     count, marker, state = tmp_path / "count", str(tmp_path / "go"), tmp_path / "s"
+
+    def submit(ex: DurableExecutor) -> tuple[Any, list[Any], list[Any]]:
+        first = ex.submit(wait_for, marker)
+        rest = [ex.submit(counted, str(count), 0)]
+        near = [ex.submit(add, rest[0], 1)]  # (waits in the state, or still in the executor)
+        rest += [ex.submit(counted, str(count), i) for i in range(1, 6)]
+        return first, rest, [*near, ex.submit(add, rest[1], 2)]
+
     ex = MPIPoolExecutor(max_workers=1, state_dir=state)
     try:
-        first = ex.submit(wait_for, marker)
-        rest = [ex.submit(counted, str(count), i) for i in range(6)]
+        first, rest, deps = submit(ex)
         while not first.running():  # sent: the worker is busy until the marker exists
             time.sleep(0.001)
         assert not first.cancel() and not any(f.running() for f in rest)
@@ -630,19 +641,17 @@ def test_a_call_cancelled_in_the_frontier_never_runs_and_a_rerun_runs_it(tmp_pat
         assert done == set(rest[:2]) and all(f.cancelled() for f in rest[:2])
     finally:
         Path(marker).write_text("go")
+    for f, cancelled in zip(deps, rest[:2], strict=True):
+        e = f.exception(timeout=60)
+        assert isinstance(e, DependencyFailed) and e.dependency == cancelled.work_id
+        assert isinstance(e.__cause__, CancelledError)
     assert [f.result(timeout=60) for f in rest[2:]] == [20, 30, 40, 50]
     ex.shutdown(wait=True)
     assert sorted(runs(count)) == [2, 3, 4, 5]  # the cancelled calls never ran
     with MPIPoolExecutor(max_workers=1, state_dir=state) as again:
-        again.submit(wait_for, marker)
-        assert [again.submit(counted, str(count), i).result() for i in range(6)] == [
-            0,
-            10,
-            20,
-            30,
-            40,
-            50,
-        ]
+        first, rest, deps = submit(again)
+        assert [f.result() for f in rest] == [0, 10, 20, 30, 40, 50]
+        assert [f.result() for f in deps] == [1, 12]
     assert sorted(runs(count)) == [0, 1, 2, 3, 4, 5]  # the re-run ran them, and only them
 
 

@@ -447,10 +447,23 @@ class Ledger:
         self.withdrawn = held
         return True
 
-    def put_back(self) -> int:
+    def put_back(self, wid: str | None = None) -> int:
         """Return the items :meth:`withdraw` took (after the items of the live frontier and
         waiting set; swapped back whole when those are empty, as at a campaign's end), so the
-        live ledger is the durable one again. Returns how many."""
+        live ledger is the durable one again; or only ``wid`` (to the back of its level; one
+        whose dependencies committed meanwhile to the frontier). Returns how many."""
+        if wid is not None:
+            held = self.withdrawn
+            if held is not None and held[0].remove(wid):
+                self.frontier.append(wid, self.items[wid].priority)
+            elif held is not None and held[1].remove(wid):
+                if self.missing.get(wid):
+                    self.waiting.append(wid)
+                else:
+                    self.frontier.append(wid, self.items[wid].priority)
+            else:
+                return 0
+            return 1
         held, self.withdrawn = self.withdrawn, None
         if held is None:
             return 0

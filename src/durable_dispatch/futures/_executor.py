@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import (
     BrokenExecutor,
+    CancelledError,
     Executor,
     Future,
 )
@@ -90,6 +91,7 @@ class _CallFeed(Feed):
         self.local: collections.deque[WorkItem] = collections.deque()
         self.queued: set[str] = set()  # the work IDs in ``local``
         self.withdrew = False  # shutdown(cancel_futures=True) was handled
+        self.unrun: set[str] = set()  # work IDs that never run in this run (cancelled)
 
     @property
     def exhausted(self) -> bool:  # type: ignore[override]
@@ -146,12 +148,16 @@ class _CallFeed(Feed):
             if futs is not None:  # (a call submitted again: one task, several futures)
                 if wid not in self.sent or fut.set_running_or_notify_cancel():
                     futs.append(fut)
+                    self.unrun.discard(wid)  # (cancelled while here: it runs after all)
             elif not self._settled(wid, fut):
                 if wid in self.sent:  # an earlier run's call, sent before it was submitted
                     if fut.set_running_or_notify_cancel():
                         waiting[wid] = [fut]
                     continue
                 waiting[wid] = [fut]
+                if wid in self.unrun:  # cancelled earlier in this run, submitted again
+                    self.unrun.discard(wid)
+                    ledger.put_back(wid)
                 if not ledger.known(wid):  # (else an earlier run's call, pending)
                     self.local.append(item)
                     self.queued.add(item.work_id)
@@ -166,15 +172,20 @@ class _CallFeed(Feed):
         # as many calls as the next dispatches take: a dispatch's size (batch="auto") for
         # each worker, twice, so none waits for work (they stay cancellable until sent)
         low = self.AHEAD * self.ex._workers * self.state.core.auto_batch()
+        unrun = self.unrun
         while self.local and len(frontier) + len(batch) < low:
             item = self.local.popleft()
-            self.queued.discard(item.work_id)
-            futs = [f for f in waiting[item.work_id] if _live(f)]
-            if futs:
-                waiting[item.work_id] = futs
-                batch.append(item)
-            else:
-                del waiting[item.work_id]
+            wid = item.work_id
+            self.queued.discard(wid)
+            if unrun:
+                if wid in unrun:  # every future of it was cancelled (_drop_cancelled)
+                    del waiting[wid]
+                    continue
+                dep = next((a for a in item.after if a in unrun), None)
+                if dep is not None:
+                    self._fail_dependent(wid, dep)
+                    continue
+            batch.append(item)
         if batch:
             self._submit(batch)
 
@@ -189,34 +200,51 @@ class _CallFeed(Feed):
             if wid in sent:  # sent again (retried): running already
                 continue
             sent.add(wid)
-            futs = waiting.get(wid)
-            if futs:
-                live = [f for f in futs if f.set_running_or_notify_cancel()]
-                if len(live) != len(futs):
-                    waiting[wid] = live
+            for f in waiting.get(wid, ()):
+                if not f.set_running_or_notify_cancel():  # cancelled: its call runs anyway
+                    waiting[wid] = [g for g in waiting[wid] if _start(g)]
+                    break
 
     def _drop_cancelled(self) -> None:
-        """Withdraw from this run each call in the frontier (or waiting for a dependency) whose
-        every future was cancelled (``Future.cancel``) and that no dispatch sent yet: it stays
-        pending in the state directory, as :meth:`_withdraw`'s calls do."""
+        """Each call whose every future was cancelled (``Future.cancel``, any thread) and that
+        no dispatch sent never runs in this run: one still here is left out of the frontier,
+        one in the frontier (or waiting for a dependency) is withdrawn from this run (it stays
+        pending in the state directory, as :meth:`_withdraw`'s calls do), and the calls that
+        wait for it fail with DependencyFailed."""
         dropped, waiting, ledger = self.ex._dropped, self.waiting, self.state.core.ledger
         while dropped:
             wid = dropped.popleft()
             futs = waiting.get(wid)
-            if futs is None or wid in self.sent or wid in self.queued:
-                continue  # settled, running, or not in the frontier yet (refill drops it)
+            if futs is None or wid in self.sent or wid in self.unrun:
+                continue  # settled, running, or dropped already
             live = [f for f in futs if _live(f)]
             if live:
                 waiting[wid] = live
-            else:
-                del waiting[wid]
-                ledger.withdraw_item(wid)
+                continue
+            self.unrun.add(wid)
+            if wid in self.queued:
+                continue  # not in the frontier yet: refill leaves it out
+            del waiting[wid]
+            deps = ledger.waiting_dependents(wid)
+            ledger.withdraw_item(wid)
+            for d in deps:
+                ledger.withdraw_item(d)
+                self._fail_dependent(d, wid)
 
-    def _cancelled_one(self, fut: Future[Any]) -> None:
-        """A done callback of each future: one that was cancelled (any thread) is looked at by
-        the next turn (:meth:`_drop_cancelled`)."""
-        if fut.cancelled():
-            self.ex._dropped.append(fut.work_id)  # type: ignore[attr-defined]
+    def _fail_dependent(self, wid: str, dep: str) -> None:
+        """The call ``wid`` waits for ``dep``, which never runs in this run (cancelled): it never
+        runs either (nothing is recorded); its futures fail with DependencyFailed."""
+        self.unrun.add(wid)
+        e = DependencyFailed(
+            f"the task never ran: its dependency {dep} was cancelled",
+            work_id=wid,
+            attempts=0,
+            dependency=dep,
+        )
+        e.__cause__ = CancelledError()
+        for f in self.waiting.pop(wid, ()):
+            if _start(f):
+                f.set_exception(e)
 
     def _withdraw(self) -> None:
         """``shutdown(cancel_futures=True)``: cancel the future of every call not sent to a
@@ -644,7 +672,7 @@ class DurableExecutor(Executor):
                 f"work ID {wid!r} is known with another call (digest {known[:12]}, this one "
                 f"{digest[:12]}): a work ID names one call"
             )
-        fut: Future[Any] = Future()
+        fut: Future[Any] = _CallFuture()
         fut.work_id = wid  # type: ignore[attr-defined]
         fut._dd_owner = self  # type: ignore[attr-defined]  # (an argument of a later call, G4)
         if after:
@@ -660,7 +688,6 @@ class DurableExecutor(Executor):
         item = WorkItem(
             wid, payload, timeout=self._timeout, self_contained=True, after=tuple(after or ())
         )
-        fut.add_done_callback(self._feed._cancelled_one)  # (a call cancelled in the frontier)
         self._queue.append((fut, item))
         return fut
 
@@ -763,6 +790,20 @@ class DurableExecutor(Executor):
 
     def __repr__(self) -> str:
         return f"DurableExecutor(state_dir={self._dir!r}, workers={self._workers})"
+
+
+class _CallFuture(Future[Any]):
+    """The standard library's ``Future``, whose :meth:`cancel` also tells its executor, so that
+    a call cancelled in the frontier (ahead of the workers, not sent) is withdrawn from the run
+    and never runs."""
+
+    def cancel(self) -> bool:
+        """As ``concurrent.futures.Future.cancel``: False once the call was sent to a worker
+        (running) or settled; else the future is cancelled and True."""
+        if not super().cancel():
+            return False
+        self._dd_owner._dropped.append(self.work_id)  # type: ignore[attr-defined]
+        return True
 
 
 def _start(fut: Future[Any]) -> bool:
