@@ -619,8 +619,8 @@ def test_a_call_cancelled_in_the_frontier_never_runs_and_a_rerun_runs_it(tmp_pat
     ahead of the workers: until then ``cancel()`` succeeds, its waiters are told, and the call
     never runs (it is withdrawn from the run); the calls given its future as an argument never
     run either (DependencyFailed caused by the CancelledError); nothing of them is recorded as
-    ended, so a re-run that submits them runs them. A call sent to the busy worker is not
-    cancellable."""
+    ended, so a re-run that submits them runs them (or this run, under the same work ID). A
+    call sent to the busy worker is not cancellable."""
     count, marker, state = tmp_path / "count", str(tmp_path / "go"), tmp_path / "s"
 
     def submit(ex: DurableExecutor) -> tuple[Any, list[Any], list[Any]]:
@@ -646,8 +646,9 @@ def test_a_call_cancelled_in_the_frontier_never_runs_and_a_rerun_runs_it(tmp_pat
         assert isinstance(e, DependencyFailed) and e.dependency == cancelled.work_id
         assert isinstance(e.__cause__, CancelledError)
     assert [f.result(timeout=60) for f in rest[2:]] == [20, 30, 40, 50]
+    assert ex.submit_as(rest[0].work_id, counted, str(count), 0).result(timeout=60) == 0
     ex.shutdown(wait=True)
-    assert sorted(runs(count)) == [2, 3, 4, 5]  # the cancelled calls never ran
+    assert sorted(runs(count)) == [0, 2, 3, 4, 5]  # the cancelled calls never ran (until asked)
     with MPIPoolExecutor(max_workers=1, state_dir=state) as again:
         first, rest, deps = submit(again)
         assert [f.result() for f in rest] == [0, 10, 20, 30, 40, 50]

@@ -155,7 +155,11 @@ class _CallFeed(Feed):
                         waiting[wid] = [fut]
                     continue
                 waiting[wid] = [fut]
-                if wid in self.unrun:  # cancelled earlier in this run, submitted again
+                if wid in self.unrun:  # it never ran in this run (cancelled), submitted again
+                    dep = next((a for a in item.after if a in self.unrun), None)
+                    if dep is not None:  # and what it waits for still never runs
+                        self._fail_dependent(wid, dep)
+                        continue
                     self.unrun.discard(wid)
                     ledger.put_back(wid)
                 if not ledger.known(wid):  # (else an earlier run's call, pending)
@@ -177,14 +181,12 @@ class _CallFeed(Feed):
             item = self.local.popleft()
             wid = item.work_id
             self.queued.discard(wid)
-            if unrun:
+            if unrun and (wid in unrun or (item.after and not unrun.isdisjoint(item.after))):
                 if wid in unrun:  # every future of it was cancelled (_drop_cancelled)
                     del waiting[wid]
-                    continue
-                dep = next((a for a in item.after if a in unrun), None)
-                if dep is not None:
-                    self._fail_dependent(wid, dep)
-                    continue
+                else:  # it waits for a call that never runs in this run
+                    self._fail_dependent(wid, next(a for a in item.after if a in unrun))
+                continue
             batch.append(item)
         if batch:
             self._submit(batch)
@@ -600,6 +602,10 @@ class DurableExecutor(Executor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         """Schedule ``fn(*args, **kwargs)``; returns its future, with ``.work_id``. A call
         committed by an earlier run resolves at once from the record.
+
+        The future is running once a dispatch sends the call to a worker; until then its
+        ``cancel()`` succeeds and the call never runs in this run (one that had entered the
+        state directory stays pending there: a re-run that submits it runs it).
 
         A future this executor returned, passed as an argument (positional or keyword, or an
         element of a list, tuple or dict argument, one level deep), is a dependency (G4): the
