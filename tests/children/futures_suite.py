@@ -656,6 +656,27 @@ def test_a_call_cancelled_in_the_frontier_never_runs_and_a_rerun_runs_it(tmp_pat
     assert sorted(runs(count)) == [0, 1, 2, 3, 4, 5]  # the re-run ran them, and only them
 
 
+def test_calls_cancelled_as_soon_as_submitted_never_run(tmp_path: Path) -> None:
+    """Issue 48: a call cancelled right after ``submit`` (before or after the executor's loop
+    took it, in the frontier or not) never runs, whatever the timing of the two threads; the
+    calls kept run and resolve."""
+    count, marker = tmp_path / "count", str(tmp_path / "go")
+    with MPIPoolExecutor(max_workers=1, state_dir=tmp_path / "s") as ex:
+        try:
+            ex.submit(wait_for, marker)  # the one worker is busy with it until the marker
+            kept = []
+            for i in range(300):
+                f = ex.submit(counted, str(count), i)
+                if i % 3:
+                    assert f.cancel() and f.cancelled()
+                else:
+                    kept.append(f)
+        finally:
+            Path(marker).write_text("go")
+        assert [f.result(timeout=60) for f in kept] == [i * 10 for i in range(0, 300, 3)]
+    assert sorted(runs(count)) == list(range(0, 300, 3))
+
+
 def _dispatch_order(state: Path) -> list[tuple[str, ...]]:
     """The work IDs of each dispatch the state journal records, in order."""
     from durable_dispatch.core.events import Dispatched

@@ -92,6 +92,7 @@ class _CallFeed(Feed):
         self.queued: set[str] = set()  # the work IDs in ``local``
         self.withdrew = False  # shutdown(cancel_futures=True) was handled
         self.unrun: set[str] = set()  # work IDs that never run in this run (cancelled)
+        self.early: set[str] = set()  # work IDs cancelled before refill took their future
 
     @property
     def exhausted(self) -> bool:  # type: ignore[override]
@@ -144,6 +145,8 @@ class _CallFeed(Feed):
             except IndexError:  # shutdown(cancel_futures=True) took it
                 break
             wid = item.work_id
+            if self.early and wid in self.early and not _live(fut):
+                continue  # cancelled before this turn took it (see _drop_cancelled)
             futs = waiting.get(wid)
             if futs is not None:  # (a call submitted again: one task, several futures)
                 if wid not in self.sent or fut.set_running_or_notify_cancel():
@@ -217,8 +220,11 @@ class _CallFeed(Feed):
         while dropped:
             wid = dropped.popleft()
             futs = waiting.get(wid)
-            if futs is None or wid in self.sent or wid in self.unrun:
-                continue  # settled, running, or dropped already
+            if wid in self.sent or wid in self.unrun:
+                continue  # running, or dropped already
+            if futs is None:  # settled, or still in the executor's queue: refill checks it
+                self.early.add(wid)
+                continue
             live = [f for f in futs if _live(f)]
             if live:
                 waiting[wid] = live
@@ -831,7 +837,7 @@ def _live(fut: Future[Any]) -> bool:
 
 def _cancel(fut: Future[Any]) -> None:
     """Cancel a call that did not start, and tell its waiters (``wait``, ``as_completed``)."""
-    if fut.cancel():
+    if Future.cancel(fut):  # (not _CallFuture's: the executor cancels it itself)
         try:
             fut.set_running_or_notify_cancel()
         except RuntimeError:  # (they were told already)
