@@ -349,6 +349,44 @@ def test_priorities_order_the_ledger_and_survive_both_snapshot_forms() -> None:
     assert "priorities" not in plain.to_compact()  # the form of earlier versions
 
 
+def test_withdrawn_items_leave_the_run_but_stay_pending_in_both_snapshot_forms() -> None:
+    """Issue 48: ``withdraw`` takes the pending and waiting items (but those kept) out of the
+    live frontier and waiting set, in memory only: both snapshot forms still hold them where the
+    events put them (a ledger replayed from the same events); a waiting one released meanwhile
+    is pending there, one an operator cancels is cancelled once; ``put_back`` returns them."""
+    from durable_dispatch.core.events import Cancelled
+
+    items = [WorkItem("a"), WorkItem("b"), WorkItem("h", priority=3), WorkItem("c")]
+    items += [WorkItem("w", after=("a",)), WorkItem("v", after=("c",)), WorkItem("x")]
+    events: list[Any] = [
+        Submitted(tuple(items)),
+        Dispatched(T1, 2, ("h",)),
+        Dispatched(T2, 3, ("a", "b")),
+        Requeued("b", T2, "rank-lost", "lost-rank", 0, "", split=True),  # sent, back: kept
+    ]
+    led, replay = Ledger(1), Ledger(1)
+    for ev in events:
+        led.apply(ev)
+        replay.apply(ev)
+    assert led.withdraw(keep={"b", "a"}) == 4  # c, x pending; w, v waiting (a is in flight)
+    assert list(led.frontier) == ["b"] and not led.waiting and led.withdrawn is not None
+    assert led.to_snapshot() == replay.to_snapshot() and led.to_compact() == replay.to_compact()
+    for ev in (Committed(T2, 3, ("a",)), Cancelled("x", "cmd-1")):  # releases w; cancels x
+        led.apply(ev)
+        replay.apply(ev)
+    assert list(led.frontier) == ["b"] and not led.waiting  # (w released, still withdrawn)
+    assert led.to_compact() == replay.to_compact()
+    back, _tail = Ledger.from_compact(led.to_compact(), _store_of(led))
+    assert back == replay and set(back.frontier) == {"b", "c", "w"} and list(back.waiting) == ["v"]
+    assert led.put_back("w") == 1 and led.put_back("w") == 0 and list(led.frontier) == ["b", "w"]
+    assert led.withdraw_item("b") and not led.withdraw_item("b") and list(led.frontier) == ["w"]
+    assert led.to_compact()["frontier"] == [[4, 5], [3, 4], [1, 2]]  # w, then c, b (withdrawn)
+    assert led.put_back() == 3 and led.withdrawn is None and led.put_back() == 0
+    assert set(led.frontier) == {"b", "c", "w"} and list(led.waiting) == ["v"]
+    back, _tail = Ledger.from_compact(led.to_compact(), _store_of(led))
+    assert back == led and set(back.frontier) == set(replay.frontier)
+
+
 def _store_of(led: Ledger) -> list[tuple[int, list[Any]]]:
     """The submissions store a shell would have written for ``led``'s indices."""
     from durable_dispatch.admin import _store_records

@@ -12,7 +12,7 @@ import pytest
 
 from durable_dispatch import CampaignState, WatchdogConfig, WorkItem
 from durable_dispatch.admin import view_state
-from durable_dispatch.mpi import run_master
+from durable_dispatch.mpi import Feed, run_master
 from durable_dispatch.testing import LocalWorkers
 
 STEPS = ("on_ready", "on_heartbeat", "next_send", "sent", "on_results", "tick")
@@ -262,3 +262,73 @@ def test_a_draining_turn_counts_the_work_in_flight_without_mapping_it(
     finally:
         monkeypatch.undo()
         st.close()
+
+
+class _WithdrawingFeed(Feed):
+    """Submits its items, then, once some are dispatched, withdraws every other one from the
+    run (as the futures executor's ``shutdown(cancel_futures=True)`` does)."""
+
+    def __init__(self, items: list[WorkItem]) -> None:
+        self.items, self.exhausted, self.sent, self.withdrawn = items, False, set(), -1
+        self.snapshots_while_withdrawn = 0
+
+    def attach(self, state: CampaignState) -> None:
+        super().attach(state)
+        state.on_dispatch = lambda s: self.sent.update(w.work_id for w in s.items)
+        save = state._save_snapshot
+
+        def counted(reason: str = "") -> bool:
+            self.snapshots_while_withdrawn += state.core.ledger.withdrawn is not None
+            return save(reason)
+
+        state._save_snapshot = counted  # type: ignore[method-assign]
+
+    def refill(self) -> None:
+        if not self.exhausted:
+            self.state.submit(self.items)
+            self.exhausted = True
+        elif self.withdrawn < 0 and self.sent:
+            self.withdrawn = self.state.core.ledger.withdraw(keep=self.sent)
+
+
+def test_work_a_feed_withdraws_ends_the_run_pending_and_a_later_run_does_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 48: a Feed withdraws the pending and waiting work from the run (in memory): the
+    loop ends once the work dispatched is done (a call that failed and was requeued meanwhile
+    runs again, its rollback's snapshot taken while work was withdrawn), the report says
+    ``finished=False``, ``reason="withdrawn"``, nothing withdrawn is committed or deferred,
+    the state directory holds it pending (a waiting item released meanwhile too), and a later
+    run does exactly that work."""
+    from durable_dispatch import RetryPolicy
+
+    ran: list[int] = []
+    failed_once: set[int] = set()
+
+    def fn(p: int) -> int:
+        if p == 0 and p not in failed_once:
+            failed_once.add(p)
+            raise ValueError("once")
+        ran.append(p)
+        return p
+
+    items = [WorkItem(f"w{i}", i) for i in range(20)]
+    items.append(WorkItem("z", 99, after=("w0",)))  # waits for w0, which is dispatched first
+    state = tmp_path / "state"
+    feed = _WithdrawingFeed(items)
+    report = run_master(
+        feed, state, comm=LocalWorkers(fn, workers=2), retry=RetryPolicy(2), linger=0
+    )
+    assert (report.finished, report.reason) == (False, "withdrawn")
+    sent = {int(w[1:]) for w in feed.sent}
+    assert 0 in sent and 0 < len(sent) < 20 and sorted(ran) == sorted(sent)
+    assert feed.withdrawn == 21 - len(sent)
+    view = view_state(state)
+    assert view.projection.committed == feed.sent and not view.projection.deferred
+    pending = set(view.projection.frontier) | set(view.projection.waiting)
+    assert pending == {f"w{i}" for i in range(20) if i not in sent} | {"z"}
+    assert report.view is not None and report.view.pending == len(pending)
+    assert feed.snapshots_while_withdrawn  # the requeue's (S8), with the work withdrawn
+    ran.clear()
+    again = run_master(items, state, comm=LocalWorkers(fn, workers=2), linger=0)
+    assert again.finished and sorted(ran) == sorted({i for i in range(20) if i not in sent} | {99})

@@ -177,6 +177,10 @@ class CampaignState(Delivery, Dependencies):
         #: cancel``, O1), once its ``cancelled`` record is journaled (the futures executor
         #: fails its future)
         self.on_cancel: Callable[[str], None] | None = None
+        #: called with each :class:`Send` of :meth:`next_send` once it is journaled, before
+        #: the shell sends it: its items are running (the futures executor marks their futures
+        #: running then, and not before, so the calls not sent yet can still be cancelled)
+        self.on_dispatch: Callable[[Send], None] | None = None
         # a display, not state: atomic, not fsynced (issue 49; readers take damage as "none")
         self._live = SnapshotStore(
             directory,
@@ -448,6 +452,8 @@ class CampaignState(Delivery, Dependencies):
                 continue
             if d is not None:
                 self._record_send(d)
+                if self.on_dispatch is not None:
+                    self.on_dispatch(d)
             return d
 
     # ---------------------------------------------------------------- the facade

@@ -27,6 +27,8 @@ from durable_dispatch.futures import (
     FIRST_COMPLETED,
     FIRST_EXCEPTION,
     BrokenExecutor,
+    CancelledError,
+    DependencyFailed,
     DurableExecutor,
     MPIPoolExecutor,
     TaskCrashed,
@@ -36,7 +38,6 @@ from durable_dispatch.futures import (
     wait,
 )
 from durable_dispatch.futures._calls import call_digest, call_id, function_name
-from durable_dispatch.futures._executor import _CallFeed
 from durable_dispatch.futures._seal import KEY_FILE, VALUES_DIR
 
 WORKERS = int(os.environ.get("FUTURES_WORKERS", "2"))
@@ -117,6 +118,14 @@ def wait_for(marker: str) -> str:
     while not os.path.exists(marker):
         time.sleep(0.01)
     return marker
+
+
+def block_on(started: str, go: str, i: int) -> int:
+    """Leave ``started/<i>.<pid>`` (which process runs it: a worker's), then return ``i`` once
+    the file ``go`` exists: a worker that takes it is blocked until the test lets it go."""
+    Path(started, f"{i}.{os.getpid()}").write_text("")
+    wait_for(go)
+    return i
 
 
 def spawn_and_wait(marker: str) -> int:
@@ -583,10 +592,9 @@ def test_num_workers_bootup_and_submit_after_shutdown(tmp_path: Path) -> None:
 def test_shutdown_cancel_futures_cancels_every_call_not_handed_to_a_worker(
     tmp_path: Path, workers: int
 ) -> None:
-    """mpi4py's test_submit_shutdown_cancel_wait: the calls the workers run finish; of the
-    calls behind them at most the next two dispatches per worker ran (the calls the frontier
-    holds ahead: nothing was measured yet, so a dispatch carries one call); every other one is
-    cancelled and never runs, and the two last calls are cancelled."""
+    """mpi4py's test_submit_shutdown_cancel_wait: the calls the workers run finish; every
+    call behind them is cancelled and never runs, those the frontier held ahead of the workers
+    too (issue 48), and the two last calls are cancelled."""
     count, marker = tmp_path / "count", str(tmp_path / "go")
     ex = MPIPoolExecutor(max_workers=workers, state_dir=tmp_path / "s")
     first = [ex.submit(wait_for, marker) for _ in range(workers)]
@@ -603,8 +611,153 @@ def test_shutdown_cancel_futures_cancels_every_call_not_handed_to_a_worker(
     ex.shutdown(wait=True, cancel_futures=True)
     ran = [f for f in rest if not f.cancelled()]
     assert all(f.cancelled() for f in last) and all(f.done() for f in rest)
-    assert len(ran) <= _CallFeed.AHEAD * workers
-    assert len(runs(count)) == len(ran)  # a cancelled call never ran
+    assert not ran and not runs(count)  # every worker was busy: no call behind them was sent
+
+
+def test_a_call_cancelled_in_the_frontier_never_runs_and_a_rerun_runs_it(tmp_path: Path) -> None:
+    """Issue 48: a call is running once a dispatch sends it, not when it enters the frontier
+    ahead of the workers: until then ``cancel()`` succeeds, its waiters are told, and the call
+    never runs (it is withdrawn from the run); the calls given its future as an argument never
+    run either (DependencyFailed caused by the CancelledError); nothing of them is recorded as
+    ended, so a re-run that submits them runs them (or this run, under the same work ID). A
+    call sent to the busy worker is not cancellable."""
+    count, marker, state = tmp_path / "count", str(tmp_path / "go"), tmp_path / "s"
+
+    def submit(ex: DurableExecutor) -> tuple[Any, list[Any], list[Any]]:
+        first = ex.submit(wait_for, marker)
+        rest = [ex.submit(counted, str(count), 0)]
+        near = [ex.submit(add, rest[0], 1)]  # (waits in the state, or still in the executor)
+        rest += [ex.submit(counted, str(count), i) for i in range(1, 6)]
+        return first, rest, [*near, ex.submit(add, rest[1], 2)]
+
+    ex = MPIPoolExecutor(max_workers=1, state_dir=state)
+    try:
+        first, rest, deps = submit(ex)
+        while not first.running():  # sent: the worker is busy until the marker exists
+            time.sleep(0.001)
+        assert not first.cancel() and not any(f.running() for f in rest)
+        assert rest[0].cancel() and rest[1].cancel()  # the frontier's (pending until sent)
+        done, _ = wait(rest[:2], timeout=60)
+        assert done == set(rest[:2]) and all(f.cancelled() for f in rest[:2])
+    finally:
+        Path(marker).write_text("go")
+    for f, cancelled in zip(deps, rest[:2], strict=True):
+        e = f.exception(timeout=60)
+        assert isinstance(e, DependencyFailed) and e.dependency == cancelled.work_id
+        assert isinstance(e.__cause__, CancelledError)
+    assert [f.result(timeout=60) for f in rest[2:]] == [20, 30, 40, 50]
+    assert ex.submit_as(rest[0].work_id, counted, str(count), 0).result(timeout=60) == 0
+    ex.shutdown(wait=True)
+    assert sorted(runs(count)) == [0, 2, 3, 4, 5]  # the cancelled calls never ran (until asked)
+    with MPIPoolExecutor(max_workers=1, state_dir=state) as again:
+        first, rest, deps = submit(again)
+        assert [f.result() for f in rest] == [0, 10, 20, 30, 40, 50]
+        assert [f.result() for f in deps] == [1, 12]
+    assert sorted(runs(count)) == [0, 1, 2, 3, 4, 5]  # the re-run ran them, and only them
+
+
+def test_calls_cancelled_as_soon_as_submitted_never_run(tmp_path: Path) -> None:
+    """Issue 48: a call cancelled right after ``submit`` (before or after the executor's loop
+    took it, in the frontier or not) never runs, whatever the timing of the two threads; the
+    calls kept run and resolve."""
+    count, marker = tmp_path / "count", str(tmp_path / "go")
+    with MPIPoolExecutor(max_workers=1, state_dir=tmp_path / "s") as ex:
+        try:
+            ex.submit(wait_for, marker)  # the one worker is busy with it until the marker
+            kept = []
+            for i in range(300):
+                f = ex.submit(counted, str(count), i)
+                if i % 3:
+                    assert f.cancel() and f.cancelled()
+                else:
+                    kept.append(f)
+        finally:
+            Path(marker).write_text("go")
+        assert [f.result(timeout=60) for f in kept] == [i * 10 for i in range(0, 300, 3)]
+    assert sorted(runs(count)) == list(range(0, 300, 3))
+
+
+def _dispatch_order(state: Path) -> list[tuple[str, ...]]:
+    """The work IDs of each dispatch the state journal records, in order."""
+    from durable_dispatch.core.events import Dispatched
+    from durable_dispatch.storage.journal import read_journal
+
+    return [
+        Dispatched.decode(r.payload).work_ids
+        for r in read_journal(state / "events.jsonl")
+        if r.payload.get("event") == "dispatched"
+    ]
+
+
+def test_shutdown_cancel_futures_withdraws_the_calls_the_frontier_held_ahead(
+    tmp_path: Path,
+) -> None:
+    """Issue 48: with batch="auto" ramped up, every worker blocked inside a dispatch of several
+    calls and the next dispatches' calls in the frontier ahead of the workers,
+    shutdown(wait=False, cancel_futures=True) cancels (before it returns) every call not sent
+    to a worker: no dispatch is made after it (the journal says so), the dispatches sent run
+    whole and their futures resolve, no cancelled call ran (each call leaves a side effect),
+    and a re-run on the same state directory runs exactly the cancelled calls."""
+    count, started, go, state = (
+        tmp_path / "count",
+        tmp_path / "started",
+        tmp_path / "go",
+        tmp_path / "s",
+    )
+    started.mkdir()
+
+    def submit(ex: DurableExecutor) -> list[tuple[str, int, Any]]:
+        return [
+            ("block", i, ex.submit(block_on, str(started), str(go), i))
+            if i % 7 == 0
+            else ("count", i, ex.submit(counted, str(count), i))
+            for i in range(700)
+        ]
+
+    ex = MPIPoolExecutor(state_dir=state)
+    try:
+        assert list(ex.map(add, range(3000))) == list(range(3000))  # batch="auto" ramps up
+        calls = submit(ex)
+        deadline = time.monotonic() + 120
+        while len({n.split(".")[1] for n in os.listdir(started)}) < WORKERS:  # all blocked
+            assert time.monotonic() < deadline, "the workers never took the blocking calls"
+            time.sleep(0.01)
+        frontier = ex._feed.state.core.ledger.frontier  # (the next dispatches' calls)
+        while ex._queue or not frontier:  # the manager took every call, and some went ahead
+            assert time.monotonic() < deadline, "no call went into the frontier"
+            time.sleep(0.01)
+        ex.shutdown(wait=False, cancel_futures=True)
+        cancelled = {i for _, i, f in calls if f.cancelled()}  # settled when shutdown returned
+        blocked = {int(n.split(".")[0]) for n in os.listdir(started)}
+    finally:
+        go.write_text("go")
+    ex.shutdown(wait=True)
+    assert ex._report is not None and (ex._report.finished, ex._report.reason) == (
+        False,
+        "withdrawn",  # (the cancelled calls are pending: a later run does them)
+    )
+    assert ex._broken is None and len(blocked) == WORKERS and not blocked & cancelled
+    for kind, i, f in calls:
+        assert f.done() and (f.cancelled() == (i in cancelled))
+        if i not in cancelled:
+            assert f.result() == (i if kind == "block" else i * 10)
+    ran = set(runs(count)) | {int(n.split(".")[0]) for n in os.listdir(started)}
+    assert ran == {i for _, i, _ in calls} - cancelled and len(runs(count)) == len(set(runs(count)))
+    by_id = {f.work_id: i for _, i, f in calls}
+    dispatches = [[by_id[w] for w in ids if w in by_id] for ids in _dispatch_order(state)]
+    last = max(k for k, d in enumerate(dispatches) if blocked & set(d))
+    assert not dispatches[last + 1 :], "calls were dispatched after the shutdown"
+    assert max(len(d) for d in dispatches) > 1  # batched: each sent whole, all its calls ran
+    assert cancelled  # the frontier held some ahead (else the calls behind all ran first)
+    ran_before = len(runs(count))
+    with MPIPoolExecutor(state_dir=state) as again:  # a re-run: the cancelled calls run now
+        assert list(again.map(add, range(3000))) == list(range(3000))
+        for kind, i, f in submit(again):
+            assert f.result() == (i if kind == "block" else i * 10)
+    rerun = set(runs(count)[ran_before:]) | {
+        int(n.split(".")[0]) for n in os.listdir(started) if int(n.split(".")[0]) in cancelled
+    }
+    assert rerun == cancelled and len(runs(count)) == len(set(runs(count)))
 
 
 def test_map_argument_errors_are_mpi4pys(tmp_path: Path) -> None:

@@ -32,6 +32,13 @@ deferred with kind ``"dependency"`` stays registered under its missing dependenc
 dependency requeued and committed later releases it too. :attr:`Ledger.missing` and
 :attr:`Ledger.dependents` are derived (rebuilt on load); a work ID is in exactly one of frontier,
 waiting, in flight, committed and deferred.
+
+Withdrawn items (not durable). :meth:`Ledger.withdraw` takes pending and waiting items out of
+*this run* in memory, with no event (the futures executor's ``shutdown(cancel_futures=True)``):
+the live frontier and waiting set no longer hold them, so nothing dispatches them and the
+campaign can end without them, but the durable record keeps them where they were: the journal
+has no event for it, both snapshot forms count them pending or waiting, and
+:meth:`Ledger.put_back` returns them before the run's last view. A later run takes them up.
 """
 
 from __future__ import annotations
@@ -110,6 +117,8 @@ class Ledger:
         solo: work IDs dispatched alone from now on.
         delivered: the newest journaled delivery point (U6), -1 when none.
         duplicate_commits: second commits of a work ID seen (and ignored) by :meth:`apply`.
+        withdrawn: None, or the frontier and the waiting set of the items :meth:`withdraw`
+            took out of this run (in memory only: durably they are still pending or waiting).
     """
 
     __slots__ = (
@@ -133,6 +142,7 @@ class Ledger:
         "duplicate_commits",
         "cancelled",
         "commands",
+        "withdrawn",
     )
 
     def __init__(self, epoch: int = 0) -> None:
@@ -156,6 +166,7 @@ class Ledger:
         self.duplicate_commits = 0
         self.cancelled: dict[str, WorkItem] = {}
         self.commands: dict[str, dict[str, Any]] = {}
+        self.withdrawn: tuple[Frontier, Frontier] | None = None
 
     # ----------------------------------------------------------------- events
     def apply(self, ev: Event) -> None:
@@ -235,6 +246,8 @@ class Ledger:
                 self._forget_failures(dep)
                 self.released.append(dep)
                 self.frontier.append(dep, items[dep].priority)
+            elif self.withdrawn is not None and self.withdrawn[1].remove(dep):
+                self.withdrawn[0].append(dep, items[dep].priority)  # (still withdrawn)
 
     def _forget_failures(self, wid: str) -> None:
         self.attempts.pop(wid, None)
@@ -382,13 +395,104 @@ class Ledger:
             and self.deferred.pop(wid, None) is None
             and self.cancelled.pop(wid, None) is None
         ):
-            if not self.frontier.remove(wid):
-                self.waiting.remove(wid)
+            if not self.frontier.remove(wid) and not self.waiting.remove(wid):
+                held = self.withdrawn
+                if held is not None and not held[0].remove(wid):
+                    held[1].remove(wid)
 
     def _known_item(self, wid: str) -> str:
         if wid not in self.items:
             raise Invalid("work_id", f"{wid!r} names no open work item of this campaign")
         return wid
+
+    # ------------------------------------------------- withdrawn (not durable)
+    def withdraw(self, keep: Collection[str] = ()) -> int:
+        """Take every pending and waiting item but those in ``keep`` out of this run, in memory
+        only (see the module docs): no event, nothing to journal. The live frontier then holds
+        only the items of ``keep`` that were pending (in their order), the waiting set none, so
+        the campaign can end without the rest; :attr:`withdrawn` holds them, the snapshot forms
+        count them where they were, and :meth:`put_back` returns them. Items in flight are not
+        touched. O(1) plus O(runs) per kept item. Returns how many items were withdrawn.
+        """
+        frontier, waiting = self.frontier, self.waiting
+        kept = [w for w in keep if w in frontier] if keep else []
+        self.frontier, self.waiting = Frontier(self.ids), Frontier(self.ids)
+        items = self.items
+        for wid in kept:
+            frontier.remove(wid)
+            self.frontier.append(wid, items[wid].priority)
+        n = len(frontier) + len(waiting)
+        held = self.withdrawn
+        if held is not None:  # withdrawn twice: one hold
+            for wid in frontier:
+                held[0].append(wid, items[wid].priority)
+            for wid in waiting:
+                held[1].append(wid)
+        elif n:
+            self.withdrawn = (frontier, waiting)
+        return n
+
+    def withdraw_item(self, wid: str) -> bool:
+        """Take the one item ``wid`` out of this run, as :meth:`withdraw` does, if it is pending
+        or waiting (O(runs) of its level); True when it was."""
+        held = self.withdrawn
+        if held is None:
+            held = (Frontier(self.ids), Frontier(self.ids))
+        if self.frontier.remove(wid):
+            held[0].append(wid, self.items[wid].priority)
+        elif self.waiting.remove(wid):
+            held[1].append(wid)
+        else:
+            return False
+        self.withdrawn = held
+        return True
+
+    def put_back(self, wid: str | None = None) -> int:
+        """Return the items :meth:`withdraw` took (after the items of the live frontier and
+        waiting set; swapped back whole when those are empty, as at a campaign's end), so the
+        live ledger is the durable one again; or only ``wid`` (to the back of its level; one
+        whose dependencies committed meanwhile to the frontier). Returns how many."""
+        if wid is not None:
+            held = self.withdrawn
+            if held is not None and held[0].remove(wid):
+                self.frontier.append(wid, self.items[wid].priority)
+            elif held is not None and held[1].remove(wid):
+                if self.missing.get(wid):
+                    self.waiting.append(wid)
+                else:
+                    self.frontier.append(wid, self.items[wid].priority)
+            else:
+                return 0
+            return 1
+        held, self.withdrawn = self.withdrawn, None
+        if held is None:
+            return 0
+        frontier, waiting = held
+        n = len(frontier) + len(waiting)
+        if not self.frontier:
+            self.frontier = frontier
+        else:
+            for wid in frontier:
+                self.frontier.append(wid, self.items[wid].priority)
+        if not self.waiting:
+            self.waiting = waiting
+        else:
+            for wid in waiting:
+                self.waiting.append(wid)
+        return n
+
+    def _held(self, live: Frontier, k: int) -> Frontier:
+        """``live``, or a copy with the withdrawn frontier (``k`` 0) or waiting set (1) after
+        it: what the durable record holds (the snapshot forms)."""
+        held = self.withdrawn
+        if held is None or not held[k]:
+            return live
+        levels = sorted(set(live.levels()) | set(held[k].levels()), reverse=True)
+        return Frontier.of_runs(
+            self.ids,
+            live.runs() + held[k].runs(),
+            [(v, live.runs(v) + held[k].runs(v)) for v in levels],
+        )
 
     # ---------------------------------------------------------------- queries
     def known(self, wid: str) -> bool:
@@ -442,10 +546,11 @@ class Ledger:
                 restart would run the work again and record a second commit.
         """
         items = self.items
+        frontier, waiting = self._held(self.frontier, 0), self._held(self.waiting, 1)
         return {
             "epoch": self.epoch,
             "counter": self.counter,
-            "frontier": [items[w].to_json() for w in self.frontier],
+            "frontier": [items[w].to_json() for w in frontier],
             "in_flight": [
                 {"token": str(t), "rank": r, "work": items[w].to_json()}
                 for w, (t, r) in self.in_flight.items()
@@ -453,7 +558,7 @@ class Ledger:
             ],
             "committed": sorted(set(self.committed).union(committing)),
             "deferred": [i.to_json() for i in self.deferred.values()],
-            **({"waiting": [items[w].to_json() for w in self.waiting]} if self.waiting else {}),
+            **({"waiting": [items[w].to_json() for w in waiting]} if waiting else {}),
             "attempts": dict(self.attempts),
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "last_error": dict(self.last_error),
@@ -481,6 +586,7 @@ class Ledger:
         ``committing``: as for :meth:`to_snapshot`.
         """
         index = self.ids.index
+        frontier, waiting = self._held(self.frontier, 0), self._held(self.waiting, 1)
         committed = self.committed.runs
         if committing:
             committed = committed.copy()
@@ -491,14 +597,14 @@ class Ledger:
             "epoch": self.epoch,
             "counter": self.counter,
             "size": len(self.ids),
-            "frontier": self.frontier.runs(),
-            **self._levels(),
+            "frontier": frontier.runs(),
+            **self._levels(frontier),
             "in_flight": [
                 [index[w], str(t), r] for w, (t, r) in self.in_flight.items() if w not in committing
             ],
             "committed": committed.runs(),
             "deferred": [index[w] for w in self.deferred],
-            **({"waiting": self.waiting.runs()} if self.waiting else {}),
+            **({"waiting": waiting.runs()} if waiting else {}),
             "attempts": dict(self.attempts),
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "last_error": dict(self.last_error),
@@ -506,11 +612,10 @@ class Ledger:
             **self._operator(index.__getitem__),
         }
 
-    def _levels(self) -> dict[str, Any]:
+    def _levels(self, f: Frontier) -> dict[str, Any]:
         """The compact form's ``priorities`` member: ``[[level, runs], ...]`` for the levels
-        other than 0 that hold work, highest first; nothing when there are none (the form of
-        earlier versions, byte for byte)."""
-        f = self.frontier
+        other than 0 of ``f`` that hold work, highest first; nothing when there are none (the
+        form of earlier versions, byte for byte)."""
         levels = f.levels()
         return {"priorities": [[k, f.runs(k)] for k in levels]} if levels else {}
 

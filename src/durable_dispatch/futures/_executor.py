@@ -11,9 +11,12 @@ and runs only the rest.
 
 Threads. ``submit`` (any thread) seals the call and queues it; only the manager thread touches
 the campaign state: it resolves futures (their callbacks run there, as in the standard library),
-marks a future running when its call enters the frontier (a cancelled one never does), and fails
-the futures whose items were deferred. A future of a call that was submitted but not yet in the
-frontier can be cancelled; ``shutdown(cancel_futures=True)`` cancels those.
+marks a future running when its call is sent to a worker (``CampaignState.on_dispatch``: a
+dispatch is sent whole, so all its calls are running; a cancelled future never is), and fails
+the futures whose items were deferred. The calls enter the frontier ahead of the workers (the
+next two dispatches per worker), still pending: ``shutdown(cancel_futures=True)`` cancels every
+call not sent yet, withdrawing those in the frontier from this run (``Ledger.withdraw``: in
+memory; they stay pending in the state directory, and a re-run that submits them runs them).
 Several executors may be open at once: each has its own master loop (manager thread) and its
 own communicator on every rank (``_serve.open_session``), and the workers serve them all.
 """
@@ -31,13 +34,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import (
     BrokenExecutor,
+    CancelledError,
     Executor,
     Future,
 )
 from typing import Any
 
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
-from ..core.decisions import Defer
+from ..core.decisions import Defer, Send
 from ..errors import DependencyFailed, RecordTooLargeError, UsageError
 from ..mpi.context import MAX_RESULT_BYTES
 from ..mpi.master import Feed, MasterReport, run_master
@@ -75,15 +79,20 @@ class _Subset:
 class _CallFeed(Feed):
     """The executor's calls, fed to the campaign as they are submitted (manager thread)."""
 
-    #: dispatches per worker whose calls are in the frontier (running) ahead of the workers;
-    #: the other calls wait here, pending, and can still be cancelled
+    #: dispatches per worker whose calls are in the frontier ahead of the workers (pending
+    #: until a dispatch sends them); the other calls wait here
     AHEAD = 2
 
     def __init__(self, ex: DurableExecutor) -> None:
         self.ex = ex
-        self.waiting: dict[str, list[Future[Any]]] = {}  # work ID -> its futures
+        # work ID -> its futures not settled: pending until its call is sent, then running
+        self.waiting: dict[str, list[Future[Any]]] = {}
+        self.sent: set[str] = set()  # work IDs sent to a worker in this run, not settled
         self.local: collections.deque[WorkItem] = collections.deque()
         self.queued: set[str] = set()  # the work IDs in ``local``
+        self.withdrew = False  # shutdown(cancel_futures=True) was handled
+        self.unrun: set[str] = set()  # work IDs that never run in this run (cancelled)
+        self.early: set[str] = set()  # work IDs cancelled before refill took their future
 
     @property
     def exhausted(self) -> bool:  # type: ignore[override]
@@ -119,6 +128,7 @@ class _CallFeed(Feed):
                 ex._digests[wid] = payload["d"]
             state.on_defer = self.deferred
             state.on_cancel = self.cancelled
+            state.on_dispatch = self.dispatched
         except BaseException as e:
             ex._error = e  # before the constructor wakes: it raises this
             raise
@@ -135,35 +145,128 @@ class _CallFeed(Feed):
             except IndexError:  # shutdown(cancel_futures=True) took it
                 break
             wid = item.work_id
-            if wid in waiting:
-                waiting[wid].append(fut)
-                if wid not in self.queued:  # already in the frontier: it runs
-                    fut.set_running_or_notify_cancel()
+            if self.early and wid in self.early and not _live(fut):
+                continue  # cancelled before this turn took it (see _drop_cancelled)
+            futs = waiting.get(wid)
+            if futs is not None:  # (a call submitted again: one task, several futures)
+                if wid not in self.sent or fut.set_running_or_notify_cancel():
+                    futs.append(fut)
+                    self.unrun.discard(wid)  # (cancelled while here: it runs after all)
             elif not self._settled(wid, fut):
+                if wid in self.sent:  # an earlier run's call, sent before it was submitted
+                    if fut.set_running_or_notify_cancel():
+                        waiting[wid] = [fut]
+                    continue
                 waiting[wid] = [fut]
-                if ledger.known(wid):  # an earlier run's call, pending: it runs anyway
-                    fut.set_running_or_notify_cancel()
-                else:
+                if wid in self.unrun:  # it never ran in this run (cancelled), submitted again
+                    dep = next((a for a in item.after if a in self.unrun), None)
+                    if dep is not None:  # and what it waits for still never runs
+                        self._fail_dependent(wid, dep)
+                        continue
+                    self.unrun.discard(wid)
+                    ledger.put_back(wid)
+                if not ledger.known(wid):  # (else an earlier run's call, pending)
                     self.local.append(item)
                     self.queued.add(item.work_id)
+        if ex._dropped:
+            self._drop_cancelled()
         if ex._cancel:
             self._cancel_local()
+            if not self.withdrew:
+                self._withdraw()
         frontier = ledger.frontier
         batch: list[WorkItem] = []
         # as many calls as the next dispatches take: a dispatch's size (batch="auto") for
-        # each worker, twice, so none waits for work while the rest stay cancellable
+        # each worker, twice, so none waits for work (they stay cancellable until sent)
         low = self.AHEAD * self.ex._workers * self.state.core.auto_batch()
+        unrun = self.unrun
         while self.local and len(frontier) + len(batch) < low:
             item = self.local.popleft()
-            self.queued.discard(item.work_id)
-            futs = [f for f in waiting[item.work_id] if f.set_running_or_notify_cancel()]
-            if futs:
-                waiting[item.work_id] = futs
-                batch.append(item)
-            else:
-                del waiting[item.work_id]
+            wid = item.work_id
+            self.queued.discard(wid)
+            if unrun and (wid in unrun or (item.after and not unrun.isdisjoint(item.after))):
+                if wid in unrun:  # every future of it was cancelled (_drop_cancelled)
+                    del waiting[wid]
+                else:  # it waits for a call that never runs in this run
+                    self._fail_dependent(wid, next(a for a in item.after if a in unrun))
+                continue
+            batch.append(item)
         if batch:
             self._submit(batch)
+
+    def dispatched(self, send: Send) -> None:
+        """``on_dispatch``: the calls of ``send`` are sent to a worker now (the whole dispatch):
+        their futures are running. (A future cancelled in the same loop turn, before the turn's
+        :meth:`_drop_cancelled`, is dropped here: its call runs all the same, as it is in the
+        dispatch, and its result is recorded.)"""
+        waiting, sent = self.waiting, self.sent
+        for item in send.items:
+            wid = item.work_id
+            if wid in sent:  # sent again (retried): running already
+                continue
+            sent.add(wid)
+            for f in waiting.get(wid, ()):
+                if not f.set_running_or_notify_cancel():  # cancelled: its call runs anyway
+                    waiting[wid] = [g for g in waiting[wid] if _start(g)]
+                    break
+
+    def _drop_cancelled(self) -> None:
+        """Each call whose every future was cancelled (``Future.cancel``, any thread) and that
+        no dispatch sent never runs in this run: one still here is left out of the frontier,
+        one in the frontier (or waiting for a dependency) is withdrawn from this run (it stays
+        pending in the state directory, as :meth:`_withdraw`'s calls do), and the calls that
+        wait for it fail with DependencyFailed."""
+        dropped, waiting, ledger = self.ex._dropped, self.waiting, self.state.core.ledger
+        while dropped:
+            wid = dropped.popleft()
+            futs = waiting.get(wid)
+            if wid in self.sent or wid in self.unrun:
+                continue  # running, or dropped already
+            if futs is None:  # settled, or still in the executor's queue: refill checks it
+                self.early.add(wid)
+                continue
+            live = [f for f in futs if _live(f)]
+            if live:
+                waiting[wid] = live
+                continue
+            self.unrun.add(wid)
+            if wid in self.queued:
+                continue  # not in the frontier yet: refill leaves it out
+            del waiting[wid]
+            deps = ledger.waiting_dependents(wid)
+            ledger.withdraw_item(wid)
+            for d in deps:
+                ledger.withdraw_item(d)
+                self._fail_dependent(d, wid)
+
+    def _fail_dependent(self, wid: str, dep: str) -> None:
+        """The call ``wid`` waits for ``dep``, which never runs in this run (cancelled): it never
+        runs either (nothing is recorded); its futures fail with DependencyFailed."""
+        self.unrun.add(wid)
+        e = DependencyFailed(
+            f"the task never ran: its dependency {dep} was cancelled",
+            work_id=wid,
+            attempts=0,
+            dependency=dep,
+        )
+        e.__cause__ = CancelledError()
+        for f in self.waiting.pop(wid, ()):
+            if _start(f):
+                f.set_exception(e)
+
+    def _withdraw(self) -> None:
+        """``shutdown(cancel_futures=True)``: cancel the future of every call not sent to a
+        worker, and withdraw those calls from this run (the frontier's and those waiting for a
+        dependency): the campaign ends once the calls sent have ended, and the withdrawn ones
+        stay pending in the state directory (a re-run that submits them runs them). The calls
+        sent and retried since stay in the frontier: their futures are running."""
+        self.withdrew = True
+        sent = self.sent
+        self.state.core.ledger.withdraw(keep=sent)
+        for wid in [w for w in self.waiting if w not in sent]:
+            for f in self.waiting.pop(wid):
+                _cancel(f)
+        self.ex._withdrawn.set()
 
     def _submit(self, batch: list[WorkItem]) -> None:
         # A call pending from an earlier run is known by its work ID (the call's canonical
@@ -181,7 +284,8 @@ class _CallFeed(Feed):
                     self.state.submit([item])
                 except RecordTooLargeError as e:
                     for f in self.waiting.pop(item.work_id, ()):
-                        f.set_exception(e)
+                        if _start(f):
+                            f.set_exception(e)
 
     def _settled(self, wid: str, fut: Future[Any], *, locked: bool = False) -> bool:
         """Resolve ``fut`` from the record if ``wid`` is committed or deferred (any thread)."""
@@ -192,11 +296,11 @@ class _CallFeed(Feed):
             with ex._lock:
                 rec, failed = ex._record.get(wid), ex._failed.get(wid)
         if rec is not None:
-            if fut.set_running_or_notify_cancel():
+            if _start(fut):
                 ex._resolve(fut, wid, rec)
             return True
         if failed is not None:
-            if fut.set_running_or_notify_cancel():
+            if _start(fut):
                 fut.set_exception(ex._failure(wid, failed))
             return True
         return False
@@ -213,7 +317,8 @@ class _CallFeed(Feed):
         ex = self.ex
         with ex._lock:
             ex._record[wid] = result
-        for f in self.waiting.pop(wid, ()):
+        self.sent.discard(wid)
+        for f in self.waiting.pop(wid, ()):  # (each running: its call was sent)
             ex._resolve(f, wid, result)
 
     def deferred(self, d: Defer) -> None:
@@ -223,8 +328,10 @@ class _CallFeed(Feed):
             self.ex._failed[wid] = (d.kinds, d.last_error, d.attempts)
         if d.work.after:
             self.ex._after.setdefault(wid, d.work.after)
+        self.sent.discard(wid)
         for f in self.waiting.pop(wid, ()):
-            f.set_exception(self.ex._failure(wid, (d.kinds, d.last_error, d.attempts)))
+            if _start(f):  # (pending when it never ran: a dependency failed)
+                f.set_exception(self.ex._failure(wid, (d.kinds, d.last_error, d.attempts)))
 
     def cancelled(self, wid: str) -> None:
         """``on_cancel``: an operator cancelled the call (``durable-dispatch cancel``, O1); its
@@ -232,8 +339,9 @@ class _CallFeed(Feed):
         failed = (("cancelled",), CANCELLED_ERROR, self.state.core.ledger.attempts.get(wid, 0))
         with self.ex._lock:
             self.ex._failed[wid] = failed
+        self.sent.discard(wid)
         for f in self.waiting.pop(wid, ()):
-            if not f.done() and (f.running() or f.set_running_or_notify_cancel()):
+            if _start(f):
                 f.set_exception(self.ex._failure(wid, failed))
 
     def abandon(self, why: str) -> None:
@@ -244,13 +352,14 @@ class _CallFeed(Feed):
                 fut, _ = ex._queue.popleft()
             except IndexError:
                 break
-            if fut.set_running_or_notify_cancel():
+            if _start(fut):
                 fut.set_exception(BrokenExecutor(why))
         for futs in self.waiting.values():
             for f in futs:
-                if not f.done() and (f.running() or f.set_running_or_notify_cancel()):
+                if _start(f):
                     f.set_exception(BrokenExecutor(why))
         self.waiting.clear()
+        self.sent.clear()
         self.local.clear()
         self.queued.clear()
 
@@ -356,6 +465,8 @@ class DurableExecutor(Executor):
         self._error: BaseException | None = None
         self._report: MasterReport | None = None
         self._bound = threading.Event()
+        self._withdrawn = threading.Event()  # a cancel_futures shutdown was handled
+        self._dropped: collections.deque[str] = collections.deque()  # cancelled: work IDs
         self._feed = _CallFeed(self)
         fs.makedirs(self._dir)
         self._link = self._open_link()
@@ -410,7 +521,7 @@ class DurableExecutor(Executor):
                 linger=2.0,
                 **kw,
             )
-            if not self._report.finished:
+            if not self._report.finished and self._report.reason != "withdrawn":
                 why = f"the executor's campaign stopped: {self._report.reason}"
                 self._broken = why
                 log.error("%s; %s resumes it", why, self._dir)
@@ -423,6 +534,7 @@ class DurableExecutor(Executor):
             with self._lock:
                 self._shut = True
             self._feed.abandon(why)
+            self._withdrawn.set()
             _job["open"].discard(self)
             # The session's communicator is never freed: a message still unreceived on it (a
             # worker's last READY) would match a later communicator given its context ID.
@@ -497,6 +609,10 @@ class DurableExecutor(Executor):
         """Schedule ``fn(*args, **kwargs)``; returns its future, with ``.work_id``. A call
         committed by an earlier run resolves at once from the record.
 
+        The future is running once a dispatch sends the call to a worker; until then its
+        ``cancel()`` succeeds and the call never runs in this run (one that had entered the
+        state directory stays pending there: a re-run that submits it runs it).
+
         A future this executor returned, passed as an argument (positional or keyword, or an
         element of a list, tuple or dict argument, one level deep), is a dependency (G4): the
         call waits for it and receives its value in its place. The call's work ID digests the
@@ -568,7 +684,7 @@ class DurableExecutor(Executor):
                 f"work ID {wid!r} is known with another call (digest {known[:12]}, this one "
                 f"{digest[:12]}): a work ID names one call"
             )
-        fut: Future[Any] = Future()
+        fut: Future[Any] = _CallFuture()
         fut.work_id = wid  # type: ignore[attr-defined]
         fut._dd_owner = self  # type: ignore[attr-defined]  # (an argument of a later call, G4)
         if after:
@@ -651,9 +767,14 @@ class DurableExecutor(Executor):
         return gather(first, refill if buffersize is not None else None, end, unordered=unordered)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """No new calls; the submitted ones finish (or, ``cancel_futures``, those not yet
-        started are cancelled), then the workers stop serving it. Everything committed is
-        durable before a ``wait=True`` shutdown returns.
+        """No new calls; the submitted ones finish, then the workers stop serving it.
+        Everything committed is durable before a ``wait=True`` shutdown returns.
+
+        With ``cancel_futures``, every call not yet sent to a worker is cancelled before this
+        returns (its future's ``cancelled()`` is True; as in the standard library): the calls
+        sent (a dispatch of several calls is sent whole) run to their end and their futures
+        resolve. A cancelled call stays pending in the state directory: a re-run of the script
+        that submits it again runs it.
 
         Raises:
             NotDurableError: the disk refused the journal to the end: some results resolved
@@ -671,6 +792,8 @@ class DurableExecutor(Executor):
                 except IndexError:
                     break
                 _cancel(fut)
+            if threading.current_thread() is not self._thread:  # (not from a callback)
+                self._withdrawn.wait()  # the manager's next turn withdraws the frontier's
         if wait:
             self._thread.join()
             error, self._error = self._error, None
@@ -681,9 +804,40 @@ class DurableExecutor(Executor):
         return f"DurableExecutor(state_dir={self._dir!r}, workers={self._workers})"
 
 
+class _CallFuture(Future[Any]):
+    """The standard library's ``Future``, whose :meth:`cancel` also tells its executor, so that
+    a call cancelled in the frontier (ahead of the workers, not sent) is withdrawn from the run
+    and never runs."""
+
+    def cancel(self) -> bool:
+        """As ``concurrent.futures.Future.cancel``: False once the call was sent to a worker
+        (running) or settled; else the future is cancelled and True."""
+        if not super().cancel():
+            return False
+        self._dd_owner._dropped.append(self.work_id)  # type: ignore[attr-defined]
+        return True
+
+
+def _start(fut: Future[Any]) -> bool:
+    """Mark ``fut`` running unless it is; True when it is running now (it may be settled),
+    False when it was cancelled (its waiters are told) or settled already."""
+    try:
+        return fut.set_running_or_notify_cancel()
+    except RuntimeError:  # running already, or cancelled (and told) or settled before
+        return fut.running()
+
+
+def _live(fut: Future[Any]) -> bool:
+    """False when ``fut`` was cancelled (its waiters are told now): its call need not run."""
+    if not fut.cancelled():
+        return True
+    _cancel(fut)
+    return False
+
+
 def _cancel(fut: Future[Any]) -> None:
     """Cancel a call that did not start, and tell its waiters (``wait``, ``as_completed``)."""
-    if fut.cancel():
+    if Future.cancel(fut):  # (not _CallFuture's: the executor cancels it itself)
         try:
             fut.set_running_or_notify_cancel()
         except RuntimeError:  # (they were told already)

@@ -90,7 +90,9 @@ class MasterReport:
             drained on SIGTERM, SIGINT or SIGUSR1), ``"drain"`` (it drained on an operator's
             ``durable-dispatch drain``, as on SIGUSR1), ``"max_seconds"``, ``"no workers left"`` or
             ``"every worker parked"`` (work remains, and no parked rank sent its exact READY
-            within ``stuck_grace``). The state directory resumes later.
+            within ``stuck_grace``), or ``"withdrawn"`` (the :class:`Feed` withdrew pending work
+            from this run, as the futures executor's ``shutdown(cancel_futures=True)`` does:
+            it ran everything else). The state directory resumes later.
         view: the campaign as the master left it, the numbers ``durable-dispatch stats``
             shows (:class:`~durable_dispatch.view.CampaignView`: committed, deferred, pending,
             failures by kind ...; nothing is in flight once the master returned).
@@ -323,6 +325,8 @@ def run_master(
                     time.sleep(idle_sleep)
                 else:  # a RESULT or READY is due soon (SPIN): poll again, but let others run
                     os.sched_yield()
+            if core.ledger.put_back():  # the work a feed withdrew stays pending (Feed docs)
+                reason = reason or "withdrawn"
             state._complete_commits(wait=True)
             _persisted(state, _PERSIST_SECONDS)  # else close() raises NotDurableError
             _stop_all(link, range(1, size), lost, stop_timeout)
@@ -395,6 +399,11 @@ class Feed:
     :meth:`refill` at the start of every turn, in the loop's thread; it ends once
     :attr:`exhausted` is True and nothing is pending, in flight or undelivered. A subclass
     submits with ``state.submit`` in :meth:`refill`, never from another thread.
+
+    A feed may also withdraw pending work from the run in :meth:`refill`
+    (``state.core.ledger.withdraw``): in memory only, so the campaign ends without it; the
+    loop puts it back at the end, and the report says ``finished=False``, ``reason=
+    "withdrawn"``: the work is still pending in the state directory and a later run does it.
     """
 
     exhausted: bool = False
