@@ -132,15 +132,8 @@ class _FileLock:
         """Close the descriptor (which lets go of the lock); on a filesystem that is gone it is
         only forgotten, never closed (its number names another descriptor now)."""
         fd, self.fd = self.fd, None
-        if fd is None:
-            return
-        if not _fs.reaches(self.filesystem):
-            _fs.forget(fd)
-            return
-        try:
-            _fs.close(fd)
-        except OSError:
-            pass
+        if fd is not None:
+            _fs.let_go([fd], self.filesystem)
 
 
 class _MasterLock:

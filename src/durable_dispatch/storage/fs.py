@@ -28,7 +28,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import BinaryIO
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "reaches",
     "comes_back",
     "forget",
+    "let_go",
     "REAL_FILESYSTEM",
     "STALL_SECONDS",
     "stall_report",
@@ -504,6 +505,21 @@ def forget(fd: int) -> None:
     """Drop what this module knows of ``fd`` without closing it (its filesystem is gone)."""
     with _paths_lock:
         _paths.pop(fd, None)
+
+
+def let_go(fds: Iterable[int], filesystem_: object) -> None:
+    """Close descriptors opened on ``filesystem_`` (a value of :func:`filesystem`), ignoring
+    errors; when a call no longer reaches it (:func:`reaches`: that filesystem is gone), only
+    forget them: their numbers name other (real) descriptors now, never closed from here."""
+    if not reaches(filesystem_):
+        for fd in fds:
+            forget(fd)
+        return
+    for fd in fds:
+        try:
+            close(fd)
+        except OSError:
+            pass
 
 
 def close(fd: int) -> None:

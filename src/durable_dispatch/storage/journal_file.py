@@ -68,18 +68,11 @@ class _Owned:
         fds = [fd for fd in (self.fd, self.inode_lock) if fd is not None]
         flock, self.flock = self.flock, None
         self.fd = self.inode_lock = None
+        fs.let_go(fds, self.filesystem)
         if not fs.reaches(self.filesystem):
-            # Their numbers name other (real) descriptors now: never close them.
-            for fd in fds:
-                fs.forget(fd)
             if flock is not None:
                 resources.disown_lock(flock)
             return
-        for fd in fds:
-            try:
-                fs.close(fd)
-            except OSError:
-                pass
         if flock is not None:
             try:
                 flock.release()
