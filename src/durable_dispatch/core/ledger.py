@@ -424,10 +424,7 @@ class Ledger:
         n = len(frontier) + len(waiting)
         held = self.withdrawn
         if held is not None:  # withdrawn twice: one hold
-            for wid in frontier:
-                held[0].append(wid, items[wid].priority)
-            for wid in waiting:
-                held[1].append(wid)
+            self.withdrawn = (self._joined(held[0], frontier, True), self._joined(held[1], waiting))
         elif n:
             self.withdrawn = (frontier, waiting)
         return n
@@ -469,17 +466,22 @@ class Ledger:
             return 0
         frontier, waiting = held
         n = len(frontier) + len(waiting)
-        if not self.frontier:
-            self.frontier = frontier
-        else:
-            for wid in frontier:
-                self.frontier.append(wid, self.items[wid].priority)
-        if not self.waiting:
-            self.waiting = waiting
-        else:
-            for wid in waiting:
-                self.waiting.append(wid)
+        self.frontier = self._joined(self.frontier, frontier, True)
+        self.waiting = self._joined(self.waiting, waiting)
         return n
+
+    def _joined(self, into: Frontier, more: Frontier, ranked: bool = False) -> Frontier:
+        """``into`` with the items of ``more`` after it (each at its priority's level when
+        ``ranked``, as a frontier holds them); ``more`` itself when ``into`` is empty."""
+        if not into:
+            return more
+        items = self.items
+        for wid in more:
+            if ranked:
+                into.append(wid, items[wid].priority)
+            else:
+                into.append(wid)
+        return into
 
     def _held(self, live: Frontier, k: int) -> Frontier:
         """``live``, or a copy with the withdrawn frontier (``k`` 0) or waiting set (1) after
