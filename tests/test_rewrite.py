@@ -40,3 +40,28 @@ def test_a_failure_before_the_rename_leaves_the_old_file_and_no_temporary(
         with pytest.raises(OSError):
             replace_file(str(target), str(tmp_path / "t.tmp"), [b"new"])
     assert target.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["t"]
+
+
+def test_before_rename_runs_once_the_new_file_is_whole_and_a_failure_there_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 49: a snapshot waits there for the journal fsync its content depends on, which
+    runs while the file is written. The hook sees the new file whole beside the old target;
+    if it raises, the target keeps the old file and the temporary one is gone."""
+    target, tmp = tmp_path / "t", tmp_path / "t.tmp"
+    target.write_bytes(b"old")
+    seen: list[tuple[bytes, bytes]] = []
+    replace_file(
+        str(target),
+        str(tmp),
+        [b"ne", b"w"],
+        before_rename=lambda: seen.append((tmp.read_bytes(), target.read_bytes())),
+    )
+    assert seen == [(b"new", b"old")] and target.read_bytes() == b"new"
+
+    def refuse() -> None:
+        raise RuntimeError("the journal could not be made durable")
+
+    with pytest.raises(RuntimeError, match="durable"):
+        replace_file(str(target), str(tmp), [b"newer"], before_rename=refuse)
+    assert target.read_bytes() == b"new" and sorted(os.listdir(tmp_path)) == ["t"]

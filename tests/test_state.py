@@ -411,6 +411,71 @@ def test_a_failed_open_releases_the_state_journal(tmp_path: Path) -> None:
         assert sorted(s.core.pending()) == ["w0", "w1", "w2"]
 
 
+def test_a_failed_open_closes_the_defer_journal_it_opened_beside_the_state_journal(
+    tmp_path: Path,
+) -> None:
+    """Issue 49: the defer journal opens in a thread beside the state journal's open. When the
+    state journal is damaged, the defer journal that opened meanwhile is closed too: its writer
+    lock (the file's own flock) is released with the master lock, so the next open is not
+    refused by this process's own leftover."""
+    from durable_dispatch.errors import JournalCorruptError
+
+    root = tmp_path / "s"
+    with CampaignState.open(root, ranks=(1,)) as s:
+        s.submit(WorkItem(f"w{i}") for i in range(3))
+    events = root / STATE_JOURNAL
+    good = events.read_bytes()
+    _forge(events, {"event": "committed", "token": 7})
+    with pytest.raises(JournalCorruptError):
+        CampaignState.open(root, ranks=(1,))
+    events.write_bytes(good)
+    with CampaignState.open(root, ranks=(1,)) as s:  # no LockHeldError from the first attempt
+        assert sorted(s.core.pending()) == ["w0", "w1", "w2"]
+
+
+def test_no_dispatch_leaves_before_its_epoch_is_durable(tmp_path: Path) -> None:
+    """Issue 49: the open does not wait for its epoch record's fsync (it runs beside the
+    submission's); the first dispatch does. A token of an epoch a crash could forget would
+    name another dispatch after the restart, which starts that epoch again. Under the policy
+    ``never`` no fsync runs unless someone waits, so only that wait makes it durable here."""
+    with _open(tmp_path / "s", sync="never") as s:
+        epoch_seq = s.journal.next_seq - 1
+        s.submit(ITEMS[:2])
+        assert s.journal.durable_seq < epoch_seq  # the open did not wait
+        send = s.next_send(0.0)
+        assert send is not None and send.token.epoch == s.core.epoch
+        assert s.journal.durable_seq >= epoch_seq
+        on_disk = [r.payload for r in read_journal(tmp_path / "s" / STATE_JOURNAL)]
+        assert {"event": "epoch", "epoch": s.core.epoch}.items() <= on_disk[0].items()
+
+
+def test_a_snapshot_is_renamed_into_place_only_once_the_journal_it_folds_is_durable(
+    tmp_path: Path,
+) -> None:
+    """Issue 49: the snapshot's file is written while the journal's fsync runs; it is renamed
+    into place only after an fsync covers the journal's last record it folds (a crash between
+    the two must not leave a snapshot ahead of the journal). Under ``never`` nothing else
+    fsyncs the journal."""
+    from durable_dispatch.statedir import SNAPSHOT_NAME
+
+    d = tmp_path / "s"
+    with _open(d, sync="never") as s:
+        s.submit(ITEMS[:3])
+        last = s.journal.next_seq - 1
+        assert s.journal.durable_seq < last
+        store = SnapshotStore(d, name=SNAPSHOT_NAME)
+        before = set(store.generations())
+        wait = s._durable
+        seen: list[set[int]] = []  # the generations on disk when the snapshot waits
+        s._durable = lambda seq: seen.append(set(store.generations())) or wait(seq)  # type: ignore[method-assign]
+        s._save_snapshot("a test")
+        assert seen == [before] and s.journal.durable_seq >= last
+        (gen,) = set(store.generations()) - before
+        snap = store.load()
+        assert snap is not None and snap.generation == gen
+        assert snap.value["journal_seq"] == last
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_snapshot_during_a_group_commit_keeps_the_journaled_commits(
     tmp_path: Path, batch: int

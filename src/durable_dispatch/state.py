@@ -42,9 +42,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from .admin import (
     _reconcile_store,
@@ -97,6 +98,7 @@ from .tokens import Token
 __all__ = ["CampaignState", "CampaignStats", "OnCommit"]
 
 log = logging.getLogger("durable_dispatch.state")
+_T = TypeVar("_T")
 
 #: The master publishes its statistics (``master-stats.*.snap``) at most this often, from
 #: ``tick``, so that ``durable-dispatch stats`` and ``watch`` show current figures with their age.
@@ -195,6 +197,8 @@ class CampaignState(Delivery, Dependencies):
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck_since: float | None = None  # since when every live worker is parked
         self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
+        #: the sequence number of this run's epoch record until it is durable (next_send)
+        self._epoch_seq: int | None = None
         self._dep_results: dict[str, list[Any]] = {}  # G4: see dependencies.py
         self._has_after = False
         self._sized: set[str] = set()
@@ -248,6 +252,11 @@ class CampaignState(Delivery, Dependencies):
         store: Journal | None = None
         defer: DeferJournal | None = None
         opening = object()  # holds what the reopen's bulk build freezes until the state does
+        # issue 49: the defer journal opens (on a shared filesystem: a lookup, a create, a
+        # header's write, about 10 ms) beside the snapshot's load and the state journal's
+        defer_opening = _beside(
+            lambda: DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
+        )
         try:
             snapshots, snap = _load_snapshot(d, keep_snapshots, lock.claim)
             base = snap.value if snap is not None else {}
@@ -260,7 +269,7 @@ class CampaignState(Delivery, Dependencies):
                     os.path.join(d, STATE_JOURNAL), base, sync=sync, **kw
                 )
                 block.items = len(proj.items)
-            defer = DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
+            defer = defer_opening.result()
             _sync_created(d, (journal, store, defer.journal))
             covered = _reconcile_store(journal, store, proj, stored)
             epoch = proj.epoch + 1
@@ -270,6 +279,11 @@ class CampaignState(Delivery, Dependencies):
             _record_lost_deferrals(defer, core.ledger)
         except BaseException:
             release_frozen(opening)
+            if defer is None:  # (it may have opened while the state journal failed)
+                try:
+                    defer = defer_opening.result()
+                except BaseException:  # noqa: BLE001 - the first error is the one raised
+                    pass
             for opened in (journal, store, defer):
                 if opened is not None:
                     opened.close()  # its writer lock too: a later open must not find it held
@@ -294,8 +308,10 @@ class CampaignState(Delivery, Dependencies):
         if id(opening) in _holders:  # what the reopen froze: the state holds it now
             _holders.discard(id(opening))
             _holders.add(id(st))
-        r = journal.append(encode(EpochStarted(epoch, time.time())))
-        st._durable(r.seq)
+        # The epoch is durable before the first dispatch leaves (next_send), not before the
+        # open returns: its fsync runs in the group commit meanwhile, beside the submission's
+        # (issue 49). A crash before it loses only an epoch that no token carried yet.
+        st._epoch_seq = journal.append(encode(EpochStarted(epoch, time.time()))).seq
         if restarts:  # S8: the rollbacks are folded before the first dispatch
             st._apply(restarts)
         # G4: a crash between a dependency's deferral and its dependents' left them waiting
@@ -442,8 +458,13 @@ class CampaignState(Delivery, Dependencies):
         """The next dispatch of up to ``max_items`` items, journaled (persist before you send),
         or None.
 
-        Writes any snapshot the core requires first (S8).
+        Writes any snapshot the core requires first (S8). The first waits for this run's
+        epoch record to be durable: a token of an epoch a crash could forget would be the
+        token of another dispatch after the restart, which starts the same epoch again.
         """
+        if self._epoch_seq is not None:
+            self._durable(self._epoch_seq)
+            self._epoch_seq = None
         self._check_dependency_sizes(max_items)
         while True:
             d = self.core.reserve(now, max_items)
@@ -638,9 +659,11 @@ class CampaignState(Delivery, Dependencies):
                 "stats": self.statistics().as_dict(),
                 "ts": time.time(),
             }
-            if seq >= 0:
-                self._durable(seq)
-            self.snapshots.save(body)
+            # The snapshot folds the journal through ``seq``: it is renamed into place only once
+            # an fsync covers ``seq``, which the group commit runs while it is written (issue 49)
+            self.snapshots.save(
+                body, before_publish=(lambda: self._durable(seq)) if seq >= 0 else None
+            )
         except StorageDegradedError as e:
             self._snapshot_failures += 1
             log.error("snapshot (%s) not saved: %s", reason, e)
@@ -711,6 +734,7 @@ class CampaignState(Delivery, Dependencies):
             _resources.disown_lock(self._lock)
             return
         failed: list[BaseException] = []
+        beside: Future[list[BaseException]] | None = None
         try:
             try:
                 self._complete_commits(wait=True)
@@ -723,6 +747,9 @@ class CampaignState(Delivery, Dependencies):
                 # and the owner record's release is written and fsynced beside it too (it is
                 # renamed into place only once the journals are closed, S13)
                 prepare = _prepare_release(self._lock.claim)
+                # and the submissions store and the defer journal close beside it: nothing
+                # writes them after the last delivery (which submitted its children)
+                beside = _beside(lambda: _close_each((self.submissions, self.defer)))
                 try:
                     self._save_snapshot("close")
                 finally:
@@ -734,11 +761,11 @@ class CampaignState(Delivery, Dependencies):
                     self.publish_statistics(running=False, force=True)
             finally:
                 # whatever failed above: each journal is closed, no writer lock is left held
-                for journal in (self.journal, self.submissions, self.defer):
-                    try:
-                        journal.close()
-                    except BaseException as e:  # noqa: BLE001 - raised below, all of them
-                        failed.append(e)
+                if beside is None:
+                    failed += _close_each((self.journal, self.submissions, self.defer))
+                else:
+                    failed += _close_each((self.journal,))
+                    failed += beside.result()
         finally:
             self._lock.release()
             if failed:
@@ -767,6 +794,35 @@ def _prepare_release(claim: Any) -> threading.Thread | None:
     t = threading.Thread(target=claim.prepare_release, name="owner-release", daemon=True)
     t.start()
     return t
+
+
+def _beside(opening: Callable[[], _T]) -> Future[_T]:
+    """``opening()`` run in a thread of its own, to overlap its waits on the filesystem with the
+    caller's (issue 49); run at once here under a fake filesystem (pyfakefs), where no thread
+    may reach the files."""
+    if _fs.filesystem() is not _fs.REAL_FILESYSTEM:
+        done: Future[_T] = Future()
+        try:
+            done.set_result(opening())
+        except BaseException as e:  # noqa: BLE001 - raised by result(), as in a thread
+            done.set_exception(e)
+        return done
+    pool = ThreadPoolExecutor(1, thread_name_prefix="open-beside")
+    try:
+        return pool.submit(opening)
+    finally:
+        pool.shutdown(wait=False)  # (the call runs to its end; its thread ends with it)
+
+
+def _close_each(journals: Iterable[Journal | DeferJournal]) -> list[BaseException]:
+    """Close each of ``journals`` whatever the others do; what each close raised."""
+    failed: list[BaseException] = []
+    for journal in journals:
+        try:
+            journal.close()
+        except BaseException as e:  # noqa: BLE001 - the caller raises them, all of them
+            failed.append(e)
+    return failed
 
 
 def _sync_created(d: str, journals: Iterable[Journal]) -> None:

@@ -7,7 +7,7 @@ futures side store all use it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from . import fs
@@ -34,6 +34,7 @@ def replace_file(
     lock: bool = False,
     sync_dir: bool = True,
     sync: bool = True,
+    before_rename: Callable[[], object] | None = None,
 ) -> Replaced:
     """Write ``chunks`` to the new file ``tmp`` (it must not exist), fsync it and rename it over
     ``target``, then fsync the directory (unless ``sync_dir`` is False: the caller does, after it
@@ -43,8 +44,10 @@ def replace_file(
 
     ``lock`` takes the new file's inode lock (:func:`fs.lock_file`, S12) before it is renamed
     into place; ``keep_open`` returns its descriptors open (the caller owns them), else they are
-    closed. On any failure before the rename the temporary file is removed, the target is
-    untouched and the error propagates.
+    closed. ``before_rename`` is called once the new file is written and fsynced, just before
+    the rename: what must be true before the new file is seen (a journal fsync the file's
+    content depends on) can finish meanwhile. On any failure before the rename the temporary
+    file is removed, the target is untouched and the error propagates.
     """
     fs.will_become(tmp, target)  # (a fault rule about the target holds for it)
     try:
@@ -67,6 +70,8 @@ def replace_file(
             _close(inode_lock)
             fd = inode_lock = None
             fs.close(new)
+        if before_rename is not None:
+            before_rename()
         fs.replace(tmp, target)
     except BaseException:
         _close(fd, inode_lock)

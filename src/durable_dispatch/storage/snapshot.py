@@ -213,8 +213,13 @@ class SnapshotStore:
         return os.path.join(self.directory, f"{self.name}.{generation:012d}.snap")
 
     # ------------------------------------------------------------------- saving
-    def save(self, obj: Any) -> int:
+    def save(self, obj: Any, *, before_publish: Callable[[], object] | None = None) -> int:
         """Atomically write ``obj`` as a new generation; returns its number.
+
+        ``before_publish`` is called once the new generation is written and fsynced, before it
+        is renamed into place (:func:`~durable_dispatch.storage.rewrite.replace_file`): a
+        snapshot that folds a journal up to a record waits there for that record's fsync, which
+        runs meanwhile.
 
         Raises:
             RecordEncodeError: orjson cannot encode ``obj`` (nothing written).
@@ -245,7 +250,7 @@ class SnapshotStore:
                     path=self.path_of(gen - 1),
                     op="save",
                 )
-            self._write(gen, body)
+            self._write(gen, body, before_publish)
             if self._names is not None:
                 self._names.append(os.path.basename(self.path_of(gen)))
         except OSError as e:
@@ -274,10 +279,12 @@ class SnapshotStore:
         self._prune(gen, names)
         return gen
 
-    def _write(self, gen: int, body: bytes) -> None:
+    def _write(self, gen: int, body: bytes, before: Callable[[], object] | None = None) -> None:
         tmp = os.path.join(self.directory, f".{self.name}.{gen}.{new_salt()}.tmp")
         data = [encode_snapshot(gen, body)]
-        replace_file(self.path_of(gen), tmp, data, self._mode, sync=self._durable)
+        replace_file(
+            self.path_of(gen), tmp, data, self._mode, sync=self._durable, before_rename=before
+        )
 
     def _prune(self, newest: int, names: list[str]) -> None:
         """Remove generations older than the newest ``keep`` and stale temp files (best effort),
