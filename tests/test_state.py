@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -414,15 +416,18 @@ def test_a_failed_open_releases_the_state_journal(tmp_path: Path) -> None:
 def test_a_failed_open_closes_the_defer_journal_it_opened_beside_the_state_journal(
     tmp_path: Path,
 ) -> None:
-    """Issue 49: the defer journal opens in a thread beside the state journal's open. When the
-    state journal is damaged, the defer journal that opened meanwhile is closed too: its writer
+    """Issue 49: a defer journal the open creates opens in a thread beside the state journal's
+    open. When the state journal is damaged, the defer journal that opened meanwhile is closed
+    too: its writer
     lock (the file's own flock) is released with the master lock, so the next open is not
     refused by this process's own leftover."""
     from durable_dispatch.errors import JournalCorruptError
+    from durable_dispatch.storage.defer import DEFAULT_DEFER_NAME
 
     root = tmp_path / "s"
     with CampaignState.open(root, ranks=(1,)) as s:
         s.submit(WorkItem(f"w{i}") for i in range(3))
+    (root / DEFAULT_DEFER_NAME).unlink()  # (no deferral in it): the open creates it, beside
     events = root / STATE_JOURNAL
     good = events.read_bytes()
     _forge(events, {"event": "committed", "token": 7})
@@ -431,6 +436,152 @@ def test_a_failed_open_closes_the_defer_journal_it_opened_beside_the_state_journ
     events.write_bytes(good)
     with CampaignState.open(root, ranks=(1,)) as s:  # no LockHeldError from the first attempt
         assert sorted(s.core.pending()) == ["w0", "w1", "w2"]
+
+
+def test_a_refused_open_leaves_an_existing_defer_journal_as_it_was(tmp_path: Path) -> None:
+    """S9 with issue 49's overlap: only a defer journal the open creates opens beside the state
+    journal. One that exists (here with a torn tail its open would cut, into a side file)
+    is not touched by an open that the damaged state journal refuses."""
+    from durable_dispatch.errors import JournalCorruptError
+    from durable_dispatch.storage.defer import DEFAULT_DEFER_NAME
+
+    root = tmp_path / "s"
+    with CampaignState.open(root, ranks=(1,)) as s:
+        s.submit([WorkItem("a")])
+    CampaignState.open(root, ranks=(1,)).close()  # its records prove the first run's durable
+    events = root / STATE_JOURNAL
+    lines = events.read_bytes().split(b"\n")
+    lines[1] = lines[1].replace(b'"', b"'", 3)  # a damaged record, durable (not a torn write)
+    events.write_bytes(b"\n".join(lines))
+    defer = root / DEFAULT_DEFER_NAME
+    with open(defer, "ab") as f:
+        f.write(b'{"torn')
+
+    def campaign_files() -> dict[str, bytes]:  # (not the owner records: each open claims)
+        return {p.name: p.read_bytes() for p in root.iterdir() if "owner" not in p.name}
+
+    before = campaign_files()
+    with pytest.raises(JournalCorruptError):
+        CampaignState.open(root, ranks=(1,))
+    assert campaign_files() == before
+
+
+def test_a_state_closes_and_reopens_from_a_thread_after_the_main_thread_ended(
+    tmp_path: Path,
+) -> None:
+    """Issue 49's threads beside the open and the close: a state closed by a thread that runs
+    on after the main thread returned (the interpreter is shutting down: no new executor
+    thread may start), and one closed by an ``atexit`` hook, write their snapshot, release the
+    directory, and the next open works (a failed open must not keep the master lock)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import atexit, os, sys, threading, time
+        from durable_dispatch import CampaignState
+        from durable_dispatch.core import WorkItem
+
+        d, how = sys.argv[1], sys.argv[2]
+        st = CampaignState.open(d, ranks=(1,))
+        st.submit([WorkItem("a"), WorkItem("b")])
+
+        def later():
+            if how == "thread":
+                time.sleep(0.3)  # the main thread has returned
+            st.close()
+            snaps = [n for n in os.listdir(d) if n.startswith("campaign.")]
+            for _ in range(2):
+                with CampaignState.open(d, ranks=(1,)) as s2:
+                    print("pending", sorted(s2.core.pending()), len(snaps), flush=True)
+
+        if how == "thread":
+            threading.Thread(target=later).start()
+        else:
+            atexit.register(later)
+        """
+    )
+    for how in ("thread", "atexit"):
+        d = tmp_path / how
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(d), how], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, (how, out.stderr)
+        assert out.stdout.splitlines() == ["pending ['a', 'b'] 1"] * 2, (how, out.stdout)
+        assert "Traceback" not in out.stderr, (how, out.stderr)
+
+
+def test_a_wait_beside_that_is_interrupted_waits_for_the_call_to_end_then_says_so() -> None:
+    """An interrupt (a signal's exception) while the open waits for the defer journal opening
+    beside it must not leave that journal open and unowned: the wait goes on to the call's
+    end and hands the interrupt back, with the call's value, to be dealt with first."""
+    import os
+    import signal
+    import threading
+
+    from durable_dispatch.state import _Beside
+
+    class Interrupted(Exception):
+        pass
+
+    started, release = threading.Event(), threading.Event()
+
+    def call() -> str:
+        started.set()
+        release.wait(10)
+        return "a journal"
+
+    def on_signal(signum: int, frame: object) -> None:
+        release.set()  # the call ends only after the interrupt reached the waiting thread
+        raise Interrupted
+
+    old = signal.signal(signal.SIGUSR1, on_signal)
+    try:
+        beside = _Beside(call, "test")
+        assert started.wait(10)
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        interrupted = beside.wait()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert isinstance(interrupted, Interrupted)
+    assert beside.value == "a journal" and beside.error is None
+    assert beside.result() == "a journal"
+
+
+def test_a_snapshot_is_not_renamed_into_place_when_the_claim_was_lost_during_its_wait(
+    tmp_path: Path,
+) -> None:
+    """S13 with issue 49's overlap: a snapshot waits for the journal's fsync after its file is
+    written; the owner record is checked again after that wait, right before the rename. A
+    takeover during the wait (another master's record of the next generation) leaves no new
+    generation and no temporary file."""
+    from durable_dispatch.statedir import SNAPSHOT_NAME
+    from durable_dispatch.storage.owner import OWNER_PREFIX
+
+    d = tmp_path / "s"
+    s = _open(d, sync="never")
+    try:
+        s.submit(ITEMS[:3])
+        store = SnapshotStore(d, name=SNAPSHOT_NAME)
+        before = sorted(os.listdir(d))
+        gen = max(int(n[len(OWNER_PREFIX) :]) for n in before if n.startswith(OWNER_PREFIX))
+        s.journal.sync_now()  # (so the wait returns at once, without the journal's own check)
+        wait = s._durable
+
+        def taken_over(seq: int) -> bool:
+            (d / f"{OWNER_PREFIX}{gen + 1}").write_bytes(b"{}")
+            return wait(seq)
+
+        s._durable = taken_over  # type: ignore[method-assign]
+        with pytest.raises(LockHeldError):
+            s._save_snapshot("a test")
+        after = sorted(os.listdir(d))
+        assert store.generations() == SnapshotStore(d, name=SNAPSHOT_NAME).generations()
+        assert [n for n in after if n not in before] == [f"{OWNER_PREFIX}{gen + 1}"]
+    finally:
+        with contextlib.suppress(LockHeldError):
+            s.close()
 
 
 def test_no_dispatch_leaves_before_its_epoch_is_durable(tmp_path: Path) -> None:

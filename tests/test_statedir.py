@@ -192,13 +192,16 @@ def test_an_open_and_a_close_cost_at_most_these_operations_on_a_slow_mount(
     library makes reaches the mount and the counts do not depend on timing: 587a243 made 246
     metadata operations and 7 fsyncs for a fresh directory and 264 and 8 for the resume
     (among them each journal's lock file: a lookup, a create and a chmod each, four listings
-    of the directory); this version 104 and 7, 130 and 8. (With the kernel's default 1 s
-    cache, as ``bench_sharedfs.py`` mounts it: 87 and 45 before, 44 and 33 now.)"""
+    of the directory); this version 104 and 7, 130 and 8, and 106 and 132 since the closing
+    snapshot checks the owner record again after its wait for the journal's fsync, right before
+    its rename (S13; a lookup of the directory and of the next record's name here). (With the
+    kernel's default 1 s cache, as ``bench_sharedfs.py`` mounts it: 87 and 45 before, 44 and 33
+    now.)"""
     with slow_mount(tmp_path, SlowStorage(), cache_seconds=0) as m:
         d = Path(m.path) / "s"
         fresh, trace = _open_close(m, d)
         kinds = Counter(line.split()[0] for line in trace)
-        assert fresh["fsyncs"] <= 7 and fresh["metadata_ops"] <= 104, (fresh, trace)
+        assert fresh["fsyncs"] <= 7 and fresh["metadata_ops"] <= 106, (fresh, trace)
         assert kinds["chmod"] == 0 and kinds["readdir"] <= 1, (kinds, trace)
         again, trace = _open_close(m, d)
-        assert again["fsyncs"] <= 8 and again["metadata_ops"] <= 130, (again, trace)
+        assert again["fsyncs"] <= 8 and again["metadata_ops"] <= 132, (again, trace)

@@ -42,10 +42,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .admin import (
     _reconcile_store,
@@ -92,6 +91,7 @@ from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
 from .storage import resources as _resources
 from .storage.background import BackgroundSaver
+from .storage.defer import DEFAULT_DEFER_NAME
 from .submissions import SubmissionStore
 from .tokens import Token
 
@@ -252,12 +252,18 @@ class CampaignState(Delivery, Dependencies):
         store: Journal | None = None
         defer: DeferJournal | None = None
         opening = object()  # holds what the reopen's bulk build freezes until the state does
-        # issue 49: the defer journal opens (on a shared filesystem: a lookup, a create, a
-        # header's write, about 10 ms) beside the snapshot's load and the state journal's
-        defer_opening = _beside(
-            lambda: DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
-        )
+        # issue 49: a defer journal this open creates (on a shared filesystem: a lookup, a
+        # create, a header's write, about 10 ms) is created beside the snapshot's load and the
+        # state journal's open. One that exists opens after them, as before: a refused open
+        # (a damaged state journal) must leave it as it was, torn tail and all (S9).
+        defer_opening: _Beside[DeferJournal] | None = None
         try:
+            names = lock.claim.listing
+            if names is not None and DEFAULT_DEFER_NAME not in names:
+                defer_opening = _Beside(
+                    lambda: DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim),
+                    "open-defer-journal",
+                )
             snapshots, snap = _load_snapshot(d, keep_snapshots, lock.claim)
             base = snap.value if snap is not None else {}
             with paused_gc(opening) as block:
@@ -269,7 +275,10 @@ class CampaignState(Delivery, Dependencies):
                     os.path.join(d, STATE_JOURNAL), base, sync=sync, **kw
                 )
                 block.items = len(proj.items)
-            defer = defer_opening.result()
+            if defer_opening is not None:
+                defer = defer_opening.result()
+            else:
+                defer = DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
             _sync_created(d, (journal, store, defer.journal))
             covered = _reconcile_store(journal, store, proj, stored)
             epoch = proj.epoch + 1
@@ -279,11 +288,16 @@ class CampaignState(Delivery, Dependencies):
             _record_lost_deferrals(defer, core.ledger)
         except BaseException:
             release_frozen(opening)
-            if defer is None:  # (it may have opened while the state journal failed)
-                try:
-                    defer = defer_opening.result()
-                except BaseException:  # noqa: BLE001 - the first error is the one raised
-                    pass
+            if defer is None and defer_opening is not None:
+                # it may have opened while the state journal failed: closed below
+                defer_opening.wait()
+                defer = defer_opening.value
+                if defer_opening.error is not None:
+                    log.warning(
+                        "state %s: the defer journal did not open either: %s",
+                        d,
+                        defer_opening.error,
+                    )
             for opened in (journal, store, defer):
                 if opened is not None:
                     opened.close()  # its writer lock too: a later open must not find it held
@@ -734,7 +748,7 @@ class CampaignState(Delivery, Dependencies):
             _resources.disown_lock(self._lock)
             return
         failed: list[BaseException] = []
-        beside: Future[list[BaseException]] | None = None
+        beside: _Beside[list[BaseException]] | None = None
         try:
             try:
                 self._complete_commits(wait=True)
@@ -749,7 +763,9 @@ class CampaignState(Delivery, Dependencies):
                 prepare = _prepare_release(self._lock.claim)
                 # and the submissions store and the defer journal close beside it: nothing
                 # writes them after the last delivery (which submitted its children)
-                beside = _beside(lambda: _close_each((self.submissions, self.defer)))
+                beside = _Beside(
+                    lambda: _close_each((self.submissions, self.defer)), "close-journals"
+                )
                 try:
                     self._save_snapshot("close")
                 finally:
@@ -765,7 +781,10 @@ class CampaignState(Delivery, Dependencies):
                     failed += _close_each((self.journal, self.submissions, self.defer))
                 else:
                     failed += _close_each((self.journal,))
-                    failed += beside.result()
+                    interrupted = beside.wait()  # (S13: the owner's release only after them)
+                    if interrupted is not None:
+                        failed.insert(0, interrupted)
+                    failed += beside.value or []
         finally:
             self._lock.release()
             if failed:
@@ -796,22 +815,63 @@ def _prepare_release(claim: Any) -> threading.Thread | None:
     return t
 
 
-def _beside(opening: Callable[[], _T]) -> Future[_T]:
-    """``opening()`` run in a thread of its own, to overlap its waits on the filesystem with the
-    caller's (issue 49); run at once here under a fake filesystem (pyfakefs), where no thread
-    may reach the files."""
-    if _fs.filesystem() is not _fs.REAL_FILESYSTEM:
-        done: Future[_T] = Future()
+class _Beside(Generic[_T]):
+    """``call()`` run in a thread of its own beside the caller, to overlap its waits on the
+    filesystem with the caller's (issue 49). Run at once in the caller's thread under a fake
+    filesystem (pyfakefs, where no thread may reach the files) and when no thread can start
+    (the interpreter is shutting down: a close from an ``atexit`` hook).
+
+    Attributes:
+        value: what ``call()`` returned, once :meth:`wait` returned (None if it raised).
+        error: what ``call()`` raised, once :meth:`wait` returned (None if it returned).
+    """
+
+    def __init__(self, call: Callable[[], _T], name: str) -> None:
+        self._call = call
+        self.value: _T | None = None
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()  # (not Thread.join: an interrupted join can leave
+        # is_alive() False while the thread runs on, CPython 3.11)
+        if _fs.filesystem() is _fs.REAL_FILESYSTEM:
+            t = threading.Thread(target=self._run, name=name, daemon=True)
+            try:
+                t.start()
+                self._thread = t
+            except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                pass
+        if self._thread is None:
+            self._run()
+
+    def _run(self) -> None:
         try:
-            done.set_result(opening())
-        except BaseException as e:  # noqa: BLE001 - raised by result(), as in a thread
-            done.set_exception(e)
-        return done
-    pool = ThreadPoolExecutor(1, thread_name_prefix="open-beside")
-    try:
-        return pool.submit(opening)
-    finally:
-        pool.shutdown(wait=False)  # (the call runs to its end; its thread ends with it)
+            self.value = self._call()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+            self.error = e
+        finally:
+            self._done.set()
+
+    def wait(self) -> BaseException | None:
+        """Return once ``call()`` ended, however often the wait is interrupted: the first
+        interrupt (``KeyboardInterrupt`` ...) is returned, for the caller to raise once it has
+        dealt with what the call left (a journal it opened is closed, not leaked)."""
+        interrupted: BaseException | None = None
+        while not self._done.is_set():
+            try:
+                self._done.wait()
+            except BaseException as e:  # noqa: BLE001 - returned, raised by the caller
+                interrupted = interrupted or e
+        return interrupted
+
+    def result(self) -> _T:
+        """Wait for ``call()`` (see :meth:`wait`); its value, or raise its error (an interrupt
+        of the wait first: a second ``result()`` then gives the value)."""
+        interrupted = self.wait()
+        if interrupted is not None:
+            raise interrupted
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[return-value]  # (the call returned it)
 
 
 def _close_each(journals: Iterable[Journal | DeferJournal]) -> list[BaseException]:

@@ -250,7 +250,16 @@ class SnapshotStore:
                     path=self.path_of(gen - 1),
                     op="save",
                 )
-            self._write(gen, body, before_publish)
+            publish = before_publish
+            if before_publish is not None and guard is not None:
+                # the wait may be long (a stalled mount): the claim is checked again after it,
+                # right before the rename, as it was before the write when nothing was waited
+                # for in between (S13)
+                def publish() -> None:
+                    before_publish()
+                    guard()
+
+            self._write(gen, body, publish)
             if self._names is not None:
                 self._names.append(os.path.basename(self.path_of(gen)))
         except OSError as e:
