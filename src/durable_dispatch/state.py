@@ -760,7 +760,7 @@ class CampaignState(Delivery, Dependencies):
                 handed = self._publisher.submit(self._statistics_body(running=False))
                 # and the owner record's release is written and fsynced beside it too (it is
                 # renamed into place only once the journals are closed, S13)
-                prepare = _prepare_release(self._lock.claim)
+                prepare = _Beside(self._lock.claim.prepare_release, "owner-release")
                 # and the submissions store and the defer journal close beside it: nothing
                 # writes them after the last delivery (which submitted its children)
                 beside = _Beside(
@@ -769,8 +769,9 @@ class CampaignState(Delivery, Dependencies):
                 try:
                     self._save_snapshot("close")
                 finally:
-                    if prepare is not None:
-                        prepare.join()
+                    interrupted = prepare.wait()
+                if interrupted is not None:
+                    raise interrupted
                 if handed and self._snapshot_failures == failures:
                     self._publisher.close()
                 else:
@@ -803,16 +804,6 @@ class CampaignState(Delivery, Dependencies):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _prepare_release(claim: Any) -> threading.Thread | None:
-    """Start writing ``claim``'s released record in a thread (``OwnerClaim.prepare_release``);
-    None under a fake filesystem (pyfakefs), where no thread may reach the files."""
-    if _fs.filesystem() is not _fs.REAL_FILESYSTEM:
-        return None
-    t = threading.Thread(target=claim.prepare_release, name="owner-release", daemon=True)
-    t.start()
-    return t
 
 
 class _Beside(Generic[_T]):
