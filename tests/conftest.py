@@ -12,6 +12,18 @@ crash point of a workload), ``mount`` (real mounts or loop devices), ``browser``
 Chromium). ``slow`` is the union of those. So a new test is classed without anyone remembering
 to, and ``python -m pytest -m "not slow"`` is the fast tier: the core, the storage under pyfakefs
 and fault injection, the ledger and the property tests (at the ``dev`` profile).
+
+**Two processes.** CI runs the suite with ``-n 2`` (pytest-xdist, ``--dist loadgroup`` in
+pyproject.toml): each test runs in one of two worker processes, side by side with another. Every
+test has its own ``tmp_path``, session (mpiexec, ``start_new_session``), mount point and loop
+device, and finds its processes by its own session or directory, so most overlap freely. What
+must not overlap shares an ``xdist_group`` and runs on one process: every ``slurm`` test (group
+``slurm``, set below: the module fixture of tests/test_slurm.py submits 7 jobs of 3 tasks, 21 of
+the cluster's 24 CPUs, to run side by side within their 1-minute time limits; on two processes
+it would run once per process and half of the jobs would wait in the queue), and the tests that
+kill every ``sleep 304.7*`` on the machine in their cleanup (tests/test_isolation.py, group
+``sleep-304.7``). A worker that dies (a test that kills its own process) fails the run: xdist
+reports the test it was running as failed, and starts another worker for the rest.
 """
 
 from __future__ import annotations
@@ -140,3 +152,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(m)
         if tiers and not item.get_closest_marker("slow"):
             item.add_marker("slow")
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
