@@ -12,6 +12,20 @@ crash point of a workload), ``mount`` (real mounts or loop devices), ``browser``
 Chromium). ``slow`` is the union of those. So a new test is classed without anyone remembering
 to, and ``python -m pytest -m "not slow"`` is the fast tier: the core, the storage under pyfakefs
 and fault injection, the ledger and the property tests (at the ``dev`` profile).
+
+**Two processes.** CI runs the suite with ``-n 2`` (pytest-xdist; ``--dist loadgroup`` in
+pyproject.toml): each test runs in one of two worker processes, beside another test. Tests keep
+to their own ``tmp_path``, their own mpiexec session (``start_new_session``) and mount point and
+loop device, and look for their leftover processes by their own session, directory or a sleep
+length of their own, so they may overlap. What must not overlap shares an ``xdist_group``, and
+xdist runs a group on one process, one test after another: every ``slurm`` test (group
+``slurm``, added below: the module fixture of tests/test_slurm.py submits 7 jobs of 3 tasks, 21
+of the cluster's 24 CPUs, to run side by side within their 1-minute time limits; split over two
+processes it would run once in each, and half of the jobs would wait in the queue), and the
+three tests of tests/test_isolation.py whose cleanup kills every ``sleep 304.7*`` on the
+machine (group ``sleep-304.7``). A worker that dies (a test that kills its own process) fails
+the run: xdist reports the test it was running as failed, and starts another worker for the
+rest. Without ``-n`` the suite runs in one process, as before (``-s`` and ``--pdb`` need that).
 """
 
 from __future__ import annotations
@@ -140,3 +154,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(m)
         if tiers and not item.get_closest_marker("slow"):
             item.add_marker("slow")
+        if item.get_closest_marker("slurm"):  # one process for them all (module docstring)
+            item.add_marker(pytest.mark.xdist_group("slurm"))

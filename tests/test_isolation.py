@@ -265,6 +265,9 @@ if __name__ == "__main__":
 """
 
 
+# Under -n 2 (xdist): one after another on one process: the cleanup of one of them kills every
+# "sleep 304.7*" on the machine, which would kill the others' sleeps while they check them.
+@pytest.mark.xdist_group("sleep-304.7")
 def test_a_daemon_the_function_left_dies_when_the_worker_closes(tmp_path: Path) -> None:
     """U3: the worker is the subreaper of its descendants, so a daemon that left the item's
     group and session is still found and killed when the worker stops."""
@@ -307,6 +310,9 @@ if __name__ == "__main__":
 """
 
 
+# Under -n 2 (xdist): one after another on one process: the cleanup of one of them kills every
+# "sleep 304.7*" on the machine, which would kill the others' sleeps while they check them.
+@pytest.mark.xdist_group("sleep-304.7")
 def test_what_an_item_leaves_running_is_killed_when_its_dispatch_ends(tmp_path: Path) -> None:
     """U3 (issue 35's harness found it): a process an item left running, the child's own or an
     orphan re-parented to the worker, is killed when the dispatch ends, not when the worker
@@ -343,6 +349,9 @@ if __name__ == "__main__":
 """
 
 
+# Under -n 2 (xdist): one after another on one process: the cleanup of one of them kills every
+# "sleep 304.7*" on the machine, which would kill the others' sleeps while they check them.
+@pytest.mark.xdist_group("sleep-304.7")
 def test_a_process_left_running_does_not_hold_the_workers_output(tmp_path: Path) -> None:
     """The torture harness's second finding: an item starts a process (in a session of its
     own) and its worker is SIGKILLed mid-dispatch: the process, re-parented to init, held the
