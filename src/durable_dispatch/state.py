@@ -252,18 +252,19 @@ class CampaignState(Delivery, Dependencies):
         store: Journal | None = None
         defer: DeferJournal | None = None
         opening = object()  # holds what the reopen's bulk build freezes until the state does
+
         # issue 49: a defer journal this open creates (on a shared filesystem: a lookup, a
         # create, a header's write, about 10 ms) is created beside the snapshot's load and the
         # state journal's open. One that exists opens after them, as before: a refused open
         # (a damaged state journal) must leave it as it was, torn tail and all (S9).
+        def open_defer() -> DeferJournal:
+            return DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
+
         defer_opening: _Beside[DeferJournal] | None = None
         try:
             names = lock.claim.listing
             if names is not None and DEFAULT_DEFER_NAME not in names:
-                defer_opening = _Beside(
-                    lambda: DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim),
-                    "open-defer-journal",
-                )
+                defer_opening = _Beside(open_defer, "open-defer-journal")
             snapshots, snap = _load_snapshot(d, keep_snapshots, lock.claim)
             base = snap.value if snap is not None else {}
             with paused_gc(opening) as block:
@@ -275,10 +276,7 @@ class CampaignState(Delivery, Dependencies):
                     os.path.join(d, STATE_JOURNAL), base, sync=sync, **kw
                 )
                 block.items = len(proj.items)
-            if defer_opening is not None:
-                defer = defer_opening.result()
-            else:
-                defer = DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
+            defer = defer_opening.result() if defer_opening is not None else open_defer()
             _sync_created(d, (journal, store, defer.journal))
             covered = _reconcile_store(journal, store, proj, stored)
             epoch = proj.epoch + 1
