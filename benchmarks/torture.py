@@ -19,7 +19,8 @@ worker, of an isolated child; SIGSTOP/SIGCONT of each; SIGUSR1 drains; ``results
 that fills up and frees (real ENOSPC, as root); a journal forged between runs (expected: a typed
 refusal, the file unchanged); an operator's ``cancel``, ``retry --all``, ``submit`` and
 ``drain`` at random moments (issue 52: ``op-*``, drawn from a generator of their own so the
-other faults of a seed stay as they were).
+other faults of a seed stay as they were; one the full tmpfs refuses must exit 2 saying nothing
+was sent, and have no effect).
 
 The **checker** (:func:`check`) reads the campaign's own record and the user's sink and holds
 them against the model: every submitted or spawned work ID ends committed, deferred or (named
@@ -428,6 +429,8 @@ def run_scenario(
             == 0
         ):
             mount = state
+    if mount is None:  # no tmpfs (not root, or refused): no fill, never on the real disk
+        s = {**s, "tmpfs": False}
     try:
         finished = False
         for r in range(MAX_RUNS):
@@ -752,13 +755,31 @@ def _operator(a: dict[str, Any], s: dict[str, Any], workdir: Path, out: Outcome)
         timeout=120,
     )
     out.faults[do] += 1
-    if res.returncode not in (0, 1):
+    if res.returncode not in (0, 1) and not _refused_by_full_disk(s, res):
         out.violations.append(
             f"{do}: exit {res.returncode}: {res.stdout[-400:]}{res.stderr[-400:]}"
         )
     with open(workdir / "ops.jsonl", "a") as f:
         f.write(json.dumps({**a, "rc": res.returncode, "out": res.stdout[-2000:]}) + "\n")
     return True
+
+
+def _refused_by_full_disk(s: dict[str, Any], res: subprocess.CompletedProcess[str]) -> bool:
+    """A command the filled tmpfs refused: exit 2, ENOSPC, and it says nothing was sent
+    (docs/how-to/steer.md); the checker then holds that it had no effect."""
+    if res.returncode != 2 or not s.get("tmpfs"):
+        return False
+    try:
+        err = json.loads(res.stdout)["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    msg = str(err.get("message", ""))
+    return "[Errno 28]" in msg and "nothing was sent" in msg
+
+
+def _sent(o: dict[str, Any]) -> bool:
+    """An operator's command that was written (all but one the disk refused: exit 2)."""
+    return o.get("rc") != 2
 
 
 def _ops(workdir: Path) -> list[dict[str, Any]]:
@@ -785,10 +806,13 @@ def check(s: dict[str, Any], workdir: Path) -> list[str]:
         if parent in committed:
             spec.update({c["id"]: c for c in children})
     ops = _ops(workdir)  # issue 52: what an operator may have cancelled or added
-    may_cancel = {w for o in ops if o["do"] == "op-cancel" for w in o["ids"]}
+    may_cancel = {w for o in ops if o["do"] == "op-cancel" and _sent(o) for w in o["ids"]}
     for o in ops:
-        if o["do"] == "op-submit":
+        if o["do"] == "op-submit" and _sent(o):
             spec.update({i["id"]: i for i in o["items"] if p.known(i["id"])})
+        elif o["do"] == "op-submit":  # refused by the full disk: nothing of it may be known
+            v += [f"{i['id']}: known, but its submit was refused" for i in o["items"]
+                  if p.known(i["id"])]  # fmt: skip
     nemesis = {a["do"] for a in s["nemesis"]}
     suspect = set()
     if nemesis & {"stop-worker", "stop-child", "stop-master"} or s["watchdog"].get("quantile"):

@@ -494,3 +494,36 @@ def test_a_cancelled_item_defers_its_dependents_and_a_retry_then_its_commit_rele
         comm=LocalWorkers(lambda p, ctx: p, 1, context=True),
     )
     assert report.finished and seen == ["a", "b", "c", "z"], (report, seen)
+
+
+# -------------------------------------------------------- a full disk (real ENOSPC)
+def test_a_command_the_full_disk_refuses_says_nothing_was_sent_and_leaves_no_file(
+    tmp_path: Path,
+) -> None:
+    """The torture harness's seed 607701747 (CI): ``cancel`` while the state directory's
+    filesystem was full printed only ``[Errno 28] No space left on device``, which does not
+    tell the operator whether the cancel took, and left its temporary file in ``control/``.
+    On a real tmpfs (root; CI runs it): exit 2 (an I/O error, docs/cli.md), the message says
+    the command was not written, nothing is left in ``control/`` and nothing was cancelled; once
+    there is room the same command works."""
+    from .helpers import Tmpfs
+
+    with Tmpfs(tmp_path / "m", size=1 << 20, inodes=256) as m:
+        d = _state(m.path)
+        (d / CONTROL_DIR).mkdir(mode=0o700)  # as after an earlier command
+        m.fill()
+        try:
+            out = cli("cancel", str(d), "w1", "--json")
+            assert out.returncode == 2, out
+            err = json.loads(out.stdout)["error"]
+            assert err["type"] == "OSError" and "No space left on device" in err["message"], err
+            assert "not written" in err["message"] and "nothing was sent" in err["message"]
+            assert os.listdir(d / CONTROL_DIR) == []
+            plain = cli("cancel", str(d), "w1")
+            assert plain.returncode == 2 and "nothing was sent" in plain.stderr, plain
+        finally:
+            m.free()
+        assert not view_state(d).projection.cancelled
+        again = json.loads(cli("cancel", str(d), "w1", "--json").stdout)
+        assert again["work_ids"] == {"w1": "cancelled"}, again
+        assert set(view_state(d).projection.cancelled) == {"w1"}

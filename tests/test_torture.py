@@ -91,6 +91,9 @@ REGRESSIONS = [
 def test_each_scenario_the_harness_found_failing_passes_now(tmp_path: Path, path: Path) -> None:
     """The scenarios the harness found, shrunk and kept: ``orphan-then-worker-killed``, items
     that leave a process running and a worker SIGKILLed after them: the orphans kept the
-    dead rank's output pipes open and mpiexec never ended (fixed in the isolated worker)."""
+    dead rank's output pipes open and mpiexec never ended (fixed in the isolated worker);
+    ``operator-commands-on-a-full-disk`` (CI's seed 607701747): a ``cancel`` and a ``submit``
+    the full tmpfs refused exited 2 without saying that nothing was sent (now they say so, and
+    the checker holds that they had no effect), and a ``cancel`` after the disk frees works."""
     out = torture.run_scenario(json.loads(path.read_text()), tmp_path / "s")
     assert out.violations == []

@@ -37,6 +37,7 @@ command waiting) and reports that it did; ``drain`` then has nothing to drain.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -170,11 +171,17 @@ def write_command(state_dir: str, op: str, args: Mapping[str, Any]) -> Command:
 
     Raises:
         UsageError: an unknown ``op``, or ``control/`` is not a directory of the owner.
-        OSError: the file could not be written.
+        OSError: the file could not be written (a full disk, say): nothing was sent and no
+            file is left behind; the message says so, with the errno of the cause. A failure
+            of the last directory fsync, after the file is in place, says that the command may
+            still be applied.
     """
     if op not in OPS:
         raise UsageError(f"unknown command {op!r}")
-    d = _ensure_control_dir(state_dir)
+    try:
+        d = _ensure_control_dir(state_dir)
+    except OSError as e:
+        raise _not_sent(op, e, control_dir(state_dir)) from e
     cid = new_command_id()
     body = {
         "id": cid,
@@ -186,22 +193,43 @@ def write_command(state_dir: str, op: str, args: Mapping[str, Any]) -> Command:
     }
     tmp = os.path.join(d, f".{cid}.tmp")
     path = os.path.join(d, cid + _CMD)
-    _write_atomic(tmp, path, orjson.dumps(body))
-    _fs.fsync_dir(d)
+    try:
+        _write_atomic(tmp, path, orjson.dumps(body))
+    except OSError as e:
+        raise _not_sent(op, e, d) from e
+    try:
+        _fs.fsync_dir(d)
+    except OSError as e:
+        raise OSError(
+            e.errno,
+            f"{e.strerror}: the {op} command {cid} is in place but its directory could not be "
+            "fsynced; it may still be applied (see `durable-dispatch stats`)",
+            path,
+        ) from e
     return Command(cid, op, dict(args), path)
 
 
+def _not_sent(op: str, e: OSError, where: str) -> OSError:
+    """The error of a command that could not be written: the cause's errno and message, and
+    that nothing was sent."""
+    why = e.strerror or str(e)
+    return OSError(e.errno, f"{why}: the {op} command was not written, nothing was sent", where)
+
+
 def _write_atomic(tmp: str, path: str, data: bytes) -> None:
+    """``data`` at ``path`` through ``tmp`` (fsynced, then renamed); on any failure before
+    the rename ``tmp`` is removed, so a refused write leaves no file."""
     fd = _fs.create_exclusive(tmp, 0o600)
     try:
-        _fs.write_all(fd, data)
-        _fs.fsync(fd)
-    finally:
-        _fs.close(fd)
-    try:
+        try:
+            _fs.write_all(fd, data)
+            _fs.fsync(fd)
+        finally:
+            _fs.close(fd)
         _fs.replace(tmp, path)
     except BaseException:
-        _unlink_quietly(tmp)
+        with contextlib.suppress(OSError):  # (the cause is what the caller must see)
+            _fs.unlink(tmp)
         raise
 
 
