@@ -21,11 +21,10 @@ length of their own, so they may overlap. What must not overlap shares an ``xdis
 xdist runs a group on one process, one test after another: every ``slurm`` test (group
 ``slurm``, added below: the module fixture of tests/test_slurm.py submits 7 jobs of 3 tasks, 21
 of the cluster's 24 CPUs, to run side by side within their 1-minute time limits; split over two
-processes it would run once in each, and half of the jobs would wait in the queue), and the
-three tests of tests/test_isolation.py whose cleanup kills every ``sleep 304.7*`` on the
-machine (group ``sleep-304.7``). A worker that dies (a test that kills its own process) fails
-the run: xdist reports the test it was running as failed, and starts another worker for the
-rest. Without ``-n`` the suite runs in one process, as before (``-s`` and ``--pdb`` need that).
+processes it would run once in each, and half of the jobs would wait in the queue). A worker
+that dies (a test that kills its own process) fails the run: xdist reports the test it was
+running as failed, and starts another worker for the rest. Without ``-n`` the suite runs in one
+process, as before (``-s`` and ``--pdb`` need that).
 """
 
 from __future__ import annotations

@@ -244,6 +244,12 @@ def test_a_child_killed_by_a_signal_while_it_starts_is_started_again(
         assert "killed by SIGKILL while it started, 3 times in a row" in out.stdout
 
 
+#: The sleeps the tests below leave behind carry this process's pid (``sleep 304.75<pid>``,
+#: matched as a whole argument), so that each cleanup kills its own and none of another test
+#: process's (pytest-xdist, or a second suite on the machine).
+_TAG = str(os.getpid())
+
+
 SUBREAPER = """
 import sys, time
 sys.path.insert(0, {tests!r})
@@ -252,7 +258,7 @@ from durable_dispatch.mpi.isolation import IsolatedRunner
 
 def leave_daemon(payload, ctx):
     import subprocess
-    subprocess.Popen(["setsid", "-f", "sleep", "304.75"])   # leaves the group and the session
+    subprocess.Popen(["setsid", "-f", "sleep", "304.75{tag}"])   # leaves the group and the session
     return "ok"
 
 if __name__ == "__main__":
@@ -265,24 +271,21 @@ if __name__ == "__main__":
 """
 
 
-# Under -n 2 (xdist): one after another on one process: the cleanup of one of them kills every
-# "sleep 304.7*" on the machine, which would kill the others' sleeps while they check them.
-@pytest.mark.xdist_group("sleep-304.7")
 def test_a_daemon_the_function_left_dies_when_the_worker_closes(tmp_path: Path) -> None:
     """U3: the worker is the subreaper of its descendants, so a daemon that left the item's
     group and session is still found and killed when the worker stops."""
     script = tmp_path / "worker.py"
-    script.write_text(SUBREAPER.format(tests=str(Path(__file__).parent)))
+    script.write_text(SUBREAPER.format(tests=str(Path(__file__).parent), tag=_TAG))
     try:
         out = subprocess.run(
             [sys.executable, str(script)], capture_output=True, text=True, timeout=120
         )
         assert out.stdout.split() == ["None", "closed"], out.stderr[-2000:]
-        left = [p for p in _pids() if "sleep 304.75" in _cmdline(p)]
+        left = [p for p in _pids() if f"sleep 304.75{_TAG} " in _cmdline(p)]
         assert left == []
     finally:
         for p in _pids():
-            if "sleep 304.75" in _cmdline(p):
+            if f"sleep 304.75{_TAG} " in _cmdline(p):
                 os.kill(p, signal.SIGKILL)
 
 
@@ -292,13 +295,13 @@ sys.path.insert(0, {tests!r})
 from durable_dispatch.mpi.isolation import IsolatedRunner
 
 def leave_two(payload, ctx):
-    subprocess.Popen(["sleep", "304.76"], start_new_session=True)   # the child's own child
-    subprocess.Popen(["setsid", "-f", "sleep", "304.77"])          # an orphan, re-parented
+    subprocess.Popen(["sleep", "304.76{tag}"], start_new_session=True)   # the child's own child
+    subprocess.Popen(["setsid", "-f", "sleep", "304.77{tag}"])          # an orphan, re-parented
     time.sleep(0.3)
     return "ok"
 
 def alive():
-    out = subprocess.run(["pgrep", "-f", "sleep 304.7[67]"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", "sleep 304.7[67]{tag}$"], capture_output=True, text=True)
     return len(out.stdout.split())
 
 if __name__ == "__main__":
@@ -310,16 +313,13 @@ if __name__ == "__main__":
 """
 
 
-# Under -n 2 (xdist): one after another on one process: the cleanup of one of them kills every
-# "sleep 304.7*" on the machine, which would kill the others' sleeps while they check them.
-@pytest.mark.xdist_group("sleep-304.7")
 def test_what_an_item_leaves_running_is_killed_when_its_dispatch_ends(tmp_path: Path) -> None:
     """U3 (issue 35's harness found it): a process an item left running, the child's own or an
     orphan re-parented to the worker, is killed when the dispatch ends, not when the worker
     stops: a worker SIGKILLed later (the OOM killer) cannot kill it, and it kept the job's
     output pipes open, so mpiexec never ended."""
     script = tmp_path / "worker.py"
-    script.write_text(LEFTOVERS.format(tests=str(Path(__file__).parent)))
+    script.write_text(LEFTOVERS.format(tests=str(Path(__file__).parent), tag=_TAG))
     try:
         out = subprocess.run(
             [sys.executable, str(script)], capture_output=True, text=True, timeout=120
@@ -327,7 +327,7 @@ def test_what_an_item_leaves_running_is_killed_when_its_dispatch_ends(tmp_path: 
         assert out.stdout.split() == ["None", "0"], out.stdout + out.stderr[-2000:]
     finally:
         for p in _pids():
-            if "sleep 304.7" in _cmdline(p):
+            if any(f"sleep 304.7{k}{_TAG} " in _cmdline(p) for k in "67"):
                 os.kill(p, signal.SIGKILL)
 
 
@@ -338,7 +338,7 @@ from durable_dispatch.mpi.isolation import IsolatedRunner
 
 def start_and_wait(payload, ctx):
     print("hello from the child", flush=True)
-    subprocess.Popen(["sleep", "304.78"], start_new_session=True)  # inherits the child's output
+    subprocess.Popen(["sleep", "304.78{tag}"], start_new_session=True)  # inherits its output
     time.sleep(60)
 
 if __name__ == "__main__":
@@ -349,16 +349,13 @@ if __name__ == "__main__":
 """
 
 
-# Under -n 2 (xdist): one after another on one process: the cleanup of one of them kills every
-# "sleep 304.7*" on the machine, which would kill the others' sleeps while they check them.
-@pytest.mark.xdist_group("sleep-304.7")
 def test_a_process_left_running_does_not_hold_the_workers_output(tmp_path: Path) -> None:
     """The torture harness's second finding: an item starts a process (in a session of its
     own) and its worker is SIGKILLed mid-dispatch: the process, re-parented to init, held the
     rank's output, so mpiexec waited for it forever. The child's output now goes through the
     worker (a relay), and the worker's own output closes when the worker dies."""
     script = tmp_path / "worker.py"
-    script.write_text(ORPHAN_HOLDS_OUTPUT.format(tests=str(Path(__file__).parent)))
+    script.write_text(ORPHAN_HOLDS_OUTPUT.format(tests=str(Path(__file__).parent), tag=_TAG))
     proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -369,7 +366,7 @@ def test_a_process_left_running_does_not_hold_the_workers_output(tmp_path: Path)
     finally:
         proc.kill()
         for p in _pids():
-            if "sleep 304.78" in _cmdline(p):
+            if f"sleep 304.78{_TAG} " in _cmdline(p):
                 os.kill(p, signal.SIGKILL)
 
 
