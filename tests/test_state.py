@@ -1300,6 +1300,47 @@ def _bulk_submit_freezes_and_the_last_close_unfreezes(
     assert gc.get_freeze_count() == 0
 
 
+def test_children_submitted_by_the_close_s_last_delivery_are_not_left_frozen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50's freeze outlived a closed state: its close gave the frozen objects back first,
+    then delivered the commits its last fsync covered; a callback that returned children
+    submitted them, that submit froze (``FREEZE_EVERY`` reached) under the closing state, and
+    no close came after it: ``gc.freeze()`` freezes every object alive, so the whole process's
+    cycles were never collected again. (Under ``-n 2`` one full run found 144,988 objects
+    frozen before the test above.) The close now gives them back last."""
+    import gc
+
+    from durable_dispatch import replay
+
+    held = set(replay._holders)
+    replay._holders.clear()
+    gc.unfreeze()
+    monkeypatch.setattr(replay, "_built", 0)
+    monkeypatch.setattr(replay, "FREEZE_EVERY", 10)
+
+    def children(wid: str, _result: Any) -> list[WorkItem] | None:
+        return None if "." in wid else [WorkItem(f"{wid}.c{i}") for i in range(20)]
+
+    try:
+        state = CampaignState.open(tmp_path / "s", ranks=[1], on_commit=children)
+        state.submit([WorkItem("a")])
+        assert gc.get_freeze_count() == 0
+        real = state._complete_commits
+        # the commit's fsync has not come back before the close: only the close delivers it
+        monkeypatch.setattr(state, "_complete_commits", lambda wait=False: wait and real(wait=True))
+        send = state.next_send(0.0, 1)
+        assert send is not None
+        state.sent(send.token, 0.0)
+        state.on_results(send.rank, str(send.token), [1], 0.0)
+        assert gc.get_freeze_count() == 0  # (not delivered yet: no children)
+        state.close()  # delivers "a": its 20 children are submitted, and that froze
+        assert gc.get_freeze_count() == 0 and not replay._holders
+        assert view_state(tmp_path / "s").summary()["pending"] == 20
+    finally:
+        replay._holders.update(held)
+
+
 def test_frozen_items_are_freed_as_they_commit_not_held_for_the_campaign(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -734,7 +734,15 @@ class CampaignState(Delivery, Dependencies):
             return
         self._closed = True
         _resources.unregister(self)
-        release_frozen(self)  # issue 50: the objects its bulk builds froze (the last to close)
+        try:
+            self._close()
+        finally:
+            # issue 50: the objects its bulk builds froze (the last to close), after the close's
+            # last delivery, whose children's submit may have frozen under this state too
+            release_frozen(self)
+
+    def _close(self) -> None:
+        """:meth:`close`'s work: the last deliveries, the snapshot, the journals, the lock."""
         if not _fs.reaches(self._filesystem) and not _fs.comes_back(self._filesystem):
             # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
             # themselves; a snapshot or a lock release would reach the real filesystem).
