@@ -28,6 +28,7 @@ from durable_dispatch.control import (
 )
 from durable_dispatch.core import Dispatcher
 from durable_dispatch.core.decisions import Park, Requeue
+from durable_dispatch.errors import UsageError
 from durable_dispatch.mpi import Feed, run_master
 from durable_dispatch.statedir import STATE_JOURNAL
 from durable_dispatch.storage.journal import read_journal
@@ -527,3 +528,29 @@ def test_a_command_the_full_disk_refuses_says_nothing_was_sent_and_leaves_no_fil
         again = json.loads(cli("cancel", str(d), "w1", "--json").stdout)
         assert again["work_ids"] == {"w1": "cancelled"}, again
         assert set(view_state(d).projection.cancelled) == {"w1"}
+
+
+def test_a_drain_whose_master_ends_before_it_is_sent_is_a_finding_not_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The torture harness (seed 801225434): ``drain`` saw the master running, the master
+    ended, and the command's own check then raised a usage error: exit 2, against docs/cli.md's
+    "exit 1 when no master runs". Both checks now give the same finding; nothing is written."""
+    from durable_dispatch import cli, statedir, steer
+    from durable_dispatch.errors import NoMasterError
+
+    d = _state(tmp_path)
+    answers = iter([True])  # running at the command line's check, gone at the send's
+    monkeypatch.setattr(statedir, "_master_running", lambda _d: next(answers, False))
+    monkeypatch.setattr(steer, "_master_running", statedir._master_running)
+    assert cli.main(["drain", str(d), "--json"]) == 1
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert err == {
+        "type": "NotFound",
+        "message": f"no master is running on {d}: nothing to drain",
+        "exit_code": 1,
+    }, err
+    assert not (d / CONTROL_DIR).exists() or os.listdir(d / CONTROL_DIR) == []
+    with pytest.raises(NoMasterError) as e:  # the API's
+        steer.send(str(d), "drain", {})
+    assert e.value.path == str(d) and isinstance(e.value, UsageError)

@@ -23,6 +23,7 @@ SAMPLES = [
     E.MemoryBoundError("full", path="/s", op="append", errno=errno.ENOSPC, pending=3),
     E.NotDurableError("nd", path="/s", op="write", errno=errno.EIO, pending=7),
     E.LockHeldError("held", path="/s/j.jsonl.lock"),
+    E.NoMasterError("none", path="/s"),
     E.ProtocolError("bad msg", rank=3, reason="not JSON"),
 ]
 

@@ -394,13 +394,17 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     """Drain the running master as SIGUSR1 does (it stops resumably)."""
+    from .errors import NoMasterError
     from .statedir import _master_running
 
     _need_state_dir(args.state_dir)
-    if not _master_running(args.state_dir):  # a finding, not a usage error: exit 1
-        found = LookupError(f"no master is running on {args.state_dir}: nothing to drain")
-        return _error(args, found, EXIT_FINDING)
-    return _steer(args, "drain", {})
+    try:
+        if not _master_running(args.state_dir):
+            raise NoMasterError(f"no master is running on {args.state_dir}: nothing to drain")
+        return _steer(args, "drain", {})
+    except NoMasterError as e:  # a finding, not a usage error: exit 1 (also when the master
+        # ended between the check above and the command's own)
+        return _error(args, LookupError(str(e.message)), EXIT_FINDING)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -37,6 +37,7 @@ __all__ = [
     "MemoryBoundError",
     "NotDurableError",
     "LockHeldError",
+    "NoMasterError",
     "ProtocolError",
     "TaskFailed",
     "DependencyFailed",
@@ -362,6 +363,23 @@ class LockHeldError(DurableDispatchError):
     def pid(self) -> int | None:
         """The holder's process ID, when known."""
         return self._facts.get("pid")
+
+
+class NoMasterError(UsageError):
+    """An operator's command that needs a running master (``drain``) found none: none was
+    running, or the master ended between a check and the command. Nothing was written.
+
+    Attributes:
+        path: the state directory.
+    """
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(message, path=_fmt_path(path))
+
+    @property
+    def path(self) -> str | None:
+        """The state directory."""
+        return self._facts.get("path")
 
 
 class ProtocolError(DurableDispatchError):

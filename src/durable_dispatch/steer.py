@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .control import Command, read_ack, write_command
-from .errors import LockHeldError, UsageError
+from .errors import LockHeldError, NoMasterError
 from .state import CampaignState
 from .statedir import _master_running
 
@@ -56,7 +56,7 @@ def send(
     opening the state directory here (its open applies every command waiting).
 
     Raises:
-        UsageError: ``drain`` with no master running (nothing is written).
+        NoMasterError: ``drain`` with no master running (nothing is written).
         LockHeldError, StorageError ...: opening the state directory failed (the command
             stays queued for the next master).
     """
@@ -73,7 +73,9 @@ def send(
 
     running = _master_running(state_dir)
     if op == "drain" and not running:
-        raise UsageError(f"no master is running on {state_dir}: nothing to drain")
+        raise NoMasterError(
+            f"no master is running on {state_dir}: nothing to drain", path=state_dir
+        )
     cmd = write_command(state_dir, op, args)
     if not running and (here := apply_here()) is not None:
         return here
