@@ -1253,16 +1253,11 @@ def test_a_bulk_submit_freezes_its_items_and_the_last_close_unfreezes(
     from durable_dispatch import replay
 
     monkeypatch.setattr(replay, "_built", 0)
-    # From a clean slate: under `-n 2` this process ran other modules' tests before, and once
-    # (of four full runs) 144,988 objects were still frozen here, holder unknown; what this
-    # test checks is its own state's freeze and the close that gives it back.
-    held = set(replay._holders)
-    replay._holders.clear()
-    gc.unfreeze()
-    try:
-        _bulk_submit_freezes_and_the_last_close_unfreezes(tmp_path, monkeypatch)
-    finally:
-        replay._holders.update(held)
+    # Nothing is frozen before it, whatever ran earlier in this process: a test (or a close)
+    # that leaves objects frozen is a leak (one was, under `-n 2`: the close's last delivery
+    # froze its children after the close had given back; see the test below).
+    assert gc.get_freeze_count() == 0 and not replay._holders, "an earlier test left a freeze"
+    _bulk_submit_freezes_and_the_last_close_unfreezes(tmp_path, monkeypatch)
 
 
 def _bulk_submit_freezes_and_the_last_close_unfreezes(
@@ -1313,32 +1308,27 @@ def test_children_submitted_by_the_close_s_last_delivery_are_not_left_frozen(
 
     from durable_dispatch import replay
 
-    held = set(replay._holders)
-    replay._holders.clear()
-    gc.unfreeze()
+    assert gc.get_freeze_count() == 0 and not replay._holders, "an earlier test left a freeze"
     monkeypatch.setattr(replay, "_built", 0)
     monkeypatch.setattr(replay, "FREEZE_EVERY", 10)
 
     def children(wid: str, _result: Any) -> list[WorkItem] | None:
         return None if "." in wid else [WorkItem(f"{wid}.c{i}") for i in range(20)]
 
-    try:
-        state = CampaignState.open(tmp_path / "s", ranks=[1], on_commit=children)
-        state.submit([WorkItem("a")])
-        assert gc.get_freeze_count() == 0
-        real = state._complete_commits
-        # the commit's fsync has not come back before the close: only the close delivers it
-        monkeypatch.setattr(state, "_complete_commits", lambda wait=False: wait and real(wait=True))
-        send = state.next_send(0.0, 1)
-        assert send is not None
-        state.sent(send.token, 0.0)
-        state.on_results(send.rank, str(send.token), [1], 0.0)
-        assert gc.get_freeze_count() == 0  # (not delivered yet: no children)
-        state.close()  # delivers "a": its 20 children are submitted, and that froze
-        assert gc.get_freeze_count() == 0 and not replay._holders
-        assert view_state(tmp_path / "s").summary()["pending"] == 20
-    finally:
-        replay._holders.update(held)
+    state = CampaignState.open(tmp_path / "s", ranks=[1], on_commit=children)
+    state.submit([WorkItem("a")])
+    assert gc.get_freeze_count() == 0
+    real = state._complete_commits
+    # the commit's fsync has not come back before the close: only the close delivers it
+    monkeypatch.setattr(state, "_complete_commits", lambda wait=False: wait and real(wait=True))
+    send = state.next_send(0.0, 1)
+    assert send is not None
+    state.sent(send.token, 0.0)
+    state.on_results(send.rank, str(send.token), [1], 0.0)
+    assert gc.get_freeze_count() == 0  # (not delivered yet: no children)
+    state.close()  # delivers "a": its 20 children are submitted, and that froze
+    assert gc.get_freeze_count() == 0 and not replay._holders
+    assert view_state(tmp_path / "s").summary()["pending"] == 20
 
 
 def test_frozen_items_are_freed_as_they_commit_not_held_for_the_campaign(
