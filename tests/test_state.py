@@ -520,7 +520,7 @@ def test_a_wait_beside_that_is_interrupted_waits_for_the_call_to_end_then_says_s
     import signal
     import threading
 
-    from durable_dispatch.state import _Beside
+    from durable_dispatch.storage.background import Beside as _Beside
 
     class Interrupted(Exception):
         pass

@@ -205,3 +205,76 @@ def test_an_open_and_a_close_cost_at_most_these_operations_on_a_slow_mount(
         assert kinds["chmod"] == 0 and kinds["readdir"] <= 1, (kinds, trace)
         again, trace = _open_close(m, d)
         assert again["fsyncs"] <= 8 and again["metadata_ops"] <= 132, (again, trace)
+
+
+@fuse
+def test_a_new_directory_s_parent_fsync_runs_beside_the_claim_and_ends_before_the_open(
+    tmp_path: Path,
+) -> None:
+    """Issue 49: the fsync of a new state directory's parent (what makes the directory itself
+    durable) ran before anything else of the open, one fsync's wait in series. With every
+    fsync stalled, it now waits at the same time as the owner record's own fsync (two fsyncs
+    waiting at once; one before), and the open still returns only after it (S1's order: the
+    directory is durable before anything in it is reported durable)."""
+    import threading
+    import time
+
+    with slow_mount(tmp_path, SlowStorage()) as m:
+        d = Path(m.path) / "s"
+        m.configure(trace=True)
+        opened: list[CampaignState] = []
+        failed: list[BaseException] = []
+        returned: list[float] = []
+
+        def open_it() -> None:
+            try:
+                opened.append(CampaignState.open(d))
+                returned.append(time.time())
+            except BaseException as e:  # noqa: BLE001 - shown below
+                failed.append(e)
+
+        t = threading.Thread(target=open_it)
+        try:
+            with m.stalled():
+                t.start()
+                end = time.monotonic() + 30
+                waiting = 0
+                while time.monotonic() < end and waiting < 2 and t.is_alive():
+                    waiting = m.counters().get("waiting_fsyncs", 0)
+                assert waiting == 2, (waiting, m.trace())
+                assert not opened and not failed
+        finally:
+            t.join(60)  # (the stall ended with the block: the open goes on to its end)
+            for s in opened:
+                s.close()
+        assert not t.is_alive() and not failed and opened, failed
+        parent = [o for o in m.trace() if o.op == "fsyncdir" and o.path == "/"]
+        assert len(parent) == 1 and parent[0].outcome == "ok", parent
+        assert parent[0].at <= returned[0]
+
+
+def test_a_new_directory_whose_parent_fsync_fails_is_refused_and_left_unlocked(
+    tmp_path: Path,
+) -> None:
+    """The parent's fsync runs beside the lock and the claim now: when it fails (EIO) the open
+    still fails with a typed error, lets go of the lock and the claim, and leaves no thread;
+    the next open, once the disk is healthy, succeeds."""
+    import errno
+    import threading
+
+    from durable_dispatch.errors import StorageError
+    from durable_dispatch.testing import inject_faults
+
+    d = tmp_path / "s"
+    before = set(threading.enumerate())
+    with inject_faults() as f:
+        rule = f.fail("dir-fsync", errno.EIO, path=str(tmp_path))
+        with pytest.raises(StorageError) as e:
+            CampaignState.open(d)
+    assert rule.fired >= 1 and e.value.errno == errno.EIO, e.value
+    assert "durable" in str(e.value)
+    assert not _master_running(str(d))
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "fsync-new-dir"]
+    with CampaignState.open(d) as s:
+        s.submit([WorkItem("a")])
+    assert CampaignState.open(d).close() is None

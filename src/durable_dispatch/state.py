@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from .admin import (
     _reconcile_store,
@@ -91,6 +90,7 @@ from .storage import DeferJournal, Journal, SnapshotStore
 from .storage import fs as _fs
 from .storage import resources as _resources
 from .storage.background import BackgroundSaver
+from .storage.background import Beside as _Beside
 from .storage.defer import DEFAULT_DEFER_NAME
 from .submissions import SubmissionStore
 from .tokens import Token
@@ -98,7 +98,6 @@ from .tokens import Token
 __all__ = ["CampaignState", "CampaignStats", "OnCommit"]
 
 log = logging.getLogger("durable_dispatch.state")
-_T = TypeVar("_T")
 
 #: The master publishes its statistics (``master-stats.*.snap``) at most this often, from
 #: ``tick``, so that ``durable-dispatch stats`` and ``watch`` show current figures with their age.
@@ -278,6 +277,7 @@ class CampaignState(Delivery, Dependencies):
                 block.items = len(proj.items)
             defer = defer_opening.result() if defer_opening is not None else open_defer()
             _sync_created(d, (journal, store, defer.journal))
+            lock.parent_synced()  # a new directory: durable in its parent (its fsync beside)
             covered = _reconcile_store(journal, store, proj, stored)
             epoch = proj.epoch + 1
             core, restarts = Dispatcher.restore(
@@ -810,65 +810,6 @@ class CampaignState(Delivery, Dependencies):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Beside(Generic[_T]):
-    """``call()`` run in a thread of its own beside the caller, to overlap its waits on the
-    filesystem with the caller's (issue 49). Run at once in the caller's thread under a fake
-    filesystem (pyfakefs, where no thread may reach the files) and when no thread can start
-    (the interpreter is shutting down: a close from an ``atexit`` hook).
-
-    Attributes:
-        value: what ``call()`` returned, once :meth:`wait` returned (None if it raised).
-        error: what ``call()`` raised, once :meth:`wait` returned (None if it returned).
-    """
-
-    def __init__(self, call: Callable[[], _T], name: str) -> None:
-        self._call = call
-        self.value: _T | None = None
-        self.error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        self._done = threading.Event()  # (not Thread.join: an interrupted join can leave
-        # is_alive() False while the thread runs on, CPython 3.11)
-        if _fs.filesystem() is _fs.REAL_FILESYSTEM:
-            t = threading.Thread(target=self._run, name=name, daemon=True)
-            try:
-                t.start()
-                self._thread = t
-            except RuntimeError:  # "can't create new thread at interpreter shutdown"
-                pass
-        if self._thread is None:
-            self._run()
-
-    def _run(self) -> None:
-        try:
-            self.value = self._call()
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
-            self.error = e
-        finally:
-            self._done.set()
-
-    def wait(self) -> BaseException | None:
-        """Return once ``call()`` ended, however often the wait is interrupted: the first
-        interrupt (``KeyboardInterrupt`` ...) is returned, for the caller to raise once it has
-        dealt with what the call left (a journal it opened is closed, not leaked)."""
-        interrupted: BaseException | None = None
-        while not self._done.is_set():
-            try:
-                self._done.wait()
-            except BaseException as e:  # noqa: BLE001 - returned, raised by the caller
-                interrupted = interrupted or e
-        return interrupted
-
-    def result(self) -> _T:
-        """Wait for ``call()`` (see :meth:`wait`); its value, or raise its error (an interrupt
-        of the wait first: a second ``result()`` then gives the value)."""
-        interrupted = self.wait()
-        if interrupted is not None:
-            raise interrupted
-        if self.error is not None:
-            raise self.error
-        return self.value  # type: ignore[return-value]  # (the call returned it)
 
 
 def _close_each(journals: Iterable[Journal | DeferJournal]) -> list[BaseException]:

@@ -21,10 +21,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from .errors import LockHeldError, StorageError
 from .storage import fs as _fs
 from .storage import owner as _owner
+from .storage.background import Beside
 
 __all__ = [
     "STATE_JOURNAL",
@@ -140,9 +142,36 @@ class _MasterLock:
     """What a writer of a state directory holds: the ``flock`` on ``master.lock`` (S5) and the
     owner record's claim (S13). ``release()`` lets go of both."""
 
-    def __init__(self, flock: _FileLock, claim: _owner.OwnerClaim) -> None:
+    def __init__(
+        self,
+        flock: _FileLock,
+        claim: _owner.OwnerClaim,
+        parent_sync: Beside[None] | None = None,
+    ) -> None:
         self.flock = flock
         self.claim = claim
+        self._parent_sync = parent_sync
+
+    def parent_synced(self) -> None:
+        """Return once the directory this lock's taking made is durable in its parent: the
+        parent's fsync runs beside the lock's file and the owner claim (issue 49: on a shared
+        filesystem it costs what they cost) and is waited for here, before the open returns.
+
+        Raises:
+            StorageError: that fsync failed.
+        """
+        sync, self._parent_sync = self._parent_sync, None
+        if sync is None:
+            return
+        try:
+            sync.result()
+        except OSError as e:
+            raise StorageError(
+                f"cannot make the new state directory durable: {e.strerror or e}",
+                path=getattr(e, "filename", None),
+                op="fsync",
+                errno=e.errno,
+            ) from e
 
     @property
     def lock_file(self) -> str:
@@ -155,8 +184,12 @@ class _MasterLock:
         return bool(self.flock.is_locked) and not self.claim.released
 
     def release(self) -> None:
-        """Mark the owner record released, then release the ``flock``."""
+        """Mark the owner record released, then release the ``flock`` (after the parent's
+        fsync of a new directory, if still running: no thread outlives the lock)."""
+        sync, self._parent_sync = self._parent_sync, None
         try:
+            if sync is not None:
+                sync.wait()
             self.claim.release()
         finally:
             self.flock.release()
@@ -164,19 +197,34 @@ class _MasterLock:
 
 def _take_master_lock(d: str, *, create: bool = False) -> _MasterLock:
     """Take state directory ``d``'s single-master lock (S5, S9) and claim its owner record
-    (S13); ``create`` makes ``d`` first.
+    (S13); ``create`` makes ``d`` first: the fsync of its parent that makes it durable runs
+    beside the lock and the claim (issue 49), and :meth:`_MasterLock.parent_synced` waits for
+    it (the open does, before it returns).
 
     Raises:
         LockHeldError: another master holds it; ``host`` and ``pid`` name it when known.
         StorageError: the lock or the record cannot be created (nothing was changed).
     """
+    parent_sync: list[Beside[None]] = []
+    try:
+        return _take(d, create, parent_sync)
+    except BaseException:
+        for sync in parent_sync:  # (its thread ends before the failure is raised)
+            sync.wait()
+        raise
+
+
+def _take(d: str, create: bool, parent_sync: list[Beside[None]]) -> _MasterLock:
     path = os.path.join(d, LOCK_NAME)
     real: str | None = None
     try:
         # A directory this call made has no lock file yet: created at once, without a lookup.
-        created = _fs.makedirs(d) if create else False
+        created = _fs.makedirs(d, sync_parent=False) if create else False
         if created:  # a directory, not a link: its real path is its parent's and its name
             absolute = os.path.abspath(d)
+            parent_sync.append(
+                Beside(partial(_fs.fsync_dir, os.path.dirname(absolute)), "fsync-new-dir")
+            )
             parent = os.path.realpath(os.path.dirname(absolute))
             real = os.path.join(parent, os.path.basename(absolute))
         lock = _FileLock(path, _fs.lock_file(path, 0o600, exists=not created))
@@ -208,7 +256,7 @@ def _take_master_lock(d: str, *, create: bool = False) -> _MasterLock:
     except BaseException:
         lock.release()
         raise
-    return _MasterLock(lock, claim)
+    return _MasterLock(lock, claim, parent_sync[0] if parent_sync else None)
 
 
 @contextmanager

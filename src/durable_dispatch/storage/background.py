@@ -1,4 +1,6 @@
-"""Saving a display file off the caller's thread: the master's live statistics.
+"""Work off the caller's thread: saving a display file (the master's live statistics), and a
+call run beside the caller to overlap its waits on the filesystem with the caller's
+(:class:`Beside`, issue 49).
 
 Theory of operation. A :class:`BackgroundSaver` owns one :class:`~.snapshot.SnapshotStore`
 whose files are a *display* (``master-stats.*.snap``: what ``stats`` and ``watch`` show), not
@@ -20,15 +22,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from ..errors import DurableDispatchError
 from . import fs
 from .snapshot import SnapshotStore
 
-__all__ = ["BackgroundSaver"]
+__all__ = ["BackgroundSaver", "Beside"]
 
 log = logging.getLogger("durable_dispatch.state")
+
+_T = TypeVar("_T")
 
 
 class BackgroundSaver:
@@ -112,3 +117,62 @@ class BackgroundSaver:
             t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join()
+
+
+class Beside(Generic[_T]):
+    """``call()`` run in a thread of its own beside the caller, to overlap its waits on the
+    filesystem with the caller's (issue 49). Run at once in the caller's thread under a fake
+    filesystem (pyfakefs, where no thread may reach the files) and when no thread can start
+    (the interpreter is shutting down: a close from an ``atexit`` hook).
+
+    Attributes:
+        value: what ``call()`` returned, once :meth:`wait` returned (None if it raised).
+        error: what ``call()`` raised, once :meth:`wait` returned (None if it returned).
+    """
+
+    def __init__(self, call: Callable[[], _T], name: str) -> None:
+        self._call = call
+        self.value: _T | None = None
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()  # (not Thread.join: an interrupted join can leave
+        # is_alive() False while the thread runs on, CPython 3.11)
+        if fs.filesystem() is fs.REAL_FILESYSTEM:
+            t = threading.Thread(target=self._run, name=name, daemon=True)
+            try:
+                t.start()
+                self._thread = t
+            except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                pass
+        if self._thread is None:
+            self._run()
+
+    def _run(self) -> None:
+        try:
+            self.value = self._call()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+            self.error = e
+        finally:
+            self._done.set()
+
+    def wait(self) -> BaseException | None:
+        """Return once ``call()`` ended, however often the wait is interrupted: the first
+        interrupt (``KeyboardInterrupt`` ...) is returned, for the caller to raise once it has
+        dealt with what the call left (a journal it opened is closed, not leaked)."""
+        interrupted: BaseException | None = None
+        while not self._done.is_set():
+            try:
+                self._done.wait()
+            except BaseException as e:  # noqa: BLE001 - returned, raised by the caller
+                interrupted = interrupted or e
+        return interrupted
+
+    def result(self) -> _T:
+        """Wait for ``call()`` (see :meth:`wait`); its value, or raise its error (an interrupt
+        of the wait first: a second ``result()`` then gives the value)."""
+        interrupted = self.wait()
+        if interrupted is not None:
+            raise interrupted
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[return-value]  # (the call returned it)

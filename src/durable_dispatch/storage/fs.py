@@ -551,8 +551,13 @@ def unlink(path: str) -> None:
     _record("unlink", path)
 
 
-def makedirs(directory: str, mode: int = 0o700) -> bool:
+def makedirs(directory: str, mode: int = 0o700, *, sync_parent: bool = True) -> bool:
     """Create ``directory`` and missing parents (owner-only), then fsync the parent of each.
+
+    Args:
+        sync_parent: False leaves the fsync of ``directory``'s own parent (the one that makes
+            ``directory`` itself durable) to the caller, when this call created it; the
+            parents of the missing parents are fsynced in any case, in order.
 
     Returns:
         True when this call created ``directory`` itself (False: it was there).
@@ -576,5 +581,6 @@ def makedirs(directory: str, mode: int = 0o700) -> bool:
             continue
         created = d == missing[0]
         _record("mkdir", d)
-        fsync_dir(os.path.dirname(d))
+        if sync_parent or not created:
+            fsync_dir(os.path.dirname(d))
     return created
