@@ -729,3 +729,27 @@ def test_wait_durable_with_a_timeout_flushes_once_then_gives_up(
             j.wait_durable(seq, timeout=0.05)
         monkeypatch.undo()
         j.wait_durable(seq)
+
+
+@pytest.mark.parametrize("beside_did", [True, False])
+def test_a_directory_fsync_beside_is_waited_for_by_the_first_fsync_or_done_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beside_did: bool
+) -> None:
+    """``Journal.directory_sync_beside`` (issue 49): a new journal opened with
+    ``dir_sync=False`` waits at its first fsync for the caller's directory fsync running
+    beside, and fsyncs the directory itself only when that one failed (S1); later fsyncs ask
+    neither."""
+    from durable_dispatch.storage import fs
+
+    real, dirs, asked = fs.fsync_dir, [], []
+    monkeypatch.setattr(fs, "fsync_dir", lambda d: (dirs.append(d), real(d))[1])
+    j = Journal.open(str(tmp_path / "j.jsonl"), sync="always", dir_sync=False)
+    try:
+        j.directory_sync_beside(lambda: (asked.append(1), beside_did)[1])
+        assert dirs == [] and asked == []  # nothing until the first fsync
+        j.append({"a": 1})
+        j.append({"a": 2})
+        assert j.durable_seq == 1 and asked == [1]
+        assert dirs == ([] if beside_did else [str(tmp_path)])
+    finally:
+        j.close()

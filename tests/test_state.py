@@ -1360,3 +1360,61 @@ def test_frozen_items_are_freed_as_they_commit_not_held_for_the_campaign(
     frozen = [x for x in seen if x]  # the first freeze took the whole heap (pytest's too)
     assert frozen and max(frozen) - min(frozen) < n // 4  # a few chunks' items, not n
     assert gc.get_freeze_count() == 0  # closed: unfrozen
+
+
+@pytest.mark.parametrize("outcome", ["ok", "fails"])
+def test_the_open_does_not_wait_for_its_journals_directory_fsync_and_nothing_is_durable_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    """Issue 49: one directory fsync makes the journals a fresh open created durable; it runs
+    beside the rest of the open (on a shared filesystem one fsync's wait less before the first
+    submission). Held here until the test lets it go: the open returns meanwhile, and a
+    journal's fsync waits for it, so what the journal reports durable is durable; if it fails,
+    the journal fsyncs the directory itself (S1)."""
+    import errno
+    import threading
+    import time
+
+    from durable_dispatch.storage import fs
+
+    d = tmp_path / "s"
+    real = fs.fsync_dir
+    held, calls = threading.Event(), []
+
+    def fsync_dir(directory: str) -> None:
+        if os.path.abspath(directory) == str(d):
+            calls.append(threading.current_thread().name)
+            if len(calls) == 1:
+                assert held.wait(30)
+                if outcome == "fails":
+                    raise OSError(errno.EIO, "injected", directory)
+        real(directory)
+
+    monkeypatch.setattr(fs, "fsync_dir", fsync_dir)
+    opened: list[CampaignState] = []
+    t = threading.Thread(target=lambda: opened.append(CampaignState.open(d)))
+    t.start()
+    synced: list[int] = []
+    try:
+        t.join(15)
+        assert opened, "the open waited for its journals' directory fsync"
+        state = opened[0]  # (its epoch record waits in the journal, not durable yet)
+        s = threading.Thread(target=lambda: synced.append(state.journal.sync_now()))
+        s.start()
+        time.sleep(0.3)
+        assert not synced and state.journal.durable_seq < 0  # nothing durable before it
+        assert calls == ["fsync-state-dir"]
+        held.set()
+        s.join(30)
+        assert synced and synced[0] >= 0 and state.journal.durable_seq == synced[0]
+        if outcome == "ok":
+            assert calls == ["fsync-state-dir"]  # one for the three journals
+        else:  # each journal that fsynced since did the directory's itself first
+            assert calls[0] == "fsync-state-dir" and len(calls) >= 2, calls
+    finally:
+        held.set()
+        t.join(30)
+        for st_ in opened:
+            st_.close()
+    with CampaignState.open(d) as again:  # the epoch it made was durable
+        assert again.core.epoch == 2

@@ -42,6 +42,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -203,6 +204,8 @@ class CampaignState(Delivery, Dependencies):
         self._sized: set[str] = set()
         #: the operator commands this open applied (``control.Applied``; O1)
         self.applied_at_open: list[Any] = []
+        #: the directory fsync of the journals the open created, running beside (issue 49)
+        self._dir_sync: _Beside[bool] | None = None
 
     @classmethod
     def open(
@@ -260,6 +263,7 @@ class CampaignState(Delivery, Dependencies):
             return DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
 
         defer_opening: _Beside[DeferJournal] | None = None
+        dir_sync: _Beside[bool] | None = None
         try:
             names = lock.claim.listing
             if names is not None and DEFAULT_DEFER_NAME not in names:
@@ -276,7 +280,15 @@ class CampaignState(Delivery, Dependencies):
                 )
                 block.items = len(proj.items)
             defer = defer_opening.result() if defer_opening is not None else open_defer()
-            _sync_created(d, (journal, store, defer.journal))
+            # The journals it created: one directory fsync for them all, beside the rest of
+            # the open and the first submission (issue 49). Each reports nothing durable before
+            # it: a journal's first fsync waits for it (or, if it failed, fsyncs the directory
+            # itself, S1).
+            created = [j for j in (journal, store, defer.journal) if j.recovery.created]
+            if created:
+                dir_sync = _Beside(partial(_fsync_created, d), "fsync-state-dir")
+                for j in created:
+                    j.directory_sync_beside(partial(_done, dir_sync))
             lock.parent_synced()  # a new directory: durable in its parent (its fsync beside)
             covered = _reconcile_store(journal, store, proj, stored)
             epoch = proj.epoch + 1
@@ -286,6 +298,8 @@ class CampaignState(Delivery, Dependencies):
             _record_lost_deferrals(defer, core.ledger)
         except BaseException:
             release_frozen(opening)
+            if dir_sync is not None:
+                dir_sync.wait()
             if defer is None and defer_opening is not None:
                 # it may have opened while the state journal failed: closed below
                 defer_opening.wait()
@@ -317,6 +331,7 @@ class CampaignState(Delivery, Dependencies):
             dups=proj.duplicate_commits,
             delivered=max(delivered, proj.delivered),
         )
+        st._dir_sync = dir_sync
         if id(opening) in _holders:  # what the reopen froze: the state holds it now
             _holders.discard(id(opening))
             _holders.add(id(st))
@@ -743,6 +758,9 @@ class CampaignState(Delivery, Dependencies):
 
     def _close(self) -> None:
         """:meth:`close`'s work: the last deliveries, the snapshot, the journals, the lock."""
+        if self._dir_sync is not None:  # (its thread ends before the journals close)
+            self._dir_sync.wait()
+            self._dir_sync = None
         if not _fs.reaches(self._filesystem) and not _fs.comes_back(self._filesystem):
             # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
             # themselves; a snapshot or a lock release would reach the real filesystem).
@@ -823,18 +841,24 @@ def _close_each(journals: Iterable[Journal | DeferJournal]) -> list[BaseExceptio
     return failed
 
 
-def _sync_created(d: str, journals: Iterable[Journal]) -> None:
+def _fsync_created(d: str) -> bool:
     """One directory fsync for the journals an open created in ``d`` (instead of one each,
-    issue 49). If it fails, each keeps its own: its first fsync does the directory's (S1)."""
-    created = [j for j in journals if j.recovery.created]
-    if not created:
-        return
+    issue 49); False if it failed: each then fsyncs the directory itself at its first fsync
+    (S1)."""
     try:
         _fs.fsync_dir(d)
-    except OSError:
-        return
-    for j in created:
-        j.directory_synced()
+    except OSError as e:
+        log.warning("state %s: the directory fsync of its new journals failed: %s", d, e)
+        return False
+    return True
+
+
+def _done(beside: _Beside[bool]) -> bool:
+    """Wait for ``beside`` (an interrupt of the wait is raised); True if it returned True."""
+    interrupted = beside.wait()
+    if interrupted is not None:
+        raise interrupted
+    return beside.error is None and bool(beside.value)
 
 
 def _closing_error(failed: list[BaseException]) -> BaseException:

@@ -492,6 +492,16 @@ class Journal(Degradation):
         with self._io_lock:
             self._dir_pending = False
 
+    def directory_sync_beside(self, synced: Callable[[], bool]) -> None:
+        """The caller fsyncs this journal's directory beside (one fsync for several journals an
+        open created, issue 49): the journal's first fsync waits for it, ``synced()`` returning
+        True once it did (False: it failed, and the journal fsyncs the directory itself, S1),
+        instead of fsyncing the directory itself. ``synced`` is called without this journal's
+        locks held by the directory fsync's side, and may be called more than once."""
+        with self._io_lock:
+            if self._dir_pending:
+                self._dir_beside = synced
+
     def sync_now(self) -> int:
         """Write and fsync everything appended so far; returns the durable sequence number.
 
@@ -539,8 +549,10 @@ class Journal(Degradation):
                 try:
                     fs.fsync(fd)
                     if self._dir_pending:  # a new file: its entry is durable first (S1)
-                        fs.fsync_dir(self._dir)
-                        self._dir_pending = False
+                        beside = self._dir_beside
+                        if beside is None or not beside():
+                            fs.fsync_dir(self._dir)
+                        self._dir_pending, self._dir_beside = False, None
                 except OSError as e:
                     self._degrade("fsync", e, [])
                     return True

@@ -123,6 +123,8 @@ class JournalFile:
         # a file this open created whose directory entry no fsync covers yet (dir_sync=False):
         # the next fsync of the file does the directory's too, before anything counts durable
         self._dir_pending = False
+        #: a directory fsync running beside (Journal.directory_sync_beside): True once it did
+        self._dir_beside: Callable[[], bool] | None = None
         self._dir_sync = True  # Journal.open(dir_sync=...)
         self.recovery = RecoveryReport(mode=kw["recovery"])
         #: checked before each flush: the owner claim of the state directory (S13), or None
