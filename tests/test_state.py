@@ -1418,3 +1418,48 @@ def test_the_open_does_not_wait_for_its_journals_directory_fsync_and_nothing_is_
             st_.close()
     with CampaignState.open(d) as again:  # the epoch it made was durable
         assert again.core.epoch == 2
+
+
+def test_an_interrupt_while_the_close_waits_for_the_directory_fsync_is_raised_after_closing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C (here a signal's exception) while the close waits for the journals' directory
+    fsync (still running beside, on a stalled shared filesystem say) is not lost: the close
+    goes on to its end, then raises it; the lock is let go and the next open works."""
+    import signal
+    import threading
+
+    from durable_dispatch.statedir import _master_running
+    from durable_dispatch.storage import fs
+
+    class Interrupted(Exception):
+        pass
+
+    d = tmp_path / "s"
+    real = fs.fsync_dir
+    held, entered = threading.Event(), threading.Event()
+
+    def fsync_dir(directory: str) -> None:
+        if os.path.abspath(directory) == str(d) and not entered.is_set():
+            entered.set()
+            assert held.wait(30)
+        real(directory)
+
+    def on_signal(signum: int, frame: object) -> None:
+        held.set()  # the fsync ends only after the interrupt reached the closing thread
+        raise Interrupted
+
+    monkeypatch.setattr(fs, "fsync_dir", fsync_dir)
+    old = signal.signal(signal.SIGUSR1, on_signal)
+    try:
+        state = CampaignState.open(d)
+        assert entered.wait(15)
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        with pytest.raises(Interrupted):
+            state.close()
+    finally:
+        held.set()
+        signal.signal(signal.SIGUSR1, old)
+    assert state.closed and not _master_running(str(d))
+    with CampaignState.open(d) as again:
+        assert again.core.epoch == 2

@@ -257,16 +257,18 @@ def test_a_new_directory_whose_parent_fsync_fails_is_refused_and_left_unlocked(
     tmp_path: Path,
 ) -> None:
     """The parent's fsync runs beside the lock and the claim now: when it fails (EIO) the open
-    still fails with a typed error, lets go of the lock and the claim, and leaves no thread;
-    the next open, once the disk is healthy, succeeds."""
+    still fails with a typed error, before any journal is made, lets go of the lock and the
+    claim, and leaves no thread; the next open (the directory is there now, but nothing says
+    its entry is durable) fsyncs the parent again."""
     import errno
     import threading
+    import time
 
     from durable_dispatch.errors import StorageError
+    from durable_dispatch.storage import fs
     from durable_dispatch.testing import inject_faults
 
     d = tmp_path / "s"
-    before = set(threading.enumerate())
     with inject_faults() as f:
         rule = f.fail("dir-fsync", errno.EIO, path=str(tmp_path))
         with pytest.raises(StorageError) as e:
@@ -274,7 +276,59 @@ def test_a_new_directory_whose_parent_fsync_fails_is_refused_and_left_unlocked(
     assert rule.fired >= 1 and e.value.errno == errno.EIO, e.value
     assert "durable" in str(e.value)
     assert not _master_running(str(d))
-    assert not [t for t in set(threading.enumerate()) - before if t.name == "fsync-new-dir"]
-    with CampaignState.open(d) as s:
-        s.submit([WorkItem("a")])
-    assert CampaignState.open(d).close() is None
+    assert not [p for p in os.listdir(d) if p.endswith(".jsonl")], os.listdir(d)
+    end = time.monotonic() + 30  # (a thread may still be leaving once its work ended)
+    while any(t.name == "fsync-new-dir" for t in threading.enumerate()):
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    synced: list[str] = []
+    prev = fs.set_recorder(lambda op, path, _d: synced.append(path) if op == "dir-fsync" else None)
+    try:
+        with CampaignState.open(d) as s:
+            s.submit([WorkItem("a")])
+        assert str(tmp_path) in synced, synced  # the retry made the directory durable
+        synced.clear()
+        CampaignState.open(d).close()
+        assert str(tmp_path) not in synced, synced  # (a resume of a real state does not)
+    finally:
+        fs.set_recorder(prev)
+
+
+def test_the_open_waits_for_the_new_directory_s_parent_fsync_before_it_makes_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's fsync is held here: the open takes the lock and claims the directory
+    meanwhile, but makes no journal and does not return until it ends."""
+    import threading
+    import time
+
+    from durable_dispatch.storage import fs
+
+    d = tmp_path / "s"
+    real = fs.fsync_dir
+    held, started = threading.Event(), threading.Event()
+
+    def fsync_dir(directory: str) -> None:
+        if os.path.abspath(directory) == str(tmp_path):
+            started.set()
+            assert held.wait(30)
+        real(directory)
+
+    monkeypatch.setattr(fs, "fsync_dir", fsync_dir)
+    opened: list[CampaignState] = []
+    t = threading.Thread(target=lambda: opened.append(CampaignState.open(d)))
+    t.start()
+    try:
+        assert started.wait(15)
+        end = time.monotonic() + 15
+        while not owner.read_owner(d) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert owner.read_owner(d) is not None  # claimed while the fsync waits
+        t.join(0.3)
+        assert not opened and not [p for p in os.listdir(d) if p.endswith(".jsonl")]
+    finally:
+        held.set()
+        t.join(30)
+        for s in opened:
+            s.close()
+    assert opened

@@ -265,6 +265,10 @@ class CampaignState(Delivery, Dependencies):
         defer_opening: _Beside[DeferJournal] | None = None
         dir_sync: _Beside[bool] | None = None
         try:
+            # A new directory is durable in its parent before anything is made in it (its
+            # fsync ran beside the lock and the claim): a failed open leaves no journal in a
+            # directory a crash could lose, and the next open fsyncs it again (statedir).
+            lock.parent_synced()
             names = lock.claim.listing
             if names is not None and DEFAULT_DEFER_NAME not in names:
                 defer_opening = _Beside(open_defer, "open-defer-journal")
@@ -286,10 +290,10 @@ class CampaignState(Delivery, Dependencies):
             # itself, S1).
             created = [j for j in (journal, store, defer.journal) if j.recovery.created]
             if created:
-                dir_sync = _Beside(partial(_fsync_created, d), "fsync-state-dir")
+                where = os.path.abspath(d)  # (the caller may chdir meanwhile)
+                dir_sync = _Beside(partial(_fsync_created, where), "fsync-state-dir")
                 for j in created:
                     j.directory_sync_beside(partial(_done, dir_sync))
-            lock.parent_synced()  # a new directory: durable in its parent (its fsync beside)
             covered = _reconcile_store(journal, store, proj, stored)
             epoch = proj.epoch + 1
             core, restarts = Dispatcher.restore(
@@ -758,8 +762,9 @@ class CampaignState(Delivery, Dependencies):
 
     def _close(self) -> None:
         """:meth:`close`'s work: the last deliveries, the snapshot, the journals, the lock."""
+        waited: BaseException | None = None
         if self._dir_sync is not None:  # (its thread ends before the journals close)
-            self._dir_sync.wait()
+            waited = self._dir_sync.wait()  # an interrupt: raised once all is closed
             self._dir_sync = None
         if not _fs.reaches(self._filesystem) and not _fs.comes_back(self._filesystem):
             # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
@@ -771,7 +776,7 @@ class CampaignState(Delivery, Dependencies):
             self.defer.close()
             _resources.disown_lock(self._lock)
             return
-        failed: list[BaseException] = []
+        failed: list[BaseException] = [waited] if waited is not None else []
         beside: _Beside[list[BaseException]] | None = None
         try:
             try:

@@ -185,14 +185,16 @@ class _MasterLock:
 
     def release(self) -> None:
         """Mark the owner record released, then release the ``flock`` (after the parent's
-        fsync of a new directory, if still running: no thread outlives the lock)."""
+        fsync of a new directory, if still running: no thread outlives the lock; an interrupt
+        of that wait is raised once both are released)."""
         sync, self._parent_sync = self._parent_sync, None
+        interrupted = sync.wait() if sync is not None else None
         try:
-            if sync is not None:
-                sync.wait()
             self.claim.release()
         finally:
             self.flock.release()
+        if interrupted is not None:
+            raise interrupted
 
 
 def _take_master_lock(d: str, *, create: bool = False) -> _MasterLock:
@@ -256,6 +258,12 @@ def _take(d: str, create: bool, parent_sync: list[Beside[None]]) -> _MasterLock:
     except BaseException:
         lock.release()
         raise
+    if create and not created and claim.listing is not None and STATE_JOURNAL not in claim.listing:
+        # A directory with no state journal yet: made by hand (``mkdir``) or by an open that
+        # failed before its parent's fsync ended; nothing says its entry is durable: fsync it.
+        parent_sync.append(
+            Beside(partial(_fs.fsync_dir, os.path.dirname(os.path.abspath(d))), "fsync-new-dir")
+        )
     return _MasterLock(lock, claim, parent_sync[0] if parent_sync else None)
 
 
