@@ -146,7 +146,9 @@ def paused_gc(holder: object | None = None) -> Iterator[_Frozen]:
     try:
         yield out
     finally:
-        if holder is not None:
+        # A closed holder froze nothing: its close gave back what it held, and nothing would
+        # give this back (a submit during or after its close: a callback's children, a Feed).
+        if holder is not None and not getattr(holder, "closed", False):
             _built += out.items
             if gc.get_count()[0] >= FREEZE_AT:  # (a collection now would walk all it built)
                 out.froze = True
