@@ -404,7 +404,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         return _steer(args, "drain", {})
     except NoMasterError as e:  # a finding, not a usage error: exit 1 (also when the master
         # ended between the check above and the command's own)
-        return _error(args, LookupError(str(e.message)), EXIT_FINDING)
+        return _error(args, LookupError(e.message), EXIT_FINDING)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -203,7 +203,7 @@ def write_command(state_dir: str, op: str, args: Mapping[str, Any]) -> Command:
         raise OSError(
             e.errno,
             f"{e.strerror}: the {op} command {cid} is in place but its directory could not be "
-            "fsynced; it may still be applied (see `durable-dispatch stats`)",
+            "fsynced; it may still be applied (it waits in the state directory's control/)",
             path,
         ) from e
     return Command(cid, op, dict(args), path)

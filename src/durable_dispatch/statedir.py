@@ -153,9 +153,10 @@ class _MasterLock:
         self._parent_sync = parent_sync
 
     def parent_synced(self) -> None:
-        """Return once the directory this lock's taking made is durable in its parent: the
-        parent's fsync runs beside the lock's file and the owner claim (issue 49: on a shared
-        filesystem it costs what they cost) and is waited for here, before the open returns.
+        """Return once the directory this lock's taking made (or found without a state
+        journal) is durable in its parent: the parent's fsync runs beside the lock's file and
+        the owner claim (issue 49: on a shared filesystem it costs what they cost) and is
+        waited for here, before the open makes anything in it.
 
         Raises:
             StorageError: that fsync failed.
@@ -201,7 +202,7 @@ def _take_master_lock(d: str, *, create: bool = False) -> _MasterLock:
     """Take state directory ``d``'s single-master lock (S5, S9) and claim its owner record
     (S13); ``create`` makes ``d`` first: the fsync of its parent that makes it durable runs
     beside the lock and the claim (issue 49), and :meth:`_MasterLock.parent_synced` waits for
-    it (the open does, before it returns).
+    it (the open does, before it makes anything in ``d``).
 
     Raises:
         LockHeldError: another master holds it; ``host`` and ``pid`` name it when known.
@@ -223,10 +224,8 @@ def _take(d: str, create: bool, parent_sync: list[Beside[None]]) -> _MasterLock:
         # A directory this call made has no lock file yet: created at once, without a lookup.
         created = _fs.makedirs(d, sync_parent=False) if create else False
         if created:  # a directory, not a link: its real path is its parent's and its name
+            parent_sync.append(_sync_parent(d))
             absolute = os.path.abspath(d)
-            parent_sync.append(
-                Beside(partial(_fs.fsync_dir, os.path.dirname(absolute)), "fsync-new-dir")
-            )
             parent = os.path.realpath(os.path.dirname(absolute))
             real = os.path.join(parent, os.path.basename(absolute))
         lock = _FileLock(path, _fs.lock_file(path, 0o600, exists=not created))
@@ -261,10 +260,13 @@ def _take(d: str, create: bool, parent_sync: list[Beside[None]]) -> _MasterLock:
     if create and not created and claim.listing is not None and STATE_JOURNAL not in claim.listing:
         # A directory with no state journal yet: made by hand (``mkdir``) or by an open that
         # failed before its parent's fsync ended; nothing says its entry is durable: fsync it.
-        parent_sync.append(
-            Beside(partial(_fs.fsync_dir, os.path.dirname(os.path.abspath(d))), "fsync-new-dir")
-        )
+        parent_sync.append(_sync_parent(d))
     return _MasterLock(lock, claim, parent_sync[0] if parent_sync else None)
+
+
+def _sync_parent(d: str) -> Beside[None]:
+    """The fsync of ``d``'s parent directory (what makes ``d`` durable), in a thread beside."""
+    return Beside(partial(_fs.fsync_dir, os.path.dirname(os.path.abspath(d))), "fsync-new-dir")
 
 
 @contextmanager

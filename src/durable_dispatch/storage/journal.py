@@ -142,9 +142,9 @@ class Journal(Degradation):
                 visited: they are all seen only when ``journal.recovery.damage`` is empty.
             dir_sync: False: a file this open creates is not fsynced yet, nor its directory: the
                 journal's first fsync of a record covers its header too, and then fsyncs the
-                directory (before anything counts as durable), unless the caller fsynced the
-                directory and said so with :meth:`directory_synced` (one directory fsync for
-                several journals created together, issue 49). A crash before that first fsync
+                directory (before anything counts as durable), or waits for the caller's fsync
+                of it (:meth:`directory_sync_beside`: one directory fsync for several journals
+                created together, issue 49). A crash before that first fsync
                 leaves no file, an empty one or a torn header, each of which the next open
                 takes for a new journal (no record was durable, so none is lost).
             directory_claim: the owner claim (S13) of the state directory the journal is in,
@@ -484,13 +484,6 @@ class Journal(Degradation):
                     path=self.path,
                     pending=max(0, self._next_seq - 1 - self._durable_seq),
                 )
-
-    def directory_synced(self) -> None:
-        """The caller fsynced this journal's directory after the open that created the file
-        (opened with ``dir_sync=False``): its entry is durable, so its first fsync need not
-        fsync the directory. Say so only after that directory fsync returned."""
-        with self._io_lock:
-            self._dir_pending = False
 
     def directory_sync_beside(self, synced: Callable[[], bool]) -> None:
         """The caller fsyncs this journal's directory beside (one fsync for several journals an
