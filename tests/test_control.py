@@ -18,8 +18,8 @@ import orjson
 import pytest
 
 from durable_dispatch import CampaignState, WorkItem
-from durable_dispatch.admin import compact_state, view_state
-from durable_dispatch.control import (
+from durable_dispatch.campaign.admin import compact_state, view_state
+from durable_dispatch.campaign.control import (
     CONTROL_DIR,
     Inbox,
     pending_commands,
@@ -30,7 +30,7 @@ from durable_dispatch.core import Dispatcher
 from durable_dispatch.core.decisions import Park, Requeue
 from durable_dispatch.errors import UsageError
 from durable_dispatch.mpi import Feed, run_master
-from durable_dispatch.statedir import STATE_JOURNAL
+from durable_dispatch.campaign.statedir import STATE_JOURNAL
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import LocalWorkers
 

@@ -89,7 +89,7 @@ def test_the_ground_floor_stands_on_nothing_above_it() -> None:
     g = imports()
     ground = {"durable_dispatch.errors", "durable_dispatch.tokens"}
     assert all(g[m] <= ground for m in ground), {m: g[m] for m in ground}
-    above = ("durable_dispatch.core", "durable_dispatch.mpi", "durable_dispatch.state")
+    above = ("durable_dispatch.core", "durable_dispatch.mpi", "durable_dispatch.campaign.state")
     for m, deps in _below(g, "durable_dispatch.storage").items():
         reach = {d for d in deps if d.startswith(above)}
         assert not reach, f"{m} imports {reach}"
@@ -103,7 +103,7 @@ def test_the_mpi_shell_and_the_fault_injection_do_not_reach_up() -> None:
     g = imports()
     above_mpi = (
         "durable_dispatch.testing",
-        "durable_dispatch.demo",
+        "durable_dispatch.cli.demo",
         "durable_dispatch.cli",
         "durable_dispatch.futures",
     )

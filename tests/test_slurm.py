@@ -234,7 +234,7 @@ def submit(
 
 def committed_once(job: Job, items: int) -> None:
     """Every work ID committed exactly once, nothing lost, the state verifies."""
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     p = view_state(job.dir / "state").projection
     assert len(p.committed) == items and p.duplicate_commits == 0, job.report()
@@ -353,7 +353,7 @@ def test_a_time_limit_without_signal_under_open_mpis_mpiexec_is_what_the_docs_sa
     and kills the ranks when the time limit's SIGTERM reaches it, so no drain: the job ends
     TIMEOUT and is not requeued; what was committed stays committed, once, and verifies (a
     resubmission resumes). Use --signal=B:USR1@N with mpiexec."""
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
     from durable_dispatch.mpi.launcher import mpi_flavor
 
     if mpi_flavor() != "openmpi":
@@ -435,7 +435,7 @@ def test_scancel_under_srun_drains_and_stays_cancelled(jobs: Any) -> None:
     assert f["JobState"] == "CANCELLED" and f["Restarts"] == "0", line + job.output()[-3000:]
     assert sorted(s for a, _r, s in job.ranks() if a == 0) == [0, 0, 3], line
     assert "not requeued" in job.output(), job.output()[-2000:]
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     p = view_state(job.dir / "state").projection
     assert 5 <= len(p.committed) < 150 and p.duplicate_commits == 0 and not p.in_flight

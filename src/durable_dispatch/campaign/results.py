@@ -109,7 +109,7 @@ def read_results(
         UsageError: not a state directory.
         JournalCorruptError: damage in one of the journals (before their torn tails).
     """
-    from .errors import UsageError
+    from ..errors import UsageError
 
     d = os.fspath(state_dir)
     if not is_state_dir(d):
@@ -148,7 +148,7 @@ def read_results(
 
 
 def _read(path: str, from_seq: int = 0) -> Iterator[Any]:
-    from .storage.journal import read_journal
+    from ..storage.journal import read_journal
 
     return read_journal(path, from_seq=from_seq, max_record_bytes=RESULT_RECORD_BYTES)
 
@@ -283,7 +283,7 @@ def _call_text(payload: Any) -> str | None:
 def _payloads(d: str) -> dict[str, Any]:
     """Work ID -> payload of every item in the submissions store (committed ones included)."""
     from .statedir import SUBMISSION_RECORD_BYTES, SUBMISSIONS
-    from .storage.journal import read_journal
+    from ..storage.journal import read_journal
 
     out: dict[str, Any] = {}
     path = os.path.join(d, SUBMISSIONS)
@@ -317,7 +317,7 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
     import time
 
     from .admin import view_state
-    from .history import read_history
+    from ..views.history import read_history
 
     d = os.fspath(state_dir)
     t = time.time() if now is None else now

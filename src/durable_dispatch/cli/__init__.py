@@ -19,9 +19,9 @@ from typing import Any, NoReturn
 
 import orjson
 
-from .errors import DurableDispatchError, UsageError
-from .examine import examine, kind_of
-from .watch import stats_of, stats_text, watch_frame, watch_text
+from ..errors import DurableDispatchError, UsageError
+from ..views.examine import examine, kind_of
+from ..views.watch import stats_of, stats_text, watch_frame, watch_text
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the demo was stopped by a second Ctrl-C (128 + SIGINT)
@@ -126,8 +126,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Full checksum and structure check; never modifies anything."""
     res = examine(args.path, count_kinds=False, progress=_file_meter)
     if res["kind"] == "state-directory" and res["intact"]:
-        from .admin import view_state
-        from .errors import CorruptionError
+        from ..campaign.admin import view_state
+        from ..errors import CorruptionError
 
         try:  # S11: checksums passed; every event and the snapshot must match their schemas
             view_state(args.path)
@@ -155,7 +155,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     """Describe a journal, a snapshot or a state directory."""
     res = examine(args.path, count_kinds=True, progress=_file_meter)
     if res["kind"] == "state-directory":  # the campaign's one view, as stats shows it (V1)
-        from .view import read_view
+        from ..views.view import read_view
 
         res["state"] = read_view(args.path).as_dict()
     _print(res, args.json)
@@ -168,7 +168,7 @@ def _need_state_dir(path: str) -> None:
     if not os.path.isdir(path):
         raise _IOFailure(f"{path}: not a directory")
     if kind_of(path) != "state-directory":
-        from .statedir import is_state_dir
+        from ..campaign.statedir import is_state_dir
 
         try:
             inner = sorted(n for n in os.listdir(path) if is_state_dir(os.path.join(path, n)))
@@ -188,8 +188,8 @@ def _need_state_dir(path: str) -> None:
 def cmd_stats(args: argparse.Namespace) -> int:
     """The campaign at a glance (state, progress, rate and ETA, failures, ranks, storage,
     master); every number with ``--verbose`` and ``--json`` (one view, V1)."""
-    from .admin import view_state
-    from .view import view_of_state
+    from ..campaign.admin import view_state
+    from ..views.view import view_of_state
 
     _need_state_dir(args.state_dir)
     v = view_state(args.state_dir)
@@ -204,7 +204,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the campaign's report page (read-only on the state directory)."""
-    from .report import write_report
+    from ..views.report import write_report
 
     _need_state_dir(args.state_dir)
     series = write_report(args.state_dir, args.output)
@@ -221,7 +221,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """A live view of a campaign, read-only and safe beside the master (see docs/cli.md)."""
-    from .view import read_view
+    from ..views.view import read_view
 
     _need_state_dir(args.state_dir)
     if args.interval <= 0:
@@ -246,7 +246,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def cmd_results(args: argparse.Namespace) -> int:
     """Every committed result, in commit order (U6); read-only, safe beside a running master.
     A sealed pickle of the futures executor is shown opaque (``results.shown``)."""
-    from .results import read_results, shown
+    from ..campaign.results import read_results, shown
 
     _need_state_dir(args.state_dir)
     rows = read_results(args.state_dir, args.work_ids or None)
@@ -275,7 +275,7 @@ def cmd_joblog(args: argparse.Namespace) -> int:
     what it runs (GNU parallel's --joblog); read-only, safe beside a running master."""
     import datetime
 
-    from .results import read_joblog
+    from ..campaign.results import read_joblog
 
     _need_state_dir(args.state_dir)
     rows = read_joblog(args.state_dir)
@@ -319,7 +319,7 @@ def cmd_joblog(args: argparse.Namespace) -> int:
 
 def cmd_compact(args: argparse.Namespace) -> int:
     """Fold a state directory's journal into a snapshot, or drop resolved deferred entries."""
-    from .storage.defer import compact_file
+    from ..storage.defer import compact_file
 
     path = args.path
     if not os.path.exists(path):
@@ -327,7 +327,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     meter = _Meter("compacting")
     try:
         if os.path.isdir(path):
-            from .admin import compact_state
+            from ..campaign.admin import compact_state
 
             _need_state_dir(path)
             rep = compact_state(path, dry_run=args.dry_run, progress=meter).as_dict()
@@ -394,8 +394,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     """Drain the running master as SIGUSR1 does (it stops resumably)."""
-    from .errors import NoMasterError
-    from .statedir import _master_running
+    from ..errors import NoMasterError
+    from ..campaign.statedir import _master_running
 
     _need_state_dir(args.state_dir)
     try:
@@ -409,8 +409,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """Add work items from a JSON Lines file (or standard input) to the campaign."""
-    from .control import parse_submit_lines
-    from .errors import ChangedPayloadError
+    from ..campaign.control import parse_submit_lines
+    from ..errors import ChangedPayloadError
 
     _need_state_dir(args.state_dir)
     try:
@@ -426,9 +426,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_deferred(args: argparse.Namespace) -> int:
     """List, show, requeue or drop deferred work items of a state directory."""
-    from .admin import drop_deferred, view_state
-    from .storage.defer import DEFAULT_DEFER_NAME
-    from .storage.journal import read_journal
+    from ..campaign.admin import drop_deferred, view_state
+    from ..storage.defer import DEFAULT_DEFER_NAME
+    from ..storage.journal import read_journal
 
     _need_state_dir(args.state_dir)
     if args.action in ("requeue", "drop"):
@@ -530,7 +530,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import shlex
     import subprocess
 
-    from .mpi.launcher import kill_session, launch_env, mpiexec_command
+    from ..mpi.launcher import kill_session, launch_env, mpiexec_command
 
     if not args.program:
         raise UsageError("run needs a program, e.g. durable-dispatch run -n 4 python campaign.py")

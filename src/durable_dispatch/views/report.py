@@ -6,8 +6,8 @@ is mailed as one file. :func:`report_series` computes what is drawn (a test chec
 journal and against ``stats``); :func:`render_report` draws it.
 
 Its numbers (committed, deferred, pending, in flight, failures by kind, master runs, rate, ETA)
-are the campaign's one :class:`~durable_dispatch.view.CampaignView`, the numbers ``stats`` and
-``watch`` show. Its charts come from the journals' history (:mod:`~durable_dispatch.history`):
+are the campaign's one :class:`~durable_dispatch.views.view.CampaignView`, the numbers ``stats`` and
+``watch`` show. Its charts come from the journals' history (:mod:`~durable_dispatch.views.history`):
 progress, throughput, items in flight and parked ranks over time, and a timeline per rank. The
 time axis runs over the master runs; the time between two runs, when no master ran, is drawn as
 a grey band (narrowed when it is long) in which nothing is in flight.
@@ -147,7 +147,7 @@ def _cumulative(times: Iterable[float], deltas: Iterable[tuple[float, int]]) -> 
 def report_series(directory: str | os.PathLike[str], *, now: float | None = None) -> dict[str, Any]:
     """What the report shows, JSON-ready.
 
-    Keys: ``view`` (the campaign's :class:`~durable_dispatch.view.CampaignView` as a dict: every
+    Keys: ``view`` (the campaign's :class:`~durable_dispatch.views.view.CampaignView` as a dict: every
     number of the page's summary), ``runs`` (``{"epoch", "start", "end", "open"}`` per master
     run), ``gaps`` (``[from, to]`` when no master ran), ``start``/``end``, ``times`` (bucket
     ends), ``committed`` (cumulative items committed at each), ``deferred`` (items deferred at
@@ -159,7 +159,7 @@ def report_series(directory: str | os.PathLike[str], *, now: float | None = None
     ``slowest`` (the 10 longest attempts, in flight and failed ones included: ``{"work_id",
     "seconds", "rank", "host", "outcome"}``; ``host`` None when not recorded).
     """
-    from .admin import view_state
+    from ..campaign.admin import view_state
     from .view import view_of_state
 
     t_now = time.time() if now is None else now
@@ -677,7 +677,7 @@ def write_report(directory: str | os.PathLike[str], out: str | os.PathLike[str])
         UsageError: ``out``'s directory does not exist or is not a directory.
         OSError: ``out`` cannot be written (the message names ``out``, not the temporary file).
     """
-    from .errors import UsageError
+    from ..errors import UsageError
 
     d = os.fspath(directory)
     target = os.fspath(out)
@@ -687,7 +687,7 @@ def write_report(directory: str | os.PathLike[str], out: str | os.PathLike[str])
         raise UsageError(f"cannot write {target}: the directory {parent} {what}")
     series = report_series(d)
     page = render_report(series, "durable-dispatch campaign", os.path.abspath(d))
-    from .storage import fs
+    from ..storage import fs
 
     tmp = target + ".tmp"
     try:

@@ -281,7 +281,7 @@ def campaign_view(
 
 
 def view_of_state(v: Any, now: float | None = None) -> CampaignView:
-    """The view of a :class:`~durable_dispatch.admin.StateView` (``view_state``'s result)."""
+    """The view of a :class:`~durable_dispatch.campaign.admin.StateView` (``view_state``'s result)."""
     return campaign_view(
         v.projection,
         v.live,
@@ -301,6 +301,6 @@ def read_view(state_dir: str | os.PathLike[str], now: float | None = None) -> Ca
         UsageError: not a state directory.
         JournalCorruptError, SnapshotCorruptError: damage found.
     """
-    from .admin import view_state
+    from ..campaign.admin import view_state
 
     return view_of_state(view_state(state_dir), now)
