@@ -26,11 +26,11 @@ from durable_dispatch.campaign.control import (
     read_ack,
     write_command,
 )
+from durable_dispatch.campaign.statedir import STATE_JOURNAL
 from durable_dispatch.core import Dispatcher
 from durable_dispatch.core.decisions import Park, Requeue
 from durable_dispatch.errors import UsageError
 from durable_dispatch.mpi import Feed, run_master
-from durable_dispatch.campaign.statedir import STATE_JOURNAL
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import LocalWorkers
 

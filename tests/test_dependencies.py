@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 
 from durable_dispatch import CampaignState, RetryPolicy, WorkItem
 from durable_dispatch.campaign.admin import requeue_deferred, view_state
+from durable_dispatch.campaign.results import read_results
+from durable_dispatch.campaign.statedir import STATE_JOURNAL
 from durable_dispatch.core.events import (
     Committed,
     Deferred,
@@ -33,8 +35,6 @@ from durable_dispatch.core.events import (
 from durable_dispatch.core.ledger import Ledger
 from durable_dispatch.errors import UsageError
 from durable_dispatch.mpi import run_master
-from durable_dispatch.campaign.results import read_results
-from durable_dispatch.campaign.statedir import STATE_JOURNAL
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import LocalWorkers
 from durable_dispatch.tokens import Token
@@ -378,9 +378,9 @@ def test_a_dag_under_mpiexec_with_job_sigkills_commits_the_closure_once(tmp_path
 
 # --------------------------------------------------------------- the one view
 def test_stats_watch_report_and_joblog_show_waiting_items(tmp_path: Path) -> None:
+    from durable_dispatch.campaign.results import read_joblog
     from durable_dispatch.cli import main
     from durable_dispatch.views.report import report_series
-    from durable_dispatch.campaign.results import read_joblog
     from durable_dispatch.views.view import STOPPED, read_view
     from durable_dispatch.views.watch import stats_text
 

@@ -123,7 +123,8 @@ def test_top_level_names_load_on_first_use() -> None:
 
     code = (
         "import sys, durable_dispatch.mpi.worker, durable_dispatch.storage.defer\n"
-        "print(sorted(m for m in ('durable_dispatch.campaign.state', 'durable_dispatch.core.dispatcher')"
+        "print(sorted(m for m in ('durable_dispatch.campaign.state',"
+        " 'durable_dispatch.core.dispatcher')"
         " if m in sys.modules))\n"
         "import durable_dispatch as dd\n"
         "print(all(getattr(dd, n) is not None for n in dd.__all__))\n"

@@ -17,8 +17,8 @@ import pytest
 
 from durable_dispatch import CampaignState, RetryPolicy, WatchdogConfig, WorkItem
 from durable_dispatch.campaign.admin import compact_state
-from durable_dispatch.views.report import report_series, write_report
 from durable_dispatch.storage.journal import read_journal
+from durable_dispatch.views.report import report_series, write_report
 
 from .helpers import fake_campaign
 

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from durable_dispatch import CampaignState, SnapshotStore
 from durable_dispatch.campaign.admin import view_state
+from durable_dispatch.campaign.replay import event_work_ids, replay
+from durable_dispatch.campaign.statedir import STATE_JOURNAL, SUBMISSIONS
 from durable_dispatch.core import Commit, Dispatcher, RetryPolicy, Send, WatchdogConfig, WorkItem
 from durable_dispatch.core.ledger import Ledger
 from durable_dispatch.errors import LockHeldError
-from durable_dispatch.campaign.replay import event_work_ids, replay
-from durable_dispatch.campaign.statedir import STATE_JOURNAL, SUBMISSIONS
 from durable_dispatch.storage import Journal
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import inject_faults
@@ -773,8 +773,8 @@ def test_a_forged_event_with_a_valid_checksum_is_typed_corruption(
 
 def test_a_snapshot_body_of_the_wrong_shape_is_passed_over(tmp_path: Path) -> None:
     """Issue 13, example 5: a snapshot body of [] crashed every reader."""
-    from durable_dispatch.errors import SnapshotCorruptError
     from durable_dispatch.campaign.statedir import SNAPSHOT_NAME
+    from durable_dispatch.errors import SnapshotCorruptError
     from durable_dispatch.storage.snapshot import encode_snapshot
 
     d = tmp_path / "st"

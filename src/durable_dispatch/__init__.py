@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .campaign.results import CommittedResult, read_results
+    from .campaign.state import CampaignState
     from .commands import CommandOutcome, run_command
     from .core import Dispatcher, ItemFailure, RetryPolicy, WatchdogConfig, WorkItem
     from .errors import DurableDispatchError
     from .mpi.context import WorkContext
-    from .campaign.results import CommittedResult, read_results
-    from .campaign.state import CampaignState
     from .storage import (
         DeferJournal,
         Health,

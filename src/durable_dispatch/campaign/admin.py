@@ -16,6 +16,9 @@ from ..core.events import RequeuedDeferred, Submitted, encode
 from ..core.indexed import DIGEST_BYTES, store_form
 from ..core.ledger import Ledger
 from ..errors import StorageError
+from ..storage import DeferJournal, Journal
+from ..storage.format import Header, new_salt
+from ..storage.scan import RawBatch
 from .replay import (
     Stored,
     _decoded,
@@ -34,9 +37,6 @@ from .statedir import (
     _master_running,
     is_state_dir,
 )
-from ..storage import DeferJournal, Journal
-from ..storage.format import Header, new_salt
-from ..storage.scan import RawBatch
 
 __all__ = [
     "StateView",

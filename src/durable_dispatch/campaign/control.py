@@ -57,8 +57,8 @@ from ..errors import ChangedPayloadError, DurableDispatchError, UsageError
 from ..storage import fs as _fs
 
 if TYPE_CHECKING:
-    from .delivery import Delivery as CampaignState  # (state.py imports this module)
     from ..tokens import Token
+    from .delivery import Delivery as CampaignState  # (state.py imports this module)
 
 __all__ = [
     "CONTROL_DIR",

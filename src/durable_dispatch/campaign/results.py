@@ -282,8 +282,8 @@ def _call_text(payload: Any) -> str | None:
 
 def _payloads(d: str) -> dict[str, Any]:
     """Work ID -> payload of every item in the submissions store (committed ones included)."""
-    from .statedir import SUBMISSION_RECORD_BYTES, SUBMISSIONS
     from ..storage.journal import read_journal
+    from .statedir import SUBMISSION_RECORD_BYTES, SUBMISSIONS
 
     out: dict[str, Any] = {}
     path = os.path.join(d, SUBMISSIONS)
@@ -316,8 +316,8 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
     """
     import time
 
-    from .admin import view_state
     from ..views.history import read_history
+    from .admin import view_state
 
     d = os.fspath(state_dir)
     t = time.time() if now is None else now

@@ -394,8 +394,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     """Drain the running master as SIGUSR1 does (it stops resumably)."""
-    from ..errors import NoMasterError
     from ..campaign.statedir import _master_running
+    from ..errors import NoMasterError
 
     _need_state_dir(args.state_dir)
     try:

@@ -33,11 +33,11 @@ from typing import Any
 
 import orjson
 
+from ..campaign.replay import event_work_ids
+from ..campaign.statedir import STATE_JOURNAL
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..errors import UsageError
 from ..mpi.context import WorkContext
-from ..campaign.replay import event_work_ids
-from ..campaign.statedir import STATE_JOURNAL
 from ..storage import Journal
 from ..storage import fs as _fs
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from ..campaign.control import Inbox, apply_command
+from ..campaign.state import CampaignState, OnCommit
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..errors import UsageError
-from ..campaign.state import CampaignState, OnCommit
 from ..views.view import CampaignView, campaign_view
 from . import guard
 from . import protocol as P

@@ -12,8 +12,8 @@ import os
 from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol
 
-from ..errors import UsageError
 from ..campaign.statedir import is_state_dir
+from ..errors import UsageError
 from ..storage import fs as _fs
 from ..storage.scan import scan
 from ..storage.snapshot import decode_snapshot, read_snapshot_file

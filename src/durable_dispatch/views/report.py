@@ -147,17 +147,17 @@ def _cumulative(times: Iterable[float], deltas: Iterable[tuple[float, int]]) -> 
 def report_series(directory: str | os.PathLike[str], *, now: float | None = None) -> dict[str, Any]:
     """What the report shows, JSON-ready.
 
-    Keys: ``view`` (the campaign's :class:`~durable_dispatch.views.view.CampaignView` as a dict: every
-    number of the page's summary), ``runs`` (``{"epoch", "start", "end", "open"}`` per master
-    run), ``gaps`` (``[from, to]`` when no master ran), ``start``/``end``, ``times`` (bucket
-    ends), ``committed`` (cumulative items committed at each), ``deferred`` (items deferred at
-    each: the folded ones, whose time a compaction dropped, from the start), ``in_flight``
-    (items in flight; 0 between runs), ``parked`` (ranks parked), ``throughput`` (items
-    committed per second over the last 4 buckets of the run), ``timeline`` (rank ->
-    ``[[from, to, outcome], ...]``), ``failures`` (items that failed: ``{"work_id", "status",
-    "failures", "kinds", "last_error"}``), ``deferred_items`` (the same for deferred items),
-    ``slowest`` (the 10 longest attempts, in flight and failed ones included: ``{"work_id",
-    "seconds", "rank", "host", "outcome"}``; ``host`` None when not recorded).
+    Keys: ``view`` (the campaign's :class:`~durable_dispatch.views.view.CampaignView` as a dict:
+    every number of the page's summary), ``runs`` (``{"epoch", "start", "end", "open"}`` per master
+    run), ``gaps`` (``[from, to]`` when no master ran), ``start``/``end``, ``times`` (bucket ends),
+    ``committed`` (cumulative items committed at each), ``deferred`` (items deferred at each: the
+    folded ones, whose time a compaction dropped, from the start), ``in_flight`` (items in flight; 0
+    between runs), ``parked`` (ranks parked), ``throughput`` (items committed per second over the
+    last 4 buckets of the run), ``timeline`` (rank -> ``[[from, to, outcome], ...]``), ``failures``
+    (items that failed: ``{"work_id", "status", "failures", "kinds", "last_error"}``),
+    ``deferred_items`` (the same for deferred items), ``slowest`` (the 10 longest attempts, in
+    flight and failed ones included: ``{"work_id", "seconds", "rank", "host", "outcome"}``; ``host``
+    None when not recorded).
     """
     from ..campaign.admin import view_state
     from .view import view_of_state

@@ -281,7 +281,8 @@ def campaign_view(
 
 
 def view_of_state(v: Any, now: float | None = None) -> CampaignView:
-    """The view of a :class:`~durable_dispatch.campaign.admin.StateView` (``view_state``'s result)."""
+    """The view of a :class:`~durable_dispatch.campaign.admin.StateView` (``view_state``'s
+    result)."""
     return campaign_view(
         v.projection,
         v.live,
