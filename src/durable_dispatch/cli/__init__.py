@@ -275,7 +275,7 @@ def cmd_joblog(args: argparse.Namespace) -> int:
     what it runs (GNU parallel's --joblog); read-only, safe beside a running master."""
     import datetime
 
-    from ..campaign.results import read_joblog
+    from ..views.joblog import read_joblog
 
     _need_state_dir(args.state_dir)
     rows = read_joblog(args.state_dir)
