@@ -342,6 +342,16 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
             named = f'<span class="pre">{name}</span>' in page  # another's or the stdlib's
             assert entry or named, f"{modname}.{name} has no reference entry"
     assert not _tracked("docs/reference/api"), "generated pages are not committed (Parsl's rule)"
+    # what a user reads carries no internal label (a requirement code, an issue number): every
+    # page of the built site, the API reference and the command reference included
+    from .test_words import labels
+
+    found = {}
+    for page in out.rglob("*.html"):
+        text = html.unescape(re.sub(r"<[^>]+>", " ", page.read_text()))
+        if labels(text):
+            found[str(page.relative_to(out))] = labels(text)[:3]
+    assert not found, found
 
 
 def _tracked(under: str) -> list[Path]:

@@ -176,8 +176,8 @@ class SnapshotCorruptError(CorruptionError):
 
 class ValueCorruptError(CorruptionError):
     """A stored pickle (a call or a result of ``durable_dispatch.futures``) whose HMAC tag does
-    not verify with its state directory's secret, or whose side file is missing or altered
-    (S7). It was not unpickled: a forged or foreign state directory cannot run code here.
+    not verify with its state directory's secret, or whose side file is missing or altered.
+    It was not unpickled: a forged or foreign state directory cannot run code here.
     Restore the directory from a copy you trust, or start a new one.
     """
 
@@ -213,7 +213,7 @@ class RecordEncodeError(UsageError, TypeError):
 
 class ChangedPayloadError(UsageError):
     """A work ID the campaign knows (pending, in flight, committed or deferred) was submitted
-    with another payload (U11): a work ID names one payload. Nothing of that submission was
+    with another payload: a work ID names one payload. Nothing of that submission was
     added, and nothing has run with the stale payload because of it.
 
     Raised by ``CampaignState.submit`` and so by every way work arrives (a ``run_master``
@@ -331,11 +331,11 @@ class NotDurableError(StorageDegradedError):
 
 
 class LockHeldError(DurableDispatchError):
-    """Another writer holds the lock of a journal or state directory (S5).
+    """Another writer holds the lock of a journal or state directory.
 
     Attributes:
         path: the lock file (or the state directory, or its owner record).
-        host: the host name of the process that holds it, when known (S13).
+        host: the host name of the process that holds it, when known (from the owner record).
         pid: that process's ID, when known.
     """
 

@@ -149,7 +149,7 @@ class CampaignState(Delivery, Dependencies):
         self.directory = directory
         self._lock = kw["lock"]
         self.journal: Journal = kw["journal"]
-        #: the submissions store (``submissions.jsonl``): every item's payload, once (S8)
+        #: the submissions store (``submissions.jsonl``): every item's payload, once
         self.submissions: Journal = kw["submissions"]
         self._store = SubmissionStore(self.submissions, kw["stored"])
         self.snapshots: SnapshotStore = kw["snapshots"]
@@ -176,7 +176,7 @@ class CampaignState(Delivery, Dependencies):
         #: memory): the item's retries are spent (the futures executor fails its future)
         self.on_defer: Callable[[Defer], None] | None = None
         #: called with the work ID of each item an operator cancelled (``durable-dispatch
-        #: cancel``, O1), once its ``cancelled`` record is journaled (the futures executor
+        #: cancel``), once its ``cancelled`` record is journaled (the futures executor
         #: fails its future)
         self.on_cancel: Callable[[str], None] | None = None
         #: called with each :class:`Send` of :meth:`next_send` once it is journaled, before
@@ -202,7 +202,7 @@ class CampaignState(Delivery, Dependencies):
         self._dep_results: dict[str, list[Any]] = {}  # G4: see dependencies.py
         self._has_after = False
         self._sized: set[str] = set()
-        #: the operator commands this open applied (``control.Applied``; O1)
+        #: the operator commands this open applied (``control.Applied``)
         self.applied_at_open: list[Any] = []
         #: the directory fsync of the journals the open created, running beside (issue 49)
         self._dir_sync: _Beside[bool] | None = None
@@ -225,9 +225,10 @@ class CampaignState(Delivery, Dependencies):
 
         ``on_commit(work_id, result)`` is the callback of every commit (see :meth:`redeliver`,
         which this calls before returning: the commits a crash or a failed callback kept from
-        it are delivered first, U6). It may return work items, the children of that result
-        (G1): they are submitted durably before the commit counts as delivered, and known work
-        IDs are skipped, so each child is submitted once however often the callback runs.
+        it are delivered first, so each commit is delivered at least once). It may return work
+        items, the children of that result: they are submitted durably before the commit counts
+        as delivered, and known work IDs are skipped, so each child is submitted once however
+        often the callback runs.
         It is called once a commit is journaled durably, or, while the journal is degraded (a
         disk fault), at once for a memory-only commit: a callback with a parameter named
         ``durable`` is told which (``durable=False``: lost if the process ends before the
@@ -240,12 +241,12 @@ class CampaignState(Delivery, Dependencies):
 
         In-flight dispatches from a previous run are rolled back to the front of the frontier
         without charging a retry, and then a snapshot is written before anything is dispatched
-        (S8; an open that rolled nothing back writes none: the journal holds its epoch).
+        (an open that rolled nothing back writes none: the journal holds its epoch).
 
         Raises:
             LockHeldError: another master holds the directory.
             StorageError: the directory or its lock cannot be created or opened (a read-only or
-                full filesystem, a link at the lock's path): nothing was read or changed (S9).
+                full filesystem, a link at the lock's path): nothing was read or changed.
             JournalCorruptError, SnapshotCorruptError, StorageError: see the storage layer.
         """
         d = os.fspath(directory)
@@ -381,12 +382,12 @@ class CampaignState(Delivery, Dependencies):
         """Add work items not already known (pending, in flight, committed or deferred).
 
         Safe to call with the whole work source on every start: known IDs with the payload
-        they named are skipped (U11: compared by a digest of the payload's JSON, keys sorted).
+        they named are skipped (compared by a digest of the payload's JSON, keys sorted).
         Returns how many were new. Each item's payload is written once, to the submissions
         store, durably before the state journal names it (by index); a crash between the two
         leaves items the next open submits (they were durable).
 
-        The items are built with the cyclic collector paused and then frozen (issue 50; see
+        The items are built with the cyclic collector paused and then frozen (see
         ``paused_gc`` and docs/performance.md), so no collection walks the queue again.
 
         Raises:
@@ -489,7 +490,7 @@ class CampaignState(Delivery, Dependencies):
         """The next dispatch of up to ``max_items`` items, journaled (persist before you send),
         or None.
 
-        Writes any snapshot the core requires first (S8). The first waits for this run's
+        Writes any snapshot the core requires first (after a rollback). The first waits for this run's
         epoch record to be durable: a token of an epoch a crash could forget would be the
         token of another dispatch after the restart, which starts the same epoch again.
         """
@@ -566,7 +567,7 @@ class CampaignState(Delivery, Dependencies):
         return self._apply(self.core.rank_lost(rank, now, error), self._on_commit)
 
     def on_gone(self, rank: int, error: str, now: float) -> list[Decision]:
-        """``rank`` said it failed and ends (a GONE message, U8): its dispatch is rolled back
+        """``rank`` said it failed and ends (a GONE message): its dispatch is rolled back
         and the rank dropped, as for a lost rank; a rank already lost or unknown is ignored."""
         if self.core.rank_state(rank) in (None, RankState.LOST):
             return []
@@ -575,7 +576,7 @@ class CampaignState(Delivery, Dependencies):
 
     def now(self) -> float:
         """The master's clock for this turn: ``time.monotonic()`` as the core's observed clock
-        counts it (U7: a pause of the master is not held against the workers)."""
+        counts it (a pause of the master is not held against the workers)."""
         return self.core.clock.observe(time.monotonic())
 
     @property
@@ -613,12 +614,12 @@ class CampaignState(Delivery, Dependencies):
         return "every worker parked"
 
     def tick(self, now: float, *, drained: bool = True) -> list[Decision]:
-        """The end of a turn (W3 steps 4 and 5): deliver the commits an fsync now covers, roll
+        """The end of a turn (its last two steps): deliver the commits an fsync now covers, roll
         back every READY that came without a valid RESULT, and sweep the watchdog.
 
         ``drained``: the turn's receive found every message that had arrived (it returned
         fewer than its limit). After a pause of the master, deadlines are judged only once a
-        turn drained (U7). A degraded journal is retried here too, with a back-off (0.5 s,
+        turn drained (a paused master suspects no worker). A degraded journal is retried here too, with a back-off (0.5 s,
         doubling to 30 s).
         """
         if drained:

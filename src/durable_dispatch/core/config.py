@@ -149,7 +149,7 @@ class WatchdogConfig:
     ``WatchdogConfig(120, quantile=0.99)`` follows task times of any scale with no tuning: once
     fitted, a hang costs 3 times the 99th percentile of task time instead of two minutes; during
     the warm-up it costs ``seconds``, so make that a true upper bound (docs/experiments.md
-    measures both rules). Deadlines are never saved (W2): a resumed master measures again,
+    measures both rules). Deadlines are never saved: a resumed master measures again,
     starting from ``seconds``.
 
     Attributes:

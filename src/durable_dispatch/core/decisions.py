@@ -90,10 +90,10 @@ class WorkItem:
             ``{"target": "libpng"}``); an item waits in the frontier while one is taken.
         inputs: paths the item needs to be replayed after a deferral.
         self_contained: the item carries everything it needs (no ``inputs`` required).
-        priority: the frontier serves higher priorities first, first in first out within one
-            (G2); 0 by default. Any integer: a fuzzer's favoured inputs get a higher one, a
+        priority: the frontier serves higher priorities first, first in first out within one;
+            0 by default. Any integer: a fuzzer's favoured inputs get a higher one, a
             depth-first search gives a child its parent's priority + 1.
-        after: work IDs that must be committed, durably, before this item is dispatched (G4);
+        after: work IDs that must be committed, durably, before this item is dispatched;
             until then it *waits* (neither pending nor deferred). A dependency deferred for
             good defers this item (kind ``"dependency"``); so does a dependency that is never
             submitted, or a cycle, once nothing else can run. With ``run_worker(fn,

@@ -93,7 +93,7 @@ class Dispatcher(Rollbacks, Views):
     Its durable state is a :class:`~durable_dispatch.core.ledger.Ledger` (:attr:`ledger`), changed
     only by the events of its decisions (``events.of_decision``), which the shell journals: replay
     folds the same events into the same model. The rest (ranks, transactions, leases, deadlines,
-    counters) lives only in memory (W2).
+    counters) lives only in memory.
 
     Args:
         epoch: this master run's epoch (from durable state; increases at every start).
@@ -224,7 +224,7 @@ class Dispatcher(Rollbacks, Views):
             self._leases[(k, v)] = token
 
     def mark_dispatched(self, token: Token, now: float) -> list[Decision]:
-        """The WORK send for ``token`` returned: the deadline starts now (W1)."""
+        """The WORK send for ``token`` returned: the deadline starts now."""
         tx = self._open_tx(token)
         advance(tx, TxEvent.SENT)
         tx.sent_at = now
@@ -235,7 +235,7 @@ class Dispatcher(Rollbacks, Views):
         return []
 
     def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
-        """The WORK send for ``token`` failed: the same compensation path as a timeout (W4)."""
+        """The WORK send for ``token`` failed: the same compensation path as a timeout."""
         tx = self._open_tx(token)
         if tx.state is not TxState.PREPARING:
             raise UsageError(f"{token} is {tx.state.value}, not PREPARING")

@@ -103,7 +103,7 @@ class Ledger:
         in_flight: work ID -> (token, rank) of its open dispatch, in dispatch order.
         committed: committed work IDs (a set).
         deferred: deferred work items by work ID, in the order they were deferred.
-        waiting: work IDs waiting for a dependency (G4), in submission order.
+        waiting: work IDs waiting for a dependency, in submission order.
         missing: work ID (waiting, or deferred with kind ``"dependency"``) -> how many of its
             ``after`` IDs are not committed.
         dependents: a work ID not committed -> the items that name it in ``after`` and wait

@@ -1,4 +1,4 @@
-"""mpi4py.futures, durable: the same API, and a crash, a hang or a restart loses nothing (F1).
+"""mpi4py.futures, durable: the same API, and a crash, a hang or a restart loses nothing.
 
 Change one line of an mpi4py.futures script::
 

@@ -614,7 +614,7 @@ class DurableExecutor(Executor):
         state directory stays pending there: a re-run that submits it runs it).
 
         A future this executor returned, passed as an argument (positional or keyword, or an
-        element of a list, tuple or dict argument, one level deep), is a dependency (G4): the
+        element of a list, tuple or dict argument, one level deep), is a dependency: the
         call waits for it and receives its value in its place. The call's work ID digests the
         dependency's work ID, not its value. If the dependency failed (raised, crashed, timed
         out), this call never runs and its future fails with :class:`DependencyFailed`, whose

@@ -4,7 +4,7 @@ This is the only package that imports mpi4py (lazily, inside the functions), so 
 library works without an MPI runtime. Names load on first use: a worker rank that imports
 ``run_worker`` does not load the master, the campaign state or the dispatch core.
 
-Importing it installs :func:`.guard.abort_on_unhandled` as ``sys.excepthook`` (U8): an unhandled
+Importing it installs :func:`.guard.abort_on_unhandled` as ``sys.excepthook``: an unhandled
 exception on any rank of a multi-rank job ends the whole job with ``MPI_Abort`` instead of
 leaving the other ranks waiting for it forever; in a rank an MPI launcher started, it records
 SIGTERM and SIGUSR1 (:func:`.signals.record_early`), so a batch system's early signal drains the

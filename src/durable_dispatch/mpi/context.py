@@ -46,7 +46,7 @@ class WorkContext:
             :meth:`beat` pushes it to at least ``now + lease``.
         lease: how far a heartbeat pushes the deadline, in seconds.
         dependencies: the committed result of each work ID the item names in
-            ``WorkItem.after``, by work ID (G4); empty for an item without dependencies.
+            ``WorkItem.after``, by work ID; empty for an item without dependencies.
     """
 
     work_id: str

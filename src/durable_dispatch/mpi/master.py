@@ -129,17 +129,17 @@ def run_master(
 
     Args:
         work: the work items (stable semantic IDs): a list, or a generator of millions,
-            consumed as the frontier drains (G3: chunks of 65,536 whenever fewer than 16,384
+            consumed as the frontier drains (in chunks of 65,536 whenever fewer than 16,384
             items are pending, never all in memory). On a resumed state directory known IDs are
             skipped, so pass the whole work source every time. Or a :class:`Feed`, for work
             that arrives while the campaign runs.
         state_dir: the campaign's state directory (see ``docs/state-format.md``).
         on_commit: ``on_commit(work_id, result)``, called once a result is journaled durably (while
             the journal is degraded by a disk fault, for a memory-only commit: give it a parameter
-            ``durable`` to be told, ``durable=False``); at least once (U6): a commit whose callback
+            ``durable`` to be told, ``durable=False``); at least once: a commit whose callback
             did not return (a crash, an exception) is delivered again when the campaign resumes,
             before anything is dispatched, so make it idempotent by work ID (an upsert). It may
-            return the work items that result spawns (G1): they are submitted durably before the
+            return the work items that result spawns: they are submitted durably before the
             commit counts as delivered, known work IDs are skipped (so a child runs once however
             often its parent's callback runs, and a child two parents name is one item); give
             children deterministic IDs (a digest of their input, a path, a node name). The campaign

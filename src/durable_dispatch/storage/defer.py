@@ -271,7 +271,7 @@ class DeferJournal:
         Extra keyword arguments go to :meth:`Journal.open`.
 
         Raises:
-            JournalCorruptError: a record does not match the defer record schema (S11), or see
+            JournalCorruptError: a record does not match the defer record schema, or see
                 :meth:`Journal.open`.
         """
         p = os.fspath(path)

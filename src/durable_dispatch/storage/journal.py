@@ -96,7 +96,7 @@ class _Degraded(Exception):
 
 
 class Journal(Degradation):
-    """An append-only, checksummed JSON Lines journal with one writer process (S1, S2, S4, S5).
+    """An append-only, checksummed JSON Lines journal with one writer process.
 
     Open with :meth:`Journal.open`; use as a context manager or call :meth:`close`.
     """
@@ -144,15 +144,15 @@ class Journal(Degradation):
                 journal's first fsync of a record covers its header too, and then fsyncs the
                 directory (before anything counts as durable), or waits for the caller's fsync
                 of it (:meth:`directory_sync_beside`: one directory fsync for several journals
-                created together, issue 49). A crash before that first fsync
+                created together). A crash before that first fsync
                 leaves no file, an empty one or a torn header, each of which the next open
                 takes for a new journal (no record was durable, so none is lost).
-            directory_claim: the owner claim (S13) of the state directory the journal is in,
-                held by this process together with that directory's master lock (S5): what a
+            directory_claim: the owner claim of the state directory the journal is in,
+                held by this process together with that directory's master lock: what a
                 state directory's master passes (``CampaignState.open``). The journal then
                 takes no ``<path>.lock`` of its own (the directory's lock already keeps every
                 other writer out of it, and a journal opened alone on the same file is still
-                refused by the lock on the file itself, S12) and checks this claim before each
+                refused by the lock on the file itself) and checks this claim before each
                 flush. Without it (a journal used alone) the journal takes its own lock file.
 
         Returns:
@@ -161,15 +161,15 @@ class Journal(Degradation):
 
         Raises:
             UsageError: an unknown sync policy or recovery mode, or a non-positive bound.
-            LockHeldError: another writer holds ``<path>.lock`` (S5) or the file itself (S12:
+            LockHeldError: another writer holds ``<path>.lock`` or the file itself (for
                 a state directory's master, which takes no ``<path>.lock`` for its journals).
             JournalCorruptError: damage the recovery mode does not repair (offset included).
             JournalVersionError: the file is of a format version this library does not read.
             StorageError: the OS refused with a non-disk error (permission denied, not a file ...),
                 or the disk refused (EROFS, ENOSPC, EDQUOT, EIO) before the existing file was read,
                 verified and repaired, for example its lock file could not be created, or the
-                copy of damaged bytes to their side file failed: the journal is left as it was
-                (S9). A disk that refuses only after that, or when no file exists yet, starts
+                copy of damaged bytes to their side file failed: the journal is left as it was.
+                A disk that refuses only after that, or when no file exists yet, starts
                 the journal ``DEGRADED`` instead.
         """
         if sync not in SYNC_POLICIES:
@@ -385,7 +385,7 @@ class Journal(Degradation):
             RecordTooLargeError: the encoded payload exceeds ``max_record_bytes`` (nothing written).
             MemoryBoundError: degraded and the memory bound is reached (the record was not taken).
             UsageError: the journal is closed.
-            LockHeldError: another master claimed the state directory (S13): nothing is written
+            LockHeldError: another master claimed the state directory: nothing is written
                 from then on (the journal is fenced; close it).
         """
         try:
@@ -487,8 +487,8 @@ class Journal(Degradation):
 
     def directory_sync_beside(self, synced: Callable[[], bool]) -> None:
         """The caller fsyncs this journal's directory beside (one fsync for several journals an
-        open created, issue 49): the journal's first fsync waits for it, ``synced()`` returning
-        True once it did (False: it failed, and the journal fsyncs the directory itself, S1),
+        open created): the journal's first fsync waits for it, ``synced()`` returning
+        True once it did (False: it failed, and the journal fsyncs the directory itself),
         instead of fsyncing the directory itself. ``synced`` is called without this journal's
         locks held by the directory fsync's side, and may be called more than once."""
         with self._io_lock:

@@ -138,13 +138,13 @@ class SnapshotStore:
         durable: False: a save is not fsynced (neither the file nor the directory); it is still
             atomic for readers and survives a crash of the process, but a power loss may lose
             it or leave it damaged (the reader then falls back to an older generation). For
-            values that are only a display, such as the master's statistics (issue 49).
-        directory_claim: the owner claim (S13) of the state directory the store is in, held by
-            this process with that directory's master lock (S5), as a state directory's master
+            values that are only a display, such as the master's statistics.
+        directory_claim: the owner claim of the state directory the store is in, held by
+            this process with that directory's master lock, as a state directory's master
             passes it: the store checks it before each save, and, being the only writer of its
             files while the claim is held, reads the directory's names from the claim's
             listing once and keeps track of its own generations from then on (no listing per
-            load or save, issue 49). Without it every save lists the directory.
+            load or save). Without it every save lists the directory.
     """
 
     def __init__(
@@ -227,7 +227,7 @@ class SnapshotStore:
                 generations are intact, ``obj`` is kept in ``unsaved``, ``health`` is DEGRADED.
                 Call ``save`` again later.
             StorageError: another OS error (permission denied, not a directory ...).
-            LockHeldError: another master claimed the state directory this store is in (S13).
+            LockHeldError: another master claimed the state directory this store is in.
         """
         try:
             body = orjson.dumps(obj)
@@ -322,7 +322,7 @@ class SnapshotStore:
     def load(self, validate: Callable[[Any], None] | None = None) -> Snapshot | None:
         """The newest generation that passes its checks, or None when there is none at all.
 
-        ``validate``, if given, checks a decoded body (S11) and raises ``ValueError`` naming
+        ``validate``, if given, checks a decoded body and raises ``ValueError`` naming
         what is wrong; a generation it refuses is passed over like a damaged one.
 
         Raises:

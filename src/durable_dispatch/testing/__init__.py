@@ -27,7 +27,7 @@ purpose, for tests of the master's rules (a hang, a late answer, a malformed RES
 
 :class:`LocalWorkers` runs a campaign's work function in-process, as the workers would, so
 ``run_master`` runs without ``mpiexec``: a user's test of a campaign, and the loop's own test of
-its turn order (W3).
+its turn order.
 
 Operations: ``open`` (file creation and opening for write, directory creation), ``write``,
 ``fsync``, ``dir-fsync``, ``replace``, ``close``, ``truncate``, ``unlink``, ``read``.

@@ -1,0 +1,157 @@
+"""What a user reads carries no internal label: no requirement code of DESIGN.md (U6, G3, S8,
+O1, ...) and no issue number, in the docs pages, the docstrings the API reference shows, the
+``--help`` of every command, and every string the library can print (error messages, logs).
+
+Module-internal comments and private docstrings may keep them: they are for whoever works on the
+code. The built site is checked by ``test_docs.py::test_the_site_builds_with_warnings_as_errors``
+with :func:`labels` below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import re
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "durable_dispatch"
+PUBLIC = [
+    "durable_dispatch",
+    "durable_dispatch.mpi",
+    "durable_dispatch.futures",
+    "durable_dispatch.testing",
+    "durable_dispatch.errors",
+]
+# a requirement code of DESIGN.md's tables (W, U, G, S, O, V, F, R families), or an issue number
+LABEL = re.compile(r"\b[WUGSOVFR][0-9]{1,2}\b|\b[Ii]ssues? #?[0-9]+")
+
+
+def labels(text: str) -> list[str]:
+    """The internal labels ``text`` carries, each with a little context."""
+    return [text[max(0, m.start() - 30) : m.end() + 30] for m in LABEL.finditer(text)]
+
+
+def test_the_pattern_finds_what_it_should() -> None:
+    assert labels("a rollback's S8 snapshot (issue 50)") and labels("see U11") and labels("G1-G3")
+    assert not labels("x86_64 SIGSEGV MPI_ERR_PROC_FAILED O(1) 3.11 v5.0 utf-8 S_IFREG")
+
+
+def _pages() -> list[Path]:
+    return [
+        ROOT / "README.md",
+        *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts),
+    ]
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_docs_page_carries_an_internal_label(page: Path) -> None:
+    found = labels(page.read_text())
+    assert not found, f"{page.name}: {found}"
+
+
+def _public_docstrings() -> Iterator[tuple[str, str]]:
+    seen: set[int] = set()
+    for modname in PUBLIC:
+        mod = importlib.import_module(modname)
+        yield modname, inspect.getdoc(mod) or ""
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if id(obj) in seen or str(getattr(obj, "__module__", "")).startswith("concurrent"):
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, (str, int, float, dict, tuple, frozenset)):
+                continue
+            yield f"{modname}.{name}", inspect.getdoc(obj) or ""
+            if inspect.isclass(obj):
+                yield f"{modname}.{name} attributes", _attribute_docs(obj)
+                for attr, raw in vars(obj).items():
+                    if attr.startswith("_") and attr != "__init__":
+                        continue
+                    member = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+                    if isinstance(member, property) or callable(member):
+                        doc = getattr(member, "__doc__", None)
+                        yield f"{modname}.{name}.{attr}", inspect.cleandoc(doc or "")
+
+
+def _attribute_docs(cls: type) -> str:
+    """What the reference shows of a class's attributes: its ``#:`` comments and the string
+    after an attribute (autodoc's attribute docstrings)."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return ""
+    out, block = [], []
+    for line in source.splitlines():
+        if line.strip().startswith("#:"):
+            block.append(line.strip()[2:])
+            continue
+        name = line.strip().removeprefix("self.")
+        if block and not name.startswith("_"):  # a private attribute's comment is not shown
+            out += block
+        block = []
+    body = ast.parse(textwrap.dedent(source)).body[0]
+    for prev, node in zip(body.body, body.body[1:]):  # type: ignore[attr-defined]
+        if isinstance(prev, (ast.Assign, ast.AnnAssign)) and isinstance(node, ast.Expr):
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                out.append(node.value.value)
+    return "\n".join(out)
+
+
+def test_no_public_docstring_carries_an_internal_label() -> None:
+    bad = {where: labels(doc) for where, doc in _public_docstrings() if labels(doc)}
+    assert not bad, bad
+
+
+def _helps() -> Iterator[tuple[str, str]]:
+    from durable_dispatch.cli import build_parser
+
+    def walk(name: str, parser: argparse.ArgumentParser) -> Iterator[tuple[str, str]]:
+        yield name, parser.format_help()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, p in action.choices.items():
+                    yield from walk(f"{name} {sub}", p)
+
+    yield from walk("durable-dispatch", build_parser())
+
+
+def test_no_help_of_any_command_carries_an_internal_label() -> None:
+    helps = list(_helps())
+    assert len(helps) > 15
+    bad = {name: labels(text) for name, text in helps if labels(text)}
+    assert not bad, bad
+
+
+def _printable_strings(path: Path) -> Iterator[tuple[int, str]]:
+    """Every string constant of ``path`` that is not a docstring (a message, a log line, a help
+    text), f-strings' literal parts included; private docstrings and comments are not here."""
+    tree = ast.parse(path.read_text())
+    docstrings: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docstrings.add(id(value))
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            docstrings.add(id(node.value))  # an attribute's docstring, a bare string
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docstrings:
+                yield node.lineno, node.value
+
+
+def test_no_message_or_log_line_carries_an_internal_label() -> None:
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        for line, text in _printable_strings(path):
+            if labels(text):
+                bad.append(f"{path.relative_to(SRC)}:{line}: {labels(text)}")
+    assert not bad, "\n".join(bad)
