@@ -97,7 +97,7 @@ def _attribute_docs(cls: type) -> str:
             out += block
         block = []
     body = ast.parse(textwrap.dedent(source)).body[0]
-    for prev, node in zip(body.body, body.body[1:]):  # type: ignore[attr-defined]
+    for prev, node in zip(body.body, body.body[1:], strict=False):  # type: ignore[attr-defined]
         if isinstance(prev, (ast.Assign, ast.AnnAssign)) and isinstance(node, ast.Expr):
             if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
                 out.append(node.value.value)

@@ -356,7 +356,7 @@ class Delivery:
             self._delivered = max(self._delivered, r.seq)
             n += 1
         if n:
-            log.warning("redelivered %d committed result(s) to the callback: a commit is delivered at least once", n)
+            log.warning("redelivered %d committed result(s) to the callback (at least once)", n)
         self._delivered = max(self._delivered, upto)  # nothing after it is a commit yet
         self._mark_delivered(now=True)
         return n

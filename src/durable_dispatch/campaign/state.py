@@ -490,8 +490,8 @@ class CampaignState(Delivery, Dependencies):
         """The next dispatch of up to ``max_items`` items, journaled (persist before you send),
         or None.
 
-        Writes any snapshot the core requires first (after a rollback). The first waits for this run's
-        epoch record to be durable: a token of an epoch a crash could forget would be the
+        Writes any snapshot the core requires first (one after a rollback). The first waits for
+        this run's epoch record to be durable: a token of an epoch a crash could forget would be the
         token of another dispatch after the restart, which starts the same epoch again.
         """
         if self._epoch_seq is not None:
@@ -619,8 +619,8 @@ class CampaignState(Delivery, Dependencies):
 
         ``drained``: the turn's receive found every message that had arrived (it returned
         fewer than its limit). After a pause of the master, deadlines are judged only once a
-        turn drained (a paused master suspects no worker). A degraded journal is retried here too, with a back-off (0.5 s,
-        doubling to 30 s).
+        turn drained (a paused master suspects no worker). A degraded journal is retried here
+        too, with a back-off (0.5 s, doubling to 30 s).
         """
         if drained:
             self.core.clock.drained()
