@@ -99,3 +99,48 @@ print("done")
     )
     assert "durable_dispatch.dispatch park" in loud.stderr, loud.stderr
     assert "durable_dispatch.dispatch requeue" in loud.stderr, loud.stderr
+
+
+def test_an_error_in_the_users_function_is_an_item_failure_not_an_invalid_result(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain ``ValueError`` raised by the user's function is logged ``source=item-failed
+    kind=error`` and counted in ``item_failures``; ``invalid_result_rollbacks`` keeps what was
+    wrong with a RESULT itself (malformed, missing, too large), in a one-item dispatch and in a
+    batch alike."""
+    from durable_dispatch.core import RetryPolicy
+    from durable_dispatch.mpi import run_master
+    from durable_dispatch.testing import LocalWorkers
+
+    def fn(payload: dict[str, int]) -> object:
+        if payload["x"] == 3:
+            raise ValueError("diverged")
+        if payload["x"] == 5:
+            return {1, 2}  # a set: JSON cannot hold it, a malformed result
+        return payload["x"]
+
+    for batch in (1, 4):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+            report = run_master(
+                [WorkItem(f"w{i}", {"x": i}) for i in range(8)],
+                tmp_path / f"b{batch}",
+                lambda w, r: None,
+                comm=LocalWorkers(fn, 2),
+                retry=RetryPolicy(0),
+                batch=batch,
+            )
+        failed = {
+            r.work_id: (r.source, getattr(r, "kind", None) or r.kinds)  # type: ignore[attr-defined]
+            for r in caplog.records
+            if getattr(r, "event", None) in ("requeue", "defer")
+        }
+        assert failed["w3"] == ("item-failed", "error"), (batch, failed)
+        assert failed["w5"] == ("invalid-result", "malformed-result"), (batch, failed)
+        msgs = [r.getMessage() for r in caplog.records if "w3" in r.getMessage()]
+        assert any("source=item-failed" in m for m in msgs) and not any(
+            "invalid-result" in m for m in msgs
+        ), msgs
+        core = report.stats["core"]
+        assert core.get("item_failures") == 1, (batch, core)
+        assert core["invalid_result_rollbacks"] == 1, (batch, core)

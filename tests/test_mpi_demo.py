@@ -42,7 +42,7 @@ def test_demo_runs_with_faults_and_resumes(tmp_path: Path) -> None:
     assert s["committed"] + s["deferred"] == 30
     # Isolated (the default): the hung and the segfaulting item cost a retry each, not a rank.
     assert s["failures_by_kind"]["timeout"] >= 1 and s["failures_by_kind"]["crash"] >= 1
-    assert s["invalid_result_rollbacks"] >= 1 and s["parked_ranks_now"] == 0
+    assert s["item_failures"] >= 1 and s["parked_ranks_now"] == 0
     from durable_dispatch.mpi.launcher import mpi_flavor
 
     if __import__("os").geteuid() == 0 and mpi_flavor() == "openmpi":  # Hydra needs none
@@ -239,3 +239,22 @@ def test_a_resume_with_other_options_names_the_changed_payload(tmp_path: Path) -
     assert again.returncode == 2, again.stdout[-3000:]
     message = json.loads(again.stdout)["error"]["message"]
     assert "ChangedPayloadError" in message and "demo-0000" in message, message
+
+
+def test_the_demo_summary_is_in_words_a_user_knows(tmp_path: Path) -> None:
+    """The summary a person reads names what happened: no JSON key (``invalid_result_rollbacks``),
+    no ``stale RESULT=1`` or ``mode no-ulfm``: a late answer ignored, a malformed result refused,
+    ULFM on or off. ``--json`` keeps the keys for machines."""
+    out = subprocess.run(
+        [sys.executable, "-m", "durable_dispatch", "demo", "--state-dir", str(tmp_path / "s")]
+        + ["--items", "30"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert "MPI fault tolerance (ULFM)" in text and "lost (must be 0)" in text, text
+    assert "failed attempts by kind" in text and "timeout" in text, text
+    for raw in ("RESULT=", "no-ulfm", "invalid_result_rollbacks", "stale ", "mode "):
+        assert raw not in text, (raw, text)

@@ -155,6 +155,7 @@ def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str
             protocol_deferred_dispatches=core["protocol_deferred_dispatches"],
             deferred_in_memory=core["deferred_in_memory"],
             invalid_result_rollbacks=core["invalid_result_rollbacks"],
+            item_failures=core["item_failures"],
             ranks_lost=core["ranks_lost"],
             parked_ranks_now=core["parked_ranks_now"],
             stale=core["stale"],

@@ -20,6 +20,7 @@ from ._common import (
     _IOFailure,
     _print,
     _Stopped,
+    _text,
 )
 
 
@@ -61,9 +62,73 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         print(f"state directory  {run.state} (run again to resume)")
         print(f"mpiexec log      {run.log_path}")
-        _print(shown, False)
+        for line in demo_lines(shown):
+            print(line)
     ok = summary["lost"] == 0 and summary["duplicate_commits"] == 0 and summary.get("finished")
     return EXIT_OK if ok else EXIT_FINDING
+
+
+#: the demo summary's numbers in a user's words, in the order shown (``--json`` keeps the keys)
+_DEMO_WORDS = {
+    "state": "state",
+    "work_items": "work items",
+    "committed": "committed",
+    "deferred": "deferred (failed past their retries)",
+    "left": "left for the next run",
+    "lost": "lost (must be 0)",
+    "duplicate_commits": "committed twice (must be 0)",
+    "failures_by_kind": "failed attempts by kind",
+    "finished": "finished",
+    "seconds": "seconds",
+    "epoch": "run of this state directory",
+    "dispatches": "dispatches (messages)",
+    "dispatched_items": "items sent",
+    "batch_splits": "items requeued from a failed batch",
+    "item_failures": "items whose function failed",
+    "invalid_result_rollbacks": "results refused (malformed, missing, too large)",
+    "dispatch_watchdog_timeouts": "dispatches past their deadline",
+    "watchdog_worker_recoveries": "stuck workers that came back",
+    "parked_ranks_now": "workers still stuck (parked)",
+    "protocol_requeued_dispatches": "retries queued",
+    "protocol_deferred_dispatches": "items deferred this run",
+    "deferred_in_memory": "deferrals not yet on disk",
+    "ranks_lost": "ranks lost",
+    "master_restart_rollbacks": "dispatches a restart took back",
+}
+#: the messages the master ignored, by kind: what each means
+_IGNORED = {
+    "stale": "late answers from a dispatch already taken back, ignored",
+    "unowned": "answers for work the rank was not given, ignored",
+    "malformed": "malformed messages refused",
+    "duplicate": "second answers for one dispatch, ignored",
+}
+
+
+def demo_lines(summary: dict[str, Any]) -> list[str]:
+    """The demo's summary for people: each number under a name a user knows (the JSON keys are
+    for machines), the messages the master ignored said in words, and the MPI mode."""
+    rows: list[tuple[str, str]] = []
+    for key, label in _DEMO_WORDS.items():
+        if key in summary:
+            v = summary[key]
+            text = _text(v)
+            if isinstance(v, dict):
+                text = ", ".join(f"{k} {n}" for k, n in sorted(v.items())) if v else "none"
+            rows.append((label, text))
+    if "mode" in summary:
+        ulfm = summary["mode"] == "ulfm"
+        rows.append(
+            ("MPI fault tolerance (ULFM)", "on" if ulfm else "off: a lost rank ends the job")
+        )
+    for key, label in _IGNORED.items():
+        for message, n in sorted((summary.get(key) or {}).items()):
+            rows.append((label, f"{n} ({message} messages)"))
+    if summary.get("lost_rank_times"):
+        rows.append(("ranks lost (rank=when)", _text(summary["lost_rank_times"])))
+    known = {*_DEMO_WORDS, *_IGNORED, "mode", "lost_rank_times", "lost_ids"}
+    rows += [(k.replace("_", " "), _text(v)) for k, v in summary.items() if k not in known]
+    width = max(len(label) for label, _ in rows) + 2
+    return [f"{label:<{width}}{text}" for label, text in rows]
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ __all__ = [
     "PersistSnapshot",
     "Quarantine",
     "SOURCE_INVALID_RESULT",
+    "SOURCE_ITEM_FAILED",
     "SOURCE_WATCHDOG",
     "SOURCE_SEND_FAILURE",
     "SOURCE_RANK_LOST",
@@ -40,7 +41,11 @@ __all__ = [
     "SOURCE_OPERATOR",
 ]
 
+#: A RESULT that cannot commit for what it is: malformed, missing (READY without it), too large.
 SOURCE_INVALID_RESULT = "invalid-result"
+#: The worker reported the item failed: the user's function raised (``error``), its isolated
+#: child crashed (``crash``) or ran past the item's deadline (``timeout``).
+SOURCE_ITEM_FAILED = "item-failed"
 SOURCE_WATCHDOG = "watchdog-timeout"
 SOURCE_SEND_FAILURE = "send-failure"
 SOURCE_RANK_LOST = "rank-lost"
@@ -49,6 +54,14 @@ SOURCE_MASTER_RESTART = "master-restart"
 #: a commit, was never submitted, or is part of a cycle (G4); its kind is ``"dependency"``.
 SOURCE_DEPENDENCY = "dependency"
 SOURCE_OPERATOR = "operator"  # O1: an operator's ``durable-dispatch cancel`` (issue 52)
+#: The failure kinds the worker reports about the item itself (not about its RESULT message).
+ITEM_FAILURE_KINDS = frozenset({"error", "crash", "timeout"})
+
+
+def failure_source(kind: str) -> str:
+    """The source a rollback of a failed item is logged and journaled under: ``item-failed``
+    when the worker said the item failed, ``invalid-result`` when the RESULT was at fault."""
+    return SOURCE_ITEM_FAILED if kind in ITEM_FAILURE_KINDS else SOURCE_INVALID_RESULT
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ from .decisions import (
     Release,
     Send,
     WorkItem,
+    failure_source,
 )
 from .events import Committed, Dispatched, Submitted
 from .ranks import RankState
@@ -470,12 +471,14 @@ class Dispatcher(Rollbacks, Views):
         function raised, its value was refused), then require a snapshot, as one rollback."""
         out: list[Decision] = []
         for item, bad in failed:
-            self._n.invalid_result_rollbacks += 1
-            out.append(
-                self._retry_or_defer(item, token, SOURCE_INVALID_RESULT, bad.kind, bad.reason)
-            )
+            source = failure_source(bad.kind)
+            if source == SOURCE_INVALID_RESULT:
+                self._n.invalid_result_rollbacks += 1
+            else:
+                self._n.item_failures += 1
+            out.append(self._retry_or_defer(item, token, source, bad.kind, bad.reason))
         if failed:
-            out.append(self._require_snapshot(f"items of {token} failed ({SOURCE_INVALID_RESULT})"))
+            out.append(self._require_snapshot(f"items of {token} failed"))
         return out
 
     def part_done(self, token: Token, rank: int, work_ids: Sequence[str]) -> None:

@@ -26,6 +26,7 @@ from .decisions import (
     Park,
     Requeue,
     WorkItem,
+    failure_source,
 )
 from .dispatch_base import DispatcherBase
 from .events import Cancelled, EpochStarted, RequeuedDeferred
@@ -55,8 +56,12 @@ class Rollbacks(DispatcherBase):
         for tx in sorted(found.values(), key=_by_rank):
             if tx.state is TxState.DISPATCHED:  # (else its RESULT came, or it rolled back)
                 f = tx.failure or ItemFailure("missing-result", "READY without RESULT")
-                self._n.invalid_result_rollbacks += 1
-                out += self._roll_back(tx, SOURCE_INVALID_RESULT, f.kind, f.reason, RankState.IDLE)
+                source = failure_source(f.kind)
+                if source == SOURCE_INVALID_RESULT:
+                    self._n.invalid_result_rollbacks += 1
+                else:
+                    self._n.item_failures += 1
+                out += self._roll_back(tx, source, f.kind, f.reason, RankState.IDLE)
         return out
 
     def expired(self, now: float) -> list[tuple[int, Token]]:

@@ -31,6 +31,9 @@ class DispatchStats:
     their rank already took new work), ``busy_ranks_now`` the ranks running a dispatch, and
     ``watchdog_deadline_now`` the deadline an item without its own timeout gets now (the
     watchdog's seconds, or the adaptive rule's fitted deadline; 0 when the watchdog is off).
+    ``item_failures`` counts items the worker reported failed (the function raised, its
+    isolated child crashed or timed out), ``invalid_result_rollbacks`` the RESULTs that could
+    not commit for what they were (malformed, missing, too large).
     ``starting_ranks_now`` counts ranks that have not said their first READY yet.
     ``master_pauses`` counts the gaps in the master's own turns that were not counted against
     the workers (U7: it was stopped or blocked), ``master_paused_seconds`` their total length.
@@ -45,6 +48,7 @@ class DispatchStats:
     protocol_deferred_dispatches: int = 0
     deferred_in_memory: int = 0
     invalid_result_rollbacks: int = 0
+    item_failures: int = 0
     batch_splits: int = 0
     send_failures: int = 0
     ranks_lost: int = 0
