@@ -91,3 +91,38 @@ def test_a_campaign_reports_its_stalls_and_publishes_at_close(tmp_path: Path) ->
     live = SnapshotStore(tmp_path / "s", name="master-stats", keep=2).load()
     assert live is not None and live.value["running"] is False
     assert "storage_stalls" in live.value["stats"]
+
+
+def test_an_fsync_in_progress_under_the_bound_is_no_stall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stats`` said "1 fsync stall(s) over the bound, longest 0.0s" when the statistics were
+    published while an ordinary fsync was running: only an fsync past the bound is a stall."""
+    from durable_dispatch.views.view import _stalls
+
+    release, started = threading.Event(), threading.Event()
+    real = os.fsync
+
+    def held_fsync(fd: int) -> None:
+        started.set()
+        release.wait(30)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", held_fsync)
+    fd = fs.open_append(str(tmp_path / "f"))
+    t = threading.Thread(target=fs.fsync, args=(fd,))
+    t.start()
+    try:
+        assert started.wait(30)
+        while not fs.stall_report()["ongoing_seconds"]:
+            time.sleep(0.001)  # (the clock moved: an fsync is in progress)
+        report = fs.stall_report()
+        assert 0 < report["ongoing_seconds"] < report["bound_seconds"]  # type: ignore[operator]
+        seen = _stalls({"storage_stalls": report})
+    finally:
+        release.set()
+        t.join()
+        fs.close(fd)
+    assert seen["storage_stalls"] == report["count"], (seen, report)  # (ended stalls only)
+    past = _stalls({"storage_stalls": {**report, "count": 0, "ongoing_seconds": 7.5}})
+    assert past == {"storage_stalls": 1, "longest_stall_seconds": 7.5}

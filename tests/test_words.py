@@ -155,3 +155,28 @@ def test_no_message_or_log_line_carries_an_internal_label() -> None:
             if labels(text):
                 bad.append(f"{path.relative_to(SRC)}:{line}: {labels(text)}")
     assert not bad, "\n".join(bad)
+
+
+def test_each_flags_help_says_what_happens_by_default() -> None:
+    """``--no-isolate ... (default: True)`` reads as the opposite of what the flag does: a flag
+    shows no ``(default: ...)``, and each ``--no-...`` flag says what happens without it."""
+    from durable_dispatch.cli import build_parser
+
+    def walk(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for p in action.choices.values():
+                    yield from walk(p)
+
+    for name, text in _helps():
+        flat = " ".join(text.split())
+        for shown in ("(default: True)", "(default: False)", "(default: None)"):
+            assert shown not in flat, (name, shown)
+    negating = 0
+    for parser in walk(build_parser()):
+        for action in parser._actions:
+            if any(o.startswith("--no-") for o in action.option_strings) and action.default:
+                negating += 1  # a flag that turns off what happens by default
+                assert "without it" in str(action.help), (parser.prog, action.option_strings)
+    assert negating >= 2

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from ..errors import DurableDispatchError, UsageError
-from ._common import EXIT_FINDING, EXIT_OK, EXIT_USAGE, _error, _IOFailure
+from ._common import EXIT_FINDING, EXIT_OK, EXIT_USAGE, HelpFormatter, _error, _IOFailure
 from .inspection import (
     cmd_inspect,
     cmd_joblog,
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=helptext,
             description=helptext,
             epilog=f"Example: {example}",
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         sp.add_argument("--json", action="store_true", help="machine-readable output")
         sp.set_defaults(func=fn)
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the summary checks that no work was lost and none was committed twice. Ctrl-C drains "
         "(a second Ctrl-C stops at once). Running it again resumes.",
         epilog="Example: durable-dispatch demo --ranks 4 --json",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     dp.add_argument("--state-dir", default="dd-demo-state", help="state directory")
     dp.add_argument("-n", "--ranks", type=int, default=4, help="MPI ranks (1 master + workers)")
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="isolate",
         action="store_false",
         help="run the work function inside the worker ranks (no segfault fault then: it would "
-        "end the job)",
+        "end the job); without it each item runs in a supervised child process",
     )
     dp.add_argument("--ulfm", action="store_true", help="run with --with-ft ulfm (adds a crash)")
     dp.add_argument("--seed", type=int, default=7, help="fault plan seed")
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         "mpiexec), a second stops it at once; SIGTERM, SIGUSR1 and SIGUSR2 are passed on to "
         "mpiexec. The exit code is mpiexec's. --print shows the command instead.",
         epilog="Example: durable-dispatch run -n 4 python campaign.py",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     rp.add_argument("-n", "--ranks", type=int, default=4, help="MPI ranks (1 master + workers)")
     rp.add_argument("--ulfm", action="store_true", help="add Open MPI's --with-ft ulfm")

@@ -63,6 +63,17 @@ class _Meter:
             sys.stderr.flush()
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default where it has a value to show: a flag (``--json``,
+    ``--no-isolate``) says in its own help what happens without it, never ``(default: True)``,
+    which reads as the opposite of what a ``--no-...`` flag does."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _print(obj: Any, as_json: bool) -> None:
     if as_json:
         opt = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS

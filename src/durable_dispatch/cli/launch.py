@@ -198,6 +198,8 @@ def add_parser(sub: Any) -> None:
     """Add the ``launch`` subcommand to the ``durable-dispatch`` parser's subparsers."""
     import argparse
 
+    from ._common import HelpFormatter
+
     lp = sub.add_parser(
         "launch",
         help="run a campaign's launcher in a batch job: pass on its signals, requeue on exit 3",
@@ -210,9 +212,14 @@ def add_parser(sub: Any) -> None:
         ),
         epilog='Example: durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" python campaign.py '
         "(a job script's last line, after exec)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    lp.add_argument("--no-requeue", dest="requeue", action="store_false", help="never requeue")
+    lp.add_argument(
+        "--no-requeue",
+        dest="requeue",
+        action="store_false",
+        help="never requeue; without it, CMD's resumable status inside a Slurm job requeues it",
+    )
     lp.add_argument(
         "--max-requeues", type=int, default=100, help="do not requeue a job that ran this often"
     )

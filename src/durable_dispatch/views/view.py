@@ -175,6 +175,8 @@ def _stalls(stats: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     count = int(s["count"]) if type(s.get("count")) is int else 0
     ongoing = _num(s.get("ongoing_seconds")) or 0.0
+    if ongoing <= (_num(s.get("bound_seconds")) or 0.0):
+        ongoing = 0.0  # an fsync in progress, not (yet) a stall
     longest = max(_num(s.get("longest_seconds")) or 0.0, ongoing)
     return {"storage_stalls": count + (1 if ongoing else 0), "longest_stall_seconds": longest}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..storage import fs as _fs
 from .view import FINISHED, RUNNING, CampaignView
 
 __all__ = ["stats_of", "stats_text", "watch_frame", "watch_text", "duration"]
@@ -102,8 +103,8 @@ def stats_text(view: CampaignView, master_stats: Mapping[str, Any], verbose: boo
         storage += f", {view.commits_in_memory} commits in memory only"
     if view.storage_stalls:
         storage += (
-            f", {view.storage_stalls} fsync stall(s) over the bound,"
-            f" longest {view.longest_stall_seconds:.1f}s"
+            f", {view.storage_stalls} fsync(s) slower than the {_fs.STALL_SECONDS:g}s stall bound,"
+            f" the slowest {view.longest_stall_seconds:.1f}s"
         )
     rows = [
         ("campaign", f"{view.directory} (epoch {view.epoch})"),
