@@ -86,3 +86,31 @@ def test_not_durable_names_every_journal_held_in_memory_the_largest_first(
     assert e.value.path == str(d / "events.jsonl")
     held = int(msg[msg.index("memory (") + 8 :].split(" in ")[0])  # the state journal's
     assert held > 6 and e.value.pending is not None and e.value.pending > held
+
+
+def test_a_callback_that_fails_on_redelivery_says_the_result_is_safe_and_what_to_do(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ``on_commit`` that always raises for one item stops the run, and then every restart:
+    the restart's message says that a committed result's callback failed on redelivery, that
+    the result is safe in the state directory, and what to do (fix the callback, run again)."""
+    import logging
+
+    from durable_dispatch.mpi import run_master
+    from durable_dispatch.testing import LocalWorkers
+
+    def on_commit(work_id: str, result: Any) -> None:
+        if work_id == "p0003":
+            raise RuntimeError(f"bug in my on_commit for {work_id}")
+
+    items = [WorkItem(f"p{i:04d}", {"x": i}) for i in range(6)]
+    with pytest.raises(RuntimeError, match="bug in my on_commit"):
+        run_master(items, tmp_path / "s", on_commit, comm=LocalWorkers(lambda p: p, 1))
+    caplog.clear()
+    with caplog.at_level(logging.INFO), pytest.raises(RuntimeError, match="bug in my on_commit"):
+        run_master(items, tmp_path / "s", on_commit, comm=LocalWorkers(lambda p: p, 1))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    said = [m for m in caplog.messages if "p0003" in m and "redeliver" in m]
+    assert said, text
+    assert "safe" in said[0] and "fix" in said[0] and "run again" in said[0], said[0]
+    assert "results" in said[0], said[0]  # where to read it meanwhile

@@ -352,7 +352,21 @@ class Delivery:
                 break
             if call is not None:
                 self.commit_durable = r.seq <= self.journal.durable_seq
-                self._spawn(r.work_id, call(r.work_id, r.result))
+                try:
+                    children = call(r.work_id, r.result)
+                except Exception as e:
+                    log.error(
+                        "on_commit raised on the redelivery of %s's result (%s: %s): the result "
+                        "is safe, committed in %s, and is delivered again at the next start; fix "
+                        "the callback and run again (durable-dispatch results %s shows it)",
+                        r.work_id,
+                        type(e).__name__,
+                        e,
+                        self.directory,
+                        self.directory,
+                    )
+                    raise
+                self._spawn(r.work_id, children)
             self._delivered = max(self._delivered, r.seq)
             n += 1
         if n:
