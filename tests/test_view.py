@@ -403,6 +403,22 @@ def test_stats_on_a_futures_runners_state_dir_names_the_executor_directories(
         assert str(tmp_path / "executor-1") in res.stderr
 
 
+def test_the_hint_on_a_directory_of_state_directories_fits_what_it_holds(tmp_path: Path) -> None:
+    """Plain campaigns' state directories side by side are not a futures runner's --state-dir:
+    the hint names them and says to pass one, and speaks of executors only for ``executor-<k>``."""
+    for name in ("state-a", "state-b"):
+        with CampaignState.open(tmp_path / "plain" / name, ranks=(1,)):
+            pass
+    with CampaignState.open(tmp_path / "runner" / "executor-1", ranks=(1,)):
+        pass
+    res = run("stats", str(tmp_path / "plain"))
+    assert res.returncode == 2 and "state-a, state-b" in res.stderr, res.stderr
+    assert "futures" not in res.stderr and "executor" not in res.stderr, res.stderr
+    assert str(tmp_path / "plain" / "state-a") in res.stderr, res.stderr
+    res = run("stats", str(tmp_path / "runner"))
+    assert res.returncode == 2 and "futures runner" in res.stderr, res.stderr
+
+
 def test_every_cli_error_is_json_under_json(tmp_path: Path) -> None:
     for args in (
         ["stats", str(tmp_path / "nope"), "--json"],

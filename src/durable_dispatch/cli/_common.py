@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -134,12 +135,15 @@ def _need_state_dir(path: str) -> None:
             inner = sorted(n for n in os.listdir(path) if is_state_dir(os.path.join(path, n)))
         except OSError:
             inner = []
-        if inner:  # a futures runner's --state-dir holds one state directory per executor
+        if inner:
             more = f" and {len(inner) - 8} more" if len(inner) > 8 else ""
+            # a futures runner's --state-dir holds one state directory per executor
+            runner = all(re.fullmatch(r"executor-[0-9]+", n) for n in inner)
+            why = ": a futures runner's --state-dir keeps one per executor" if runner else ""
             raise _IOFailure(
                 f"{path} is not a durable-dispatch state directory, but it holds "
-                f"{len(inner)} ({', '.join(inner[:8])}{more}): a futures runner's --state-dir "
-                "keeps one per executor; pass one of them, e.g. "
+                f"{len(inner)} state director{'ies' if len(inner) > 1 else 'y'} "
+                f"({', '.join(inner[:8])}{more}){why}; pass one of them, e.g. "
                 f"{os.path.join(path, inner[0])}"
             )
         raise _IOFailure(f"{path} is not a durable-dispatch state directory")
