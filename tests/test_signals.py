@@ -326,3 +326,16 @@ def test_launch_reads_a_command_killed_by_its_forwarded_sigusr1_as_resumable(
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def test_the_launch_check_message_holds_no_control_character() -> None:
+    """The message embedded the MPI library's version string with its trailing NUL byte, so
+    ``grep PMI job.err`` answered "binary file matches": a message holds printable text only."""
+    mpi = pytest.importorskip("mpi4py.MPI")
+    from durable_dispatch.mpi.launchcheck import check_world
+
+    library = mpi.Get_library_version()
+    for lib in (library, library.rstrip("\x00") + "\x00", "Open MPI v5\x1b[31m\x00\n2nd line"):
+        why = check_world(1, {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "4"}, lib)
+        assert why is not None and why.isprintable(), repr(why)
+        assert lib.split("\x00")[0].split("\x1b")[0].strip()[:8] in why, why

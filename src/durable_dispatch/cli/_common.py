@@ -161,6 +161,7 @@ def _error(args: argparse.Namespace, e: BaseException, code: int) -> int:
         kind = names.get(type(e), type(e).__name__)
         body = {"error": {"type": kind, "message": str(e), "exit_code": code}}
         sys.stdout.write(orjson.dumps(body).decode() + "\n")
-    else:
-        print(f"Error: {e}", file=sys.stderr)
+    else:  # (printable text only: a NUL byte makes grep call the log a binary file)
+        text = "".join(c if c.isprintable() or c in "\n\t" else " " for c in str(e))
+        print(f"Error: {text}", file=sys.stderr)
     return code

@@ -67,6 +67,8 @@ def check_world(size: int, env: Mapping[str, str] | None = None, library: str = 
     if size > 1:
         return None
     env = os.environ if env is None else env
+    # (the MPI library's version string may end in a NUL byte: a message holds printable text)
+    library = "".join(c if c.isprintable() or c == "\n" else " " for c in library)
     lib = library.splitlines()[0].strip() if library.strip() else "this MPI"
     launched = launched_tasks(env)
     if "Open MPI" in library:
