@@ -339,3 +339,27 @@ def test_the_launch_check_message_holds_no_control_character() -> None:
         why = check_world(1, {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "4"}, lib)
         assert why is not None and why.isprintable(), repr(why)
         assert lib.split("\x00")[0].split("\x1b")[0].strip()[:8] in why, why
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root variables are set only as root (CI)")
+def test_launch_as_root_sets_open_mpis_root_variables_as_run_does(tmp_path: Path) -> None:
+    """The documented sbatch example failed as root ("mpiexec exited 1: not resumable"):
+    ``launch`` now gives its command Open MPI's two root variables, as ``run`` does, and says
+    so on stderr."""
+    from durable_dispatch.mpi.launcher import mpi_flavor
+
+    if mpi_flavor() not in ("openmpi", "unknown"):
+        pytest.skip("Hydra (MPICH, Intel MPI) runs as root without them")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    show = "import os; print(os.environ.get('OMPI_ALLOW_RUN_AS_ROOT'), "
+    show += "os.environ.get('OMPI_ALLOW_RUN_AS_ROOT_CONFIRM'))"
+    res = subprocess.run(
+        [sys.executable, "-m", "durable_dispatch", "launch", "--", sys.executable, "-c", show],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["1", "1"], res.stdout
+    assert "OMPI_ALLOW_RUN_AS_ROOT=1" in res.stderr, res.stderr

@@ -147,7 +147,7 @@ def launch(
 
     caught = CaughtSignals(DRAIN_SIGNALS)
     with caught:
-        proc = subprocess.Popen(list(argv))
+        proc = subprocess.Popen(list(argv), env=_root_env())
         started = time.monotonic()
         seen = 0
         while True:
@@ -208,6 +208,8 @@ def add_parser(sub: Any) -> None:
             "reach CMD as one SIGUSR1 per request (copies within 5 s are one request), so the "
             "ranks drain. Exits with CMD's status; when that is the resumable code inside a "
             "Slurm job, runs 'scontrol requeue $SLURM_JOB_ID' first (the job needs --requeue). "
+            "As root, CMD gets Open MPI's OMPI_ALLOW_RUN_AS_ROOT=1 and "
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, as with 'durable-dispatch run'. "
             "Use it with exec as the job script's last line; see docs/slurm.md."
         ),
         epilog='Example: durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" python campaign.py '
@@ -228,6 +230,19 @@ def add_parser(sub: Any) -> None:
     )
     lp.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the launcher's command line")
     lp.set_defaults(func=_cmd_launch)
+
+
+def _root_env() -> dict[str, str] | None:
+    """As root, the command's environment with Open MPI's two root variables (as ``run`` sets
+    them, and saying so on stderr); None (this process's) otherwise."""
+    from ..mpi.launcher import ROOT_VARS, _wants_root_vars
+
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0) or not _wants_root_vars():
+        return None
+    if all(os.environ.get(k) == v for k, v in ROOT_VARS.items()):
+        return None  # already set by whoever started this
+    _say("running as root: setting " + " and ".join(f"{k}={v}" for k, v in ROOT_VARS.items()))
+    return {**os.environ, **ROOT_VARS}
 
 
 def _cmd_launch(args: Any) -> int:
