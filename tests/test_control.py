@@ -557,3 +557,33 @@ def test_a_drain_whose_master_ends_before_it_is_sent_is_a_finding_not_a_usage_er
     with pytest.raises(NoMasterError) as e:  # the API's
         steer.send(str(d), "drain", {})
     assert e.value.path == str(d) and isinstance(e.value, UsageError)
+
+
+def test_retry_selects_the_deferred_or_the_cancelled_and_all_takes_both(tmp_path: Path) -> None:
+    """``retry --all`` also revived items an operator cancelled on purpose: ``--deferred`` and
+    ``--cancelled`` select one set each, ``--all`` takes both and its help says so."""
+    from durable_dispatch import RetryPolicy
+
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=[1], retry=RetryPolicy(0)) as s:
+        s.submit([WorkItem(w, {"x": i}) for i, w in enumerate(["f1", "f2", "c1", "ok"])])
+        for _ in range(2):  # f1 and f2 fail once: deferred
+            x = s.next_send(0.0)
+            assert x is not None
+            s.sent(x.token, 0.0)
+            s.on_results(1, str(x.token), None, 0.0, failure="garbled")
+            s.on_ready(1, str(x.token), 0.0)
+            s.tick(0.0)
+    assert cli("cancel", str(d), "c1").returncode == 0
+    led = view_state(d).projection
+    assert (sorted(led.deferred), sorted(led.cancelled)) == (["f1", "f2"], ["c1"])
+    out = json.loads(cli("retry", str(d), "--deferred", "--json").stdout)
+    assert sorted(out["work_ids"]) == ["f1", "f2"], out
+    led = view_state(d).projection
+    assert not led.deferred and sorted(led.cancelled) == ["c1"]  # cancelled on purpose: kept
+    out = json.loads(cli("retry", str(d), "--cancelled", "--json").stdout)
+    assert sorted(out["work_ids"]) == ["c1"], out
+    assert not view_state(d).projection.cancelled
+    assert cli("retry", str(d), "--deferred", "f1").returncode == 2  # IDs or a selection
+    helptext = " ".join(cli("retry", "--help").stdout.split())
+    assert "--all" in helptext and "both" in helptext, helptext

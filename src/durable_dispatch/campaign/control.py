@@ -491,8 +491,12 @@ def _cancel(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied
 def _retry(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied:
     core, led = state.core, state.core.ledger
     ids = _ids(cmd)
-    if cmd.args.get("all"):
-        ids = [*led.deferred, *led.cancelled]
+    sets = cmd.args.get("sets") or (["deferred", "cancelled"] if cmd.args.get("all") else [])
+    if sets:  # ``retry --deferred``, ``--cancelled``; ``--all``: both
+        ids = [
+            *(led.deferred if "deferred" in sets else ()),
+            *(led.cancelled if "cancelled" in sets else ()),
+        ]
     result: dict[str, str] = {}
     for wid in ids:
         what = core.retry_item(wid)

@@ -159,11 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_retry,
         "put deferred or cancelled work items back to pending with fresh retry budgets, "
         "running master or not",
-        "durable-dispatch retry state/ --all",
+        "durable-dispatch retry state/ --deferred",
     )
     sp.add_argument("state_dir", help="a state directory")
     sp.add_argument("ids", nargs="*", metavar="ID", help="work IDs")
-    sp.add_argument("--all", action="store_true", help="every deferred and cancelled item")
+    sp.add_argument(
+        "--deferred", action="store_true", help="every deferred item (failed past its retries)"
+    )
+    sp.add_argument("--cancelled", action="store_true", help="every item an operator cancelled")
+    sp.add_argument(
+        "--all", action="store_true", help="both: every deferred and every cancelled item"
+    )
     _steering(sp)
     sp = add(
         "drain",

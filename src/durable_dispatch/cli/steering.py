@@ -56,9 +56,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_retry(args: argparse.Namespace) -> int:
     """Put deferred or cancelled work items back to pending with fresh retry budgets."""
-    if args.all == bool(args.ids):
-        raise UsageError("retry needs work IDs or --all (not both)")
-    return _steer(args, "retry", {"work_ids": args.ids, "all": args.all})
+    sets = [s for s in ("deferred", "cancelled") if args.all or getattr(args, s)]
+    if bool(sets) == bool(args.ids):
+        raise UsageError("retry needs work IDs or --deferred, --cancelled or --all (not both)")
+    if not sets:
+        return _steer(args, "retry", {"work_ids": args.ids})
+    return _steer(args, "retry", {"work_ids": [], "all": args.all, "sets": sets})
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
