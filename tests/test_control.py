@@ -587,3 +587,36 @@ def test_retry_selects_the_deferred_or_the_cancelled_and_all_takes_both(tmp_path
     assert cli("retry", str(d), "--deferred", "f1").returncode == 2  # IDs or a selection
     helptext = " ".join(cli("retry", "--help").stdout.split())
     assert "--all" in helptext and "both" in helptext, helptext
+
+
+def test_deferred_list_prints_one_line_per_item_and_long_every_field(tmp_path: Path) -> None:
+    """``deferred list`` printed 7-line blocks (427 lines for 61 items) with fields a user
+    cannot read (``self_contained``, ``inputs``, ``seq``): one line per item by default, the
+    last error's last line shortened; ``--long`` and ``--json`` keep every field."""
+    from durable_dispatch import RetryPolicy
+
+    d = tmp_path / "state"
+    n = 5
+    with CampaignState.open(d, ranks=[1], retry=RetryPolicy(0)) as s:
+        s.submit([WorkItem(f"w{i}", {"x": i}) for i in range(n)])
+        for i in range(n):
+            x = s.next_send(0.0)
+            assert x is not None
+            s.sent(x.token, 0.0)
+            trace = "Traceback (most recent call last):\n  ...\n" + "ValueError: diverged " * 20
+            s.on_results(1, str(x.token), None, 0.0, failure=f"{trace} {i}")
+            s.on_ready(1, str(x.token), 0.0)
+            s.tick(0.0)
+    res = cli("deferred", "list", str(d))
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == n + 1 and lines[0].startswith("work ID"), res.stdout
+    for i, line in enumerate(lines[1:]):
+        assert line.startswith(f"w{i} ") and "ValueError: diverged" in line, line
+        assert len(line) <= 100 and line.endswith("..."), line
+    for field in ("self_contained", "inputs", "seq"):
+        assert field not in res.stdout
+    long = cli("deferred", "list", str(d), "--long").stdout
+    assert long.count("self_contained") == n and "Traceback" not in res.stdout
+    rows = json.loads(cli("deferred", "list", str(d), "--json").stdout)
+    assert len(rows) == n and all("seq" in r and "Traceback" in r["last_error"] for r in rows)

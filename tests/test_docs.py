@@ -579,6 +579,17 @@ def test_the_tutorials_give_exactly_the_lines_their_tests_run() -> None:
     ], lines
 
 
+def shown_output(page: Path, command: str) -> str:
+    """The output a page shows for ``command``: the ``text`` block after the ``console`` block
+    that gives ``$ command``."""
+    text = page.read_text()
+    m = re.search(
+        r"```console\n\$ " + re.escape(command) + r"\n```\s*```text\n(.*?)^```", text, re.M | re.S
+    )
+    assert m, f"{page.name} shows no output for {command}"
+    return m.group(1)
+
+
 def _not_under_intel_mpi() -> None:
     from durable_dispatch.mpi.launcher import mpi_flavor
 
@@ -668,6 +679,10 @@ def test_the_first_tutorial_runs_as_written(tmp_path: Path) -> None:
     assert "kind=crash" in err and "defer work_id=w7" in err, err[-3000:]
     p = view_state(cwd / "state-faulty").projection
     assert sorted(p.deferred) == ["w7"] and len(p.committed) == 19
+    page = ROOT / "docs/tutorial/first-campaign.md"
+    shown = shown_output(page, "durable-dispatch deferred list state-faulty")
+    rc, out, err = run_line("durable-dispatch deferred list state-faulty", cwd)
+    assert rc == 0 and out == shown, (out, shown, err)
 
 
 @pytest.mark.mpi

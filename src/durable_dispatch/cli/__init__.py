@@ -142,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("state_dir", help="a state directory")
     sp.add_argument("ids", nargs="*", help="work IDs (show, requeue, drop)")
+    sp.add_argument(
+        "--long",
+        action="store_true",
+        help="list: every field of each item (--json has them too), not one line per item",
+    )
     _steering(sp)
     sp = add(
         "cancel",

@@ -92,7 +92,11 @@ def cmd_deferred(args: argparse.Namespace) -> int:
                 live.pop(p["work_id"], None)
     if args.action == "list":
         rows = [{k: v for k, v in r.items() if k != "item"} for r in live.values()]
-        _print(rows, args.json)
+        if args.json or getattr(args, "long", False):
+            _print(rows, args.json)
+        else:
+            for line in deferred_lines(rows):
+                print(line)
         return EXIT_OK
     if len(args.ids) != 1:
         raise UsageError("deferred show takes exactly one work ID")
@@ -101,3 +105,27 @@ def cmd_deferred(args: argparse.Namespace) -> int:
         return _error(args, LookupError(f"{args.ids[0]!r} is not deferred"), EXIT_FINDING)
     _print(item, args.json)
     return EXIT_OK
+
+
+def deferred_lines(rows: list[dict[str, Any]], width: int = 100) -> list[str]:
+    """``deferred list`` for people: one line per item (its work ID, attempts, the kinds of its
+    failures and the first line of its last error, shortened); ``--long`` shows every field."""
+    if not rows:
+        return ["(none)"]
+
+    def short(text: str, n: int) -> str:
+        return text if len(text) <= n else text[: n - 3] + "..."
+
+    wid = min(max(len("work ID"), *(len(r["work_id"]) for r in rows)), 32)
+    kinds = [",".join(r.get("kinds") or ()) for r in rows]
+    kw = min(max(len("failures"), *(len(k) for k in kinds)), 24)
+    out = [f"{'work ID':<{wid}}  {'tries':>5}  {'failures':<{kw}}  last error"]
+    for r, k in zip(rows, kinds, strict=True):
+        err = str(r.get("last_error") or "").strip().splitlines()
+        last = err[-1] if err else "-"  # (a traceback's last line names the error)
+        head = (
+            f"{short(r['work_id'], wid):<{wid}}  {r.get('attempts') or 0:>5}  "
+            f"{short(k, kw):<{kw}}  "
+        )
+        out.append(head + short(last, max(20, width - len(head))))
+    return out
