@@ -553,3 +553,26 @@ def test_a_futures_call_shows_its_function_and_arguments_never_unpickled(
     ]
     assert sorted(r["call"] for r in rows) == [f"builtins:abs({i})" for i in (-1, -2, -3, -4)]
     assert all(r["status"] == "committed" for r in rows)
+
+
+def test_the_joblog_table_shortens_long_work_ids_and_json_keeps_them_whole(
+    tmp_path: Path,
+) -> None:
+    """Work IDs of 80+ characters (futures digests) broke the table's columns: the table shows
+    each shortened to its column (start and end kept, so they stay distinct), ``--json`` and
+    ``--jsonl`` whole."""
+    d = tmp_path / "state"
+    ids = [f"call-{'f' * 60}-{i:02d}-{'0123456789abcdef' * 2}{i}" for i in range(3)]
+    with CampaignState.open(d, ranks=(1,)) as s:
+        s.submit([WorkItem(w, {"x": i}) for i, w in enumerate(ids)])
+    code, table, _ = cli("joblog", str(d))
+    assert code == 0, table
+    lines = table.splitlines()
+    status_at = {line.index(" pending ") for line in lines[1:]}
+    assert len(status_at) == 1 and status_at.pop() <= 26, table  # one column, as wide as before
+    shown = [line.split()[0] for line in lines[1:]]
+    assert len(set(shown)) == 3 and all(len(w) <= 24 for w in shown), shown
+    assert all(w[:8] == i[:8] and w[-4:] == i[-4:] for w, i in zip(shown, ids, strict=True))
+    rows = [json.loads(x) for x in cli("joblog", str(d), "--jsonl")[1].splitlines()]
+    assert [r["work_id"] for r in rows] == ids
+    assert [r["work_id"] for r in json.loads(cli("joblog", str(d), "--json")[1])] == ids

@@ -174,7 +174,7 @@ def cmd_joblog(args: argparse.Namespace) -> int:
         f"{'work ID':<24} {'status':<9} {'tries':>5} {'started':>8} {'seconds':>8} {'rank':>4} "
         f"{'host':<16}"
     )
-    print(f"{head}  last failure / call")
+    print(f"{head}  last failure / call")  # (long work IDs shortened here; --json has them)
     n = 0
     for r in rows:
         secs = f"{r.seconds:.2f}" if r.seconds is not None else "-"
@@ -183,8 +183,9 @@ def cmd_joblog(args: argparse.Namespace) -> int:
         tail = tail if len(tail) <= 70 else tail[:67] + "..."
         rank = "-" if r.rank is None else str(r.rank)
         host = "-" if r.host is None else r.host if len(r.host) <= 16 else r.host[:15] + "~"
+        wid = r.work_id if len(r.work_id) <= 24 else r.work_id[:11] + "~" + r.work_id[-12:]
         print(
-            f"{r.work_id:<24} {r.status:<9} {r.tries:>5} {when(r.started):>8} {secs:>8} "
+            f"{wid:<24} {r.status:<9} {r.tries:>5} {when(r.started):>8} {secs:>8} "
             f"{rank:>4} {host:<16}  {tail}"
         )
         n += 1
