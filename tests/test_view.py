@@ -576,3 +576,41 @@ def test_the_joblog_table_shortens_long_work_ids_and_json_keeps_them_whole(
     rows = [json.loads(x) for x in cli("joblog", str(d), "--jsonl")[1].splitlines()]
     assert [r["work_id"] for r in rows] == ids
     assert [r["work_id"] for r in json.loads(cli("joblog", str(d), "--json")[1])] == ids
+
+
+def test_stats_on_a_futures_state_directory_says_the_total_is_so_far_and_gives_no_eta(
+    tmp_path: Path,
+) -> None:
+    """``stats`` on a futures executor's directory said "94 of 103 committed, ETA 1s" for a
+    300-call script: the items are what the script submitted so far, and while it runs it may
+    submit more, so there is no ETA. A plain campaign keeps its total and its ETA."""
+    from durable_dispatch.futures._seal import load_or_create_key
+
+    texts = {}
+    for kind in ("futures", "plain"):
+        d = tmp_path / kind
+        s = CampaignState.open(d, ranks=(1,))
+        try:
+            if kind == "futures":
+                load_or_create_key(str(d))
+            s.submit([WorkItem(f"w{i}", {"x": i}) for i in range(10)])
+            for _ in range(3):
+                x = s.next_send(time.time())
+                assert x is not None
+                s.sent(x.token, time.time())
+                s.on_results(1, str(x.token), [x.items[0].payload], time.time())
+                s._complete_commits(wait=True)
+                s.on_ready(1, str(x.token), time.time())
+                s.tick(time.time())
+            time.sleep(0.01)  # (a rate needs the statistics to be younger than the start)
+            assert s.publish_statistics(force=True)
+            texts[kind] = cli("stats", str(d))[1]
+            view = json.loads(cli("stats", str(d), "--json")[1])
+        finally:
+            s.close()
+        assert view["open_ended"] is (kind == "futures"), view
+        assert (view["eta_seconds"] is None) is (kind == "futures"), view
+    assert "3 of 10 submitted so far committed" in texts["futures"], texts["futures"]
+    assert "no ETA (the script may submit more)" in texts["futures"], texts["futures"]
+    assert "ETA -" not in texts["futures"] and "ETA 0" not in texts["futures"]
+    assert "3 of 10 committed" in texts["plain"] and "ETA" in texts["plain"], texts["plain"]

@@ -91,6 +91,9 @@ class CampaignView:
         snapshot_generation: the snapshot the replay started from (None: none yet).
         journal_seq: the last journal sequence number read.
         as_of: when this view was computed (wall-clock seconds).
+        open_ended: the campaign's items are what was submitted so far and its script may
+            submit more (a futures executor's state directory): :attr:`work_items` is no final
+            total, and there is no ETA.
     """
 
     directory: str
@@ -128,6 +131,7 @@ class CampaignView:
     snapshot_generation: int | None = None
     journal_seq: int = -1
     as_of: float = 0.0
+    open_ended: bool = False
 
     @property
     def finished(self) -> bool:
@@ -190,6 +194,7 @@ def campaign_view(
     now: float,
     snapshot_generation: int | None = None,
     journal_seq: int = -1,
+    open_ended: bool = False,
 ) -> CampaignView:
     """The view of a campaign (pure: every input is an argument).
 
@@ -202,6 +207,7 @@ def campaign_view(
         directory: the state directory (shown).
         now: the wall-clock time the ages are measured at.
         snapshot_generation, journal_seq: where the replay started and ended (shown).
+        open_ended: the script may submit more items (a futures executor's): no ETA.
     """
     live = live or {}
     stats: Mapping[str, Any] = live.get("stats") or {}
@@ -231,7 +237,7 @@ def campaign_view(
         if commits:
             rate = round(commits / (ts - started), 3)
             left = pending + waiting + flying
-            eta = round(left / rate, 1) if left else 0.0
+            eta = None if open_ended else round(left / rate, 1) if left else 0.0
     left = pending + waiting + flying
     if running:
         state = RUNNING
@@ -279,6 +285,7 @@ def campaign_view(
         snapshot_generation=snapshot_generation,
         journal_seq=journal_seq,
         as_of=now,
+        open_ended=open_ended,
     )
 
 
@@ -293,6 +300,9 @@ def view_of_state(v: Any, now: float | None = None) -> CampaignView:
         now=time.time() if now is None else now,
         snapshot_generation=v.snapshot_generation,
         journal_seq=v.journal_seq,
+        # a futures executor's directory (its secret, futures._seal.KEY_FILE): the script
+        # submits as it goes, so the items so far are no final total
+        open_ended=os.path.exists(os.path.join(v.directory, "futures.key")),
     )
 
 

@@ -66,8 +66,9 @@ def _state_line(view: CampaignView) -> str:
 def _progress(view: CampaignView) -> str:
     total = view.work_items
     pct = f" ({100.0 * view.committed / total:.1f}%)" if total else ""
+    so_far = " submitted so far" if view.open_ended else ""
     line = (
-        f"{view.committed} of {total} committed{pct}, {view.deferred} deferred, "
+        f"{view.committed} of {total}{so_far} committed{pct}, {view.deferred} deferred, "
         + (f"{view.cancelled} cancelled, " if view.cancelled else "")
         + f"{view.pending} pending, {view.in_flight} in flight"
     )
@@ -81,6 +82,8 @@ def _progress(view: CampaignView) -> str:
 def _rate(view: CampaignView) -> str:
     if view.rate_per_s is None:
         return "- (no master running)" if not view.master_running else "- (nothing committed yet)"
+    if view.open_ended:  # (a futures script submits as it goes: the end is not known)
+        return f"{view.rate_per_s:,.1f} items/s over this run, no ETA (the script may submit more)"
     eta = "done" if not view.left else duration(view.eta_seconds)
     return f"{view.rate_per_s:,.1f} items/s over this run, ETA {eta}"
 
