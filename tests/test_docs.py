@@ -703,6 +703,10 @@ def test_the_futures_tutorial_resolves_from_the_record(tmp_path: Path) -> None:
         assert rc == 0 and out.strip() == "best seed 173", (out, err[-3000:])
     p = view_state(cwd / "state" / "executor-1").projection
     assert len(p.committed) == 200 and p.duplicate_commits == 0
+    page = ROOT / "docs/tutorial/futures.md"
+    shown = shown_output(page, "durable-dispatch watch state/executor-1 --once")
+    rc, out, err = run_line("durable-dispatch watch state/executor-1 --once", cwd)
+    assert rc == 0 and out == shown, (out, shown, err)  # the sample is what watch prints
 
 
 def test_the_futures_reduce_example_waits_and_fails_with_its_cause(tmp_path: Path) -> None:
