@@ -12,6 +12,7 @@ workers, does not collect it.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import time
 from pathlib import Path
@@ -361,7 +362,10 @@ def test_submit_as_names_one_call(tmp_path: Path) -> None:
             ex.submit_as("mine", div, 1, 2)
 
 
-def test_a_segfault_or_a_hang_costs_only_its_own_future(tmp_path: Path) -> None:
+def test_a_segfault_or_a_hang_costs_only_its_own_future(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="concurrent.futures")
     with MPIPoolExecutor(task_timeout=2, retry=RetryPolicy(0), state_dir=tmp_path / "s") as ex:
         crash, stuck = ex.submit(segfault), ex.submit(hang)
         fine = [ex.submit(add, i) for i in range(20)]
@@ -376,6 +380,9 @@ def test_a_segfault_or_a_hang_costs_only_its_own_future(tmp_path: Path) -> None:
     with MPIPoolExecutor(task_timeout=2, retry=RetryPolicy(0), state_dir=tmp_path / "s") as ex:
         with pytest.raises(TaskCrashed):  # a re-run fails it from the record, at once
             ex.submit(segfault).result(timeout=1)
+    # each future's state was set in the order concurrent.futures expects: it logged nothing
+    # ("Future ... in unexpected state: RUNNING", CRITICAL, before each failure)
+    assert not [r for r in caplog.records if r.name == "concurrent.futures"], caplog.text
 
 
 def test_a_large_result_goes_to_the_side_store(tmp_path: Path) -> None:

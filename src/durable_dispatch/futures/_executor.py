@@ -821,6 +821,10 @@ class _CallFuture(Future[Any]):
 def _start(fut: Future[Any]) -> bool:
     """Mark ``fut`` running unless it is; True when it is running now (it may be settled),
     False when it was cancelled (its waiters are told) or settled already."""
+    if fut.running():  # (asking again would log "Future ... in unexpected state: RUNNING")
+        return True
+    if fut.done() and not fut.cancelled():
+        return False  # settled already
     try:
         return fut.set_running_or_notify_cancel()
     except RuntimeError:  # running already, or cancelled (and told) or settled before
