@@ -723,3 +723,24 @@ def test_the_futures_reduce_example_waits_and_fails_with_its_cause(tmp_path: Pat
             "good 236",
             "everything failed: ValueError('seed 7 diverged')",
         ], (out, err[-3000:])
+
+
+def test_the_tutorials_kill_step_points_to_stats_for_the_masters_host_and_pid(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """The kill step said "kill -9" without saying what to kill: it points to ``stats``, whose
+    ``master`` line names the running master's host and PID."""
+    import socket
+
+    from durable_dispatch import CampaignState
+    from durable_dispatch.cli import main
+
+    page = (ROOT / "docs/tutorial/first-campaign.md").read_text()
+    step = page.split("kill -9", 1)[1].split("\n\n", 1)[0]
+    assert "durable-dispatch stats state" in step and "PID" in step, step
+    with CampaignState.open(tmp_path / "state", ranks=(1,)) as s:
+        assert s.publish_statistics(force=True)
+        assert main(["stats", str(tmp_path / "state")]) == 0
+    master = [x for x in capsys.readouterr().out.splitlines() if x.startswith("master")]
+    assert master and f"pid {os.getpid()}" in master[0], master
+    assert socket.gethostname() in master[0], master
