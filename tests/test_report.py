@@ -116,7 +116,7 @@ def test_the_command_writes_one_self_contained_page(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     page = out.read_text()
     assert page.count("<svg") == 4 and "<script" not in page and "parked" in page
-    assert "Failures (" in page and "Deferred items (" in page and " s</text>" in page
+    assert "Failures: " in page and "Deferred items (" in page and " s</text>" in page
     for far in ("http://", "https://", "src=", "@import"):
         assert far not in page  # nothing from the network, no file beside it
 
@@ -213,3 +213,127 @@ def test_the_page_renders_in_headless_chromium_and_is_not_blank(tmp_path: Path) 
     assert total - white > total * 0.05, "the screenshot is (almost) blank"
     assert len(colours) >= 8, colours.most_common(5)
     assert colours.get(b"\x2a\x7a\xb0", 0) > 0  # the committed line's blue is drawn
+
+
+# ------------------------------------------------------------- what a new user looks for
+_DIVERGED = 'Traceback (most recent call last):\n  File "sweep.py", line 9, in f\nValueError: diverged'
+_WILD_CHILD = """
+import os, signal, sys
+from durable_dispatch import CampaignState, WorkItem
+with_work = CampaignState.open(sys.argv[1], ranks=(1, 2))
+with_work.submit([WorkItem(f"p{i:04d}", {"x": i, "seed": 1000 + i}) for i in range(30, 40)])
+for _ in range(2):
+    x = with_work.next_send(0.0)
+    with_work.sent(x.token, 0.0)
+with_work.journal.sync_now()  # (what a real master does before it sends)
+with_work.publish_statistics(force=True)
+os.kill(os.getpid(), signal.SIGKILL)  # killed with two dispatches in flight
+"""
+
+
+def _failing_campaign(d: Path) -> None:
+    """Three runs: the first fails 13 items with one error, 1 with a crash and leaves work;
+    the second is SIGKILLed with work in flight; the third finishes."""
+    from durable_dispatch.core.decisions import ItemFailure
+
+    def serve(s: CampaignState, fail: Any) -> None:
+        while (x := s.next_send(0.0)) is not None:
+            s.sent(x.token, 0.0)
+            w = x.items[0]
+            why = fail(w)
+            if why is None:
+                s.on_results(x.rank, str(x.token), [w.payload], 0.0)
+                s._complete_commits(wait=True)
+            else:
+                s.on_results(x.rank, str(x.token), None, 0.0, failure=why)
+            s.on_ready(x.rank, str(x.token), 0.0)
+            s.tick(0.0)
+
+    def first(w: WorkItem) -> Any:
+        if w.payload["x"] == 5:
+            return ItemFailure("crash", "the work function's process killed by SIGSEGV")
+        if w.payload["x"] % 2 and w.payload["x"] < 27:
+            return ItemFailure("error", _DIVERGED)
+        return None
+
+    items = [WorkItem(f"p{i:04d}", {"x": i, "seed": 1000 + i}) for i in range(40)]
+    with CampaignState.open(d, ranks=(1,), retry=RetryPolicy(0)) as s:
+        s.submit(items[:30])
+        serve(s, first)
+    res = subprocess.run([sys.executable, "-c", _WILD_CHILD, str(d)], timeout=120)
+    assert res.returncode == -9
+    with CampaignState.open(d, ranks=(1,), retry=RetryPolicy(0)) as s:
+        s.submit(items)
+        serve(s, lambda w: None)
+
+
+def test_the_report_groups_failures_by_error_and_says_how_each_run_ended(tmp_path: Path) -> None:
+    """What a new user could not read: failures listed twice (as failures and as deferred),
+    nothing saying why a run ended, "failures error 118" beside "61 items failed", charts
+    770 px wide in a wide window, and no payload of a failed item. Now: failures grouped by
+    error (count, the first work IDs "and N more", one example with its payload and
+    traceback), each deferred item once, each run's end labelled on the time axis and in the
+    runs table, every figure saying attempts or items, charts that take the page's width."""
+    from durable_dispatch.views.report import render_report
+
+    d = tmp_path / "state"
+    _failing_campaign(d)
+    s = report_series(d)
+    groups = {(g["kind"], g["error"]): g for g in s["failure_groups"]}
+    diverged = groups[("error", "ValueError: diverged")]
+    odd = [f"p{i:04d}" for i in range(1, 27, 2) if i != 5]
+    assert diverged["items"] == diverged["attempts"] == diverged["deferred"] == len(odd) == 12
+    assert diverged["work_ids"] == odd[:8] and diverged["more"] == 4
+    ex = diverged["example"]
+    assert ex["work_id"] == "p0001" and ex["payload"] == '{"x":1,"seed":1001}', ex
+    assert "Traceback" in ex["error"] and ex["error"].endswith("ValueError: diverged")
+    crash = groups[("crash", "the work function's process killed by SIGSEGV")]
+    assert crash["items"] == 1 and crash["work_ids"] == ["p0005"]
+    assert [r["ended"] for r in s["runs"]] == ["ended", "killed", "finished"], s["runs"]
+    assert "SIGKILL" in s["runs"][1]["how"] and "finished" in s["runs"][2]["how"]
+    page = render_report(s, "t")
+    deferred_table = page.split("<h2>Deferred items", 1)[1].split("<h2>", 1)[0]
+    failures = page.split("<h2>Failures", 1)[1].split("<h2>", 1)[0]
+    listed = page.split("<h2>The slowest", 1)[0]  # (an attempt's row there is no listing)
+    for w in odd:  # each deferred item once, in the deferred table only
+        assert listed.count(f"<td>{w}</td>") == 1 and f"<td>{w}</td>" in deferred_table, w
+    assert "and 4 more" in failures and "&quot;seed&quot;:1001" in failures
+    assert "Traceback" in failures and "13 items failed at least once, 13 failed attempts" in (
+        failures.replace("&quot;", '"')
+    ), failures[:400]
+    assert "failed attempts by kind" in page and "(work items)" in page
+    assert "dispatch attempt" in page  # the timeline and the slowest table count attempts
+    assert ">killed</text>" in page and ">finished</text>" in page  # on the time axis
+    assert "how it ended" in page and "SIGKILL" in page  # and in the runs table
+    assert "svg{width:100%;height:auto" in page and page.count("viewBox=") == page.count("<svg")
+    assert "max-width:820px" not in page
+
+
+def test_the_report_uses_the_width_of_a_wide_window(tmp_path: Path) -> None:
+    """The charts were 760 px wide in a 1400 px window: they scale to the page's width."""
+    exe = _chromium()
+    if exe is None:
+        if os.environ.get("CI"):
+            raise AssertionError("chromium is missing: .ci/run installs Debian's chromium")
+        pytest.skip("no chromium here (Debian's chromium package; CI installs it)")
+    d = tmp_path / "state"
+    _failing_campaign(d)
+    page = tmp_path / "report.html"
+    write_report(d, page)
+    shot = tmp_path / "shot.png"
+    res = subprocess.run(
+        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+        + ["--disable-background-networking", "--disable-component-update", "--disable-sync"]
+        + [f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars"]
+        + [f"--screenshot={shot}", "--window-size=1400,1000", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, HOME=str(tmp_path)),
+    )
+    assert shot.exists(), res.stderr[-2000:]
+    width, _height, rows = _png_pixels(shot.read_bytes())
+    step = 3 if len(rows[0]) == width * 3 else 4
+    blue = b"\x2a\x7a\xb0"  # the committed line and the throughput bars
+    xs = [i // step for row in rows for i in range(0, len(row), step) if row[i : i + 3] == blue]
+    assert xs and max(xs) > 0.9 * width, (max(xs, default=0), width)

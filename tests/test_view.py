@@ -241,7 +241,7 @@ def test_after_compact_the_report_keeps_the_failures_deferrals_and_runs(tmp_path
     assert s["deferred"] > 0 and s["epoch"] == 2 and s["failures_by_kind"]["timeout"] > 0
     series = report_series(d)
     page = render_report(series, "t")
-    assert f"Deferred items ({s['deferred']})" in page and "None deferred" not in page
+    assert f"Deferred items ({s['deferred']} items" in page and "None deferred" not in page
     assert f"timeout {s['failures_by_kind']['timeout']}" in page
     assert "master runs</th><td>2 " in page
 

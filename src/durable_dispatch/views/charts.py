@@ -12,7 +12,7 @@ from typing import Any
 from .history import COMMITTED, IN_FLIGHT, INTERRUPTED
 
 _BUCKETS = 60
-_W, _PAD_L, _PAD_R = 760, 48, 16
+_W, _PAD_L, _PAD_R = 1000, 48, 16  # the drawing's units; the page scales it to its width
 _PLOT = _W - _PAD_L - _PAD_R
 _GAP_PX = 34.0  # a long pause between runs is drawn this wide
 _ROWS_MAX = 32  # ranks drawn in the timeline
@@ -54,6 +54,7 @@ class _Axis:
                 x += gw
         self.start = self.runs[0][0] if self.runs else 0.0
         self.end = self.runs[-1][1] if self.runs else 0.0
+        self.ends: list[tuple[float, str]] = []  # (time, how that run ended), labelled
 
     def x(self, t: float) -> float:
         for t0, t1, x0, x1 in self.pieces:
@@ -176,6 +177,18 @@ def _frame(axis: _Axis, h: int, top: float, unit: str) -> list[str]:
         parts.append(
             f'<text x="{_PAD_L + 4}" y="17" font-size="9" fill="#666">{html.escape(unit)}</text>'
         )
+    for t, word in axis.ends:  # how each run ended, at its end
+        x = axis.x(t)
+        color = "#c0392b" if word in ("killed", "cut short") else "#555"
+        parts.append(
+            f'<line x1="{x:.1f}" y1="6" x2="{x:.1f}" y2="{base}" stroke="{color}" '
+            'stroke-width="1.5"/>'
+        )
+        if top > 0:  # (a value chart: the timeline's rows leave no room for words)
+            parts.append(
+                f'<text x="{x - 3:.1f}" y="16" font-size="9" fill="{color}" '
+                f'text-anchor="end">{html.escape(word)}</text>'
+            )
     if len(axis.runs) > 1:
         for r0, _r1 in axis.runs:
             parts.append(
@@ -233,7 +246,7 @@ def _value_before(times: list[float], values: list[int], t: float) -> int:
 
 
 def _throughput_chart(s: Mapping[str, Any], axis: _Axis) -> str:
-    title = "Throughput (work items committed per second)"
+    title = "Throughput (work items committed per second, over the last few buckets)"
     if not s["times"]:
         return f"<h2>{title}</h2><p>No events with a time yet.</p>"
     h = 150
@@ -258,7 +271,10 @@ def _throughput_chart(s: Mapping[str, Any], axis: _Axis) -> str:
 
 
 def _timeline_chart(s: Mapping[str, Any], axis: _Axis) -> str:
-    title = "Per-rank timeline (which rank ran what, when; where it was parked)"
+    title = (
+        "Per-rank timeline (each bar a dispatch attempt: which rank ran what, when; where it "
+        "was parked)"
+    )
     rows = s["timeline"]
     if not rows:
         return f"<h2>{title}</h2><p>No dispatches in the journal (a compaction folds them).</p>"

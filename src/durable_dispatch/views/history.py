@@ -83,6 +83,7 @@ class History:
         deferred_changes: ``(ts, +1 | -1)``: an item deferred, or requeued from deferred.
         parks: ``(rank, from, to)`` for each time a rank was parked.
         now: the time open runs and attempts end at.
+        drained: the epochs of the runs an operator drained (``durable-dispatch drain``).
     """
 
     runs: list[Run] = field(default_factory=list)
@@ -93,6 +94,7 @@ class History:
     deferred_changes: list[tuple[float, int]] = field(default_factory=list)
     parks: list[tuple[int, float, float]] = field(default_factory=list)
     now: float = 0.0
+    drained: set[int] = field(default_factory=set)
 
     @property
     def start(self) -> float | None:
@@ -248,6 +250,8 @@ class _Builder:
                 self._close(att, 1, ts, why, error)
         elif kind == "requeued_deferred":
             self.h.deferred_changes.append((ts, -1))
+        elif kind == "command" and p.get("op") == "drain":
+            self.h.drained.add(self.epoch)
         elif kind == "host":
             rank, host = p.get("rank"), p.get("host")
             if type(rank) is int and isinstance(host, str):

@@ -48,16 +48,20 @@ def report_series(directory: str | os.PathLike[str], *, now: float | None = None
     """What the report shows, JSON-ready.
 
     Keys: ``view`` (the campaign's :class:`~durable_dispatch.views.view.CampaignView` as a dict:
-    every number of the page's summary), ``runs`` (``{"epoch", "start", "end", "open"}`` per master
-    run), ``gaps`` (``[from, to]`` when no master ran), ``start``/``end``, ``times`` (bucket ends),
+    every number of the page's summary), ``runs`` (``{"epoch", "start", "end", "open", "ended",
+    "how"}`` per master run; ``ended`` says how it ended in a word, ``how`` in words), ``gaps``
+    (``[from, to]`` when no master ran), ``start``/``end``, ``times`` (bucket ends),
     ``committed`` (cumulative items committed at each), ``deferred`` (items deferred at each: the
-    folded ones, whose time a compaction dropped, from the start), ``in_flight`` (items in flight; 0
-    between runs), ``parked`` (ranks parked), ``throughput`` (items committed per second over the
-    last 4 buckets of the run), ``timeline`` (rank -> ``[[from, to, outcome], ...]``), ``failures``
-    (items that failed: ``{"work_id", "status", "failures", "kinds", "last_error"}``),
-    ``deferred_items`` (the same for deferred items), ``slowest`` (the 10 longest attempts, in
-    flight and failed ones included: ``{"work_id", "seconds", "rank", "host", "outcome"}``; ``host``
-    None when not recorded).
+    folded ones, whose time a compaction dropped, from the start), ``in_flight`` (items in
+    flight; 0 between runs), ``parked`` (ranks parked), ``throughput`` (items committed per
+    second over the last 4 buckets of the run), ``timeline`` (rank -> ``[[from, to, outcome],
+    ...]``), ``failures`` (items that failed: ``{"work_id", "status", "failures", "kinds",
+    "last_error", "payload"}``; ``failures``: failed attempts), ``failure_groups`` (those items
+    grouped by their last failure's kind and error line, most items first: ``{"kind", "error",
+    "items", "attempts", "deferred", "work_ids"`` (the first 8), ``"more"``, ``"example":
+    {"work_id", "payload", "error"}}``), ``deferred_items`` (each deferred item once, as in
+    ``failures``), ``slowest`` (the 10 longest attempts, in flight and failed ones included:
+    ``{"work_id", "seconds", "rank", "host", "outcome"}``; ``host`` None when not recorded).
     """
     from ..campaign.admin import view_state
     from .view import view_of_state
@@ -67,10 +71,52 @@ def report_series(directory: str | os.PathLike[str], *, now: float | None = None
     view = view_of_state(sv, t_now)
     h = read_history(directory, now=t_now, running=view.master_running)
     out: dict[str, Any] = {"view": view.as_dict()}
-    out.update(_failures(sv.projection, view.master_running))
+    out.update(_failures(sv.projection, view.master_running, os.fspath(directory)))
     out.update(_over_time(h, view.deferred))
+    for run in out["runs"]:
+        run["ended"], run["how"] = _run_end(run, h, view)
     out["slowest"] = _slowest(h)
     return out
+
+
+#: how a run ended, in a word for the time axis and in words for the runs table
+_ENDS = {
+    "running": "running now",
+    "finished": "closed: the campaign finished",
+    "drained (operator)": "drained by the operator (durable-dispatch drain), then closed",
+    "drained": "drained, then closed: a signal (SIGUSR1, SIGTERM, Ctrl-C, a batch system's "
+    "warning before its time limit) or no worker left to serve",
+    "cut short": "closed with work in flight: its drain was cut short",
+    "killed": "killed or died without closing (SIGKILL, a time limit without warning, a lost "
+    "node): its work in flight ran again in the next run",
+    "ended": "ended with nothing in flight (drained, or stopped between two dispatches)",
+}
+
+
+def _run_end(run: Mapping[str, Any], h: History, view: Any) -> tuple[str, str]:
+    """``(word, words)``: how a master run ended, from what the journals and the newest
+    master's statistics say: its operator's drain command, the work it left in flight, and
+    (the newest run only) whether it closed the state directory."""
+    from .history import INTERRUPTED
+
+    if run["open"]:
+        return "running", _ENDS["running"]
+    epoch = run["epoch"]
+    left = any(a.outcome == INTERRUPTED and a.epoch == epoch for a in h.attempts)
+    operator = epoch in h.drained
+    newest = h.runs and epoch == h.runs[-1].epoch
+    if newest and view.master_ended == "killed":
+        word = "killed"
+    elif newest and view.master_ended == "closed":
+        word = (
+            "finished" if view.finished and not left
+            else "cut short" if left
+            else "drained (operator)" if operator
+            else "drained"
+        )  # fmt: skip
+    else:  # an earlier run: no statistics of its own are kept
+        word = "killed" if left else "drained (operator)" if operator else "ended"
+    return word, _ENDS[word]
 
 
 def _status(led: Any, w: str, running: bool) -> str:
@@ -87,7 +133,60 @@ def _status(led: Any, w: str, running: bool) -> str:
     return "pending"
 
 
-def _failures(led: Any, running: bool) -> dict[str, Any]:
+def _headline(error: str | None, work_id: str) -> str:
+    """The line that names an error (a traceback's last), without its work ID, so that the
+    same error of many items is one group."""
+    lines = [x.strip() for x in (error or "").splitlines() if x.strip()]
+    text = lines[-1] if lines else "(no message)"
+    text = text.removeprefix(f"{work_id}: ")
+    return text.replace(work_id, "<work ID>") if len(work_id) > 3 else text
+
+
+def _payload_texts(d: str, led: Any, wanted: set[str]) -> dict[str, str]:
+    """Work ID -> its payload as short text, for the ``wanted`` work IDs."""
+    from .joblog import _call_text, _ledger_payload, _payloads
+
+    if not wanted:
+        return {}
+    stored = _payloads(d)
+    out = {}
+    for w in wanted:
+        p = stored[w] if w in stored else _ledger_payload(led, w)
+        out[w] = _call_text(p) or "-"
+    return out
+
+
+_GROUP_IDS = 8  # work IDs named per failure group, then "and N more"
+_EXAMPLE_CHARS = 4000  # an example's error text (a traceback) is cut here
+
+
+def _failures(led: Any, running: bool, d: str = "") -> dict[str, Any]:
+    failed = {w for w, ks in led.kinds.items() if ks} | set(led.deferred)
+    payloads = _payload_texts(d, led, failed) if d else {}
+    groups: dict[tuple[str, str], list[str]] = {}
+    for w, ks in led.kinds.items():
+        if ks:
+            key = (str(ks[-1]), _headline(led.last_error.get(w), w))
+            groups.setdefault(key, []).append(w)
+    failure_groups = []
+    for (kind, error), ids in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        first = ids[0]
+        failure_groups.append(
+            {
+                "kind": kind,
+                "error": error,
+                "items": len(ids),
+                "attempts": sum(len(led.kinds[w]) for w in ids),
+                "deferred": sum(1 for w in ids if w in led.deferred),
+                "work_ids": ids[:_GROUP_IDS],
+                "more": max(0, len(ids) - _GROUP_IDS),
+                "example": {
+                    "work_id": first,
+                    "payload": payloads.get(first),
+                    "error": (led.last_error.get(first) or "")[-_EXAMPLE_CHARS:] or None,
+                },
+            }
+        )
     rows = []
     for w, ks in led.kinds.items():
         if ks:
@@ -98,6 +197,7 @@ def _failures(led: Any, running: bool) -> dict[str, Any]:
                     "failures": len(ks),
                     "kinds": list(ks),
                     "last_error": led.last_error.get(w) or None,
+                    "payload": payloads.get(w),
                 }
             )
     rows.sort(key=lambda r: (-r["failures"], r["work_id"]))
@@ -107,10 +207,11 @@ def _failures(led: Any, running: bool) -> dict[str, Any]:
             "failures": len(led.kinds.get(w, ())),
             "kinds": list(led.kinds.get(w, ())),
             "last_error": led.last_error.get(w) or None,
+            "payload": payloads.get(w),
         }
         for w in led.deferred
     ]
-    return {"failures": rows, "deferred_items": deferred}
+    return {"failures": rows, "failure_groups": failure_groups, "deferred_items": deferred}
 
 
 def _over_time(h: History, deferred_now: int) -> dict[str, Any]:
@@ -246,13 +347,16 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
     rows = [
         ("state", state),
         (
-            "progress",
+            "progress (work items)",
             f"{v['committed']} of {v['work_items']} committed, {v['deferred']} deferred, "
             + (f"{v['cancelled']} cancelled, " if v.get("cancelled") else "")
             + f"{v['pending']} pending, {v['in_flight']} in flight"
             + (f", {v['waiting']} waiting for dependencies" if v.get("waiting") else ""),
         ),
-        ("failures by kind", f"{kinds} ({v['failed_items']} items failed at least once)"),
+        (
+            "failed attempts by kind",
+            f"{kinds} ({v['failed_items']} items failed at least once)",
+        ),
         ("master runs", f"{v['epoch']} (epochs; {_gaps(len(s['gaps']))})"),
         ("from", f"{_when(s['start'])} to {_when(s['end'])}"),
     ]
@@ -283,6 +387,44 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
     )
 
 
+def _kinds_text(kinds: Sequence[str]) -> str:
+    """``["error", "error", "timeout"]`` -> ``"error x2, timeout"``."""
+    counts: dict[str, int] = {}
+    for k in kinds:
+        counts[k] = counts.get(k, 0) + 1
+    return ", ".join(f"{k} x{n}" if n > 1 else k for k, n in counts.items())
+
+
+def _failure_groups(groups: Sequence[Mapping[str, Any]], n_items: int, v: Mapping[str, Any]) -> str:
+    """The failures grouped by error: each group's count of items and of failed attempts, its
+    work IDs (the first few, then "and N more") and one example with its payload and error."""
+    attempts = sum(v["failures_by_kind"].values())
+    head = (
+        f"<h2>Failures: {n_items} items failed at least once, {attempts} failed attempts; "
+        f"{len(groups)} distinct error{'s' if len(groups) != 1 else ''}</h2>"
+    )
+    if not groups:
+        return head + "<p>No failures.</p>"
+    out = [head]
+    for g in groups[:_TABLE_MAX]:
+        ids = ", ".join(g["work_ids"]) + (f" and {g['more']} more" if g["more"] else "")
+        ex = g["example"]
+        deferred = f", {g['deferred']} of them deferred" if g["deferred"] else ""
+        out.append(
+            '<div class="group">'
+            f"<h3>{g['items']} item{'s' if g['items'] != 1 else ''} "
+            f"({g['attempts']} failed attempt{'s' if g['attempts'] != 1 else ''}{deferred}): "
+            f"{html.escape(g['kind'])}: {html.escape(_cell(g['error']))}</h3>"
+            f"<p>work IDs: {html.escape(ids)}</p>"
+            f"<p>for example <code>{html.escape(ex['work_id'])}</code>, payload "
+            f"<code>{html.escape(_cell(ex.get('payload')))}</code>:</p>"
+            f"<pre>{html.escape(ex.get('error') or '-')}</pre></div>"
+        )
+    if len(groups) > _TABLE_MAX:
+        out.append(f"<p>{len(groups) - _TABLE_MAX} more errors not shown.</p>")
+    return "".join(out)
+
+
 def _gaps(n: int) -> str:
     if not n:
         return "no gap between runs"
@@ -292,16 +434,22 @@ def _gaps(n: int) -> str:
 def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str:
     """The HTML page for ``series`` (:func:`report_series`); ``where`` names the state
     directory under the title."""
+    from .watch import duration
+
     v = series["view"]
     axis = _Axis([(r["start"], r["end"]) for r in series["runs"]])
+    axis.ends = [(r["end"], r["ended"]) for r in series["runs"] if r.get("ended")]
     fails = series["failures"]
-    failure_rows = [
-        [r["work_id"], r["status"], r["failures"], r["kinds"], r["last_error"]]
-        for r in fails[:_TABLE_MAX]
-    ]
     deferred = series["deferred_items"]
     deferred_rows = [
-        [r["work_id"], r["failures"], r["kinds"], r["last_error"]] for r in deferred[:_TABLE_MAX]
+        [
+            r["work_id"],
+            r.get("payload"),
+            r["failures"],
+            _kinds_text(r["kinds"]),
+            _headline(r["last_error"], r["work_id"]),
+        ]
+        for r in deferred[:_TABLE_MAX]
     ]
     slow_rows = [[r["work_id"], f"{r['seconds']:.3f}", r["rank"], r["host"] or "-", r["outcome"]]
                  for r in series["slowest"]]  # fmt: skip
@@ -330,38 +478,51 @@ def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str
             axis,
             ["in_flight", "parked"],
             "In flight (work items) and parked ranks",
-            "count",
+            "items, ranks",
             f'<span style="color:{_COLORS["in_flight"]}">&#9632;</span> items in flight '
             f'&nbsp; <span style="color:{_COLORS["parked"]}">&#9632;</span> ranks parked (from '
             "the timeout that parked a rank until its next dispatch)",
         ),
         _timeline_chart(series, axis),
-        f"<h2>Failures ({len(fails)} items failed at least once; by kind: "
-        + html.escape(", ".join(f"{k} {n}" for k, n in v["failures_by_kind"].items()) or "none")
-        + ")</h2>",
+        "<h2>Master runs</h2>",
         _table(
-            ["work ID", "status", "failures", "failure kinds", "last error"],
-            failure_rows,
-            len(fails),
-            "No failures.",
-        ),
-        f"<h2>Deferred items ({v['deferred']})</h2>",
+            ["run (epoch)", "from", "to", "length", "how it ended"],
+            [
+                [
+                    r["epoch"],
+                    _when(r["start"]),
+                    _when(r["end"]),
+                    duration(r["end"] - r["start"]),
+                    r.get("how"),
+                ]
+                for r in series["runs"]
+            ],
+            len(series["runs"]),
+            "No run with a time in the journals.",
+        ),  # fmt: skip
+        _failure_groups(series.get("failure_groups", []), len(fails), v),
+        f"<h2>Deferred items ({v['deferred']} items, each once: set aside after their "
+        "retries)</h2>",
         _table(
-            ["work ID", "failures", "failure kinds", "last error"],
+            ["work ID", "payload", "failed attempts", "failure kinds", "last error"],
             deferred_rows,
             len(deferred),
             "None deferred.",
         ),
-        "<h2>The slowest attempts (dispatch to end; in flight ones until now)</h2>",
+        "<h2>The slowest attempts (each row one dispatch attempt: from its send to its end; "
+        "in flight ones until now)</h2>",
         _table(
             ["work ID", "seconds", "rank", "host", "outcome"], slow_rows, len(slow_rows), "None."
         ),
     ]
     style = (
-        "body{font-family:sans-serif;margin:24px;color:#222;max-width:820px}"
-        "h2{font-size:15px;margin:22px 0 4px}table{border-collapse:collapse}"
+        "body{font-family:sans-serif;margin:24px;color:#222;max-width:1800px}"
+        "h2{font-size:15px;margin:22px 0 4px}h3{font-size:13px;margin:14px 0 2px}"
+        "table{border-collapse:collapse}svg{width:100%;height:auto;display:block}"
         "td,th{border:1px solid #ddd;padding:3px 8px;font-size:12px;text-align:left}"
         ".summary th{background:#f4f4f4}.legend{font-size:12px;margin:2px 0 0;color:#444}"
+        "pre{font-size:11px;background:#f7f7f7;padding:6px;overflow-x:auto;max-height:260px}"
+        ".group p{font-size:12px;margin:2px 0}"
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
