@@ -216,7 +216,9 @@ def test_the_page_renders_in_headless_chromium_and_is_not_blank(tmp_path: Path) 
 
 
 # ------------------------------------------------------------- what a new user looks for
-_DIVERGED = 'Traceback (most recent call last):\n  File "sweep.py", line 9, in f\nValueError: diverged'
+_DIVERGED = (
+    'Traceback (most recent call last):\n  File "sweep.py", line 9, in f\nValueError: diverged'
+)
 _WILD_CHILD = """
 import os, signal, sys
 from durable_dispatch import CampaignState, WorkItem
