@@ -453,6 +453,7 @@ def test_the_joblog_lists_every_item_with_its_tries_failure_start_and_rank(
         "rank",
         "host",
         "call",
+        "signal",
     }
     assert all(r["host"] is None for r in rows)  # (no worker here named its host)
     deferred = [r for r in rows if r["status"] == "deferred"]
@@ -614,3 +615,37 @@ def test_stats_on_a_futures_state_directory_says_the_total_is_so_far_and_gives_n
     assert "no ETA (the script may submit more)" in texts["futures"], texts["futures"]
     assert "ETA -" not in texts["futures"] and "ETA 0" not in texts["futures"]
     assert "3 of 10 committed" in texts["plain"] and "ETA" in texts["plain"], texts["plain"]
+
+
+def test_the_joblog_names_a_crashs_signal_in_a_column_of_its_own(tmp_path: Path) -> None:
+    """A crash's signal (SIGSEGV, SIGKILL ...) was only inside the failure's text: the joblog
+    has it in a column of its own, in the table and in ``--json``; other failures have none."""
+    from durable_dispatch.core.decisions import ItemFailure
+
+    d = tmp_path / "state"
+    fails = {
+        "seg": ItemFailure("crash", "the work function's process killed by SIGSEGV"),
+        "oom": ItemFailure("crash", "the work function's process killed by SIGKILL"),
+        "err": ItemFailure("error", "ValueError: SIGSEGV is only a word here"),
+    }
+    with CampaignState.open(d, ranks=(1,), retry=RetryPolicy(0)) as s:
+        s.submit([WorkItem(w, {}) for w in fails])
+        while (x := s.next_send(0.0)) is not None:
+            s.sent(x.token, 0.0)
+            s.on_results(1, str(x.token), None, 0.0, failure=fails[x.items[0].work_id])
+            s.on_ready(1, str(x.token), 0.0)
+            s.tick(0.0)
+    rows = {r["work_id"]: r for r in json.loads(cli("joblog", str(d), "--json")[1])}
+    assert {w: r["signal"] for w, r in rows.items()} == {
+        "seg": "SIGSEGV",
+        "oom": "SIGKILL",
+        "err": None,
+    }
+    code, table, _ = cli("joblog", str(d))
+    head, *lines = table.splitlines()
+    at = head.index("signal")
+    assert {x.split()[0]: x[at:].split()[0] for x in lines} == {
+        "seg": "SIGSEGV",
+        "oom": "SIGKILL",
+        "err": "-",
+    }

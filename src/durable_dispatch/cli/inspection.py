@@ -172,7 +172,7 @@ def cmd_joblog(args: argparse.Namespace) -> int:
 
     head = (
         f"{'work ID':<24} {'status':<9} {'tries':>5} {'started':>8} {'seconds':>8} {'rank':>4} "
-        f"{'host':<16}"
+        f"{'host':<16} {'signal':<7}"
     )
     print(f"{head}  last failure / call")  # (long work IDs shortened here; --json has them)
     n = 0
@@ -186,7 +186,7 @@ def cmd_joblog(args: argparse.Namespace) -> int:
         wid = r.work_id if len(r.work_id) <= 24 else r.work_id[:11] + "~" + r.work_id[-12:]
         print(
             f"{wid:<24} {r.status:<9} {r.tries:>5} {when(r.started):>8} {secs:>8} "
-            f"{rank:>4} {host:<16}  {tail}"
+            f"{rank:>4} {host:<16} {r.signal or '-':<7}  {tail}"
         )
         n += 1
     if not n:

@@ -7,6 +7,7 @@ journals' history (:mod:`~durable_dispatch.views.history`).
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ class JobRow:
             None when not recorded (a state written before this version, or a worker of one).
         call: what it runs, as text: a futures call's ``function(arguments)`` (a preview stored
             at submit; never unpickled), else its payload as JSON, cut at 100 characters.
+        signal: when its last failure was a crash, the signal that ended the process
+            (``SIGSEGV``, ``SIGKILL`` ...), else None.
     """
 
     work_id: str
@@ -55,6 +58,7 @@ class JobRow:
     rank: int | None
     host: str | None
     call: str | None
+    signal: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, in the order above."""
@@ -139,4 +143,16 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
             att.rank if att is not None else None,
             att.host if att is not None else None,
             _call_text(payload),
+            _signal(kinds[-1] if kinds else None, led.last_error.get(wid)),
         )
+
+
+_SIGNAL = re.compile(r"\b(SIG[A-Z]{2,}[0-9]*)\b")
+
+
+def _signal(kind: str | None, error: str | None) -> str | None:
+    """The signal a crash's text names (the worker says "killed by SIGSEGV"), or None."""
+    if kind != "crash" or not error:
+        return None
+    found = _SIGNAL.findall(error)
+    return found[-1] if found else None
