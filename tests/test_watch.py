@@ -5,6 +5,7 @@ directories in ``test_cli.py`` and ``test_view.py``)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -83,3 +84,22 @@ def test_durations_read_well() -> None:
         "3h 05m",
         "2d 04h",
     ]
+
+
+def test_the_failures_line_says_it_counts_attempts_beside_items(tmp_path: Path) -> None:
+    """"failures error 118 (61 items failed at least once)" mixed attempts and items without
+    saying so: the line says which number counts attempts."""
+    from durable_dispatch import CampaignState, RetryPolicy, WorkItem
+    from durable_dispatch.views.view import read_view
+    from durable_dispatch.views.watch import stats_text
+
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=(1,), retry=RetryPolicy(2)) as s:
+        s.submit([WorkItem("a", {})])
+        while (x := s.next_send(0.0)) is not None:
+            s.sent(x.token, 0.0)
+            s.on_results(1, str(x.token), None, 0.0, failure="broken")
+            s.on_ready(1, str(x.token), 0.0)
+            s.tick(0.0)
+    line = next(x for x in stats_text(read_view(d), {}, False) if x.startswith("failures"))
+    assert "malformed-result 3 failed attempts (1 item failed at least once)" in line, line

@@ -33,7 +33,7 @@ def _kinds(view: CampaignView) -> str:
         return "none"
     text = ", ".join(f"{k} {n}" for k, n in view.failures_by_kind.items())
     items = "item" if view.failed_items == 1 else "items"
-    return f"{text} ({view.failed_items} {items} failed at least once)"
+    return f"{text} failed attempts ({view.failed_items} {items} failed at least once)"
 
 
 def _master(view: CampaignView) -> str:
