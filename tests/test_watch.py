@@ -87,7 +87,7 @@ def test_durations_read_well() -> None:
 
 
 def test_the_failures_line_says_it_counts_attempts_beside_items(tmp_path: Path) -> None:
-    """"failures error 118 (61 items failed at least once)" mixed attempts and items without
+    """ "failures error 118 (61 items failed at least once)" mixed attempts and items without
     saying so: the line says which number counts attempts."""
     from durable_dispatch import CampaignState, RetryPolicy, WorkItem
     from durable_dispatch.views.view import read_view
