@@ -607,6 +607,11 @@ def test_stats_on_a_futures_state_directory_says_the_total_is_so_far_and_gives_n
             assert s.publish_statistics(force=True)
             texts[kind] = cli("stats", str(d))[1]
             view = json.loads(cli("stats", str(d), "--json")[1])
+            from durable_dispatch.views.report import render_report, report_series
+
+            page = render_report(report_series(d), "t")
+            assert ("submitted so far" in page) is (kind == "futures"), page[:2000]
+            assert ("no ETA" in page) is (kind == "futures"), page[:2000]
         finally:
             s.close()
         assert view["open_ended"] is (kind == "futures"), view

@@ -348,7 +348,9 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
         ("state", state),
         (
             "progress (work items)",
-            f"{v['committed']} of {v['work_items']} committed, {v['deferred']} deferred, "
+            f"{v['committed']} of {v['work_items']}"
+            + (" submitted so far" if v.get("open_ended") else "")
+            + f" committed, {v['deferred']} deferred, "
             + (f"{v['cancelled']} cancelled, " if v.get("cancelled") else "")
             + f"{v['pending']} pending, {v['in_flight']} in flight"
             + (f", {v['waiting']} waiting for dependencies" if v.get("waiting") else ""),
@@ -365,7 +367,9 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
         rows.append(
             (
                 "rate, ETA",
-                f"{rate:,.1f} items/s, ETA {duration(v['eta_seconds'])}"
+                f"{rate:,.1f} items/s, no ETA (the script may submit more)"
+                if rate is not None and v.get("open_ended")
+                else f"{rate:,.1f} items/s, ETA {duration(v['eta_seconds'])}"
                 if rate is not None
                 else "- (nothing committed in this run yet)",
             )
