@@ -84,11 +84,11 @@ _ENDS = {
     "running": "running now",
     "finished": "closed: the campaign finished",
     "drained (operator)": "drained by the operator (durable-dispatch drain), then closed",
-    "drained": "drained, then closed: a signal (SIGUSR1, SIGTERM, Ctrl-C, a batch system's "
-    "warning before its time limit) or no worker left to serve",
+    "drained": "drained, then closed (SIGUSR1, SIGTERM, Ctrl-C, the warning before a time "
+    "limit; or no worker left)",
     "cut short": "closed with work in flight: its drain was cut short",
     "killed": "killed or died without closing (SIGKILL, a time limit without warning, a lost "
-    "node): its work in flight ran again in the next run",
+    "node)",
     "ended": "ended with nothing in flight (drained, or stopped between two dispatches)",
 }
 
