@@ -494,3 +494,12 @@ def test_watch_draws_in_a_terminal_until_the_campaign_ends(tmp_path: Path) -> No
     assert text.count("\x1b[H\x1b[J") >= 2, text[-500:]  # redrawn in place
     last = text[text.rindex("\x1b[H\x1b[J") :]
     assert "FINISHED" in last and "committed" in last, last
+
+
+def test_an_error_message_holds_no_control_character(tmp_path: Path) -> None:
+    """A control character in a message (a NUL from the MPI library's version string, an
+    escape in a path) made ``grep`` call the job's log a binary file: errors print printable
+    text only."""
+    res = run("stats", str(tmp_path / "no\x01such\x1b[2Jdir"))
+    assert res.returncode == 2 and "Error:" in res.stderr, res.stderr
+    assert all(c.isprintable() or c == "\n" for c in res.stderr), repr(res.stderr)
