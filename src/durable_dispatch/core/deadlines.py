@@ -32,11 +32,15 @@ class DeadlinePolicy:
         self._lease = watchdog.heartbeat_lease
         self._sizer = BatchSizer()
         self._task_times = QuantileWindow(ADAPTIVE_WINDOW)  # the adaptive rule's measurements
+        #: the time per item of the last successful dispatches, whatever their timeouts (what
+        #: the drain before an allocation's end expects of the work in flight: ``allocation``)
+        self.task_times = QuantileWindow(ADAPTIVE_WINDOW)
 
     def observe(self, items: Sequence[WorkItem], seconds: float) -> bool:
         """A dispatch of ``items`` succeeded after ``seconds``; True when the adaptive rule has
         just fitted its first deadline (the dispatcher then fits the open ones)."""
         self._sizer.observe(len(items), seconds)
+        self.task_times.add(seconds / len(items))
         # under the adaptive rule, the task times it governs: items without a timeout
         if self._adaptive and all(w.timeout is None for w in items):
             self._task_times.add(seconds / len(items))
