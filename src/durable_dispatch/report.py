@@ -533,7 +533,7 @@ def _when(ts: float | None) -> str:
 
 
 def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
-    from .watch import duration
+    from .watch import allocation_of, duration
 
     kinds = ", ".join(f"{k} {n}" for k, n in v["failures_by_kind"].items()) or "none"
     state = {
@@ -560,6 +560,7 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
             (
                 "rate, ETA",
                 f"{rate:,.1f} items/s, ETA {duration(v['eta_seconds'])}"
+                + allocation_of(v)
                 if rate is not None
                 else "- (nothing committed in this run yet)",
             )

@@ -156,7 +156,7 @@ class AllocationEnd:
                 "master: the allocation ends at %s (%s%s; %.0fs from now)",
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ends_at)),
                 source,
-                "" if before is None else f", was {before - ends_at:+.0f}s",
+                "" if before is None else f", moved {ends_at - before:+.0f}s",
                 ends_at - self.clock(),
             )
 
