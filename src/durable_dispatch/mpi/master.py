@@ -303,7 +303,8 @@ def run_master(
                     if not core.parked_rank_count() or now >= linger_until:
                         break
                 if raw >= next_plan and allocation.ends_at is not None:
-                    room = stopping.plan(plan, allocation, now, state, fixed)
+                    size_now = core.auto_batch() if auto else fixed
+                    room = stopping.plan(plan, allocation, now, state, size_now)
                     next_plan = raw + _PLAN_SECONDS
                 reason = stopping.reason(now, state, caught.requests, raw)
                 if reason is not None:
