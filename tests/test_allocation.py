@@ -144,6 +144,14 @@ def test_in_virtual_time_the_drain_begins_when_the_work_in_flight_needs_the_time
     assert plan.fits(1000.0, end, 3, times) and not plan.fits(1000.0, end, 4, times)  # 90, 120 s
 
 
+def test_with_nothing_in_flight_and_nothing_that_fits_the_drain_begins_at_once() -> None:
+    times = window(*([300.0] * 10))  # tasks of 5 minutes, 200 s left
+    plan = DrainPlan(floor=60.0, close_seconds=5.0, started=0.0)
+    assert not plan.drain_now(800.0, 1000.0, [], times)  # nothing pending: the floor decides
+    assert plan.drain_now(800.0, 1000.0, [], times, next_items=1)
+    assert not plan.drain_now(800.0, 1000.0, [InFlight(250.0)], times, next_items=1)  # 50 s
+
+
 def test_the_drain_moves_later_with_the_end() -> None:
     times = window(*([20.0] * 10))
     plan = DrainPlan(floor=10.0, close_seconds=5.0, started=0.0)

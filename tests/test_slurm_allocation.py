@@ -23,7 +23,7 @@ import pytest
 
 from .test_slurm import DOWN, Job, committed_once, needs_slurm, submit
 
-ITEMS = 150  # ~56 s of work on 2 workers: two allocations of --time=1 (drain ~15 s early)
+ITEMS = 200  # ~75 s of work on 2 workers: two allocations of --time=1 (drain ~15 s early)
 NO_SIGNAL_MPIEXEC = """#!/bin/bash
 #SBATCH --requeue
 #SBATCH --open-mode=append

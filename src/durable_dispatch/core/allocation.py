@@ -23,7 +23,7 @@ finished: until then the floor alone covers the work in flight.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .watchdog import QuantileWindow
@@ -108,10 +108,19 @@ class DrainPlan:
         return max(work + self.close_seconds + self.step, self.floor_at(ends_at))
 
     def drain_now(
-        self, now: float, ends_at: float, in_flight: Iterable[InFlight], times: QuantileWindow
+        self,
+        now: float,
+        ends_at: float,
+        in_flight: Sequence[InFlight],
+        times: QuantileWindow,
+        next_items: int = 0,
     ) -> bool:
-        """True when the drain must begin at ``now``."""
-        return now >= ends_at - self.margin(ends_at, in_flight, times)
+        """True when the drain must begin at ``now``: the margin is reached, or nothing is in
+        flight and the next dispatch (``next_items``, 0 when nothing is pending) does not fit,
+        so waiting longer would do nothing."""
+        if now >= ends_at - self.margin(ends_at, in_flight, times):
+            return True
+        return not in_flight and next_items > 0 and not self.fits(now, ends_at, next_items, times)
 
     def drain_until(self, now: float, ends_at: float) -> float:
         """How long a drain begun at ``now`` waits for the work in flight: until the close must

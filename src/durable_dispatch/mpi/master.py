@@ -549,9 +549,8 @@ class _Stopping:
         wall = time.time()
         times = core.policy.task_times
         flying = core.open_dispatches(now)
-        fits = plan.fits(wall, ends_at, batch, times)
-        idle = not flying and not core.in_flight_count() and bool(core.ledger.frontier)
-        if plan.drain_now(wall, ends_at, flying, times) or (idle and not fits):
+        waiting = batch if core.ledger.frontier and not core.in_flight_count() else 0
+        if plan.drain_now(wall, ends_at, flying, times, waiting):
             margin = plan.margin(ends_at, flying, times)
             self._drain(
                 now,
@@ -561,7 +560,7 @@ class _Stopping:
                 f"{margin:.0f}s)",
                 until=now + (plan.drain_until(wall, ends_at) - wall),
             )
-        return fits
+        return plan.fits(wall, ends_at, batch, times)
 
     def _drain(
         self, now: float, state: CampaignState, why: str, cause: str, until: float | None = None
