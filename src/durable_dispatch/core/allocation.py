@@ -1,4 +1,4 @@
-"""The drain before an allocation's end (U14; pure: every time is an argument).
+"""The drain before an allocation's end (pure: every time is an argument).
 
 A batch job's allocation ends at a known time (the batch system's end time, or ``ends_at``). The
 master begins its drain (the one a SIGUSR1 begins) at ``end - margin``, where the margin covers

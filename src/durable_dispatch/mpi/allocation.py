@@ -1,4 +1,4 @@
-"""The allocation's end, read from the batch system (U14): the shell part of the drain before
+"""The allocation's end, read from the batch system: the shell part of the drain before
 the end (the decisions are :mod:`durable_dispatch.core.allocation`'s).
 
 Where the end comes from, first found first:

@@ -539,7 +539,7 @@ class _Stopping:
         state: CampaignState,
         batch: int,
     ) -> bool:
-        """Weigh the drain before the allocation's end (U14): begin it when the work in flight
+        """Weigh the drain before the allocation's end: begin it when the work in flight
         and the close need the time left, or when nothing runs and nothing fits any more.
         Returns whether a dispatch sent now fits (``now`` is the observed clock)."""
         ends_at = allocation.ends_at
