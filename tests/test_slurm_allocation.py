@@ -23,7 +23,10 @@ import pytest
 
 from .test_slurm import DOWN, Job, committed_once, needs_slurm, submit
 
-ITEMS = 200  # ~75 s of work on 2 workers: two allocations of --time=1 (drain ~15 s early)
+ITEMS = 200  # ~75 s of work on 2 workers: two or three allocations of --time=1
+# ~112 s of work: more than one allocation holds even with the 30 s Slurm may take to enforce
+# the limit (the old code, killed at the limit, left work behind; 200 items it could finish)
+MANY = 300
 NO_SIGNAL_MPIEXEC = """#!/bin/bash
 #SBATCH --requeue
 #SBATCH --open-mode=append
@@ -136,7 +139,7 @@ def jobs(tmp_path_factory: Any) -> Any:
     from .test_slurm import job_env
 
     out = {
-        "mpiexec": submit("mpiexec", base, NO_SIGNAL_MPIEXEC, *limit, items=ITEMS),
+        "mpiexec": submit("mpiexec", base, NO_SIGNAL_MPIEXEC, *limit, items=MANY),
         "srun": submit("srun", base, NO_SIGNAL_SRUN, *limit, items=ITEMS),
         "raised": submit("raised", base, NO_SIGNAL_MPIEXEC, *limit, items=400),
         "slow-squeue": submit(
@@ -173,7 +176,7 @@ def test_a_time_limit_without_signal_under_open_mpis_mpiexec_drains_before_it(jo
     drains before it: exit 3 (master 3, workers 0) before the limit, ``launch`` requeues, the
     next allocation finishes: COMPLETED, every item once."""
     job: Job = jobs["mpiexec"]
-    finished_across_allocations(job, ITEMS)
+    finished_across_allocations(job, MANY)
     first = first_allocation(job, 1)
     print("SLURM-CASE mpiexec first allocation: " + first.describe() + " | " + first.line)
     assert first.drain < first.exited < first.limit, first.describe()
