@@ -559,8 +559,7 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
         rows.append(
             (
                 "rate, ETA",
-                f"{rate:,.1f} items/s, ETA {duration(v['eta_seconds'])}"
-                + allocation_of(v)
+                f"{rate:,.1f} items/s, ETA {duration(v['eta_seconds'])}" + allocation_of(v)
                 if rate is not None
                 else "- (nothing committed in this run yet)",
             )
