@@ -311,7 +311,7 @@ def test_the_master_drains_before_the_end_it_was_given_and_loses_nothing(tmp_pat
     what is in flight finish, and stops resumably (``reason="allocation"``); the published
     statistics carry the end, and a second run finishes the rest, every item once. (How long
     before the end, on a real Slurm: test_slurm_allocation.py.)"""
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
     from durable_dispatch.mpi import run_master
     from durable_dispatch.testing import LocalWorkers
 

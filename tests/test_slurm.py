@@ -234,7 +234,7 @@ def submit(
 
 def committed_once(job: Job, items: int) -> None:
     """Every work ID committed exactly once, nothing lost, the state verifies."""
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     p = view_state(job.dir / "state").projection
     assert len(p.committed) == items and p.duplicate_commits == 0, job.report()
@@ -366,7 +366,7 @@ def test_scancel_under_srun_drains_and_stays_cancelled(jobs: Any) -> None:
     assert f["JobState"] == "CANCELLED" and f["Restarts"] == "0", line + job.output()[-3000:]
     assert sorted(s for a, _r, s in job.ranks() if a == 0) == [0, 0, 3], line
     assert "not requeued" in job.output(), job.output()[-2000:]
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     p = view_state(job.dir / "state").projection
     assert 5 <= len(p.committed) < 150 and p.duplicate_commits == 0 and not p.in_flight

@@ -1,4 +1,4 @@
-"""The view (``durable_dispatch.view``) and what ``stats`` and ``watch`` print of it, computed
+"""The view (``durable_dispatch.views.view``) and what ``stats`` and ``watch`` print of it, computed
 from a stand-in ledger and published statistics (the commands themselves are tested on real
 directories in ``test_cli.py`` and ``test_view.py``)."""
 
@@ -8,8 +8,8 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from durable_dispatch.view import campaign_view
-from durable_dispatch.watch import duration, stats_of, stats_text, watch_frame, watch_text
+from durable_dispatch.views.view import campaign_view
+from durable_dispatch.views.watch import duration, stats_of, stats_text, watch_frame, watch_text
 
 
 def _ledger(committed: int, pending: int, in_flight: int = 1, deferred: int = 2) -> Any:
@@ -88,7 +88,7 @@ def test_durations_read_well() -> None:
 def test_the_allocation_end_and_time_left_stand_beside_the_eta_and_say_when_it_is_past() -> None:
     """The master publishes its allocation's end: stats, watch and report show the time left
     beside the ETA, and how many more allocations the ETA needs when it is past the end."""
-    from durable_dispatch.report import _summary
+    from durable_dispatch.views.report import _summary
 
     now = time.time()
     live = {

@@ -29,12 +29,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from ..control import Inbox, apply_command
+from ..campaign.control import Inbox, apply_command
+from ..campaign.state import CampaignState, OnCommit
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..core.allocation import DRAIN_MARGIN, DrainPlan
 from ..errors import UsageError
-from ..state import CampaignState, OnCommit
-from ..view import CampaignView, campaign_view
+from ..views.view import CampaignView, campaign_view
 from . import guard
 from . import protocol as P
 from .allocation import AllocationEnd
@@ -97,7 +97,7 @@ class MasterReport:
             from this run, as the futures executor's ``shutdown(cancel_futures=True)`` does:
             it ran everything else). The state directory resumes later.
         view: the campaign as the master left it, the numbers ``durable-dispatch stats``
-            shows (:class:`~durable_dispatch.view.CampaignView`: committed, deferred, pending,
+            shows (:class:`~durable_dispatch.views.view.CampaignView`: committed, deferred, pending,
             failures by kind ...; nothing is in flight once the master returned).
     """
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .core.allocation import allocations_needed
+from ..core.allocation import allocations_needed
 
 __all__ = ["CampaignView", "campaign_view", "read_view", "RUNNING", "FINISHED", "STOPPED"]
 
@@ -305,7 +305,8 @@ def campaign_view(
 
 
 def view_of_state(v: Any, now: float | None = None) -> CampaignView:
-    """The view of a :class:`~durable_dispatch.admin.StateView` (``view_state``'s result)."""
+    """The view of a :class:`~durable_dispatch.campaign.admin.StateView` (``view_state``'s
+    result)."""
     return campaign_view(
         v.projection,
         v.live,
@@ -325,6 +326,6 @@ def read_view(state_dir: str | os.PathLike[str], now: float | None = None) -> Ca
         UsageError: not a state directory.
         JournalCorruptError, SnapshotCorruptError: damage found.
     """
-    from .admin import view_state
+    from ..campaign.admin import view_state
 
     return view_of_state(view_state(state_dir), now)
