@@ -174,6 +174,11 @@ def test_task_times_are_observed_whatever_the_timeouts() -> None:
         d.on_ready(1, s.token, t0 + took)
     assert len(d.policy.task_times) == 2
     assert d.policy.task_times.quantile(1.0) == 6.0
+    s = d.reserve(20.0)  # a dispatch of 5 ms: not measured (nothing to the margin)
+    assert isinstance(s, Send)
+    d.mark_dispatched(s.token, 20.0)
+    d.on_results(1, s.token, [None], 20.005)
+    assert len(d.policy.task_times) == 2
 
 
 def test_allocations_needed() -> None:

@@ -5,7 +5,7 @@ master begins its drain (the one a SIGUSR1 begins) at ``end - margin``, where th
 what must happen before the end:
 
 * the work in flight: for each dispatch, what it is expected to need still, from the task times
-  observed so far (``DeadlinePolicy.task_times``): the
+  observed so far (``DeadlinePolicy.task_times``, dispatches of 10 ms or more): the
   :data:`EXPECT_QUANTILE` quantile of the observed times longer than what it has run already,
   minus what it has run (as long again as it ran, when it ran longer than every task seen); at
   most the time to its own deadline (it is rolled back there anyway); then the master's close
