@@ -235,7 +235,7 @@ def _when(ts: float | None) -> str:
 
 
 def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
-    from .watch import duration
+    from .watch import allocation_of, duration
 
     kinds = ", ".join(f"{k} {n}" for k, n in v["failures_by_kind"].items()) or "none"
     state = {
@@ -261,7 +261,7 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
         rows.append(
             (
                 "rate, ETA",
-                f"{rate:,.1f} items/s, ETA {duration(v['eta_seconds'])}"
+                f"{rate:,.1f} items/s, ETA {duration(v['eta_seconds'])}" + allocation_of(v)
                 if rate is not None
                 else "- (nothing committed in this run yet)",
             )
