@@ -87,8 +87,7 @@ _ENDS = {
     "drained": "drained, then closed (SIGUSR1, SIGTERM, Ctrl-C, the warning before a time "
     "limit; or no worker left)",
     "cut short": "closed with work in flight: its drain was cut short",
-    "killed": "killed or died without closing (SIGKILL, a time limit without warning, a lost "
-    "node)",
+    "killed": "killed or died without closing (SIGKILL, a time limit without warning, a lost node)",
     "ended": "ended with nothing in flight (drained, or stopped between two dispatches)",
 }
 
@@ -336,7 +335,7 @@ def _when(ts: float | None) -> str:
 
 
 def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
-    from .watch import duration
+    from .watch import allocation_of, duration
 
     kinds = ", ".join(f"{k} {n}" for k, n in v["failures_by_kind"].items()) or "none"
     state = {
@@ -367,9 +366,9 @@ def _summary(v: Mapping[str, Any], s: Mapping[str, Any]) -> str:
         rows.append(
             (
                 "rate, ETA",
-                f"{rate:,.1f} items/s, no ETA (the script may submit more)"
+                f"{rate:,.1f} items/s, no ETA (the script may submit more)" + allocation_of(v)
                 if rate is not None and v.get("open_ended")
-                else f"{rate:,.1f} items/s, ETA {duration(v['eta_seconds'])}"
+                else f"{rate:,.1f} items/s, ETA {duration(v['eta_seconds'])}" + allocation_of(v)
                 if rate is not None
                 else "- (nothing committed in this run yet)",
             )
