@@ -339,3 +339,24 @@ def test_the_report_uses_the_width_of_a_wide_window(tmp_path: Path) -> None:
     blue = b"\x2a\x7a\xb0"  # the committed line and the throughput bars
     xs = [i // step for row in rows for i in range(0, len(row), step) if row[i : i + 3] == blue]
     assert xs and max(xs) > 0.9 * width, (max(xs, default=0), width)
+
+
+def test_a_run_killed_at_its_allocations_end_is_labelled_time_limit(tmp_path: Path) -> None:
+    """The master publishes its allocation's end: a run that died at it ended at the time
+    limit, and the report says so (on the axis and in the runs table), not just "killed"."""
+    d = tmp_path / "state"
+    child = _WILD_CHILD.replace(
+        "with_work.journal.sync_now()",
+        "import time\n"
+        "with_work.allocation = lambda: {'ends_at': time.time() + 1.0, "
+        "'started': time.time() - 60.0, 'source': 'test'}\n"
+        "with_work.journal.sync_now()",
+    )
+    res = subprocess.run([sys.executable, "-c", child, str(d)], timeout=120)
+    assert res.returncode == -9
+    s = report_series(d)
+    assert [r["ended"] for r in s["runs"]] == ["time limit"], s["runs"]
+    assert "time limit" in s["runs"][0]["how"]
+    same = tmp_path / "same"  # the same without an allocation's end: killed
+    res = subprocess.run([sys.executable, "-c", _WILD_CHILD, str(same)], timeout=120)
+    assert [r["ended"] for r in report_series(same)["runs"]] == ["killed"]

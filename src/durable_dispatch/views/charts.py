@@ -179,7 +179,7 @@ def _frame(axis: _Axis, h: int, top: float, unit: str) -> list[str]:
         )
     for t, word in axis.ends:  # how each run ended, at its end
         x = axis.x(t)
-        color = "#c0392b" if word in ("killed", "cut short") else "#555"
+        color = "#c0392b" if word in ("killed", "cut short", "time limit") else "#555"
         parts.append(
             f'<line x1="{x:.1f}" y1="6" x2="{x:.1f}" y2="{base}" stroke="{color}" '
             'stroke-width="1.5"/>'

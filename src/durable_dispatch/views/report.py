@@ -74,7 +74,7 @@ def report_series(directory: str | os.PathLike[str], *, now: float | None = None
     out.update(_failures(sv.projection, view.master_running, os.fspath(directory)))
     out.update(_over_time(h, view.deferred))
     for run in out["runs"]:
-        run["ended"], run["how"] = _run_end(run, h, view)
+        run["ended"], run["how"] = _run_end(run, h, view, sv.live)
     out["slowest"] = _slowest(h)
     return out
 
@@ -89,10 +89,16 @@ _ENDS = {
     "cut short": "closed with work in flight: its drain was cut short",
     "killed": "killed or died without closing (SIGKILL, a time limit without warning, a lost node)",
     "ended": "ended with nothing in flight (drained, or stopped between two dispatches)",
+    "time limit": "its allocation's time limit came (drained at the batch system's warning, "
+    "or killed at the limit)",
 }
+#: a run that ended this close to its allocation's end ended at the time limit
+_LIMIT_SECONDS = 300.0
 
 
-def _run_end(run: Mapping[str, Any], h: History, view: Any) -> tuple[str, str]:
+def _run_end(
+    run: Mapping[str, Any], h: History, view: Any, live: Mapping[str, Any] | None = None
+) -> tuple[str, str]:
     """``(word, words)``: how a master run ended, from what the journals and the newest
     master's statistics say: its operator's drain command, the work it left in flight, and
     (the newest run only) whether it closed the state directory."""
@@ -115,6 +121,14 @@ def _run_end(run: Mapping[str, Any], h: History, view: Any) -> tuple[str, str]:
         )  # fmt: skip
     else:  # an earlier run: no statistics of its own are kept
         word = "killed" if left else "drained (operator)" if operator else "ended"
+    alloc = (live or {}).get("allocation") if newest else None
+    ends_at = alloc.get("ends_at") if isinstance(alloc, Mapping) else None
+    if (
+        word in ("killed", "cut short", "drained")
+        and isinstance(ends_at, (int, float))
+        and run["end"] >= ends_at - _LIMIT_SECONDS
+    ):
+        word = "time limit"  # (the master published its allocation's end: it came)
     return word, _ENDS[word]
 
 
