@@ -155,3 +155,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("slow")
         if item.get_closest_marker("slurm"):  # one process for them all (module docstring)
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        if item.get_closest_marker("cluster"):  # they kill and cut the box's nodes: one at a time
+            item.add_marker(pytest.mark.xdist_group("cluster"))

