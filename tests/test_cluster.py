@@ -446,3 +446,264 @@ def test_open_mpi_runs_across_the_three_nodes(cluster: Any, tmp_path: Path, how:
         out += (tmp_path / "hello.out").read_text()
     assert code == 0, out[-3000:]
     assert re.search(r"^HOSTS 6 ddnode1,ddnode2,ddnode3$", out, re.M), out[-3000:]
+
+
+# ---------------------------------------------------------------- the cases, under Slurm
+
+SRUN_JOB = """#!/bin/bash
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=campaign-%j.out
+exec durable-dispatch launch -- srun --mpi=pmix python campaign.py
+"""
+ULFM_JOB = """#!/bin/bash
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=campaign-%j.out
+exec durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" --map-by node --bind-to none \\
+    --with-ft ulfm python campaign.py
+"""
+# 6 tasks on the 3 nodes, 2 each (the master and a worker on ddnode1, the batch host): 3 CPUs
+# of each node's 4 are allocated (so a requeued allocation fits on the 2 nodes left while a dead
+# one is down), and srun spreads 6 tasks 2, 2, 2 (saying it ignores --ntasks-per-node); mpiexec
+# fills every allocated slot of a node first, so it maps by node.
+SPREAD = ("--nodes=2-3", "--ntasks=6", "--ntasks-per-node=3", "--spread-job", "--time=6")
+ITEMS = 240  # of 0.3 s on 5 workers: about 15 s of work
+KILL_AT = 40  # commits before the fault
+LAUNCH_LEARNS = (
+    "durable-dispatch launch takes the launcher's exit status for the campaign's outcome: "
+    "the job ends with work left and is not requeued (the library's fix: launch learns the "
+    "outcome from the state directory)"
+)
+
+
+def finished_in_slurm(case: Case, f: dict[str, str]) -> None:
+    line = case.report()
+    assert f.get("JobState") == "COMPLETED" and f.get("ExitCode") == "0:0", (
+        line + case.output()[-3000:]
+    )
+    every_item_once(case)
+    nothing_left(case)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=LAUNCH_LEARNS)
+def test_a_worker_node_killed_under_srun_requeues_and_finishes(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """Before: Slurm cancelled the step, srun exited 14, ``launch`` said "not resumable, not
+    requeued" and the job ended FAILED with most items left. A lost node is a resumable stop:
+    the job is requeued and finishes on the nodes left, every item once, none deferred."""
+    case = new_case(tmp_path, "node-srun", ITEMS)
+    submit(case, SRUN_JOB, *SPREAD)
+    try:
+        case.wait_commits(KILL_AT)
+        box("kill-node", "3")
+        case.mark_fault("ddnode3 killed")
+        f = case.wait_job(480)
+        case.stop_watching()
+        finished_in_slurm(case, f)
+        assert int(f.get("Restarts", "0")) >= 1, case.report()
+    finally:
+        case.stop_watching()
+        slurm("scancel", case.job)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=LAUNCH_LEARNS)
+def test_a_worker_node_killed_under_mpiexec_ulfm_never_ends_done_with_work_left(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """Before: PRRTE lost the daemon of the dead node and ended the job; ``launch`` exited 0 and
+    the job ended COMPLETED 0:0 with most items left, one item deferred after two ``lost-rank``
+    failures on the same dying node. Now the campaign goes on with the ranks left or the job is
+    requeued; either way it ends COMPLETED 0:0 with every item once and none deferred."""
+    case = new_case(tmp_path, "node-ulfm", ITEMS)
+    submit(case, ULFM_JOB, *SPREAD)
+    try:
+        case.wait_commits(KILL_AT)
+        box("kill-node", "3")
+        case.mark_fault("ddnode3 killed")
+        f = case.wait_job(480)
+        case.stop_watching()
+        finished_in_slurm(case, f)
+    finally:
+        case.stop_watching()
+        slurm("scancel", case.job)
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_nodes_link_cut_past_slurms_timeout_is_requeued_and_finishes(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """A worker node's link cut for 45 s (past the box's SlurmdTimeout of 30 s), then healed,
+    under ``mpiexec --with-ft ulfm``: Slurm marks the node down, ends the allocation "due to node
+    failure" and requeues the job; the next allocation takes the campaign over and finishes.
+    The items in flight on the cut node ran twice and were committed once. (Passes by Slurm's
+    requeue; a regression test.)"""
+    case = new_case(tmp_path, "cut-slurm", ITEMS)
+    submit(case, ULFM_JOB, *SPREAD)
+    try:
+        case.wait_commits(KILL_AT)
+        box("cut", "3")
+        case.mark_fault("ddnode3 cut for 45 s")
+        time.sleep(45)
+        box("heal", "3")
+        f = case.wait_job(480)
+        case.stop_watching()
+        finished_in_slurm(case, f)
+    finally:
+        case.stop_watching()
+        slurm("scancel", case.job)
+
+
+@pytest.mark.timeout(600)
+def test_the_masters_node_killed_under_slurm_is_requeued_and_taken_over(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """The master's node (ddnode1: the batch host, ranks 0 and 1) killed: Slurm finds it down,
+    requeues the job on the nodes left, and the new master takes the state directory over from
+    the dead owner (its host gone) and finishes: COMPLETED 0:0, every item once. (Passes by
+    Slurm's requeue; a regression test.)"""
+    case = new_case(tmp_path, "master-node", ITEMS)
+    submit(case, SRUN_JOB, *SPREAD)
+    try:
+        case.wait_commits(KILL_AT)
+        box("kill-node", "1")
+        case.mark_fault("ddnode1 (the master's) killed")
+        f = case.wait_job(480)
+        case.stop_watching()
+        finished_in_slurm(case, f)
+        assert int(f.get("Restarts", "0")) >= 1, case.report()
+    finally:
+        case.stop_watching()
+        slurm("scancel", case.job)
+
+
+# ---------------------------------------------------------------- the cases, without Slurm
+
+CAMPAIGN_ENV = ["DD_TEST_ITEMS", "DD_TEST_CASE", "DD_TEST_RUN", "DD_TEST_WATCHDOG"]
+
+
+def start_run(case: Case, hosts: list[str], run: int, **env: str) -> subprocess.Popen[str]:
+    """``durable-dispatch launch -- mpiexec --host HOSTS --with-ft ulfm python campaign.py``
+    from this host (the login node), 2 ranks a node, in a session of its own."""
+    cmd = [
+        f"{_bin()}/durable-dispatch", "launch", "--",
+        *agent_command(2 * len(hosts), hosts, ulfm=True, env=CAMPAIGN_ENV),
+        sys.executable, "campaign.py",
+    ]  # fmt: skip
+    e = job_env(case.mark, DD_TEST_ITEMS=str(case.items), DD_TEST_RUN=str(run), **env)
+    e.setdefault("DD_TEST_WATCHDOG", "10")
+    log = open(case.dir / f"run-{run}.out", "w")  # noqa: SIM115 - closed by the child's end
+    proc = subprocess.Popen(
+        cmd, cwd=case.dir, env=e, stdout=log, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    log.close()
+    if not case.timeline:
+        case.watch()
+    return proc
+
+
+def end_run(case: Case, proc: subprocess.Popen[str], timeout: float = 300) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        pytest.fail(f"{case.name}: launch still running after {timeout:.0f}s: {case.output()}")
+
+
+def run_output(case: Case) -> str:
+    return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(case.dir.glob("run-*")))
+
+
+def resume_until_done(case: Case, first: int, hosts: list[str]) -> list[int]:
+    """The exit statuses of the first run and of each next submission (as a user resubmits a
+    resumable stop), on ``hosts``, until one exits other than 3 (at most 3 more runs)."""
+    codes = [first]
+    while codes[-1] == 3 and len(codes) < 4:
+        codes.append(end_run(case, start_run(case, hosts, len(codes))))
+    return codes
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=LAUNCH_LEARNS)
+def test_a_worker_node_killed_without_slurm_never_ends_done_with_work_left(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """``mpiexec --host`` over the three nodes, ULFM, node 3 killed. Before: the master rolled
+    the lost ranks back and began to drain, PRRTE ended the job and ``mpiexec`` (and ``launch``)
+    exited 0 with most items left. Now the campaign goes on with the ranks left and exits 0, or
+    ``launch`` exits 3 and the next submission (on the two nodes left) finishes it."""
+    case = new_case(tmp_path, "node-host", ITEMS)
+    proc = start_run(case, NODES, 0)
+    try:
+        case.wait_commits(KILL_AT)
+        box("kill-node", "3")
+        case.mark_fault("ddnode3 killed")
+        codes = resume_until_done(case, end_run(case, proc), NODES[:2])
+        case.stop_watching()
+        line = case.report()
+        assert codes[-1] == 0, f"exits {codes}; {line}\n{run_output(case)}"
+        every_item_once(case)
+        nothing_left(case)
+    finally:
+        case.stop_watching()
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_nodes_link_cut_past_the_watchdog_without_slurm(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """``mpiexec --host``, ULFM, node 3's link cut for 25 s (the watchdog at 8 s) and healed:
+    the items in flight there are taken back and run elsewhere, the late results refused,
+    and the campaign finishes in the same run: exit 0, every item once, none deferred."""
+    case = new_case(tmp_path, "cut-host", ITEMS)
+    proc = start_run(case, NODES, 0, DD_TEST_WATCHDOG="8")
+    try:
+        case.wait_commits(KILL_AT)
+        box("cut", "3")
+        case.mark_fault("ddnode3 cut for 25 s")
+        time.sleep(25)
+        box("heal", "3")
+        codes = resume_until_done(case, end_run(case, proc), NODES[:2])
+        case.stop_watching()
+        line = case.report()
+        assert codes == [0], f"exits {codes}; {line}\n{run_output(case)}"
+        every_item_once(case)
+        nothing_left(case)
+    finally:
+        case.stop_watching()
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
+
+@pytest.mark.timeout(600)
+def test_the_masters_node_killed_without_slurm_is_resumed_by_the_next_run(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """``mpiexec --host``, ULFM, the master's node (ddnode1) killed: the job ends, not with 0;
+    the next submission on the two nodes left takes the state directory over from the dead
+    owner and finishes: every item once, none deferred."""
+    case = new_case(tmp_path, "master-host", ITEMS)
+    proc = start_run(case, NODES, 0)
+    try:
+        case.wait_commits(KILL_AT)
+        box("kill-node", "1")
+        case.mark_fault("ddnode1 (the master's) killed")
+        first = end_run(case, proc)
+        codes = resume_until_done(case, 3 if first != 0 else 0, NODES[1:])
+        case.stop_watching()
+        line = case.report()
+        assert first != 0, f"exits {first}, {codes[1:]}: the job ended 0 with its master dead; {line}"
+        assert codes[-1] == 0, f"exits {first}, {codes[1:]}; {line}\n{run_output(case)}"
+        every_item_once(case)
+        nothing_left(case)
+    finally:
+        case.stop_watching()
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
