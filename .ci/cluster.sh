@@ -33,7 +33,7 @@
 # stop: cancels the box's jobs, kills every node, removes the namespaces and the bridge and
 #   stops the box's slurmctld (munged is left to .ci/slurm.sh when its Slurm is running).
 # Root only: elsewhere it says so and exits 1 (the tests skip with the reason).
-set -uo pipefail
+set -uo pipefail  # (no `grep -q` after a pipe: its early exit fails the pipeline)
 N=${DD_CLUSTER_NODES:-3}
 CONF_DIR=/etc/slurm-box
 CONF=$CONF_DIR/slurm.conf
@@ -61,7 +61,7 @@ check_index() { [[ "${1:-}" =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le "$N" 
 
 install_pkgs() {
     local missing=""
-    for p in $PKGS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"; done
+    for p in $PKGS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "ok installed" >/dev/null || missing="$missing $p"; done
     [ -z "$missing" ] && return 0
     command -v apt-get >/dev/null || die "no apt-get: install$missing by hand"
     for _ in 1 2 3 4 5; do  # another apt may hold the dpkg lock for a minute
@@ -129,7 +129,7 @@ net_up() {  # the bridge, and node I's namespace, veth and address; idempotent
     if ! ip link show "$BR" >/dev/null 2>&1; then
         ip link add "$BR" type bridge || die "cannot make the bridge $BR"
     fi
-    ip addr show dev "$BR" | grep -q "inet $HEAD_ADDR/" || ip addr add "$HEAD_ADDR/24" dev "$BR"
+    ip addr show dev "$BR" | grep "inet $HEAD_ADDR/" >/dev/null || ip addr add "$HEAD_ADDR/24" dev "$BR"
     ip link set "$BR" up
     local i=$1 n p; n=$(node "$i"); p=$(port "$i")
     [ -e "/run/netns/$n" ] || ip netns add "$n" || die "cannot make the namespace $n"
@@ -264,7 +264,7 @@ status() {
     for i in $(seq "$N"); do
         local n link="no link" up="dead"; n=$(node "$i")
         if ip link show "$(port "$i")" >/dev/null 2>&1; then
-            if ip link show "$(port "$i")" | grep -q "master $BR"; then link="linked"; else link="CUT"; fi
+            if ip link show "$(port "$i")" | grep "master $BR" >/dev/null; then link="linked"; else link="CUT"; fi
         fi
         holder_alive "$i" && up="up (holder $(holder "$i"), $(ip netns pids "$n" | wc -l) processes)"
         alive "$RUN/slurmd-$n.pid" && up="$up, slurmd $(cat "$RUN/slurmd-$n.pid")"

@@ -269,6 +269,9 @@ class Case:
         requeued = next((s for s in after if "PENDING" in s[3] or "REQUEUE" in s[3]), None)
         if requeued:
             parts.append(f"requeued at +{requeued[0] - t0:.1f}s")
+            again = next((s for s in after if s[0] > requeued[0] and "RUNNING" in s[3]), None)
+            if again:
+                parts.append(f"running again at +{again[0] - t0:.1f}s")
         return f"{self.fault_what} at {commits0} commits: " + ", ".join(parts)
 
     def reran(self) -> tuple[int, Counter[str]]:
@@ -354,11 +357,11 @@ def nothing_left(case: Case, within: float = 60) -> None:
     assert not left, f"{case.name}: left running: {left}"
 
 
-def every_item_once(case: Case) -> None:
-    """Every work ID committed exactly once, nothing in flight or deferred, the state verifies."""
+def every_item_once(case: Case, line: str) -> None:
+    """Every work ID committed exactly once, nothing in flight or deferred, the state verifies
+    (``line``: the case's report, for the messages)."""
     from durable_dispatch.admin import view_state
 
-    line = case.report()
     p = view_state(case.state).projection
     missing = case.items - len(p.committed)
     assert missing == 0, f"{missing} of {case.items} items not committed; {line}"
@@ -460,14 +463,13 @@ ULFM_JOB = """#!/bin/bash
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=campaign-%j.out
-exec durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" --map-by node --bind-to none \\
-    --with-ft ulfm python campaign.py
+exec durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" --bind-to none --with-ft ulfm \\
+    python campaign.py
 """
-# 6 tasks on the 3 nodes, 2 each (the master and a worker on ddnode1, the batch host): 3 CPUs
-# of each node's 4 are allocated (so a requeued allocation fits on the 2 nodes left while a dead
-# one is down), and srun spreads 6 tasks 2, 2, 2 (saying it ignores --ntasks-per-node); mpiexec
-# fills every allocated slot of a node first, so it maps by node.
-SPREAD = ("--nodes=2-3", "--ntasks=6", "--ntasks-per-node=3", "--spread-job", "--time=6")
+# 6 tasks on the 3 nodes, 2 each (the master and a worker on ddnode1, the batch host), and a
+# requeued allocation fits on the 2 nodes left (4 CPUs each) while a dead one is down. Not
+# --ntasks-per-node: Slurm keeps a job's node count (3) across a requeue when it is given.
+SPREAD = ("--nodes=2-3", "--ntasks=6", "--spread-job", "--mincpus=2", "--time=6")
 ITEMS = 240  # of 0.3 s on 5 workers: about 15 s of work
 KILL_AT = 40  # commits before the fault
 LAUNCH_LEARNS = (
@@ -482,7 +484,7 @@ def finished_in_slurm(case: Case, f: dict[str, str]) -> None:
     assert f.get("JobState") == "COMPLETED" and f.get("ExitCode") == "0:0", (
         line + case.output()[-3000:]
     )
-    every_item_once(case)
+    every_item_once(case, line)
     nothing_left(case)
 
 
@@ -647,7 +649,7 @@ def test_a_worker_node_killed_without_slurm_never_ends_done_with_work_left(
         case.stop_watching()
         line = case.report()
         assert codes[-1] == 0, f"exits {codes}; {line}\n{run_output(case)}"
-        every_item_once(case)
+        every_item_once(case, line)
         nothing_left(case)
     finally:
         case.stop_watching()
@@ -659,10 +661,11 @@ def test_a_worker_node_killed_without_slurm_never_ends_done_with_work_left(
 def test_a_worker_nodes_link_cut_past_the_watchdog_without_slurm(
     cluster: Any, tmp_path: Path
 ) -> None:
-    """``mpiexec --host``, ULFM, node 3's link cut for 25 s (the watchdog at 8 s) and healed:
-    the items in flight there are taken back and run elsewhere, the late results refused,
-    and the campaign finishes in the same run: exit 0, every item once, none deferred."""
-    case = new_case(tmp_path, "cut-host", ITEMS)
+    """``mpiexec --host``, ULFM, node 3's link cut for 25 s (the watchdog at 8 s) and healed
+    while work is left: the items in flight there are taken back and run elsewhere, the late
+    results refused, the node's ranks serve again or stay parked, and the campaign finishes in
+    the same run: exit 0, every item once, none deferred."""
+    case = new_case(tmp_path, "cut-host", 400)  # about 20 s of work left at the heal
     proc = start_run(case, NODES, 0, DD_TEST_WATCHDOG="8")
     try:
         case.wait_commits(KILL_AT)
@@ -674,7 +677,7 @@ def test_a_worker_nodes_link_cut_past_the_watchdog_without_slurm(
         case.stop_watching()
         line = case.report()
         assert codes == [0], f"exits {codes}; {line}\n{run_output(case)}"
-        every_item_once(case)
+        every_item_once(case, line)
         nothing_left(case)
     finally:
         case.stop_watching()
@@ -696,12 +699,12 @@ def test_the_masters_node_killed_without_slurm_is_resumed_by_the_next_run(
         box("kill-node", "1")
         case.mark_fault("ddnode1 (the master's) killed")
         first = end_run(case, proc)
-        codes = resume_until_done(case, 3 if first != 0 else 0, NODES[1:])
+        codes = resume_until_done(case, first, NODES[1:])
         case.stop_watching()
         line = case.report()
-        assert first != 0, f"exits {first}, {codes[1:]}: the job ended 0 with its master dead; {line}"
-        assert codes[-1] == 0, f"exits {first}, {codes[1:]}; {line}\n{run_output(case)}"
-        every_item_once(case)
+        assert first == 3, f"exits {codes}: a dead master is a resumable stop; {line}"
+        assert codes[-1] == 0, f"exits {codes}; {line}\n{run_output(case)}"
+        every_item_once(case, line)
         nothing_left(case)
     finally:
         case.stop_watching()
