@@ -302,11 +302,16 @@ class Case:
         return sorted(p.read_text().splitlines()) if p.exists() else []
 
 
+_CASES: list[Case] = []  # the cases of the running test (the fixture kills what they left)
+
+
 def new_case(tmp_path: Path, name: str, items: int) -> Case:
     d = tmp_path / name  # pytest's tmp_path is under /tmp: shared by every node
     d.mkdir(parents=True)
     shutil.copy(CAMPAIGN, d / "campaign.py")
-    return Case(name, d, items)
+    case = Case(name, d, items)
+    _CASES.append(case)
+    return case
 
 
 def submit(case: Case, script: str, *opts: str, **env: str) -> None:
@@ -383,6 +388,16 @@ def cluster() -> Any:
     and the cut link healed for the next case."""
     box("start")
     yield
+    for case in _CASES:  # a failed case may leave its job's processes: none for the next one
+        case.stop_watching()
+        if case.job:
+            slurm("scancel", case.job)
+        for line in leftovers(case.mark):
+            try:
+                os.kill(int(line.split()[1].rstrip(":")), 9)
+            except (OSError, ValueError):
+                pass
+    _CASES.clear()
     box("start")
 
 
