@@ -257,7 +257,7 @@ def main() -> int:
                     [
                         py,
                         "-m",
-                        "durable_dispatch.demo",
+                        "durable_dispatch.cli.demo",
                         demo_state,
                         "--items",
                         "24",

@@ -638,8 +638,8 @@ def _left(s: dict[str, Any], workdir: Path) -> bool:
     ``submit`` applied with no master running, or a command still queued): run again."""
     if s.get("mode") == "futures" or not any(a["do"].startswith("op-") for a in s["nemesis"]):
         return False
-    from durable_dispatch.admin import view_state
-    from durable_dispatch.control import pending_commands
+    from durable_dispatch.campaign.admin import view_state
+    from durable_dispatch.campaign.control import pending_commands
 
     state = _statedir(s, workdir)
     return bool(view_state(state).projection.frontier) or bool(pending_commands(str(state)))
@@ -791,7 +791,7 @@ def _ops(workdir: Path) -> list[dict[str, Any]]:
 def check(s: dict[str, Any], workdir: Path) -> list[str]:
     """The model's promises, held against the campaign's record (see the module docs)."""
     from durable_dispatch import read_results
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
     from durable_dispatch.core import RetryPolicy
 
     v: list[str] = []
@@ -916,7 +916,7 @@ def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]
     and the final run ran no call an earlier run had committed (it resolved them from the
     record)."""
     from durable_dispatch import read_results
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     v: list[str] = []
     state = _statedir(s, workdir)

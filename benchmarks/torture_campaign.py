@@ -70,7 +70,7 @@ def work(payload: dict[str, Any], ctx: Any) -> Any:
 
 def plant(name: str) -> None:
     """Plant a known bug in this process (see the module docs)."""
-    from durable_dispatch import state as state_mod
+    from durable_dispatch.campaign import state as state_mod
     from durable_dispatch.core import dispatcher
 
     if name == "double-commit":

@@ -136,7 +136,7 @@ def run_demo(
         summary.unlink()
     cmd = mpiexec_command(
         n,
-        [sys.executable, "-m", "durable_dispatch.demo", str(state_dir), *args],
+        [sys.executable, "-m", "durable_dispatch.cli.demo", str(state_dir), *args],
         ulfm=ulfm,
     )
     res = run_mpiexec(cmd, timeout=timeout)

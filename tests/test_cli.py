@@ -242,7 +242,7 @@ def test_every_command_has_help_and_docs() -> None:
 
 _COMPACT_CHILD = r"""
 import sys
-from durable_dispatch.admin import compact_state
+from durable_dispatch.campaign.admin import compact_state
 compact_state(sys.argv[1])
 """
 
@@ -256,7 +256,7 @@ def test_compaction_killed_at_random_points_loses_nothing(tmp_path: Path) -> Non
     import time
 
     from durable_dispatch import CampaignState
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
     from durable_dispatch.storage import Journal
 
     d = tmp_path / "state"

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 
 from durable_dispatch import CampaignState, DeferJournal, Journal, SnapshotStore
-from durable_dispatch.admin import compact_state, view_state
+from durable_dispatch.campaign.admin import compact_state, view_state
+from durable_dispatch.campaign.statedir import SNAPSHOT_NAME
 from durable_dispatch.core import RetryPolicy, Send, WatchdogConfig, WorkItem
 from durable_dispatch.errors import DurableDispatchError, NotDurableError
-from durable_dispatch.statedir import SNAPSHOT_NAME
 from durable_dispatch.storage.defer import DEFAULT_DEFER_NAME
 from durable_dispatch.testing import inject_faults
 

@@ -22,7 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable_dispatch import CampaignState, RetryPolicy, WorkItem
-from durable_dispatch.admin import requeue_deferred, view_state
+from durable_dispatch.campaign.admin import requeue_deferred, view_state
+from durable_dispatch.campaign.results import read_results
+from durable_dispatch.campaign.statedir import STATE_JOURNAL
 from durable_dispatch.core.events import (
     Committed,
     Deferred,
@@ -33,8 +35,6 @@ from durable_dispatch.core.events import (
 from durable_dispatch.core.ledger import Ledger
 from durable_dispatch.errors import UsageError
 from durable_dispatch.mpi import run_master
-from durable_dispatch.results import read_results
-from durable_dispatch.statedir import STATE_JOURNAL
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import LocalWorkers
 from durable_dispatch.tokens import Token
@@ -158,7 +158,7 @@ def test_a_ready_item_takes_its_priority(tmp_path: Path) -> None:
 def test_dependency_results_too_large_fail_that_item_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import durable_dispatch.dependencies as deps
+    import durable_dispatch.campaign.dependencies as deps
 
     monkeypatch.setattr(deps, "DEPENDENCIES_BYTES", 1000)
 
@@ -318,7 +318,7 @@ def _check_dag(state: Path) -> None:
     got = {r.work_id: r.result for r in read_results(state)}
     assert got == values
     committed_before: set[str] = set()
-    from durable_dispatch.replay import event_work_ids
+    from durable_dispatch.campaign.replay import event_work_ids
 
     for rec in read_journal(state / STATE_JOURNAL):
         ev = rec.payload
@@ -379,10 +379,10 @@ def test_a_dag_under_mpiexec_with_job_sigkills_commits_the_closure_once(tmp_path
 # --------------------------------------------------------------- the one view
 def test_stats_watch_report_and_joblog_show_waiting_items(tmp_path: Path) -> None:
     from durable_dispatch.cli import main
-    from durable_dispatch.report import report_series
-    from durable_dispatch.results import read_joblog
-    from durable_dispatch.view import STOPPED, read_view
-    from durable_dispatch.watch import stats_text
+    from durable_dispatch.views.joblog import read_joblog
+    from durable_dispatch.views.report import report_series
+    from durable_dispatch.views.view import STOPPED, read_view
+    from durable_dispatch.views.watch import stats_text
 
     state = tmp_path / "s"
     with CampaignState.open(state) as st:

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from durable_dispatch import WorkItem
-from durable_dispatch.admin import view_state
+from durable_dispatch.campaign.admin import view_state
 from durable_dispatch.core import RetryPolicy
 from durable_dispatch.testing import LocalWorkers
 

@@ -8,7 +8,7 @@ import pytest
 
 from durable_dispatch import Journal
 from durable_dispatch.errors import UsageError
-from durable_dispatch.examine import examine, kind_of
+from durable_dispatch.views.examine import examine, kind_of
 
 
 class _Meter:

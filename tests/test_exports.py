@@ -18,11 +18,11 @@ PUBLIC_MODULES = [
     "durable_dispatch.core.batching",
     "durable_dispatch.core.ranks",
     "durable_dispatch.core.watchdog",
-    "durable_dispatch.logs",
+    "durable_dispatch.campaign.logs",
     "durable_dispatch.mpi",
     "durable_dispatch.commands",
-    "durable_dispatch.results",
-    "durable_dispatch.report",
+    "durable_dispatch.campaign.results",
+    "durable_dispatch.views.report",
     "durable_dispatch.progress",
     "durable_dispatch.futures",
 ]
@@ -123,7 +123,8 @@ def test_top_level_names_load_on_first_use() -> None:
 
     code = (
         "import sys, durable_dispatch.mpi.worker, durable_dispatch.storage.defer\n"
-        "print(sorted(m for m in ('durable_dispatch.state', 'durable_dispatch.core.dispatcher')"
+        "print(sorted(m for m in ('durable_dispatch.campaign.state',"
+        " 'durable_dispatch.core.dispatcher')"
         " if m in sys.modules))\n"
         "import durable_dispatch as dd\n"
         "print(all(getattr(dd, n) is not None for n in dd.__all__))\n"

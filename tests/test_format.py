@@ -185,8 +185,8 @@ READER_CHILD = """
 import json, os, resource, sys
 from durable_dispatch import Journal, SnapshotStore
 from durable_dispatch.cli import main
-from durable_dispatch.state import CampaignState
-from durable_dispatch.admin import view_state
+from durable_dispatch.campaign.state import CampaignState
+from durable_dispatch.campaign.admin import view_state
 from durable_dispatch.storage.journal import read_journal
 
 reader, path = sys.argv[1], sys.argv[2]

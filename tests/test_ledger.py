@@ -389,7 +389,7 @@ def test_withdrawn_items_leave_the_run_but_stay_pending_in_both_snapshot_forms()
 
 def _store_of(led: Ledger) -> list[tuple[int, list[Any]]]:
     """The submissions store a shell would have written for ``led``'s indices."""
-    from durable_dispatch.admin import _store_records
+    from durable_dispatch.campaign.admin import _store_records
 
     return [(r["first"], r["items"]) for r in _store_records(led, 0, len(led.ids), chunk=5)]
 

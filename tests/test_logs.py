@@ -1,4 +1,4 @@
-"""Tests of durable_dispatch.logs: structured records with source=... for recoveries."""
+"""Tests of durable_dispatch.campaign.logs: structured records with source=... for recoveries."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from durable_dispatch.campaign.logs import LOGGER_NAME, log_decisions
 from durable_dispatch.core import Dispatcher, Send, WatchdogConfig, WorkItem
-from durable_dispatch.logs import LOGGER_NAME, log_decisions
 
 
 def test_recoveries_are_logged_with_their_source(caplog: pytest.LogCaptureFixture) -> None:
@@ -34,8 +34,8 @@ def test_recoveries_are_logged_with_their_source(caplog: pytest.LogCaptureFixtur
 def test_each_decision_is_logged_exactly_when_its_level_is_on() -> None:
     """log_decisions skips a decision by its type's level before building its fields: at every
     logger level it must emit exactly the decisions whose own level is enabled."""
+    from durable_dispatch.campaign.logs import decision_fields
     from durable_dispatch.core import decisions as D
-    from durable_dispatch.logs import decision_fields
     from durable_dispatch.tokens import Token
 
     t = Token(1, 2)

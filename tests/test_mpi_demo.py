@@ -159,7 +159,7 @@ def test_ctrl_c_in_a_terminal_drains_the_demo_and_a_second_one_stops_it(
     import os
     import time
 
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     state = tmp_path / "s"
     # With two presses 12 items take 1.5 s each, so that the drain the first one starts is still

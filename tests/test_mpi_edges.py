@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
-from durable_dispatch.admin import view_state
+from durable_dispatch.campaign.admin import view_state
 from durable_dispatch.mpi.launcher import (
     find_mpiexec,
     kill_session,

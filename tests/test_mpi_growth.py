@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from durable_dispatch import WorkItem
-from durable_dispatch.admin import view_state
+from durable_dispatch.campaign.admin import view_state
 from durable_dispatch.errors import UsageError
 from durable_dispatch.mpi import run_master
 from durable_dispatch.testing import LocalWorkers
@@ -124,7 +124,7 @@ def test_a_growing_campaign_killed_at_random_moments_commits_the_closure_once(
     inside the callback), compaction between some runs. The committed set equals the closure
     computed offline, each work ID is committed once, every committed ID reached the sink at
     least once, and the last run finished."""
-    from durable_dispatch.admin import compact_state
+    from durable_dispatch.campaign.admin import compact_state
     from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
 
     state, sink = tmp_path / "state", tmp_path / "sink.txt"
@@ -154,8 +154,8 @@ PRIORITY = Path(__file__).parent / "children" / "priority_campaign.py"
 
 def _dispatch_order_after_the_children(state: Path, first: int) -> list[str]:
     """The work IDs of every dispatch journaled after the submission of indices ``first``..."""
-    from durable_dispatch.replay import event_work_ids
-    from durable_dispatch.statedir import STATE_JOURNAL
+    from durable_dispatch.campaign.replay import event_work_ids
+    from durable_dispatch.campaign.statedir import STATE_JOURNAL
     from durable_dispatch.storage.journal import read_journal
 
     out: list[str] | None = None

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from durable_dispatch.admin import view_state
+from durable_dispatch.campaign.admin import view_state
 from durable_dispatch.mpi.launcher import (
     find_mpiexec,
     mpiexec_command,
@@ -39,7 +39,7 @@ def _run(tmp_path: Path, mode: str) -> tuple[Any, dict[str, Any] | None, float]:
 
 def _results(state: Path) -> dict[str, Any]:
     """work ID -> committed result, read from the state journal."""
-    from durable_dispatch.statedir import STATE_JOURNAL
+    from durable_dispatch.campaign.statedir import STATE_JOURNAL
     from durable_dispatch.storage.journal import read_journal
 
     out: dict[str, Any] = {}

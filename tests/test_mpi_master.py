@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from durable_dispatch.admin import view_state
+from durable_dispatch.campaign.admin import view_state
 from durable_dispatch.mpi.launcher import find_mpiexec
 
 from .helpers import run_demo
@@ -285,7 +285,7 @@ def _user_campaign(tmp_path: Path, mode: str) -> Any:
 def _finishes_later(tmp_path: Path, mode: str = "plain", items: int = 12) -> None:
     """A later run (of USER_CAMPAIGN in ``mode``) on the same state directory finishes and
     commits each of its ``items`` once."""
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     res = _user_campaign(tmp_path, mode)
     assert not res.timed_out and "REPORT True None" in res.stdout, res.stderr[-3000:]
@@ -483,7 +483,7 @@ def test_a_sigkilled_master_delivers_every_result_to_the_users_sink(tmp_path: Pa
     import subprocess
     import sys
 
-    from durable_dispatch.admin import compact_state
+    from durable_dispatch.campaign.admin import compact_state
     from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
 
     state, sink, n = tmp_path / "state", tmp_path / "sink.txt", 1000

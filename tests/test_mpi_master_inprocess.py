@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from durable_dispatch import CampaignState, WatchdogConfig, WorkItem
-from durable_dispatch.admin import view_state
+from durable_dispatch.campaign.admin import view_state
 from durable_dispatch.mpi import Feed, run_master
 from durable_dispatch.testing import LocalWorkers
 

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from durable_dispatch import CampaignState
+from durable_dispatch.campaign.statedir import _master_running, _take_master_lock
 from durable_dispatch.errors import LockHeldError, UsageError
-from durable_dispatch.statedir import _master_running, _take_master_lock
 from durable_dispatch.storage import Journal, owner
 from durable_dispatch.testing.sharedfs import slow_mount, unavailable
 

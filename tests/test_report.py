@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from durable_dispatch import CampaignState, RetryPolicy, WatchdogConfig, WorkItem
-from durable_dispatch.admin import compact_state
-from durable_dispatch.report import report_series, write_report
+from durable_dispatch.campaign.admin import compact_state
 from durable_dispatch.storage.journal import read_journal
+from durable_dispatch.views.report import report_series, write_report
 
 from .helpers import fake_campaign
 
@@ -81,7 +81,7 @@ def test_the_plotted_series_equal_what_the_journal_says(tmp_path: Path) -> None:
     assert facts["timeouts"] > 0 and facts["kinds"].get("missing-result", 0) + facts["kinds"].get(
         "malformed-result", 0
     )
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     view = view_state(d).projection  # deferrals before the compaction are in the snapshot only
     v = s["view"]  # the numbers of the page are the campaign's one view (stats shows them too)

@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from durable_dispatch import CampaignState, WatchdogConfig, WorkItem, read_results
-from durable_dispatch.admin import compact_state, view_state
-from durable_dispatch.results import RESULTS_JOURNAL
+from durable_dispatch.campaign.admin import compact_state, view_state
+from durable_dispatch.campaign.results import RESULTS_JOURNAL
 from durable_dispatch.testing import inject_faults
 
 from .helpers import fake_campaign

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_dispatch.launch import RESUMABLE, launch, requeue_command
+from durable_dispatch.cli.launch import RESUMABLE, launch, requeue_command
 from durable_dispatch.mpi.launchcheck import check_world, launched_tasks
 from durable_dispatch.mpi.signals import SAME_REQUEST_SECONDS, CaughtSignals
 
@@ -208,7 +208,7 @@ def test_launch_passes_one_sigusr1_per_request_on(tmp_path: Path) -> None:
     )
     ready = tmp_path / "ready"
     runner = (
-        "import sys\nfrom durable_dispatch.launch import launch\n"
+        "import sys\nfrom durable_dispatch.cli.launch import launch\n"
         f"sys.exit(launch([sys.executable, '-c', {child!r}], env={{}}, hold=0))\n"
     )
     p = subprocess.Popen([sys.executable, "-c", runner], start_new_session=True)
@@ -257,7 +257,7 @@ def test_one_event_as_several_signals_to_every_rank_drains_with_the_resumable_co
     signal: the master stopped at once and each worker ``os._exit(128 + signal)`` (the job
     ended 143 or 138). Now it is one request: the job drains, the master's code 3 is the job's,
     every worker ends 0, nothing is left in flight."""
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
     from durable_dispatch.mpi.launcher import kill_session, launch_env, mpiexec_command
 
     script = tmp_path / "c.py"
@@ -314,7 +314,7 @@ def test_launch_reads_a_command_killed_by_its_forwarded_sigusr1_as_resumable(
     away and died of the SIGUSR1 passed on to it: FAILED 138:0 with every item done. The
     outcome is unknown, so resumable: the requeued job ends at once if all is done."""
     runner = (
-        "import sys\nfrom durable_dispatch.launch import launch\n"
+        "import sys\nfrom durable_dispatch.cli.launch import launch\n"
         "sys.exit(launch(['sleep', '30'], env={}, hold=0))\n"
     )
     p = subprocess.Popen([sys.executable, "-c", runner], start_new_session=True)

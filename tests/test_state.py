@@ -1,4 +1,4 @@
-"""Tests of durable_dispatch.state: durable campaign state, replay, restart, faults."""
+"""Tests of durable_dispatch.campaign.state: durable campaign state, replay, restart, faults."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable_dispatch import CampaignState, SnapshotStore
-from durable_dispatch.admin import view_state
+from durable_dispatch.campaign.admin import view_state
+from durable_dispatch.campaign.replay import event_work_ids, replay
+from durable_dispatch.campaign.statedir import STATE_JOURNAL, SUBMISSIONS
 from durable_dispatch.core import Commit, Dispatcher, RetryPolicy, Send, WatchdogConfig, WorkItem
 from durable_dispatch.core.ledger import Ledger
 from durable_dispatch.errors import LockHeldError
-from durable_dispatch.replay import event_work_ids, replay
-from durable_dispatch.statedir import STATE_JOURNAL, SUBMISSIONS
 from durable_dispatch.storage import Journal
 from durable_dispatch.storage.journal import read_journal
 from durable_dispatch.testing import inject_faults
@@ -295,7 +295,7 @@ def test_compaction_folds_the_journal_in_the_open_scan(
     """compact_state reads a clean journal once (the open's scan feeds the fold) and reports its
     progress; after a repaired torn tail it reads the records again. Either way the folded state
     equals the replayed one."""
-    from durable_dispatch.admin import compact_state, view_state
+    from durable_dispatch.campaign.admin import compact_state, view_state
 
     root = tmp_path / "s"
     with CampaignState.open(root, ranks=(1, 2)) as s:
@@ -336,7 +336,7 @@ def test_compaction_names_an_intact_record_that_is_not_json(tmp_path: Path) -> N
     """A checksummed payload that does not decode is damage to report; nothing is changed."""
     import orjson
 
-    from durable_dispatch.admin import compact_state
+    from durable_dispatch.campaign.admin import compact_state
     from durable_dispatch.errors import JournalCorruptError
 
     root = tmp_path / "s"
@@ -358,7 +358,7 @@ def test_open_replays_the_journal_in_the_open_scan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A master restart reads a clean state journal once; the replayed state is the same."""
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     root = tmp_path / "s"
     s = CampaignState.open(root, ranks=(1, 2))
@@ -556,7 +556,7 @@ def test_a_snapshot_is_not_renamed_into_place_when_the_claim_was_lost_during_its
     written; the owner record is checked again after that wait, right before the rename. A
     takeover during the wait (another master's record of the next generation) leaves no new
     generation and no temporary file."""
-    from durable_dispatch.statedir import SNAPSHOT_NAME
+    from durable_dispatch.campaign.statedir import SNAPSHOT_NAME
     from durable_dispatch.storage.owner import OWNER_PREFIX
 
     d = tmp_path / "s"
@@ -607,7 +607,7 @@ def test_a_snapshot_is_renamed_into_place_only_once_the_journal_it_folds_is_dura
     into place only after an fsync covers the journal's last record it folds (a crash between
     the two must not leave a snapshot ahead of the journal). Under ``never`` nothing else
     fsyncs the journal."""
-    from durable_dispatch.statedir import SNAPSHOT_NAME
+    from durable_dispatch.campaign.statedir import SNAPSHOT_NAME
 
     d = tmp_path / "s"
     with _open(d, sync="never") as s:
@@ -691,7 +691,7 @@ def test_commits_too_large_for_one_record_are_split_and_an_oversized_result_is_r
 def test_a_second_master_is_refused_after_the_lock_files_were_deleted(tmp_path: Path) -> None:
     """Issue 13, example 4 (S12): ``rm state/*.lock`` under a running master (in another
     process) lets no second master in, and read-only commands still see the master."""
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     from .test_journal import _held_elsewhere
 
@@ -773,8 +773,8 @@ def test_a_forged_event_with_a_valid_checksum_is_typed_corruption(
 
 def test_a_snapshot_body_of_the_wrong_shape_is_passed_over(tmp_path: Path) -> None:
     """Issue 13, example 5: a snapshot body of [] crashed every reader."""
+    from durable_dispatch.campaign.statedir import SNAPSHOT_NAME
     from durable_dispatch.errors import SnapshotCorruptError
-    from durable_dispatch.statedir import SNAPSHOT_NAME
     from durable_dispatch.storage.snapshot import encode_snapshot
 
     d = tmp_path / "st"
@@ -889,7 +889,7 @@ def test_forged_records_in_a_state_directory_open_or_are_typed_corruption(
     """Issue 29.5, the same forgeries on disk, checksummed, behind a real campaign's records:
     CampaignState.open and compaction either succeed or raise JournalCorruptError, and a
     refused journal is left as it was."""
-    from durable_dispatch.admin import compact_state
+    from durable_dispatch.campaign.admin import compact_state
     from durable_dispatch.errors import JournalCorruptError
 
     d = tmp_path_factory.mktemp("forged")
@@ -984,7 +984,7 @@ def _some_fail(send: Send) -> str:
 
 
 def _newest_state(d: Path) -> dict[str, Any]:
-    from durable_dispatch.statedir import SNAPSHOT_NAME
+    from durable_dispatch.campaign.statedir import SNAPSHOT_NAME
 
     snap = SnapshotStore(d, name=SNAPSHOT_NAME).load()
     assert snap is not None
@@ -1028,8 +1028,8 @@ def test_a_state_directory_of_the_last_version_opens_and_moves_to_the_store(
     store and the next snapshots are compact."""
     import shutil
 
-    from durable_dispatch.results import read_results
-    from durable_dispatch.statedir import SUBMISSIONS
+    from durable_dispatch.campaign.results import read_results
+    from durable_dispatch.campaign.statedir import SUBMISSIONS
 
     d = tmp_path / "old"
     shutil.copytree(OLD, d)
@@ -1076,7 +1076,7 @@ def test_items_stored_before_a_crash_are_submitted_at_the_next_open(
 def test_a_store_that_is_not_durable_keeps_submissions_in_the_journal(tmp_path: Path) -> None:
     """When the submissions store cannot be fsynced, the journal's records carry the items and
     no snapshot names what the store may lose; a crash then loses nothing."""
-    from durable_dispatch.statedir import SUBMISSIONS
+    from durable_dispatch.campaign.statedir import SUBMISSIONS
 
     items = [WorkItem(f"w{i}", {"i": i}) for i in range(700)]  # more than one record
     s = _open(tmp_path)
@@ -1135,7 +1135,7 @@ def test_an_item_too_large_to_store_is_refused_after_the_ones_before_it(tmp_path
 
 
 def test_compaction_keeps_every_payload_in_the_store(tmp_path: Path) -> None:
-    from durable_dispatch.admin import compact_state
+    from durable_dispatch.campaign.admin import compact_state
 
     items = [WorkItem(f"w{i}", {"i": i, "blob": "y" * i}) for i in range(600)]
     with _open(tmp_path) as s:
@@ -1250,7 +1250,7 @@ def test_a_bulk_submit_freezes_its_items_and_the_last_close_unfreezes(
     collection walks the queue again; the state's close gives them back."""
     import gc
 
-    from durable_dispatch import replay
+    from durable_dispatch.campaign import replay
 
     monkeypatch.setattr(replay, "_built", 0)
     # From a clean slate: under `-n 2` this process ran other modules' tests before, and twice
@@ -1267,7 +1267,7 @@ def _bulk_submit_freezes_and_the_last_close_unfreezes(
 ) -> None:
     import gc
 
-    from durable_dispatch import replay
+    from durable_dispatch.campaign import replay
 
     assert gc.get_freeze_count() == 0
     st = CampaignState.open(tmp_path / "s", ranks=[1])
@@ -1308,7 +1308,7 @@ def test_children_submitted_by_the_close_s_last_delivery_are_not_left_frozen(
     frozen before the test above.) The close now gives them back last."""
     import gc
 
-    from durable_dispatch import replay
+    from durable_dispatch.campaign import replay
 
     replay._holders.clear()  # (from a clean slate: see the test above; no state is open
     gc.unfreeze()  # between two tests, so no holder is live)
@@ -1341,7 +1341,7 @@ def test_frozen_items_are_freed_as_they_commit_not_held_for_the_campaign(
     campaign fed in bulk chunks (each frozen) holds only what is queued, not what it ran."""
     import gc
 
-    from durable_dispatch import replay
+    from durable_dispatch.campaign import replay
     from durable_dispatch.mpi import master as master_mod
     from durable_dispatch.mpi import run_master
     from durable_dispatch.testing import LocalWorkers
@@ -1432,7 +1432,7 @@ def test_an_interrupt_while_the_close_waits_for_the_directory_fsync_is_raised_af
     import signal
     import threading
 
-    from durable_dispatch.statedir import _master_running
+    from durable_dispatch.campaign.statedir import _master_running
     from durable_dispatch.storage import fs
 
     class Interrupted(Exception):
@@ -1476,7 +1476,7 @@ def test_a_submit_to_a_closed_state_freezes_nothing(
     finds the small builds' count over ``FREEZE_EVERY`` freezes nothing."""
     import gc
 
-    from durable_dispatch import replay
+    from durable_dispatch.campaign import replay
 
     replay._holders.clear()  # (a clean slate: see the tests above)
     gc.unfreeze()

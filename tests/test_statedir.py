@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from durable_dispatch import CampaignState, WorkItem
+from durable_dispatch.campaign.statedir import LOCK_NAME, _master_running
 from durable_dispatch.errors import LockHeldError
 from durable_dispatch.mpi import run_master
-from durable_dispatch.statedir import LOCK_NAME, _master_running
 from durable_dispatch.storage import Journal, owner
 from durable_dispatch.testing import LocalWorkers
 from durable_dispatch.testing.sharedfs import SlowMount, SlowStorage, slow_mount, unavailable

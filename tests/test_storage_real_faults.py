@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from durable_dispatch import CampaignState, Journal, WorkItem
-from durable_dispatch.admin import view_state
+from durable_dispatch.campaign.admin import view_state
 from durable_dispatch.errors import StorageError
 
 from .helpers import Tmpfs, fake_campaign, read_all

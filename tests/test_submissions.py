@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from durable_dispatch import Journal
+from durable_dispatch.campaign.submissions import SubmissionStore
 from durable_dispatch.core import WorkItem
 from durable_dispatch.errors import RecordTooLargeError
-from durable_dispatch.submissions import SubmissionStore
 from durable_dispatch.testing import inject_faults
 
 

@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable_dispatch import CampaignState, RetryPolicy, WatchdogConfig, WorkItem
-from durable_dispatch.admin import compact_state
+from durable_dispatch.campaign.admin import compact_state
+from durable_dispatch.campaign.results import read_results
 from durable_dispatch.cli import main
-from durable_dispatch.results import read_joblog, read_results
+from durable_dispatch.views.joblog import read_joblog
 
 from .helpers import fake_campaign
 
@@ -72,7 +73,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def faces(d: Path) -> dict[str, dict[str, Any]]:
     """The numbers of ``stats --json``, ``watch --once --json`` and the report, by face."""
-    from durable_dispatch.report import report_series
+    from durable_dispatch.views.report import report_series
 
     code, out, err = cli("stats", str(d), "--json")
     assert code == 0, err
@@ -232,7 +233,7 @@ def test_watch_shows_the_timeouts_of_the_campaign_not_a_second_count(tmp_path: P
 def test_after_compact_the_report_keeps_the_failures_deferrals_and_runs(tmp_path: Path) -> None:
     """After compact the report said '0 deferred, 0 master runs' and 'Failures by kind: None'
     while stats showed the deferred items."""
-    from durable_dispatch.report import render_report, report_series
+    from durable_dispatch.views.report import render_report, report_series
 
     d = tmp_path / "state"
     _two_runs(d, compact=True)
@@ -261,7 +262,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_a_killed_master_has_nothing_in_flight_and_its_downtime_is_a_gap(tmp_path: Path) -> None:
     """The report of a job that died and was resumed drew 3 items in flight through the hours
     the job was dead; stats counted them in flight with no master running."""
-    from durable_dispatch.report import report_series
+    from durable_dispatch.views.report import report_series
 
     d = tmp_path / "state"
     script = tmp_path / "killed.py"
@@ -313,7 +314,7 @@ def test_stats_is_a_short_summary_and_every_number_is_behind_verbose_and_json(
 
 def test_the_demo_summary_says_left_for_work_not_done_yet(tmp_path: Path) -> None:
     """After a clean drain the demo said 'lost 159' for items not done yet."""
-    from durable_dispatch.demo import summarize
+    from durable_dispatch.cli.demo import summarize
 
     d = tmp_path / "state"
     items = [WorkItem(f"w{i:02d}", i) for i in range(10)]

@@ -45,7 +45,7 @@ class Setup:
 
 
 def _journal_records(state: str) -> list[dict[str, Any]]:
-    from durable_dispatch.statedir import STATE_JOURNAL
+    from durable_dispatch.campaign.statedir import STATE_JOURNAL
     from durable_dispatch.storage.journal import read_journal
 
     path = os.path.join(state, STATE_JOURNAL)
@@ -203,7 +203,7 @@ def _with_kills(
 def run_group2(s: Setup, seed: int, tmp: str, ulfm: bool) -> dict[str, Any]:
     """One campaign of group 2: kill ``s.kills`` workers (one without ULFM: the first ends the
     job) at seeded moments; without ULFM, run it again to resume."""
-    from durable_dispatch.demo import summarize
+    from durable_dispatch.cli.demo import summarize
 
     rnd = random.Random(seed)
     items = make_plan(

@@ -9,7 +9,7 @@ Each object is documented once, under the first public module that exports it (t
 standard library owns (``durable_dispatch.futures`` re-exports ``concurrent.futures``' names,
 as ``mpi4py.futures`` does) are listed as such, not documented again.
 
-A reference to a private module's path (``durable_dispatch.state.CampaignState``, as type
+A reference to a private module's path (``durable_dispatch.campaign.state.CampaignState``, as type
 hints name it) resolves to the public name that exports the same object.
 """
 

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .campaign.results import CommittedResult, read_results
+    from .campaign.state import CampaignState
     from .commands import CommandOutcome, run_command
     from .core import Dispatcher, ItemFailure, RetryPolicy, WatchdogConfig, WorkItem
     from .errors import DurableDispatchError
     from .mpi.context import WorkContext
-    from .results import CommittedResult, read_results
-    from .state import CampaignState
     from .storage import (
         DeferJournal,
         Health,
@@ -66,9 +66,9 @@ logging.getLogger("durable_dispatch").addHandler(logging.NullHandler())
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "CampaignState": ".state",
-        "CommittedResult": ".results",
-        "read_results": ".results",
+        "CampaignState": ".campaign.state",
+        "CommittedResult": ".campaign.results",
+        "read_results": ".campaign.results",
         "CommandOutcome": ".commands",
         "run_command": ".commands",
         "Dispatcher": ".core",

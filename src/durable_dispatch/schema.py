@@ -12,7 +12,7 @@ next to its encoding (:mod:`durable_dispatch.core.events`, whose ``check_event``
 checks here); :func:`check_defer_record`, :func:`check_submission_record` and
 :func:`check_state_snapshot` check the other files. Each raises :class:`Invalid` naming the
 first bad field; the readers in
-:mod:`durable_dispatch.state` and :mod:`durable_dispatch.storage.defer` turn it into
+:mod:`durable_dispatch.campaign.state` and :mod:`durable_dispatch.storage.defer` turn it into
 :class:`~durable_dispatch.errors.JournalCorruptError` or
 :class:`~durable_dispatch.errors.SnapshotCorruptError`. Unknown events stay allowed (forward
 compatibility); unknown members too.

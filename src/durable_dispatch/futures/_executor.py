@@ -40,13 +40,13 @@ from concurrent.futures import (
 )
 from typing import Any
 
+from ..campaign.results import read_results
+from ..campaign.state import CampaignState
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..core.decisions import Defer, Send
 from ..errors import DependencyFailed, RecordTooLargeError, UsageError
 from ..mpi.context import MAX_RESULT_BYTES
 from ..mpi.master import Feed, MasterReport, run_master
-from ..results import read_results
-from ..state import CampaignState
 from ..storage import fs
 from . import _serve
 from ._calls import call_digest, call_id, function_name, take_dependencies

@@ -1,12 +1,12 @@
 """Which storage objects are open, so a test harness can close what a test left open.
 
-Theory of operation: a :class:`~durable_dispatch.storage.journal.Journal` (and so a defer
-journal) and a :class:`~durable_dispatch.state.CampaignState` register here once they are open
-and unregister when they close. The pytest plugin asks :func:`open_since` at a test's teardown,
-before pyfakefs tears down its fake filesystem, and closes what the test left open. Nothing else
-reads the registry. It holds weak references, so it never keeps an object alive, except while a
-harness asked it to :func:`track` (the plugin does, during each test): then an object the test
-dropped without closing stays reachable until the harness closed it.
+Theory of operation: a :class:`~durable_dispatch.storage.journal.Journal` (and so a defer journal)
+and a :class:`~durable_dispatch.campaign.state.CampaignState` register here once they are open and
+unregister when they close. The pytest plugin asks :func:`open_since` at a test's teardown, before
+pyfakefs tears down its fake filesystem, and closes what the test left open. Nothing else reads the
+registry. It holds weak references, so it never keeps an object alive, except while a harness asked
+it to :func:`track` (the plugin does, during each test): then an object the test dropped without
+closing stays reachable until the harness closed it.
 
 A counter stamps every registration, so "opened during this test" is a number comparison and
 closing goes newest first (a campaign state before the journals it opened).

@@ -11,11 +11,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.decisions import WorkItem
-from .core.events import RequeuedDeferred, Submitted, encode
-from .core.indexed import DIGEST_BYTES, store_form
-from .core.ledger import Ledger
-from .errors import StorageError
+from ..core.decisions import WorkItem
+from ..core.events import RequeuedDeferred, Submitted, encode
+from ..core.indexed import DIGEST_BYTES, store_form
+from ..core.ledger import Ledger
+from ..errors import StorageError
+from ..storage import DeferJournal, Journal
+from ..storage.format import Header, new_salt
+from ..storage.scan import RawBatch
 from .replay import (
     Stored,
     _decoded,
@@ -34,9 +37,6 @@ from .statedir import (
     _master_running,
     is_state_dir,
 )
-from .storage import DeferJournal, Journal
-from .storage.format import Header, new_salt
-from .storage.scan import RawBatch
 
 __all__ = [
     "StateView",
@@ -110,8 +110,8 @@ def view_state(directory: str | os.PathLike[str]) -> StateView:
         UsageError: not a state directory.
         JournalCorruptError, SnapshotCorruptError: damage found.
     """
-    from .errors import UsageError
-    from .storage.journal import read_journal
+    from ..errors import UsageError
+    from ..storage.journal import read_journal
 
     d = os.fspath(directory)
     if not is_state_dir(d):
@@ -143,8 +143,8 @@ def view_state(directory: str | os.PathLike[str]) -> StateView:
 def _live_stats(d: str) -> dict[str, Any]:
     """The newest published statistics of the master, or {} (damage is not an error here: they
     are a display, and the next publication replaces them)."""
-    from .errors import DurableDispatchError
-    from .storage import SnapshotStore
+    from ..errors import DurableDispatchError
+    from ..storage import SnapshotStore
 
     try:
         snap = SnapshotStore(d, name=LIVE_STATS_NAME, keep=2).load()
@@ -268,7 +268,7 @@ def compact_state(
         JournalCorruptError: the journal holds damage the open does not repair, or an intact
             record whose payload is not JSON.
     """
-    from .errors import UsageError
+    from ..errors import UsageError
 
     d = os.fspath(directory)
     if not is_state_dir(d):
@@ -374,7 +374,7 @@ def requeue_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str])
     Raises:
         LockHeldError: a master is running. UsageError: an ID that is not deferred.
     """
-    from .errors import UsageError
+    from ..errors import UsageError
 
     with _master_locked(directory) as d:
         view = view_state(d)
@@ -402,7 +402,7 @@ def drop_deferred(directory: str | os.PathLike[str], work_ids: Iterable[str]) ->
     Raises:
         LockHeldError: a master is running. UsageError: an ID that is not deferred.
     """
-    from .errors import UsageError
+    from ..errors import UsageError
 
     with _master_locked(directory) as d:
         ids = list(work_ids)

@@ -12,11 +12,11 @@ import os
 from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol
 
-from .errors import UsageError
-from .statedir import is_state_dir
-from .storage import fs as _fs
-from .storage.scan import scan
-from .storage.snapshot import decode_snapshot, read_snapshot_file
+from ..campaign.statedir import is_state_dir
+from ..errors import UsageError
+from ..storage import fs as _fs
+from ..storage.scan import scan
+from ..storage.snapshot import decode_snapshot, read_snapshot_file
 
 __all__ = ["RECORD_BOUND", "Meter", "Progress", "examine", "kind_of"]
 

@@ -7,7 +7,7 @@ What it reads: the state journal ``events.jsonl`` and the results journal ``resu
 dispatch). Events carry their wall-clock time (``ts``); an event without one takes the time of the
 nearest earlier event that has one. Dispatches, requeues and deferrals that a compaction folded
 into the snapshot are gone from the journals: their failure *counts* are kept in the snapshot
-(see :mod:`~durable_dispatch.view`), their times are not.
+(see :mod:`~durable_dispatch.views.view`), their times are not.
 
 A master's run ends at its last record. What it left in flight then is ``interrupted``: the next
 run rolls it back and dispatches it again. A run with a master still running ends now. Parked
@@ -108,8 +108,8 @@ class History:
 def _records(d: str) -> Iterator[tuple[dict[str, Any], bool]]:
     """``(payload, moved)`` of every state-journal record and of every moved result the state
     journal no longer holds, in sequence order."""
-    from .statedir import RESULT_RECORD_BYTES, RESULTS_JOURNAL, STATE_JOURNAL
-    from .storage.journal import read_journal
+    from ..campaign.statedir import RESULT_RECORD_BYTES, RESULTS_JOURNAL, STATE_JOURNAL
+    from ..storage.journal import read_journal
 
     out: dict[int, tuple[dict[str, Any], bool]] = {}
     rpath = os.path.join(d, RESULTS_JOURNAL)

@@ -127,11 +127,11 @@ def launch(
         hold: a request in the first ``hold`` seconds after ``argv`` started is passed on
             only then (a rank that has not imported the library yet would die of it).
     """
-    from .mpi.signals import DRAIN_SIGNALS, CaughtSignals
+    from ..mpi.signals import DRAIN_SIGNALS, CaughtSignals
 
     env = os.environ if env is None else env
     if not argv:
-        from .errors import UsageError
+        from ..errors import UsageError
 
         raise UsageError("launch needs a command: durable-dispatch launch -- mpiexec ...")
     forwarded: list[int] = []

@@ -5,7 +5,7 @@ items can never run.
 Which items wait, and when they are released, is the core's (:class:`~durable_dispatch.core.
 ledger.Ledger`: a ``committed`` event releases the items whose last missing dependency it
 committed, so a dependent is dispatched only after its dependencies' commits are durable). This
-part of :class:`~durable_dispatch.state.CampaignState` keeps, in memory, the result of each
+part of :class:`~durable_dispatch.campaign.state.CampaignState` keeps, in memory, the result of each
 committed work ID that an open item names in ``after`` (taken from its ``committed`` record as it
 is journaled; after a restart read once from the state directory's results), hands them to the
 WORK message of each dependent, and forgets one once no open item names it.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .core import Commit, Decision, Dispatcher, Send, WorkItem
+from ..core import Commit, Decision, Dispatcher, Send, WorkItem
 from .results import read_results
 from .statedir import RESULT_RECORD_BYTES
 
@@ -47,7 +47,7 @@ def items_after(v: Any) -> Any:
 
 
 class Dependencies:
-    """The results of dependencies, for :class:`~durable_dispatch.state.CampaignState`."""
+    """The results of dependencies, for :class:`~durable_dispatch.campaign.state.CampaignState`."""
 
     core: Dispatcher
     directory: str

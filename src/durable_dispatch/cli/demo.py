@@ -10,7 +10,7 @@ without RESULT, a RESULT for an old token, and (under ULFM only) death by SIGKIL
 checks the durable record against the full set of work IDs and writes a summary: committed,
 deferred, ``lost`` (must be 0) and ``duplicate_commits`` (must be 0).
 
-Usage (under mpiexec): ``python -m durable_dispatch.demo STATE_DIR [options]``. :func:`launch`
+Usage (under mpiexec): ``python -m durable_dispatch.cli.demo STATE_DIR [options]``. :func:`launch`
 runs it under ``mpiexec`` and supervises the job (``durable-dispatch demo`` calls it).
 """
 
@@ -33,13 +33,13 @@ from typing import Any
 
 import orjson
 
-from .core import RetryPolicy, WatchdogConfig, WorkItem
-from .errors import UsageError
-from .mpi.context import WorkContext
-from .replay import event_work_ids
-from .statedir import STATE_JOURNAL
-from .storage import Journal
-from .storage import fs as _fs
+from ..campaign.replay import event_work_ids
+from ..campaign.statedir import STATE_JOURNAL
+from ..core import RetryPolicy, WatchdogConfig, WorkItem
+from ..errors import UsageError
+from ..mpi.context import WorkContext
+from ..storage import Journal
+from ..storage import fs as _fs
 
 __all__ = ["work_items", "fault_plan", "demo_task", "summarize", "main", "FAULT_KINDS"]
 
@@ -111,15 +111,15 @@ def summarize(state_dir: str, all_ids: set[str], report: Any = None) -> dict[str
     record holds nowhere (no commit, not deferred, not pending: must be 0), and
     ``duplicate_commits`` second commit records of a work ID in the journal (must be 0).
     """
-    from .admin import view_state
-    from .view import view_of_state
+    from ..campaign.admin import view_state
+    from ..views.view import view_of_state
 
     commits: Counter[str] = Counter()
     with Journal.open(os.path.join(state_dir, STATE_JOURNAL)) as j:
         for r in j.records():
             if isinstance(r.payload, dict) and r.payload.get("event") == "committed":
                 commits.update(event_work_ids(r.payload))
-    from .storage import DeferJournal
+    from ..storage import DeferJournal
 
     with DeferJournal.open(state_dir) as d:
         deferred = {i.work_id for i in d.items()}
@@ -175,7 +175,7 @@ def _write_json(path: str, obj: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point under mpiexec."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")  # for people
-    ap = argparse.ArgumentParser(prog="durable_dispatch.demo")
+    ap = argparse.ArgumentParser(prog="durable_dispatch.cli.demo")
     ap.add_argument("state_dir")
     ap.add_argument("--items", type=int, default=80)
     ap.add_argument("--ms", type=float, default=40.0, help="sleep per task, milliseconds")
@@ -224,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = fault_plan(a.items, a.seed, kinds, a.per_kind)
     slow = a.slow if a.slow is not None else a.watchdog + 0.5
     if comm.Get_rank() != 0:
-        from .mpi.master import finish
-        from .mpi.worker import run_worker
+        from ..mpi.master import finish
+        from ..mpi.worker import run_worker
 
         def lies(work_id: str, attempt: int) -> str | None:
             fault = plan.get(work_id) if attempt == 0 else None
@@ -234,14 +234,14 @@ def main(argv: list[str] | None = None) -> int:
             return fault if fault in MESSAGE_FAULTS else None
 
         if any(f in MESSAGE_FAULTS for f in plan.values()):
-            from .testing import run_lying_worker
+            from ..testing import run_lying_worker
 
             run_lying_worker(demo_task, lies, context=True, isolate=a.isolate)
         else:
             run_worker(demo_task, context=True, isolate=a.isolate)
         finish(comm)
         return 0
-    from .mpi.master import finish, run_master
+    from ..mpi.master import finish, run_master
 
     items = work_items(a.items, a.ms, plan, slow)
     progress_file = a.progress_file
@@ -338,7 +338,7 @@ def launch(
             without a summary (the error names the log and its last error lines).
         DemoStopped: stopped by SIGTERM or a second Ctrl-C.
     """
-    from .mpi.launcher import kill_session, launch_env, mpiexec_command
+    from ..mpi.launcher import kill_session, launch_env, mpiexec_command
 
     for name, value, low in (("--ranks", ranks, 2), ("--items", items, 1), ("--batch", batch, 1)):
         if value < low:
@@ -361,7 +361,7 @@ def launch(
         kinds += ",crash"
     if not faults:
         kinds = "none"
-    argv = [sys.executable, "-m", "durable_dispatch.demo", state, "--items", str(items)]
+    argv = [sys.executable, "-m", "durable_dispatch.cli.demo", state, "--items", str(items)]
     argv += ["--faults", kinds, "--seed", str(seed), "--watchdog", str(watchdog)]
     argv += ["--ms", str(ms), "--batch", str(batch), "--progress-file", progress_file]
     argv += ["--summary", summary_file] + ([] if isolate else ["--no-isolate"])

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from .core.decisions import (
+from ..core.decisions import (
     Commit,
     Decision,
     Defer,

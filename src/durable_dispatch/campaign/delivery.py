@@ -11,8 +11,8 @@ events; after a crash or a failed callback, :meth:`Delivery.redeliver` hands the
 it to the callback again. The work items a callback returns (a result that spawns work, G1)
 are submitted before the delivery point passes their parent.
 
-:class:`Delivery` is a part of :class:`~durable_dispatch.state.CampaignState`, which provides
-the journals, the core and the fields it declares.
+:class:`Delivery` is a part of :class:`~durable_dispatch.campaign.state.CampaignState`, which
+provides the journals, the core and the fields it declares.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from .core import Commit, Decision, Defer, Dispatcher, PersistSnapshot, Requeue, Send, WorkItem
-from .core.events import Committed, Delivered, encode, of_decision
-from .core.records import fast_init
-from .errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
+from ..core import Commit, Decision, Defer, Dispatcher, PersistSnapshot, Requeue, Send, WorkItem
+from ..core.events import Committed, Delivered, encode, of_decision
+from ..core.records import fast_init
+from ..errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
+from ..storage import DeferJournal, Journal
+from ..tokens import Token
 from .logs import log_decisions
 from .results import read_results
-from .storage import DeferJournal, Journal
-from .tokens import Token
 
 __all__ = ["Delivery", "OnCommit"]
 
@@ -69,7 +69,7 @@ class _PendingCommit:
 
 class Delivery:
     """Commits journaled, delivered once durable, redelivered after a crash (see the module
-    docs); a part of :class:`~durable_dispatch.state.CampaignState`."""
+    docs); a part of :class:`~durable_dispatch.campaign.state.CampaignState`."""
 
     directory: str
     journal: Journal

@@ -31,7 +31,7 @@ which the next master applies again with no second effect; after it, the file is
 from the record. The ledger keeps the outcomes in its snapshots, so compaction keeps them.
 
 With no master running, the command line opens the state directory itself (as the next master
-would, :meth:`CampaignState.open <durable_dispatch.state.CampaignState.open>` applies every
+would, :meth:`CampaignState.open <durable_dispatch.campaign.state.CampaignState.open>` applies every
 command waiting) and reports that it did; ``drain`` then has nothing to drain.
 """
 
@@ -51,14 +51,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .core.decisions import WorkItem
-from .core.events import Cancelled, CommandApplied, RequeuedDeferred, encode
-from .errors import ChangedPayloadError, DurableDispatchError, UsageError
-from .storage import fs as _fs
+from ..core.decisions import WorkItem
+from ..core.events import Cancelled, CommandApplied, RequeuedDeferred, encode
+from ..errors import ChangedPayloadError, DurableDispatchError, UsageError
+from ..storage import fs as _fs
 
 if TYPE_CHECKING:
+    from ..tokens import Token
     from .delivery import Delivery as CampaignState  # (state.py imports this module)
-    from .tokens import Token
 
 __all__ = [
     "CONTROL_DIR",

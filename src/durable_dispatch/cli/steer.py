@@ -1,8 +1,8 @@
 """The command line's half of an operator's command (O1, issue 52): write it into the state
-directory (:func:`durable_dispatch.control.write_command`), then see it applied by the running
-master, or, with none running, by opening the state directory here (its open applies every
-command waiting, as the next master's start would). See :mod:`durable_dispatch.control` for the
-master's half and the file formats.
+directory (:func:`durable_dispatch.campaign.control.write_command`), then see it applied by the
+running master, or, with none running, by opening the state directory here (its open applies every
+command waiting, as the next master's start would). See :mod:`durable_dispatch.campaign.control` for
+the master's half and the file formats.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .control import Command, read_ack, write_command
-from .errors import LockHeldError, NoMasterError
-from .state import CampaignState
-from .statedir import _master_running
+from ..campaign.control import Command, read_ack, write_command
+from ..campaign.state import CampaignState
+from ..campaign.statedir import _master_running
+from ..errors import LockHeldError, NoMasterError
 
 __all__ = ["WAIT_SECONDS", "Sent", "send"]
 

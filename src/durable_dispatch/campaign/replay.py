@@ -19,20 +19,20 @@ from typing import Any
 
 import orjson
 
-from .core.decisions import WorkItem
-from .core.ledger import Ledger, LedgerLoader
-from .errors import JournalCorruptError
-from .schema import Invalid, check_state_snapshot, check_submission_record, submission_digests
+from ..core.decisions import WorkItem
+from ..core.ledger import Ledger, LedgerLoader
+from ..errors import JournalCorruptError
+from ..schema import Invalid, check_state_snapshot, check_submission_record, submission_digests
+from ..storage import Journal, SnapshotStore
+from ..storage.journal import read_journal
+from ..storage.owner import OwnerClaim
+from ..storage.scan import RawBatch
+from ..storage.snapshot import Snapshot
 from .statedir import (
     SNAPSHOT_NAME,
     SUBMISSION_RECORD_BYTES,
     SUBMISSIONS,
 )
-from .storage import Journal, SnapshotStore
-from .storage.journal import read_journal
-from .storage.owner import OwnerClaim
-from .storage.scan import RawBatch
-from .storage.snapshot import Snapshot
 
 __all__ = ["replay", "event_work_ids"]
 

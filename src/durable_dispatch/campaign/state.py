@@ -46,10 +46,7 @@ from functools import partial
 from operator import attrgetter
 from typing import Any
 
-from .admin import (
-    _reconcile_store,
-)
-from .core import (
+from ..core import (
     Commit,
     Decision,
     Defer,
@@ -60,13 +57,11 @@ from .core import (
     WatchdogConfig,
     WorkItem,
 )
-from .core.events import EpochStarted, Submitted, WorkerHost, encode
-from .core.indexed import DIGEST_BYTES, payload_digests
-from .core.ledger import Ledger
-from .core.ranks import RankState
-from .delivery import Delivery, OnCommit, _PendingCommit
-from .dependencies import Dependencies
-from .errors import (
+from ..core.events import EpochStarted, Submitted, WorkerHost, encode
+from ..core.indexed import DIGEST_BYTES, payload_digests
+from ..core.ledger import Ledger
+from ..core.ranks import RankState
+from ..errors import (
     ChangedPayloadError,
     NotDurableError,
     RecordEncodeError,
@@ -74,6 +69,18 @@ from .errors import (
     StorageDegradedError,
     UsageError,
 )
+from ..storage import DeferJournal, Journal, SnapshotStore
+from ..storage import fs as _fs
+from ..storage import resources as _resources
+from ..storage.background import BackgroundSaver
+from ..storage.background import Beside as _Beside
+from ..storage.defer import DEFAULT_DEFER_NAME
+from ..tokens import Token
+from .admin import (
+    _reconcile_store,
+)
+from .delivery import Delivery, OnCommit, _PendingCommit
+from .dependencies import Dependencies
 from .replay import (
     _holders,
     _load_snapshot,
@@ -87,14 +94,7 @@ from .statedir import (
     SUBMIT_CHUNK,
     _take_master_lock,
 )
-from .storage import DeferJournal, Journal, SnapshotStore
-from .storage import fs as _fs
-from .storage import resources as _resources
-from .storage.background import BackgroundSaver
-from .storage.background import Beside as _Beside
-from .storage.defer import DEFAULT_DEFER_NAME
 from .submissions import SubmissionStore
-from .tokens import Token
 
 __all__ = ["CampaignState", "CampaignStats", "OnCommit"]
 
@@ -194,6 +194,9 @@ class CampaignState(Delivery, Dependencies):
         self._publisher = BackgroundSaver(self._live)  # off the master's thread (issue 49)
         self._live_at = -STATS_SECONDS  # monotonic time of the last publication
         self._opened_at = time.time()
+        #: the allocation's end as the master reads it (``mpi.allocation``), published with
+        #: the statistics: a callable returning ``{"ends_at", "started", "source"}``, or None
+        self.allocation: Callable[[], dict[str, Any]] | None = None
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck_since: float | None = None  # since when every live worker is parked
         self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
@@ -232,7 +235,7 @@ class CampaignState(Delivery, Dependencies):
         disk fault), at once for a memory-only commit: a callback with a parameter named
         ``durable`` is told which (``durable=False``: lost if the process ends before the
         journal is restored, and then delivered again on the next run; see
-        :data:`~durable_dispatch.delivery.OnCommit`).
+        :data:`~durable_dispatch.campaign.delivery.OnCommit`).
 
         ``ranks`` are the workers; with ``starting`` each gets work only after its first READY
         without a token (what ``run_worker`` sends once it is up), so a worker's start-up is
@@ -667,7 +670,7 @@ class CampaignState(Delivery, Dependencies):
             "host": os.uname().nodename,
             "started": self._opened_at,
             "stats": self.statistics().as_dict(),
-        }
+        } | ({"allocation": self.allocation()} if self.allocation is not None else {})
 
     def _save_snapshot(self, reason: str = "") -> bool:
         """Write the projection atomically; tells the core it is persisted. False if the disk

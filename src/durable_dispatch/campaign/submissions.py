@@ -1,23 +1,23 @@
 """The submissions store (``submissions.jsonl``): every submitted work item's payload, written
 once, by dense index, before the state journal names it.
 
-A record is ``{"first": i, "items": [...], "digests": "..."}``: the items of indices ``i, i+1,
-...`` in their compact form (:func:`~durable_dispatch.core.indexed.store_form`) and their payload
-digests (:func:`~durable_dispatch.core.indexed.payload_digests`, in hex: a reopen reads them, so a
-known work ID submitted again is compared without hashing the store again, U11), up to
-:data:`~durable_dispatch.statedir.SUBMIT_CHUNK` per record, halved while one is too large for a
-record. The state journal's ``submitted`` events name the items by index once an fsync covers
-the store (:meth:`SubmissionStore.durable`); if the disk refuses, they carry the items
-themselves, so nothing submitted is lost either way.
+A record is ``{"first": i, "items": [...], "digests": "..."}``: the items of indices ``i, i+1, ...``
+in their compact form (:func:`~durable_dispatch.core.indexed.store_form`) and their payload digests
+(:func:`~durable_dispatch.core.indexed.payload_digests`, in hex: a reopen reads them, so a known
+work ID submitted again is compared without hashing the store again, U11), up to
+:data:`~durable_dispatch.campaign.statedir.SUBMIT_CHUNK` per record, halved while one is too large
+for a record. The state journal's ``submitted`` events name the items by index once an fsync covers
+the store (:meth:`SubmissionStore.durable`); if the disk refuses, they carry the items themselves,
+so nothing submitted is lost either way.
 """
 
 from __future__ import annotations
 
-from .core import WorkItem
-from .core.indexed import DIGEST_BYTES, payload_digests, store_form
-from .errors import NotDurableError, RecordTooLargeError
+from ..core import WorkItem
+from ..core.indexed import DIGEST_BYTES, payload_digests, store_form
+from ..errors import NotDurableError, RecordTooLargeError
+from ..storage import Journal
 from .statedir import SUBMIT_CHUNK
-from .storage import Journal
 
 __all__ = ["SubmissionStore"]
 

@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 
-from .errors import LockHeldError, StorageError
-from .storage import fs as _fs
-from .storage import owner as _owner
-from .storage.background import Beside
+from ..errors import LockHeldError, StorageError
+from ..storage import fs as _fs
+from ..storage import owner as _owner
+from ..storage.background import Beside
 
 __all__ = [
     "STATE_JOURNAL",
