@@ -126,7 +126,7 @@ def slurm(*args: str) -> subprocess.CompletedProcess[str]:
 
 def journal_events(state: Path) -> list[dict[str, Any]]:
     """The state journal's events so far ([] before it exists)."""
-    from durable_dispatch.statedir import STATE_JOURNAL
+    from durable_dispatch.campaign.statedir import STATE_JOURNAL
     from durable_dispatch.storage.journal import read_journal
 
     p = state / STATE_JOURNAL
@@ -372,7 +372,7 @@ def nothing_left(case: Case, within: float = 60) -> None:
 def every_item_once(case: Case, line: str) -> None:
     """Every work ID committed exactly once, nothing in flight or deferred, the state verifies
     (``line``: the case's report, for the messages)."""
-    from durable_dispatch.admin import view_state
+    from durable_dispatch.campaign.admin import view_state
 
     p = view_state(case.state).projection
     missing = case.items - len(p.committed)
