@@ -14,19 +14,25 @@
 #   of the node lives in its network namespace (`ip netns pids ddnodeI`);
 # - a slurmd of a second Slurm cluster ("ddbox": /etc/slurm-box/slurm.conf, slurmctld on this
 #   host at 10.60.0.1:6917, slurmd on 6918), beside the single-host one of .ci/slurm.sh (6817,
-#   6818, /etc/slurm/slurm.conf): both run at once. Its clients need SLURM_CONF=$CONF.
+#   6818, /etc/slurm/slurm.conf): both run at once. Its clients need SLURM_CONF=$CONF. Each node
+#   declares 4 CPUs (the host has 2: pass Open MPI --bind-to none); SlurmdTimeout=30, so a dead
+#   or cut node is marked down 30-40 s after, its job ended NODE_FAIL and requeued if it may be;
+#   ReturnToService=2 takes a node back when its slurmd registers again.
 # The filesystem is otherwise shared (as a cluster's), /tmp included.
 #
 # Nodes are entered with `nsenter --target HOLDER --net --uts --mount` (never `ip netns exec`,
 # which remounts /sys: slurmd then finds no cgroup filesystem). `agent` is the launch agent for
 # Open MPI without Slurm (`mpiexec --prtemca plm_ssh_agent "$PWD/.ci/cluster.sh agent" --host
-# ddnode1:2,...`): it runs PRRTE's daemon command inside the named node, as ssh would.
+# ddnode1:2,...`; PRRTE ignores plm_rsh_agent): it runs PRRTE's daemon command inside the
+# named node with a fresh environment, as ssh would; its process is in the node (a killed node
+# kills it, as a dying sshd ends its ssh).
 #
 # kill-node I: every process of the node is SIGKILLed (slurmd and the holder included): the
 #   kernel closes its connections at once, so its peers see it die (not a silent node). Its
 #   tmpfs (spool, /dev/shm) goes with it; `start` brings it back fresh.
 # cut I: the node's bridge port leaves the bridge (its link stays up, its packets go nowhere):
-#   a silent node, as behind a failed switch port. heal I: the port rejoins the bridge.
+#   a silent node, as behind a failed switch port (this kernel has no netem). heal I: the port
+#   rejoins the bridge.
 # start: idempotent (installs slurm-wlm, munge and libpmix-dev if missing, writes the
 #   configuration, makes what is missing, brings killed nodes back and heals cut links), waits
 #   until every node is idle and `srun -N N hostname` prints N names; prints "cluster: up".
