@@ -21,7 +21,9 @@ length of their own, so they may overlap. What must not overlap shares an ``xdis
 xdist runs a group on one process, one test after another: every ``slurm`` test (group
 ``slurm``, added below: the module fixture of tests/test_slurm.py submits 7 jobs of 3 tasks, 21
 of the cluster's 24 CPUs, to run side by side within their 1-minute time limits; split over two
-processes it would run once in each, and half of the jobs would wait in the queue). A worker
+processes it would run once in each, and half of the jobs would wait in the queue), and every
+``cluster`` test (group ``cluster``: they kill and cut the nodes of .ci/cluster.sh's box, which
+another such test would be running on). A worker
 that dies (a test that kills its own process) fails the run: xdist reports the test it was
 running as failed, and starts another worker for the rest. Without ``-n`` the suite runs in one
 process, as before (``-s`` and ``--pdb`` need that).
@@ -155,3 +157,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("slow")
         if item.get_closest_marker("slurm"):  # one process for them all (module docstring)
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        if item.get_closest_marker("cluster"):  # they kill and cut the box's nodes: one at a time
+            item.add_marker(pytest.mark.xdist_group("cluster"))
