@@ -296,3 +296,19 @@ def test_collect_and_compose_settle_as_mpi4pys() -> None:
     i: Future[int] = Future()
     out = futures.compose(i)
     assert out.cancel() and i.cancelled()
+
+
+def test_collect_survives_an_input_cancelled_while_another_is_pending() -> None:
+    """Cancelling one input of ``collect`` cancels the collected future, whose callback cancels
+    the other inputs, whose callbacks run in the same thread: no deadlock on the collector's own
+    lock (it hung forever). Run in a thread so a hang fails the test instead of the run."""
+    import threading
+    from concurrent.futures import Future
+
+    fs: list[Future[int]] = [Future(), Future()]
+    out = futures.collect(fs)
+    t = threading.Thread(target=fs[1].cancel, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "collect deadlocked in its cancel callbacks"
+    assert out.cancelled() and fs[0].cancelled() and fs[1].cancelled()

@@ -261,3 +261,24 @@ def test_an_operator_cancels_a_running_call_and_its_futures_fail_now_and_in_a_re
     again = run_mpiexec(_runner(2, script, str(mark), state=state), timeout=180)
     assert not again.timed_out and again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.splitlines() == expected
+
+
+def test_leaving_a_comm_executor_block_under_the_runner_keeps_the_workers(
+    tmp_path: Path,
+) -> None:
+    """Under the runner the job's ranks serve rank 0's executors: an ``MPICommExecutor`` block
+    there is one of those executors, and leaving it must not send the runner's workers away
+    (it did: the next executor waited forever for workers that had exited)."""
+    code = (
+        "from mpi4py import MPI\n"
+        "from durable_dispatch.futures import MPICommExecutor, MPIPoolExecutor\n"
+        "for k in range(2):\n"
+        "    with MPICommExecutor(MPI.COMM_WORLD, 0) as ex:\n"
+        "        print('comm', k, sum(ex.map(abs, range(-4, 0))))\n"
+        "with MPIPoolExecutor() as ex:\n"
+        "    print('pool', ex.submit(abs, -7).result())\n"
+    )
+    res = run_mpiexec(_runner(2, "-c", code, state=tmp_path), timeout=120)
+    assert not res.timed_out, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split("\n")[:3] == ["comm 0 10", "comm 1 10", "pool 7"], res.stdout

@@ -76,6 +76,11 @@ class DurableCommExecutor:
     :class:`DurableExecutor` served by the other ranks; on the others it serves until the root
     leaves its ``with`` block, then gives None (like mpi4py's ``MPICommExecutor``).
 
+    Under the runner (``python -m durable_dispatch.futures``) only rank 0 runs the script and
+    the other ranks already serve its executors (mpi4py's shared pool): there the block gives
+    rank 0 an executor served by them, ``comm`` and ``root`` are not used, and leaving the
+    block shuts down that executor only.
+
     Args:
         comm: the communicator (``MPI.COMM_WORLD`` by default).
         root: the rank that submits; it must be 0 (the master of this library is rank 0).
@@ -90,12 +95,21 @@ class DurableCommExecutor:
             raise UsageError(f"root must be 0 (the master is rank 0), got {root!r}")
         self._comm, self._kw = comm, kwargs
         self._ex: DurableExecutor | None = None
+        self._runner = False
 
     def __enter__(self) -> DurableExecutor | None:
         from mpi4py import MPI
 
         from . import _serve
 
+        from . import _executor
+
+        if _executor._job["runner"]:
+            # under the runner the job's ranks already serve rank 0's executors (mpi4py's
+            # shared pool): the block is an executor of those, and leaving it ends only it
+            self._ex = DurableExecutor(**self._kw)
+            self._runner = True
+            return self._ex
         comm = self._comm if self._comm is not None else MPI.COMM_WORLD
         self._comm = comm
         if comm.Get_rank() != 0:
@@ -119,7 +133,8 @@ class DurableCommExecutor:
         try:
             self._ex.shutdown(wait=True)
         finally:
-            self._exit_workers()
+            if not self._runner:
+                self._exit_workers()
 
     def _exit_workers(self) -> None:
         from ._serve import exit_workers

@@ -22,7 +22,9 @@ def collect(fs: Iterable[Future[Any]]) -> Future[list[Any]]:
     if not fs:
         out.set_result([])
         return out
-    lock = threading.Lock()
+    # re-entrant: cancelling ``out`` from one input's callback cancels the others, whose
+    # callbacks run in the same thread and take the lock again
+    lock = threading.RLock()
     left = set(fs)
     values: list[Any] = [None] * len(fs)
 
