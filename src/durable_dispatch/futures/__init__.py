@@ -100,9 +100,7 @@ class DurableCommExecutor:
     def __enter__(self) -> DurableExecutor | None:
         from mpi4py import MPI
 
-        from . import _serve
-
-        from . import _executor
+        from . import _executor, _serve
 
         if _executor._job["runner"]:
             # under the runner the job's ranks already serve rank 0's executors (mpi4py's
