@@ -282,3 +282,25 @@ def test_leaving_a_comm_executor_block_under_the_runner_keeps_the_workers(
     assert not res.timed_out, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split("\n")[:3] == ["comm 0 10", "comm 1 10", "pool 7"], res.stdout
+
+
+def test_mpi4pys_documented_api_beyond_the_executor(tmp_path: Path) -> None:
+    """``get_comm_workers()`` inside a call in a worker rank (the two workers' communicator; a
+    RuntimeError on rank 0 and in an isolated child, naming the fix); mpi4py's constructor
+    keywords accepted, and ``path``, ``wdir``, ``env``, ``globals`` applied where the calls run,
+    in the rank and in an isolated child; re-entering an ``MPICommExecutor`` raises RuntimeError
+    and the instance can be entered again once left; ``MPI4PY_FUTURES_MAX_WORKERS``."""
+    script = str(CHILDREN / "futures_mpi4py_api.py")
+    res = run_mpiexec(_runner(3, script, str(tmp_path), state=tmp_path / "s"), timeout=180)
+    assert not res.timed_out and res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.splitlines() == [
+        "comm (2, True)",
+        "rank 0 refused",
+        "isolated True",
+        "kw False True yes True 42",
+        "kw True True yes True 42",
+        "re-entry refused",
+        "inside 3",
+        "again 4",
+        "max workers 1",
+    ], res.stdout

@@ -9,6 +9,9 @@ result, once committed durably, resolves its future. So a re-run of the same scr
 state directory resolves every committed call from the record at ``submit``, without running it,
 and runs only the rest.
 
+This module is the submit side (:class:`DurableExecutor`); its manager side, the feed through
+which the calls enter the campaign, is :mod:`._feed`.
+
 Threads. ``submit`` (any thread) seals the call and queues it; only the manager thread touches
 the campaign state: it resolves futures (their callbacks run there, as in the standard library),
 marks a future running when its call is sent to a worker (``CampaignState.on_dispatch``: a
@@ -98,6 +101,18 @@ class DurableExecutor(Executor):
         sync: the state journal's sync policy.
         memory_limit: with ``isolate``, the child's address-space limit in bytes.
         watchdog: the watchdog's configuration (default from the environment).
+        path: directories appended to ``sys.path`` where the calls run (mpi4py's).
+        wdir: the working directory the calls run in (mpi4py's).
+        env: variables set in the environment of the calls (mpi4py's).
+        globals: names set in the script's module (``__mp_main__``) where the calls run, before
+            the first (mpi4py's ``globals``).
+        python_exe, python_args, mpi_info, main, use_pkl5, backoff: mpi4py's, accepted and
+            ignored: nothing is spawned (the job's ranks are the pool, started by ``mpiexec``
+            with the job's interpreter and MPI info, and the runner's workers import the script
+            once, at start); the executor's messages are byte buffers of a bounded size, never
+            pickled by MPI (so ``use_pkl5`` changes nothing); and a worker's idle polling is
+            the dispatch protocol's own (a 2 ms spin, then naps doubling up to 1 ms, the
+            length of mpi4py's default ``backoff``).
 
     Raises:
         UsageError: no state directory; not run under the runner (nor inside a
@@ -121,8 +136,20 @@ class DurableExecutor(Executor):
         sync: str = "batch",
         memory_limit: int | None = None,
         watchdog: WatchdogConfig | None = None,
+        python_exe: str | None = None,
+        python_args: Iterable[str] | None = None,
+        mpi_info: Any = None,
+        globals: dict[str, Any] | None = None,  # noqa: A002 - mpi4py's name
+        main: bool = True,
+        path: Iterable[str] | None = None,
+        wdir: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+        use_pkl5: bool | None = None,
+        backoff: float | None = None,
         _comm: Any = None,
     ) -> None:
+        if max_workers is None and os.environ.get("MPI4PY_FUTURES_MAX_WORKERS"):
+            max_workers = int(os.environ["MPI4PY_FUTURES_MAX_WORKERS"])
         if max_workers is not None and (type(max_workers) is not int or max_workers <= 0):
             raise UsageError(f"max_workers must be an integer > 0, got {max_workers!r}")
         if initializer is not None and not callable(initializer):
@@ -198,6 +225,11 @@ class DurableExecutor(Executor):
                 "isolate": bool(isolate),
                 "memory_limit": memory_limit,
                 "max_result": MAX_RESULT_BYTES,
+                "workers": self._workers,
+                "path": [os.fspath(p) for p in path or ()],
+                "wdir": os.fspath(wdir) if wdir is not None else None,
+                "env": {str(k): str(v) for k, v in (env or {}).items()},
+                "globals": dict(globals) if globals else None,
             }
         )
         sub = self._link.comm
@@ -521,7 +553,9 @@ class _CallFuture(Future[Any]):
         (running) or settled; else the future is cancelled and True."""
         if not super().cancel():
             return False
-        self._dd_owner._dropped.append(self.work_id)  # type: ignore[attr-defined]
+        owner = getattr(self, "_dd_owner", None)  # (None: made bare, by collect or compose)
+        if owner is not None:
+            owner._dropped.append(self.work_id)  # type: ignore[attr-defined]
         return True
 
 
