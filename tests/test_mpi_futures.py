@@ -304,3 +304,21 @@ def test_mpi4pys_documented_api_beyond_the_executor(tmp_path: Path) -> None:
         "again 4",
         "max workers 1",
     ], res.stdout
+
+
+@pytest.mark.parametrize("how", ["ok", "broken"])
+def test_a_script_that_calls_mpi_when_imported_runs_isolated(tmp_path: Path, how: str) -> None:
+    """Most mpi4py scripts call MPI at module level: with the default settings (isolated calls)
+    the isolated child imports the script and initializes MPI as a world of its own (size 1),
+    where it aborted and every call failed with "no workers left". A child that cannot import
+    the script fails the first call with BrokenExecutor naming the child's reason and the fix
+    (the IsolationError's text), not only "no workers left"."""
+    script = str(CHILDREN / "futures_mpi_at_import.py")
+    res = run_mpiexec(_runner(2, script, how, state=tmp_path), timeout=120)
+    assert not res.timed_out and res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    if how == "ok":
+        assert res.stdout == "worlds [1]\n", res.stdout + res.stderr[-3000:]
+    else:
+        assert res.stdout.startswith("broken:"), res.stdout + res.stderr[-3000:]
+        for part in ("IsolationError", "this script cannot be imported here", "isolate=False"):
+            assert part in res.stdout, res.stdout

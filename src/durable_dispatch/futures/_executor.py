@@ -262,6 +262,11 @@ class DurableExecutor(Executor):
             )
             if not self._report.finished and self._report.reason != "withdrawn":
                 why = f"the executor's campaign stopped: {self._report.reason}"
+                gone = self._feed.gone  # what the workers said: an isolated child that could
+                if gone:  # not start says why, and the fix
+                    why += f" (a worker ended: {gone[0]})"
+                    if "IsolationError" in gone[0]:
+                        why += "; or make the executor with isolate=False (no isolated child)"
                 self._broken = why
                 log.error("%s; %s resumes it", why, self._dir)
         except BaseException as e:  # noqa: BLE001 - raised to the caller (at start) or kept

@@ -41,6 +41,7 @@ class _CallFeed(Feed):
         self.withdrew = False  # shutdown(cancel_futures=True) was handled
         self.unrun: set[str] = set()  # work IDs that never run in this run (cancelled)
         self.early: set[str] = set()  # work IDs cancelled before refill took their future
+        self.gone: list[str] = []  # the errors of the workers that said they ended (GONE)
 
     @property
     def exhausted(self) -> bool:  # type: ignore[override]
@@ -77,6 +78,13 @@ class _CallFeed(Feed):
             state.on_defer = self.deferred
             state.on_cancel = self.cancelled
             state.on_dispatch = self.dispatched
+            gone = state.on_gone
+
+            def on_gone(rank: int, error: str, now: float) -> Any:
+                self.gone.append(error)  # why a worker ended (the executor's error names it)
+                return gone(rank, error, now)
+
+            state.on_gone = on_gone  # type: ignore[method-assign]
         except BaseException as e:
             ex._error = e  # before the constructor wakes: it raises this
             raise

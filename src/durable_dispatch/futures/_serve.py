@@ -283,6 +283,7 @@ def _session(sub: Any, failed: list[BaseException]) -> None:
                 isolate=c["isolate"],
                 memory_limit=c["memory_limit"],
                 max_result_bytes=c["max_result"],
+                child_mpi=True,  # a script that calls MPI when imported (most mpi4py scripts)
             )
         except IsolationError as e:  # it told the master (GONE); wait for the next session
             log.error("worker %d: %s", sub.Get_rank(), e)

@@ -6,10 +6,12 @@ child is a fresh interpreter (``python -c _BOOTSTRAP``, which runs this module),
 start method does (``multiprocessing.spawn.prepare``: the script is imported as
 ``__mp_main__``, so code under ``if __name__ == "__main__":`` does not run again), then finds
 ``fn`` by its module and name.
-It never initialises MPI: ``mpi4py.rc.initialize`` is off and the launcher's variables are
-removed from its environment: Open MPI's ``OMPI_*``, ``PMIX_*`` and ``PRTE_*``, and Hydra's
-(MPICH, Intel MPI) ``PMI_*``, ``HYDI_*``, ``HYDRA_*`` and ``MPI_LOCAL*`` (an MPI_Init there would
-wait for a rank that is not part of the job, or talk to a PMI descriptor it does not have).
+The launcher's variables are removed from its environment: Open MPI's ``OMPI_*``, ``PMIX_*``
+and ``PRTE_*``, and Hydra's (MPICH, Intel MPI) ``PMI_*``, ``HYDI_*``, ``HYDRA_*`` and
+``MPI_LOCAL*`` (an MPI_Init with them would wait for a rank that is not part of the job, or talk
+to a PMI descriptor it does not have). It never initialises MPI (``mpi4py.rc.initialize`` is
+off) unless the runner is made with ``child_mpi=True``: then an MPI call of the script (at its
+import) initializes MPI in the child as a singleton, a world of its own.
 
 The child runs in a process group of its own inside the job's session, and dies with its worker
 (``PR_SET_PDEATHSIG``). The worker is the subreaper of its descendants. At an item's deadline, or
@@ -265,6 +267,7 @@ class IsolatedRunner:
         memory_limit: the child's address-space limit (``RLIMIT_AS``) in bytes, or None.
         subreaper: make this process the subreaper of its descendants (``run_worker`` does;
             a test in a long-lived process may not want orphans re-parented to it).
+        child_mpi: the child may initialize MPI as a singleton (see the module docs).
 
     Raises:
         IsolationError: ``fn`` cannot be found by name (a lambda, a nested function), or the
@@ -279,6 +282,7 @@ class IsolatedRunner:
         memory_limit: int | None,
         *,
         subreaper: bool = True,
+        child_mpi: bool = False,
     ) -> None:
         if os.environ.get(CHILD_MARKER):
             raise IsolationError(
@@ -296,7 +300,9 @@ class IsolatedRunner:
 
         prep = multiprocessing.spawn.get_preparation_data("durable-dispatch-child")
         prep.pop("authkey", None)
-        self._setup = pickle.dumps({"prepare": prep, "fn": ref, "mode": mode, "max": max_result})
+        self._setup = pickle.dumps(
+            {"prepare": prep, "fn": ref, "mode": mode, "max": max_result, "mpi": child_mpi}
+        )
         self._memory_limit = memory_limit
         self._subreaper = subreaper  # then the orphans of its items are its children
         if subreaper:
@@ -533,10 +539,6 @@ CANCEL_REQUESTED: Any = type("CancelRequestedMark", (), {"__repr__": lambda s: "
 # ---------------------------------------------------------------------------- the child side
 def _child_main(argv: list[str]) -> int:
     """The child: load the function, then answer items until the worker closes the pipe."""
-    import mpi4py
-
-    mpi4py.rc.initialize = False  # a script that touches MPI at import fails fast, not hangs
-    mpi4py.rc.finalize = False
     rfd, wfd, progress_fd, limit, parent = (int(a) for a in argv)
     if not processes.die_with_parent(parent) and os.getppid() != parent:
         return 1  # the worker is gone already
@@ -552,6 +554,11 @@ def _child_main(argv: list[str]) -> int:
 
     try:
         setup = pickle.loads(inbox.recv_bytes())
+        if not setup.get("mpi"):
+            import mpi4py
+
+            mpi4py.rc.initialize = False  # a script that touches MPI at import fails fast
+            mpi4py.rc.finalize = False
         import multiprocessing.spawn
 
         multiprocessing.spawn.prepare(setup["prepare"])
