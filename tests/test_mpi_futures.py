@@ -306,6 +306,18 @@ def test_mpi4pys_documented_api_beyond_the_executor(tmp_path: Path) -> None:
     ], res.stdout
 
 
+def test_a_hang_batched_with_other_calls_fails_at_its_own_task_timeout(tmp_path: Path) -> None:
+    """U9 in a dispatch of several calls: a hang sent with fast calls (after batch="auto" ramped
+    up), each with task_timeout=3, fails with TaskTimedOut at its own timeout (the isolating
+    worker kills it alone, and says so), not at the dispatch's, the sum of its calls' (here
+    minutes: it was killed after about 21 s with six batch-mates); its batch-mates resolve."""
+    script = str(CHILDREN / "futures_batched_timeout.py")
+    res = run_mpiexec(_runner(2, script, "3", state=tmp_path), timeout=150)
+    assert not res.timed_out, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 0 and res.stdout.endswith("done\n"), res.stderr[-3000:]
+    assert "its own timeout (3 s) passed" in res.stdout, res.stdout
+
+
 @pytest.mark.parametrize("how", ["ok", "broken"])
 def test_a_script_that_calls_mpi_when_imported_runs_isolated(tmp_path: Path, how: str) -> None:
     """Most mpi4py scripts call MPI at module level: with the default settings (isolated calls)

@@ -337,7 +337,10 @@ class IsolatedRunner:
         fresh child, uncharged. ``tick()`` is called about every millisecond and returns True
         when the worker must stop (STOP arrived): the child is then killed and
         :class:`StopRequested` raised. At ``deadline`` the child is killed and the dispatch
-        fails with kind ``timeout``.
+        fails with kind ``timeout``. An item of several with its own ``timeout`` (seconds, in
+        its entry) gets it from when it starts, as it would alone (U9): past it, the child is
+        killed, that item fails with kind ``timeout``, and the items after it run in a fresh
+        child (the dispatch's deadline, the sum of its items' times, stays the bound of all).
         """
         # Kill a little before the master's deadline (5% of the dispatch's time, 20 to 500
         # ms), so that this worker's report of kind timeout arrives first and its rank is never
@@ -345,10 +348,12 @@ class IsolatedRunner:
         left = 0.0 if deadline is None else deadline - time.monotonic()
         margin = min(0.5, max(0.02, 0.05 * left))
         out: list[ItemOutcome | None] = [None] * len(items)
+        own = len(items) > 1 and any(item.get("timeout") is not None for item in items)
         while todo := [i for i, o in enumerate(out) if o is None]:
             self._job += 1
             child, deadline = self._send([items[i] for i in todo], deadline, lease, beat)
             answered = 0
+            running, since = -1, time.monotonic()  # the item the child runs, from when
             while answered < len(todo):
                 if child.recv.poll(0.001):
                     try:
@@ -377,6 +382,21 @@ class IsolatedRunner:
                             report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
                         answered += 1
                     continue
+                if own:
+                    job, index = child.running()
+                    if job == self._job and index != running:
+                        running, since = index, time.monotonic()
+                    limit = items[todo[running]].get("timeout") if running >= 0 else None
+                    if limit is not None and time.monotonic() >= since + limit:
+                        late = todo[running]
+                        self._kill()
+                        why = f"{items[late]['work_id']}: its own timeout ({limit:g} s) passed"
+                        out[late] = ItemOutcome(
+                            None, "timeout", why + "; its processes were killed"
+                        )
+                        if report is not None:
+                            report(late, out[late])  # type: ignore[arg-type]
+                        break  # the rest (not answered yet) go to a new child
                 if deadline is not None and time.monotonic() >= deadline - margin:
                     job, index = child.running()
                     self._kill()
