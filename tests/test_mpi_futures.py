@@ -289,7 +289,9 @@ def test_mpi4pys_documented_api_beyond_the_executor(tmp_path: Path) -> None:
     RuntimeError on rank 0 and in an isolated child, naming the fix); mpi4py's constructor
     keywords accepted, and ``path``, ``wdir``, ``env``, ``globals`` applied where the calls run,
     in the rank and in an isolated child; re-entering an ``MPICommExecutor`` raises RuntimeError
-    and the instance can be entered again once left; ``MPI4PY_FUTURES_MAX_WORKERS``."""
+    and the instance can be entered again once left; ``MPI4PY_FUTURES_MAX_WORKERS``;
+    ``bootup(wait=True)`` returns once every worker's isolated child has started (it returned
+    before any had: mpi4py's own test of cancel_futures then found its first call cancelled)."""
     script = str(CHILDREN / "futures_mpi4py_api.py")
     res = run_mpiexec(_runner(3, script, str(tmp_path), state=tmp_path / "s"), timeout=180)
     assert not res.timed_out and res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -303,6 +305,7 @@ def test_mpi4pys_documented_api_beyond_the_executor(tmp_path: Path) -> None:
         "inside 3",
         "again 4",
         "max workers 1",
+        "booted 2",
     ], res.stdout
 
 

@@ -26,6 +26,10 @@ def where(name):
     )
 
 
+def mark(where):
+    open(os.path.join(where, str(os.getpid())), "w").close()
+
+
 def refused():
     try:
         get_comm_workers()
@@ -73,3 +77,11 @@ if __name__ == "__main__":
     os.environ["MPI4PY_FUTURES_MAX_WORKERS"] = "1"
     with MPIPoolExecutor() as ex:
         print("max workers", ex.num_workers, flush=True)
+    # bootup(wait=True) returns once the workers are up: their isolated children started,
+    # and ran the initializer (which each runs when it starts)
+    del os.environ["MPI4PY_FUTURES_MAX_WORKERS"]
+    marks = os.path.join(tmp, "marks")
+    os.mkdir(marks)
+    ex = MPIPoolExecutor(initializer=mark, initargs=(marks,)).bootup(wait=True)
+    print("booted", len(os.listdir(marks)), flush=True)
+    ex.shutdown()

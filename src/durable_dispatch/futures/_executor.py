@@ -199,6 +199,7 @@ class DurableExecutor(Executor):
         self._error: BaseException | None = None
         self._report: MasterReport | None = None
         self._bound = threading.Event()
+        self._ready = threading.Event()  # every worker is up (or gone), or the campaign ended
         self._withdrawn = threading.Event()  # a cancel_futures shutdown was handled
         self._dropped: collections.deque[str] = collections.deque()  # cancelled: work IDs
         self._feed = _CallFeed(self)
@@ -275,6 +276,7 @@ class DurableExecutor(Executor):
             self._broken = why
         finally:
             self._bound.set()
+            self._ready.set()
             with self._lock:
                 self._shut = True
             self._feed.abandon(why)
@@ -338,7 +340,9 @@ class DurableExecutor(Executor):
         return self._workers
 
     def bootup(self, wait: bool = True) -> DurableExecutor:
-        """Start the workers (they start with the executor); returns the executor.
+        """Start the workers (they start with the executor); returns the executor. With
+        ``wait``, return once every worker is up (its isolated child started, as mpi4py's
+        waits for its workers), gone, or the executor ended.
 
         Raises:
             RuntimeError: after :meth:`shutdown`.
@@ -347,6 +351,7 @@ class DurableExecutor(Executor):
             raise RuntimeError("cannot bootup after shutdown")
         if wait:
             self._bound.wait()
+            self._ready.wait()
         return self
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:

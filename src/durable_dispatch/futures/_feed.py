@@ -42,6 +42,7 @@ class _CallFeed(Feed):
         self.unrun: set[str] = set()  # work IDs that never run in this run (cancelled)
         self.early: set[str] = set()  # work IDs cancelled before refill took their future
         self.gone: list[str] = []  # the errors of the workers that said they ended (GONE)
+        self.heard: set[int] = set()  # the ranks that said READY (up) or GONE, once each
 
     @property
     def exhausted(self) -> bool:  # type: ignore[override]
@@ -78,18 +79,31 @@ class _CallFeed(Feed):
             state.on_defer = self.deferred
             state.on_cancel = self.cancelled
             state.on_dispatch = self.dispatched
-            gone = state.on_gone
+            gone, note_host = state.on_gone, state.note_host
 
             def on_gone(rank: int, error: str, now: float) -> Any:
                 self.gone.append(error)  # why a worker ended (the executor's error names it)
+                self._up(rank)
                 return gone(rank, error, now)
 
+            def on_host(rank: int, host: str) -> None:  # a worker's first READY: it is up
+                self._up(rank)
+                note_host(rank, host)
+
             state.on_gone = on_gone  # type: ignore[method-assign]
+            state.note_host = on_host  # type: ignore[method-assign]
         except BaseException as e:
             ex._error = e  # before the constructor wakes: it raises this
             raise
         finally:
             ex._bound.set()
+
+    def _up(self, rank: int) -> None:
+        """Worker ``rank`` is up (its first READY: an isolated child started) or gone; once
+        every worker of the executor is, ``bootup(wait=True)`` returns."""
+        self.heard.add(rank)
+        if len(self.heard) >= self.ex._workers:
+            self.ex._ready.set()
 
     def refill(self) -> None:
         """Take the submitted calls; move calls into the frontier while it is short."""
