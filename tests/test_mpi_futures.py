@@ -337,3 +337,21 @@ def test_a_script_that_calls_mpi_when_imported_runs_isolated(tmp_path: Path, how
         assert res.stdout.startswith("broken:"), res.stdout + res.stderr[-3000:]
         for part in ("IsolationError", "this script cannot be imported here", "isolate=False"):
             assert part in res.stdout, res.stdout
+
+
+def test_a_comm_executor_on_comm_self_runs_the_calls_in_a_thread(tmp_path: Path) -> None:
+    """``MPICommExecutor(MPI.COMM_SELF)`` in a plain script (a communicator of one rank): as in
+    mpi4py the calls run in a thread of that rank (it was a UsageError, "no worker ranks"), and
+    each is durable all the same: values, a raised exception re-raised, ``get_comm_workers()``
+    of size 1, a second executor on the same directory resolving them from the record at
+    submit, an initializer that raises making the executor broken with its reason."""
+    cmd = mpiexec_command(1, [sys.executable, str(CHILDREN / "futures_self.py"), str(tmp_path)])
+    res = run_mpiexec(cmd, timeout=120)
+    assert not res.timed_out and res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.splitlines() == [
+        "squares 2470",
+        "workers 1 1",
+        "raised 3",
+        "from the record True",
+        "broken True",
+    ], res.stdout + res.stderr[-3000:]

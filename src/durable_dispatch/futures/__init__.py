@@ -97,6 +97,10 @@ class DurableCommExecutor:
     rank 0 an executor served by them, ``comm`` and ``root`` are not used, and leaving the
     block shuts down that executor only.
 
+    On a communicator of one rank (``MPI.COMM_SELF``) the calls run in a thread of that rank,
+    as in mpi4py's: durable all the same, but not isolated (a crash ends the rank, a hang holds
+    the executor, ``task_timeout`` cannot stop a call).
+
     Entering the same instance again while it is entered raises ``RuntimeError``, as mpi4py's.
 
     Args:

@@ -50,6 +50,7 @@ from ..storage import fs
 from . import _serve
 from ._calls import call_digest, call_id, function_name, take_dependencies
 from ._feed import _CallFeed, _cancel
+from ._local import InThread
 from ._outcomes import failure, gather, resolve
 from ._seal import Sealer
 
@@ -177,8 +178,11 @@ class DurableExecutor(Executor):
 
         comm = _comm if _comm is not None else MPI.COMM_WORLD
         available = comm.Get_size() - 1
-        if available < 1:
+        # a communicator of one (MPICommExecutor(MPI.COMM_SELF)): the calls run in a thread
+        local = _comm is not None and available == 0
+        if available < 1 and not local:
             raise UsageError("no worker ranks: start the job with at least 2 processes")
+        available = max(available, 1)
         self._workers: int = min(available, max_workers or available)
         self._comm = comm
         init = None
@@ -204,7 +208,7 @@ class DurableExecutor(Executor):
         self._dropped: collections.deque[str] = collections.deque()  # cancelled: work IDs
         self._feed = _CallFeed(self)
         fs.makedirs(self._dir)
-        self._link = self._open_link()
+        self._link = InThread() if local else self._open_link()
         _job["open"].add(self)
         self._thread = threading.Thread(
             target=self._manage,
@@ -233,9 +237,12 @@ class DurableExecutor(Executor):
                 "globals": dict(globals) if globals else None,
             }
         )
-        sub = self._link.comm
-        for r in range(1, self._workers + 1):
-            sub.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
+        if local:
+            self._link.start(session)
+        else:
+            sub = self._link.comm
+            for r in range(1, self._workers + 1):
+                sub.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
         _executors.append(self)
 
     def _open_link(self) -> Any:
