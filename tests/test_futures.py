@@ -296,3 +296,70 @@ def test_collect_and_compose_settle_as_mpi4pys() -> None:
     i: Future[int] = Future()
     out = futures.compose(i)
     assert out.cancel() and i.cancelled()
+
+
+def test_collect_survives_an_input_cancelled_while_another_is_pending() -> None:
+    """Cancelling one input of ``collect`` cancels the collected future, whose callback cancels
+    the other inputs, whose callbacks run in the same thread: no deadlock on the collector's own
+    lock (it hung forever). Run in a thread so a hang fails the test instead of the run."""
+    import threading
+    from concurrent.futures import Future
+
+    fs: list[Future[int]] = [Future(), Future()]
+    out = futures.collect(fs)
+    t = threading.Thread(target=fs[1].cancel, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "collect deadlocked in its cancel callbacks"
+    assert out.cancelled() and fs[0].cancelled() and fs[1].cancelled()
+
+
+def test_collect_and_compose_cancel_the_rest_and_keep_the_inputs_class() -> None:
+    """As mpi4py's: when one input fails, the inputs still pending are cancelled (the done ones
+    are not); the new future is of the inputs' class (a subclass stays itself); compose's too."""
+    from concurrent.futures import Future
+
+    class Mine(Future):  # type: ignore[type-arg]
+        pass
+
+    fs: list[Future[int]] = [Mine() for _ in range(4)]
+    out = futures.collect(fs)
+    assert type(out) is Mine
+    fs[1].set_result(1)
+    fs[3].set_exception(KeyError("k"))
+    assert isinstance(out.exception(), KeyError)
+    assert fs[0].cancelled() and fs[2].cancelled() and not fs[1].cancelled()
+    base = Mine()
+    composed = futures.compose(base, lambda v: v + 1)
+    assert type(composed) is Mine
+    base.set_result(1)
+    assert composed.result() == 2
+
+
+def test_thenable_futures_chain_as_mpi4pys_aplus() -> None:
+    """``aplus.ThenableFuture``: then/catch with values, exceptions, a returned future that is
+    followed, cancellation forward, and a chain that would follow itself refused."""
+    from durable_dispatch.futures.aplus import ThenableFuture
+
+    base = ThenableFuture()
+    doubled = base.then(lambda v: v * 2)
+    followed = base.then(lambda v: inner)
+    inner = ThenableFuture()
+    caught = base.then(lambda v: 1 / 0).catch(lambda e: type(e).__name__)
+    base.set_result(21)
+    assert doubled.result() == 42 and caught.result() == "ZeroDivisionError"
+    assert type(doubled) is ThenableFuture and not followed.done()
+    inner.set_result("inner")
+    assert followed.result() == "inner"
+    failing = ThenableFuture()
+    as_error = failing.then(None, lambda e: ValueError(str(e)))
+    swallowed = failing.catch()
+    failing.set_exception(OSError("disk"))
+    assert isinstance(as_error.exception(), ValueError) and swallowed.result() is None
+    cancelled = ThenableFuture()
+    after = cancelled.then()
+    assert cancelled.cancel() and after.cancelled()
+    me = ThenableFuture()
+    out = me.then(lambda v: out)
+    me.set_result(0)
+    assert isinstance(out.exception(), RuntimeError) and "cycle" in str(out.exception())

@@ -261,3 +261,97 @@ def test_an_operator_cancels_a_running_call_and_its_futures_fail_now_and_in_a_re
     again = run_mpiexec(_runner(2, script, str(mark), state=state), timeout=180)
     assert not again.timed_out and again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.splitlines() == expected
+
+
+def test_leaving_a_comm_executor_block_under_the_runner_keeps_the_workers(
+    tmp_path: Path,
+) -> None:
+    """Under the runner the job's ranks serve rank 0's executors: an ``MPICommExecutor`` block
+    there is one of those executors, and leaving it must not send the runner's workers away
+    (it did: the next executor waited forever for workers that had exited)."""
+    code = (
+        "from mpi4py import MPI\n"
+        "from durable_dispatch.futures import MPICommExecutor, MPIPoolExecutor\n"
+        "for k in range(2):\n"
+        "    with MPICommExecutor(MPI.COMM_WORLD, 0) as ex:\n"
+        "        print('comm', k, sum(ex.map(abs, range(-4, 0))))\n"
+        "with MPIPoolExecutor() as ex:\n"
+        "    print('pool', ex.submit(abs, -7).result())\n"
+    )
+    res = run_mpiexec(_runner(2, "-c", code, state=tmp_path), timeout=120)
+    assert not res.timed_out, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split("\n")[:3] == ["comm 0 10", "comm 1 10", "pool 7"], res.stdout
+
+
+def test_mpi4pys_documented_api_beyond_the_executor(tmp_path: Path) -> None:
+    """``get_comm_workers()`` inside a call in a worker rank (the two workers' communicator; a
+    RuntimeError on rank 0 and in an isolated child, naming the fix); mpi4py's constructor
+    keywords accepted, and ``path``, ``wdir``, ``env``, ``globals`` applied where the calls run,
+    in the rank and in an isolated child; re-entering an ``MPICommExecutor`` raises RuntimeError
+    and the instance can be entered again once left; ``MPI4PY_FUTURES_MAX_WORKERS``;
+    ``bootup(wait=True)`` returns once every worker's isolated child has started (it returned
+    before any had: mpi4py's own test of cancel_futures then found its first call cancelled)."""
+    script = str(CHILDREN / "futures_mpi4py_api.py")
+    res = run_mpiexec(_runner(3, script, str(tmp_path), state=tmp_path / "s"), timeout=180)
+    assert not res.timed_out and res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.splitlines() == [
+        "comm (2, True)",
+        "rank 0 refused",
+        "isolated True",
+        "kw False True yes True 42",
+        "kw True True yes True 42",
+        "re-entry refused",
+        "inside 3",
+        "again 4",
+        "max workers 1",
+        "booted 2",
+    ], res.stdout
+
+
+def test_a_hang_batched_with_other_calls_fails_at_its_own_task_timeout(tmp_path: Path) -> None:
+    """U9 in a dispatch of several calls: a hang sent with fast calls (after batch="auto" ramped
+    up), each with task_timeout=3, fails with TaskTimedOut at its own timeout (the isolating
+    worker kills it alone, and says so), not at the dispatch's, the sum of its calls' (here
+    minutes: it was killed after about 21 s with six batch-mates); its batch-mates resolve."""
+    script = str(CHILDREN / "futures_batched_timeout.py")
+    res = run_mpiexec(_runner(2, script, "3", state=tmp_path), timeout=150)
+    assert not res.timed_out, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 0 and res.stdout.endswith("done\n"), res.stderr[-3000:]
+    assert "its own timeout (3 s) passed" in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("how", ["ok", "broken"])
+def test_a_script_that_calls_mpi_when_imported_runs_isolated(tmp_path: Path, how: str) -> None:
+    """Most mpi4py scripts call MPI at module level: with the default settings (isolated calls)
+    the isolated child imports the script and initializes MPI as a world of its own (size 1),
+    where it aborted and every call failed with "no workers left". A child that cannot import
+    the script fails the first call with BrokenExecutor naming the child's reason and the fix
+    (the IsolationError's text), not only "no workers left"."""
+    script = str(CHILDREN / "futures_mpi_at_import.py")
+    res = run_mpiexec(_runner(2, script, how, state=tmp_path), timeout=120)
+    assert not res.timed_out and res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    if how == "ok":
+        assert res.stdout == "worlds [1]\n", res.stdout + res.stderr[-3000:]
+    else:
+        assert res.stdout.startswith("broken:"), res.stdout + res.stderr[-3000:]
+        for part in ("IsolationError", "this script cannot be imported here", "isolate=False"):
+            assert part in res.stdout, res.stdout
+
+
+def test_a_comm_executor_on_comm_self_runs_the_calls_in_a_thread(tmp_path: Path) -> None:
+    """``MPICommExecutor(MPI.COMM_SELF)`` in a plain script (a communicator of one rank): as in
+    mpi4py the calls run in a thread of that rank (it was a UsageError, "no worker ranks"), and
+    each is durable all the same: values, a raised exception re-raised, ``get_comm_workers()``
+    of size 1, a second executor on the same directory resolving them from the record at
+    submit, an initializer that raises making the executor broken with its reason."""
+    cmd = mpiexec_command(1, [sys.executable, str(CHILDREN / "futures_self.py"), str(tmp_path)])
+    res = run_mpiexec(cmd, timeout=120)
+    assert not res.timed_out and res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.splitlines() == [
+        "squares 2470",
+        "workers 1 1",
+        "raised 3",
+        "from the record True",
+        "broken True",
+    ], res.stdout + res.stderr[-3000:]

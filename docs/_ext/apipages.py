@@ -33,6 +33,7 @@ MODULES = [
     "durable_dispatch",
     "durable_dispatch.mpi",
     "durable_dispatch.futures",
+    "durable_dispatch.futures.aplus",
     "durable_dispatch.testing",
     "durable_dispatch.errors",
 ]
@@ -40,6 +41,7 @@ TITLES = {
     "durable_dispatch": "the campaign, its items and its storage",
     "durable_dispatch.mpi": "the master and worker loops",
     "durable_dispatch.futures": "the durable executor",
+    "durable_dispatch.futures.aplus": "chaining futures (mpi4py's aplus)",
     "durable_dispatch.testing": "testing a campaign and injecting faults",
     "durable_dispatch.errors": "the exceptions",
 }

@@ -43,6 +43,7 @@ from typing import Any
 
 from ..errors import DependencyFailed, TaskCrashed, TaskFailed, TaskTimedOut, UsageError
 from ._executor import STATE_DIR_ENV, DurableExecutor
+from ._serve import get_comm_workers
 from ._util import collect, compose
 
 __all__ = [
@@ -68,7 +69,22 @@ __all__ = [
     "InvalidStateError",
     "collect",
     "compose",
+    "get_comm_workers",
 ]
+# ``ThreadPoolExecutor`` and ``ProcessPoolExecutor`` are attributes (below), not in ``__all__``:
+# a ``*`` import, or the reference's build, must not start MPI.
+
+
+def __getattr__(name: str) -> Any:
+    """``ThreadPoolExecutor`` and ``ProcessPoolExecutor`` are mpi4py.futures' own (not durable:
+    a pool of threads, or of processes it spawns, with no state directory), imported when first
+    asked for, since importing ``mpi4py.futures`` starts MPI, which importing this package must
+    not."""
+    if name in ("ThreadPoolExecutor", "ProcessPoolExecutor"):
+        import mpi4py.futures
+
+        return getattr(mpi4py.futures, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class DurableCommExecutor:
@@ -76,26 +92,55 @@ class DurableCommExecutor:
     :class:`DurableExecutor` served by the other ranks; on the others it serves until the root
     leaves its ``with`` block, then gives None (like mpi4py's ``MPICommExecutor``).
 
+    Under the runner (``python -m durable_dispatch.futures``) only rank 0 runs the script and
+    the other ranks already serve its executors (mpi4py's shared pool): there the block gives
+    rank 0 an executor served by them, ``comm`` and ``root`` are not used, and leaving the
+    block shuts down that executor only.
+
+    On a communicator of one rank (``MPI.COMM_SELF``) the calls run in a thread of that rank,
+    as in mpi4py's: durable all the same, but not isolated (a crash ends the rank, a hang holds
+    the executor, ``task_timeout`` cannot stop a call).
+
+    Entering the same instance again while it is entered raises ``RuntimeError``, as mpi4py's.
+
     Args:
         comm: the communicator (``MPI.COMM_WORLD`` by default).
         root: the rank that submits; it must be 0 (the master of this library is rank 0).
         **kwargs: the :class:`DurableExecutor`'s keyword arguments (``state_dir=`` ...).
 
     Raises:
-        UsageError: ``root`` is not 0.
+        UsageError: ``root`` is not 0 (a ``ValueError``, as mpi4py's for a root out of range).
     """
 
     def __init__(self, comm: Any = None, root: int = 0, **kwargs: Any) -> None:
         if root != 0:
             raise UsageError(f"root must be 0 (the master is rank 0), got {root!r}")
         self._comm, self._kw = comm, kwargs
+        self._entered = False
         self._ex: DurableExecutor | None = None
+        self._runner = False
 
     def __enter__(self) -> DurableExecutor | None:
+        if self._entered:
+            raise RuntimeError("this MPICommExecutor is entered already (its 'with' block)")
+        self._entered = True
+        try:
+            return self._enter()
+        except BaseException:
+            self._entered = False
+            raise
+
+    def _enter(self) -> DurableExecutor | None:
         from mpi4py import MPI
 
-        from . import _serve
+        from . import _executor, _serve
 
+        if _executor._job["runner"]:
+            # under the runner the job's ranks already serve rank 0's executors (mpi4py's
+            # shared pool): the block is an executor of those, and leaving it ends only it
+            self._ex = DurableExecutor(**self._kw)
+            self._runner = True
+            return self._ex
         comm = self._comm if self._comm is not None else MPI.COMM_WORLD
         self._comm = comm
         if comm.Get_rank() != 0:
@@ -114,12 +159,14 @@ class DurableCommExecutor:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._ex is None:
+        ex, self._ex, self._entered = self._ex, None, False
+        if ex is None:
             return
         try:
-            self._ex.shutdown(wait=True)
+            ex.shutdown(wait=True)
         finally:
-            self._exit_workers()
+            if not self._runner:
+                self._exit_workers()
 
     def _exit_workers(self) -> None:
         from ._serve import exit_workers

@@ -9,6 +9,9 @@ result, once committed durably, resolves its future. So a re-run of the same scr
 state directory resolves every committed call from the record at ``submit``, without running it,
 and runs only the rest.
 
+This module is the submit side (:class:`DurableExecutor`); its manager side, the feed through
+which the calls enter the campaign, is :mod:`._feed`.
+
 Threads. ``submit`` (any thread) seals the call and queues it; only the manager thread touches
 the campaign state: it resolves futures (their callbacks run there, as in the standard library),
 marks a future running when its call is sent to a worker (``CampaignState.on_dispatch``: a
@@ -34,31 +37,27 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import (
     BrokenExecutor,
-    CancelledError,
     Executor,
     Future,
 )
 from typing import Any
 
-from ..campaign.results import read_results
-from ..campaign.state import CampaignState
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
-from ..core.decisions import Defer, Send
-from ..errors import DependencyFailed, RecordTooLargeError, UsageError
+from ..errors import DependencyFailed, UsageError
 from ..mpi.context import MAX_RESULT_BYTES
-from ..mpi.master import Feed, MasterReport, run_master
+from ..mpi.master import MasterReport, run_master
 from ..storage import fs
 from . import _serve
 from ._calls import call_digest, call_id, function_name, take_dependencies
+from ._feed import _CallFeed, _cancel
+from ._local import InThread
 from ._outcomes import failure, gather, resolve
-from ._seal import Sealer, load_or_create_key
+from ._seal import Sealer
 
 __all__ = ["DurableExecutor", "STATE_DIR_ENV"]
 
 log = logging.getLogger("durable_dispatch.futures")
 
-#: The last error of a call an operator cancelled (``durable-dispatch cancel``).
-CANCELLED_ERROR = "cancelled by an operator (durable-dispatch cancel)"
 #: The environment variable that names the state directory of executors made without one.
 STATE_DIR_ENV = "DURABLE_DISPATCH_STATE_DIR"
 
@@ -74,294 +73,6 @@ class _Subset:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._link, name)
-
-
-class _CallFeed(Feed):
-    """The executor's calls, fed to the campaign as they are submitted (manager thread)."""
-
-    #: dispatches per worker whose calls are in the frontier ahead of the workers (pending
-    #: until a dispatch sends them); the other calls wait here
-    AHEAD = 2
-
-    def __init__(self, ex: DurableExecutor) -> None:
-        self.ex = ex
-        # work ID -> its futures not settled: pending until its call is sent, then running
-        self.waiting: dict[str, list[Future[Any]]] = {}
-        self.sent: set[str] = set()  # work IDs sent to a worker in this run, not settled
-        self.local: collections.deque[WorkItem] = collections.deque()
-        self.queued: set[str] = set()  # the work IDs in ``local``
-        self.withdrew = False  # shutdown(cancel_futures=True) was handled
-        self.unrun: set[str] = set()  # work IDs that never run in this run (cancelled)
-        self.early: set[str] = set()  # work IDs cancelled before refill took their future
-
-    @property
-    def exhausted(self) -> bool:  # type: ignore[override]
-        """Shut down, and every submitted call is in the frontier (or settled)."""
-        ex = self.ex
-        return ex._shut and not ex._queue and not self.local
-
-    def attach(self, state: CampaignState) -> None:
-        """Read the record: committed results, deferred items, pending calls (checked)."""
-        super().attach(state)
-        ex = self.ex
-        try:
-            ex._sealer = Sealer(load_or_create_key(state.directory), state.directory)
-            for r in read_results(state.directory):  # checked now: a forged one fails closed
-                ex._sealer.check_result(r.work_id, r.result)
-                ex._record[r.work_id] = r.result
-                if isinstance(r.result, dict) and isinstance(r.result.get("d"), str):
-                    ex._digests[r.work_id] = r.result["d"]
-            for d in state.defer.items():
-                ex._failed[d.work_id] = (d.kinds, d.last_error, d.attempts)
-                after = d.item.get("after") if isinstance(d.item, dict) else None
-                if after:
-                    ex._after[d.work_id] = tuple(after)
-                payload = d.item.get("payload") if isinstance(d.item, dict) else None
-                if isinstance(payload, dict) and isinstance(payload.get("d"), str):
-                    ex._digests[d.work_id] = payload["d"]
-            ledger = state.core.ledger
-            for wid in ledger.cancelled:  # an operator's cancel (O1): final, like a deferral
-                ex._failed[wid] = (("cancelled",), CANCELLED_ERROR, ledger.attempts.get(wid, 0))
-            for wid in (*ledger.frontier, *ledger.waiting):  # calls an earlier run left: checked
-                payload = ledger.items[wid].payload
-                ex._sealer.check_call(wid, payload)
-                ex._digests[wid] = payload["d"]
-            state.on_defer = self.deferred
-            state.on_cancel = self.cancelled
-            state.on_dispatch = self.dispatched
-        except BaseException as e:
-            ex._error = e  # before the constructor wakes: it raises this
-            raise
-        finally:
-            ex._bound.set()
-
-    def refill(self) -> None:
-        """Take the submitted calls; move calls into the frontier while it is short."""
-        ex, waiting = self.ex, self.waiting
-        ledger = self.state.core.ledger
-        while ex._queue:
-            try:
-                fut, item = ex._queue.popleft()
-            except IndexError:  # shutdown(cancel_futures=True) took it
-                break
-            wid = item.work_id
-            if self.early and wid in self.early and not _live(fut):
-                continue  # cancelled before this turn took it (see _drop_cancelled)
-            futs = waiting.get(wid)
-            if futs is not None:  # (a call submitted again: one task, several futures)
-                if wid not in self.sent or fut.set_running_or_notify_cancel():
-                    futs.append(fut)
-                    self.unrun.discard(wid)  # (cancelled while here: it runs after all)
-            elif not self._settled(wid, fut):
-                if wid in self.sent:  # an earlier run's call, sent before it was submitted
-                    if fut.set_running_or_notify_cancel():
-                        waiting[wid] = [fut]
-                    continue
-                waiting[wid] = [fut]
-                if wid in self.unrun:  # it never ran in this run (cancelled), submitted again
-                    dep = next((a for a in item.after if a in self.unrun), None)
-                    if dep is not None:  # and what it waits for still never runs
-                        self._fail_dependent(wid, dep)
-                        continue
-                    self.unrun.discard(wid)
-                    ledger.put_back(wid)
-                if not ledger.known(wid):  # (else an earlier run's call, pending)
-                    self.local.append(item)
-                    self.queued.add(item.work_id)
-        if ex._dropped:
-            self._drop_cancelled()
-        if ex._cancel:
-            self._cancel_local()
-            if not self.withdrew:
-                self._withdraw()
-        frontier = ledger.frontier
-        batch: list[WorkItem] = []
-        # as many calls as the next dispatches take: a dispatch's size (batch="auto") for
-        # each worker, twice, so none waits for work (they stay cancellable until sent)
-        low = self.AHEAD * self.ex._workers * self.state.core.auto_batch()
-        unrun = self.unrun
-        while self.local and len(frontier) + len(batch) < low:
-            item = self.local.popleft()
-            wid = item.work_id
-            self.queued.discard(wid)
-            if unrun and (wid in unrun or (item.after and not unrun.isdisjoint(item.after))):
-                if wid in unrun:  # every future of it was cancelled (_drop_cancelled)
-                    del waiting[wid]
-                else:  # it waits for a call that never runs in this run
-                    self._fail_dependent(wid, next(a for a in item.after if a in unrun))
-                continue
-            batch.append(item)
-        if batch:
-            self._submit(batch)
-
-    def dispatched(self, send: Send) -> None:
-        """``on_dispatch``: the calls of ``send`` are sent to a worker now (the whole dispatch):
-        their futures are running. (A future cancelled in the same loop turn, before the turn's
-        :meth:`_drop_cancelled`, is dropped here: its call runs all the same, as it is in the
-        dispatch, and its result is recorded.)"""
-        waiting, sent = self.waiting, self.sent
-        for item in send.items:
-            wid = item.work_id
-            if wid in sent:  # sent again (retried): running already
-                continue
-            sent.add(wid)
-            for f in waiting.get(wid, ()):
-                if not f.set_running_or_notify_cancel():  # cancelled: its call runs anyway
-                    waiting[wid] = [g for g in waiting[wid] if _start(g)]
-                    break
-
-    def _drop_cancelled(self) -> None:
-        """Each call whose every future was cancelled (``Future.cancel``, any thread) and that
-        no dispatch sent never runs in this run: one still here is left out of the frontier,
-        one in the frontier (or waiting for a dependency) is withdrawn from this run (it stays
-        pending in the state directory, as :meth:`_withdraw`'s calls do), and the calls that
-        wait for it fail with DependencyFailed."""
-        dropped, waiting, ledger = self.ex._dropped, self.waiting, self.state.core.ledger
-        while dropped:
-            wid = dropped.popleft()
-            futs = waiting.get(wid)
-            if wid in self.sent or wid in self.unrun:
-                continue  # running, or dropped already
-            if futs is None:  # settled, or still in the executor's queue: refill checks it
-                self.early.add(wid)
-                continue
-            live = [f for f in futs if _live(f)]
-            if live:
-                waiting[wid] = live
-                continue
-            self.unrun.add(wid)
-            if wid in self.queued:
-                continue  # not in the frontier yet: refill leaves it out
-            del waiting[wid]
-            deps = ledger.waiting_dependents(wid)
-            ledger.withdraw_item(wid)
-            for d in deps:
-                ledger.withdraw_item(d)
-                self._fail_dependent(d, wid)
-
-    def _fail_dependent(self, wid: str, dep: str) -> None:
-        """The call ``wid`` waits for ``dep``, which never runs in this run (cancelled): it never
-        runs either (nothing is recorded); its futures fail with DependencyFailed."""
-        self.unrun.add(wid)
-        e = DependencyFailed(
-            f"the task never ran: its dependency {dep} was cancelled",
-            work_id=wid,
-            attempts=0,
-            dependency=dep,
-        )
-        e.__cause__ = CancelledError()
-        for f in self.waiting.pop(wid, ()):
-            if _start(f):
-                f.set_exception(e)
-
-    def _withdraw(self) -> None:
-        """``shutdown(cancel_futures=True)``: cancel the future of every call not sent to a
-        worker, and withdraw those calls from this run (the frontier's and those waiting for a
-        dependency): the campaign ends once the calls sent have ended, and the withdrawn ones
-        stay pending in the state directory (a re-run that submits them runs them). The calls
-        sent and retried since stay in the frontier: their futures are running."""
-        self.withdrew = True
-        sent = self.sent
-        self.state.core.ledger.withdraw(keep=sent)
-        for wid in [w for w in self.waiting if w not in sent]:
-            for f in self.waiting.pop(wid):
-                _cancel(f)
-        self.ex._withdrawn.set()
-
-    def _submit(self, batch: list[WorkItem]) -> None:
-        # A call pending from an earlier run is known by its work ID (the call's canonical
-        # digest); its payload, a new pickle of the same call, may differ byte for byte (a set's
-        # order), which the state would refuse as a changed payload (U11): it is not submitted.
-        known = self.state.core.ledger.ids.index
-        batch = [item for item in batch if item.work_id not in known]
-        if not batch:
-            return
-        try:
-            self.state.submit(batch)
-        except RecordTooLargeError:
-            for item in batch:  # known IDs are skipped: the ones before it went in
-                try:
-                    self.state.submit([item])
-                except RecordTooLargeError as e:
-                    for f in self.waiting.pop(item.work_id, ()):
-                        if _start(f):
-                            f.set_exception(e)
-
-    def _settled(self, wid: str, fut: Future[Any], *, locked: bool = False) -> bool:
-        """Resolve ``fut`` from the record if ``wid`` is committed or deferred (any thread)."""
-        ex = self.ex
-        if locked:
-            rec, failed = ex._record.get(wid), ex._failed.get(wid)
-        else:
-            with ex._lock:
-                rec, failed = ex._record.get(wid), ex._failed.get(wid)
-        if rec is not None:
-            if _start(fut):
-                ex._resolve(fut, wid, rec)
-            return True
-        if failed is not None:
-            if _start(fut):
-                fut.set_exception(ex._failure(wid, failed))
-            return True
-        return False
-
-    def _cancel_local(self) -> None:
-        for item in self.local:
-            for f in self.waiting.pop(item.work_id, ()):
-                _cancel(f)
-        self.local.clear()
-        self.queued.clear()
-
-    def committed(self, wid: str, result: Any) -> None:
-        """``on_commit``: the result is durable; resolve its futures."""
-        ex = self.ex
-        with ex._lock:
-            ex._record[wid] = result
-        self.sent.discard(wid)
-        for f in self.waiting.pop(wid, ()):  # (each running: its call was sent)
-            ex._resolve(f, wid, result)
-
-    def deferred(self, d: Defer) -> None:
-        """``on_defer``: the item's retries are spent; fail its futures."""
-        wid = d.work.work_id
-        with self.ex._lock:
-            self.ex._failed[wid] = (d.kinds, d.last_error, d.attempts)
-        if d.work.after:
-            self.ex._after.setdefault(wid, d.work.after)
-        self.sent.discard(wid)
-        for f in self.waiting.pop(wid, ()):
-            if _start(f):  # (pending when it never ran: a dependency failed)
-                f.set_exception(self.ex._failure(wid, (d.kinds, d.last_error, d.attempts)))
-
-    def cancelled(self, wid: str) -> None:
-        """``on_cancel``: an operator cancelled the call (``durable-dispatch cancel``, O1); its
-        futures fail with :class:`TaskFailed` (kind ``"cancelled"``), now and in a re-run."""
-        failed = (("cancelled",), CANCELLED_ERROR, self.state.core.ledger.attempts.get(wid, 0))
-        with self.ex._lock:
-            self.ex._failed[wid] = failed
-        self.sent.discard(wid)
-        for f in self.waiting.pop(wid, ()):
-            if _start(f):
-                f.set_exception(self.ex._failure(wid, failed))
-
-    def abandon(self, why: str) -> None:
-        """The campaign ended before these calls: each future fails with BrokenExecutor."""
-        ex = self.ex
-        while ex._queue:
-            try:
-                fut, _ = ex._queue.popleft()
-            except IndexError:
-                break
-            if _start(fut):
-                fut.set_exception(BrokenExecutor(why))
-        for futs in self.waiting.values():
-            for f in futs:
-                if _start(f):
-                    f.set_exception(BrokenExecutor(why))
-        self.waiting.clear()
-        self.sent.clear()
-        self.local.clear()
-        self.queued.clear()
 
 
 class DurableExecutor(Executor):
@@ -391,6 +102,18 @@ class DurableExecutor(Executor):
         sync: the state journal's sync policy.
         memory_limit: with ``isolate``, the child's address-space limit in bytes.
         watchdog: the watchdog's configuration (default from the environment).
+        path: directories appended to ``sys.path`` where the calls run (mpi4py's).
+        wdir: the working directory the calls run in (mpi4py's).
+        env: variables set in the environment of the calls (mpi4py's).
+        globals: names set in the script's module (``__mp_main__``) where the calls run, before
+            the first (mpi4py's ``globals``).
+        python_exe, python_args, mpi_info, main, use_pkl5, backoff: mpi4py's, accepted and
+            ignored: nothing is spawned (the job's ranks are the pool, started by ``mpiexec``
+            with the job's interpreter and MPI info, and the runner's workers import the script
+            once, at start); the executor's messages are byte buffers of a bounded size, never
+            pickled by MPI (so ``use_pkl5`` changes nothing); and a worker's idle polling is
+            the dispatch protocol's own (a 2 ms spin, then naps doubling up to 1 ms, the
+            length of mpi4py's default ``backoff``).
 
     Raises:
         UsageError: no state directory; not run under the runner (nor inside a
@@ -414,8 +137,20 @@ class DurableExecutor(Executor):
         sync: str = "batch",
         memory_limit: int | None = None,
         watchdog: WatchdogConfig | None = None,
+        python_exe: str | None = None,
+        python_args: Iterable[str] | None = None,
+        mpi_info: Any = None,
+        globals: dict[str, Any] | None = None,  # noqa: A002 - mpi4py's name
+        main: bool = True,
+        path: Iterable[str] | None = None,
+        wdir: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+        use_pkl5: bool | None = None,
+        backoff: float | None = None,
         _comm: Any = None,
     ) -> None:
+        if max_workers is None and os.environ.get("MPI4PY_FUTURES_MAX_WORKERS"):
+            max_workers = int(os.environ["MPI4PY_FUTURES_MAX_WORKERS"])
         if max_workers is not None and (type(max_workers) is not int or max_workers <= 0):
             raise UsageError(f"max_workers must be an integer > 0, got {max_workers!r}")
         if initializer is not None and not callable(initializer):
@@ -443,8 +178,11 @@ class DurableExecutor(Executor):
 
         comm = _comm if _comm is not None else MPI.COMM_WORLD
         available = comm.Get_size() - 1
-        if available < 1:
+        # a communicator of one (MPICommExecutor(MPI.COMM_SELF)): the calls run in a thread
+        local = _comm is not None and available == 0
+        if available < 1 and not local:
             raise UsageError("no worker ranks: start the job with at least 2 processes")
+        available = max(available, 1)
         self._workers: int = min(available, max_workers or available)
         self._comm = comm
         init = None
@@ -465,11 +203,12 @@ class DurableExecutor(Executor):
         self._error: BaseException | None = None
         self._report: MasterReport | None = None
         self._bound = threading.Event()
+        self._ready = threading.Event()  # every worker is up (or gone), or the campaign ended
         self._withdrawn = threading.Event()  # a cancel_futures shutdown was handled
         self._dropped: collections.deque[str] = collections.deque()  # cancelled: work IDs
         self._feed = _CallFeed(self)
         fs.makedirs(self._dir)
-        self._link = self._open_link()
+        self._link = InThread() if local else self._open_link()
         _job["open"].add(self)
         self._thread = threading.Thread(
             target=self._manage,
@@ -491,11 +230,19 @@ class DurableExecutor(Executor):
                 "isolate": bool(isolate),
                 "memory_limit": memory_limit,
                 "max_result": MAX_RESULT_BYTES,
+                "workers": self._workers,
+                "path": [os.fspath(p) for p in path or ()],
+                "wdir": os.fspath(wdir) if wdir is not None else None,
+                "env": {str(k): str(v) for k, v in (env or {}).items()},
+                "globals": dict(globals) if globals else None,
             }
         )
-        sub = self._link.comm
-        for r in range(1, self._workers + 1):
-            sub.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
+        if local:
+            self._link.start(session)
+        else:
+            sub = self._link.comm
+            for r in range(1, self._workers + 1):
+                sub.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
         _executors.append(self)
 
     def _open_link(self) -> Any:
@@ -523,6 +270,11 @@ class DurableExecutor(Executor):
             )
             if not self._report.finished and self._report.reason != "withdrawn":
                 why = f"the executor's campaign stopped: {self._report.reason}"
+                gone = self._feed.gone  # what the workers said: an isolated child that could
+                if gone:  # not start says why, and the fix
+                    why += f" (a worker ended: {gone[0]})"
+                    if "IsolationError" in gone[0]:
+                        why += "; or make the executor with isolate=False (no isolated child)"
                 self._broken = why
                 log.error("%s; %s resumes it", why, self._dir)
         except BaseException as e:  # noqa: BLE001 - raised to the caller (at start) or kept
@@ -531,6 +283,7 @@ class DurableExecutor(Executor):
             self._broken = why
         finally:
             self._bound.set()
+            self._ready.set()
             with self._lock:
                 self._shut = True
             self._feed.abandon(why)
@@ -594,7 +347,9 @@ class DurableExecutor(Executor):
         return self._workers
 
     def bootup(self, wait: bool = True) -> DurableExecutor:
-        """Start the workers (they start with the executor); returns the executor.
+        """Start the workers (they start with the executor); returns the executor. With
+        ``wait``, return once every worker is up (its isolated child started, as mpi4py's
+        waits for its workers), gone, or the executor ended.
 
         Raises:
             RuntimeError: after :meth:`shutdown`.
@@ -603,6 +358,7 @@ class DurableExecutor(Executor):
             raise RuntimeError("cannot bootup after shutdown")
         if wait:
             self._bound.wait()
+            self._ready.wait()
         return self
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
@@ -814,38 +570,10 @@ class _CallFuture(Future[Any]):
         (running) or settled; else the future is cancelled and True."""
         if not super().cancel():
             return False
-        self._dd_owner._dropped.append(self.work_id)  # type: ignore[attr-defined]
+        owner = getattr(self, "_dd_owner", None)  # (None: made bare, by collect or compose)
+        if owner is not None:
+            owner._dropped.append(self.work_id)  # type: ignore[attr-defined]
         return True
-
-
-def _start(fut: Future[Any]) -> bool:
-    """Mark ``fut`` running unless it is; True when it is running now (it may be settled),
-    False when it was cancelled (its waiters are told) or settled already."""
-    if fut.running():  # (asking again would log "Future ... in unexpected state: RUNNING")
-        return True
-    if fut.done() and not fut.cancelled():
-        return False  # settled already
-    try:
-        return fut.set_running_or_notify_cancel()
-    except RuntimeError:  # running already, or cancelled (and told) or settled before
-        return fut.running()
-
-
-def _live(fut: Future[Any]) -> bool:
-    """False when ``fut`` was cancelled (its waiters are told now): its call need not run."""
-    if not fut.cancelled():
-        return True
-    _cancel(fut)
-    return False
-
-
-def _cancel(fut: Future[Any]) -> None:
-    """Cancel a call that did not start, and tell its waiters (``wait``, ``as_completed``)."""
-    if Future.cancel(fut):  # (not _CallFuture's: the executor cancels it itself)
-        try:
-            fut.set_running_or_notify_cancel()
-        except RuntimeError:  # (they were told already)
-            pass
 
 
 def _failed(error: BaseException) -> Future[Any]:

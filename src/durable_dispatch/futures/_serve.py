@@ -24,10 +24,13 @@ standard library.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import sys
 import threading
 import time
 import traceback
+import types
 from typing import Any
 
 from ..errors import DependencyFailed, IsolationError
@@ -37,12 +40,22 @@ from ..mpi.context import WorkContext
 from ._calls import put_values
 from ._seal import Sealer
 
-__all__ = ["SESSION", "EXIT", "Task", "serve", "open_session", "threads_shared", "exit_workers"]
+__all__ = [
+    "SESSION",
+    "EXIT",
+    "Task",
+    "serve",
+    "open_session",
+    "threads_shared",
+    "exit_workers",
+    "get_comm_workers",
+]
 
 log = logging.getLogger("durable_dispatch.futures")
 
 SESSION, EXIT = 31, 32  # tags of the executor's own messages (the protocol's are 11-16)
 _TB_CHARS = 32 << 10  # a traceback is kept up to this many characters (its end)
+_here = threading.local()  # the workers' communicator of the call this thread runs
 
 
 def _load_task(config: bytes) -> Task:
@@ -66,12 +79,32 @@ class Task:
         c = pickle.loads(config)
         self.sealer = Sealer(c["key"], c["dir"])
         self._init: bytes | None = c["init"]
+        self.comm_workers: Any = None  # get_comm_workers() in a call run by a worker rank
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_load_task, (self._config,))
 
     def initialize(self) -> None:
-        """Run the executor's initializer (if it has one) in this process."""
+        """Set up this process for the executor's calls: its ``path``, ``wdir``, ``env`` and
+        ``globals`` (mpi4py's keywords), then its initializer (if it has one)."""
+        c = pickle.loads(self._config)
+        for p in c.get("path") or ():
+            if p not in sys.path:
+                sys.path.append(p)
+        if c.get("wdir"):
+            os.chdir(c["wdir"])
+        os.environ.update(c.get("env") or {})
+        if c.get("globals"):
+            main = sys.modules.get("__mp_main__") or sys.modules["__main__"]
+            # the module, and the namespace its functions see (runpy runs a script in a dict
+            # of its own, which multiprocessing's spawn copies into the module)
+            spaces = [vars(main)] + [
+                f.__globals__
+                for f in vars(main).values()
+                if isinstance(f, types.FunctionType) and f.__module__ == main.__name__
+            ]
+            for space in {id(d): d for d in spaces}.values():
+                space.update(c["globals"])
         if self._init is not None:
             fn, args = pickle.loads(self._init)
             fn(*args)
@@ -88,7 +121,11 @@ class Task:
                 if failed is not None:
                     return self._raised(wid, digest, failed)
                 args, kwargs = put_values(args, kwargs, self._opened(ctx.dependencies))
-            value = fn(*args, **kwargs)  # raises here, as the call would (as in mpi4py)
+            _here.comm = self.comm_workers
+            try:
+                value = fn(*args, **kwargs)  # raises here, as the call would (as in mpi4py)
+            finally:
+                _here.comm = None
         except BaseException as e:  # noqa: BLE001 - the call's outcome, kept and re-raised
             return self._raised(wid, digest, e)
         try:
@@ -225,7 +262,12 @@ def _session(sub: Any, failed: list[BaseException]) -> None:
         config = bytes(buf)
         c = pickle.loads(config)
         task = Task(config)
-        if not c["isolate"]:
+        if not c["isolate"]:  # the calls run in this rank: they may reach the other workers
+            group = sub.Get_group()
+            workers = group.Range_incl([(1, c.get("workers", sub.Get_size() - 1), 1)])
+            task.comm_workers = sub.Create_group(workers)  # (collective over the workers only)
+            group.Free()
+            workers.Free()
             try:
                 task.initialize()
             except BaseException as e:  # noqa: BLE001 - the master learns it (GONE)
@@ -241,6 +283,7 @@ def _session(sub: Any, failed: list[BaseException]) -> None:
                 isolate=c["isolate"],
                 memory_limit=c["memory_limit"],
                 max_result_bytes=c["max_result"],
+                child_mpi=True,  # a script that calls MPI when imported (most mpi4py scripts)
             )
         except IsolationError as e:  # it told the master (GONE); wait for the next session
             log.error("worker %d: %s", sub.Get_rank(), e)
@@ -248,6 +291,30 @@ def _session(sub: Any, failed: list[BaseException]) -> None:
         failed.append(e)
     # ``sub`` is never freed: a message still unreceived on it (a STOP that crossed the
     # session's end) would match a later communicator given its context ID (MPICH reuses them)
+
+
+def get_comm_workers() -> Any:
+    """The communicator of the worker ranks serving the executor whose call is running, from
+    inside that call (as mpi4py's ``get_comm_workers``): rank ``i`` of it is worker rank
+    ``i + 1``. Calls run in the worker rank only with ``isolate=False``; an isolated child is
+    not an MPI rank of the job.
+
+    Raises:
+        RuntimeError: not called from a call an executor runs in a worker rank (rank 0, or an
+            isolated child, or no call).
+    """
+    from ..mpi.context import CHILD_MARKER
+
+    comm = getattr(_here, "comm", None)
+    if comm is not None:
+        return comm
+    if os.environ.get(CHILD_MARKER):
+        raise RuntimeError(
+            "get_comm_workers() is called in an isolated child process, which is not an MPI "
+            "rank of the job: make the executor with isolate=False to run the calls in the "
+            "worker ranks"
+        )
+    raise RuntimeError("get_comm_workers() is called outside a call run by a worker rank")
 
 
 def open_session(comm: Any, workers: int) -> Any:

@@ -6,10 +6,12 @@ child is a fresh interpreter (``python -c _BOOTSTRAP``, which runs this module),
 start method does (``multiprocessing.spawn.prepare``: the script is imported as
 ``__mp_main__``, so code under ``if __name__ == "__main__":`` does not run again), then finds
 ``fn`` by its module and name.
-It never initialises MPI: ``mpi4py.rc.initialize`` is off and the launcher's variables are
-removed from its environment: Open MPI's ``OMPI_*``, ``PMIX_*`` and ``PRTE_*``, and Hydra's
-(MPICH, Intel MPI) ``PMI_*``, ``HYDI_*``, ``HYDRA_*`` and ``MPI_LOCAL*`` (an MPI_Init there would
-wait for a rank that is not part of the job, or talk to a PMI descriptor it does not have).
+The launcher's variables are removed from its environment: Open MPI's ``OMPI_*``, ``PMIX_*``
+and ``PRTE_*``, and Hydra's (MPICH, Intel MPI) ``PMI_*``, ``HYDI_*``, ``HYDRA_*`` and
+``MPI_LOCAL*`` (an MPI_Init with them would wait for a rank that is not part of the job, or talk
+to a PMI descriptor it does not have). It never initialises MPI (``mpi4py.rc.initialize`` is
+off) unless the runner is made with ``child_mpi=True``: then an MPI call of the script (at its
+import) initializes MPI in the child as a singleton, a world of its own.
 
 The child runs in a process group of its own inside the job's session, and dies with its worker
 (``PR_SET_PDEATHSIG``). The worker is the subreaper of its descendants. At an item's deadline, or
@@ -265,6 +267,7 @@ class IsolatedRunner:
         memory_limit: the child's address-space limit (``RLIMIT_AS``) in bytes, or None.
         subreaper: make this process the subreaper of its descendants (``run_worker`` does;
             a test in a long-lived process may not want orphans re-parented to it).
+        child_mpi: the child may initialize MPI as a singleton (see the module docs).
 
     Raises:
         IsolationError: ``fn`` cannot be found by name (a lambda, a nested function), or the
@@ -279,6 +282,7 @@ class IsolatedRunner:
         memory_limit: int | None,
         *,
         subreaper: bool = True,
+        child_mpi: bool = False,
     ) -> None:
         if os.environ.get(CHILD_MARKER):
             raise IsolationError(
@@ -296,7 +300,9 @@ class IsolatedRunner:
 
         prep = multiprocessing.spawn.get_preparation_data("durable-dispatch-child")
         prep.pop("authkey", None)
-        self._setup = pickle.dumps({"prepare": prep, "fn": ref, "mode": mode, "max": max_result})
+        self._setup = pickle.dumps(
+            {"prepare": prep, "fn": ref, "mode": mode, "max": max_result, "mpi": child_mpi}
+        )
         self._memory_limit = memory_limit
         self._subreaper = subreaper  # then the orphans of its items are its children
         if subreaper:
@@ -331,7 +337,10 @@ class IsolatedRunner:
         fresh child, uncharged. ``tick()`` is called about every millisecond and returns True
         when the worker must stop (STOP arrived): the child is then killed and
         :class:`StopRequested` raised. At ``deadline`` the child is killed and the dispatch
-        fails with kind ``timeout``.
+        fails with kind ``timeout``. An item of several with its own ``timeout`` (seconds, in
+        its entry) gets it from when it starts, as it would alone (U9): past it, the child is
+        killed, that item fails with kind ``timeout``, and the items after it run in a fresh
+        child (the dispatch's deadline, the sum of its items' times, stays the bound of all).
         """
         # Kill a little before the master's deadline (5% of the dispatch's time, 20 to 500
         # ms), so that this worker's report of kind timeout arrives first and its rank is never
@@ -339,10 +348,12 @@ class IsolatedRunner:
         left = 0.0 if deadline is None else deadline - time.monotonic()
         margin = min(0.5, max(0.02, 0.05 * left))
         out: list[ItemOutcome | None] = [None] * len(items)
+        own = len(items) > 1 and any(item.get("timeout") is not None for item in items)
         while todo := [i for i, o in enumerate(out) if o is None]:
             self._job += 1
             child, deadline = self._send([items[i] for i in todo], deadline, lease, beat)
             answered = 0
+            running, since = -1, time.monotonic()  # the item the child runs, from when
             while answered < len(todo):
                 if child.recv.poll(0.001):
                     try:
@@ -371,6 +382,21 @@ class IsolatedRunner:
                             report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
                         answered += 1
                     continue
+                if own:
+                    job, index = child.running()
+                    if job == self._job and index != running:
+                        running, since = index, time.monotonic()
+                    limit = items[todo[running]].get("timeout") if running >= 0 else None
+                    if limit is not None and time.monotonic() >= since + limit:
+                        late = todo[running]
+                        self._kill()
+                        why = f"{items[late]['work_id']}: its own timeout ({limit:g} s) passed"
+                        out[late] = ItemOutcome(
+                            None, "timeout", why + "; its processes were killed"
+                        )
+                        if report is not None:
+                            report(late, out[late])  # type: ignore[arg-type]
+                        break  # the rest (not answered yet) go to a new child
                 if deadline is not None and time.monotonic() >= deadline - margin:
                     job, index = child.running()
                     self._kill()
@@ -533,10 +559,6 @@ CANCEL_REQUESTED: Any = type("CancelRequestedMark", (), {"__repr__": lambda s: "
 # ---------------------------------------------------------------------------- the child side
 def _child_main(argv: list[str]) -> int:
     """The child: load the function, then answer items until the worker closes the pipe."""
-    import mpi4py
-
-    mpi4py.rc.initialize = False  # a script that touches MPI at import fails fast, not hangs
-    mpi4py.rc.finalize = False
     rfd, wfd, progress_fd, limit, parent = (int(a) for a in argv)
     if not processes.die_with_parent(parent) and os.getppid() != parent:
         return 1  # the worker is gone already
@@ -552,6 +574,11 @@ def _child_main(argv: list[str]) -> int:
 
     try:
         setup = pickle.loads(inbox.recv_bytes())
+        if not setup.get("mpi"):
+            import mpi4py
+
+            mpi4py.rc.initialize = False  # a script that touches MPI at import fails fast
+            mpi4py.rc.finalize = False
         import multiprocessing.spawn
 
         multiprocessing.spawn.prepare(setup["prepare"])

@@ -212,6 +212,10 @@ def work_message(
             {"work_id": w.work_id, "payload": w.payload, "attempt": n}
             for w, n in zip(items, send.attempts, strict=True)
         ]
+    if len(items) > 1:  # an item's own timeout, which the isolating worker applies to it alone
+        for w, entry in zip(items, listed, strict=True):
+            if w.timeout is not None:
+                entry["timeout"] = w.timeout
     if dependencies:
         for entry in listed:
             deps = dependencies.get(entry["work_id"])

@@ -282,6 +282,7 @@ def run_worker(
     memory_limit: int | None = None,
     max_result_bytes: int = MAX_RESULT_BYTES,
     poll: float = 0.001,
+    child_mpi: bool = False,
 ) -> int:
     """Serve WORK from rank 0 until STOP; returns how many work items this worker ran.
 
@@ -310,6 +311,11 @@ def run_worker(
             or dies (kind ``crash``), and the rank lives on.
         max_result_bytes: a result's bound once encoded (default: one journal record).
         poll: seconds between checks for STOP while the function runs.
+        child_mpi: with ``isolate``, the child may initialize MPI, as a world of its own (a
+            singleton: the launcher's variables are not in its environment), for a script
+            that calls MPI when it is imported; its start then takes MPI's initialization
+            (about 1 s under Open MPI). By default the child never initializes MPI, and such a
+            script fails it with :class:`IsolationError`.
 
     Raises:
         UsageError: ``heartbeat`` with ``context``; ``memory_limit`` without ``isolate``; called
@@ -327,6 +333,7 @@ def run_worker(
         poll=poll,
         hooks=WorkerHooks(),
         both=heartbeat and context,
+        child_mpi=child_mpi,
     )
 
 
@@ -341,6 +348,7 @@ def _run(
     poll: float,
     hooks: WorkerHooks,
     both: bool = False,
+    child_mpi: bool = False,
 ) -> int:
     """:func:`run_worker`, with the hooks a test worker lies through."""
     if os.environ.get(CHILD_MARKER):
@@ -369,7 +377,7 @@ def _run(
 
     try:
         if isolate:
-            runner = IsolatedRunner(fn, mode, max_result, memory_limit)
+            runner = IsolatedRunner(fn, mode, max_result, memory_limit, child_mpi=child_mpi)
         else:
             runner = _InProcessRunner(fn, mode, max_result, poll)
         # up: the master may send work now (and journals the host for the joblog)

@@ -1,0 +1,361 @@
+"""The manager side of the durable executor: :class:`_CallFeed`, the feed through which the
+executor's submitted calls enter its campaign, run by the manager thread (see
+:mod:`._executor` for the threads), and the helpers that settle a future once (``_start``,
+``_live``, ``_cancel``)."""
+
+from __future__ import annotations
+
+import collections
+from concurrent.futures import BrokenExecutor, CancelledError, Future
+from typing import Any
+
+from ..campaign.results import read_results
+from ..campaign.state import CampaignState
+from ..core import WorkItem
+from ..core.decisions import Defer, Send
+from ..errors import DependencyFailed, RecordTooLargeError
+from ..mpi.master import Feed
+from ._seal import Sealer, load_or_create_key
+
+#: The last error of a call an operator cancelled (``durable-dispatch cancel``).
+CANCELLED_ERROR = "cancelled by an operator (durable-dispatch cancel)"
+
+
+class _CallFeed(Feed):
+    """The executor's calls, fed to the campaign as they are submitted (manager thread)."""
+
+    #: dispatches per worker whose calls are in the frontier ahead of the workers (pending
+    #: until a dispatch sends them); the other calls wait here
+    AHEAD = 2
+
+    def __init__(self, ex: Any) -> None:  # the DurableExecutor (_executor imports this module)
+        self.ex = ex
+        # work ID -> its futures not settled: pending until its call is sent, then running
+        self.waiting: dict[str, list[Future[Any]]] = {}
+        self.sent: set[str] = set()  # work IDs sent to a worker in this run, not settled
+        self.local: collections.deque[WorkItem] = collections.deque()
+        self.queued: set[str] = set()  # the work IDs in ``local``
+        self.withdrew = False  # shutdown(cancel_futures=True) was handled
+        self.unrun: set[str] = set()  # work IDs that never run in this run (cancelled)
+        self.early: set[str] = set()  # work IDs cancelled before refill took their future
+        self.gone: list[str] = []  # the errors of the workers that said they ended (GONE)
+        self.heard: set[int] = set()  # the ranks that said READY (up) or GONE, once each
+
+    @property
+    def exhausted(self) -> bool:  # type: ignore[override]
+        """Shut down, and every submitted call is in the frontier (or settled)."""
+        ex = self.ex
+        return ex._shut and not ex._queue and not self.local
+
+    def attach(self, state: CampaignState) -> None:
+        """Read the record: committed results, deferred items, pending calls (checked)."""
+        super().attach(state)
+        ex = self.ex
+        try:
+            ex._sealer = Sealer(load_or_create_key(state.directory), state.directory)
+            for r in read_results(state.directory):  # checked now: a forged one fails closed
+                ex._sealer.check_result(r.work_id, r.result)
+                ex._record[r.work_id] = r.result
+                if isinstance(r.result, dict) and isinstance(r.result.get("d"), str):
+                    ex._digests[r.work_id] = r.result["d"]
+            for d in state.defer.items():
+                ex._failed[d.work_id] = (d.kinds, d.last_error, d.attempts)
+                after = d.item.get("after") if isinstance(d.item, dict) else None
+                if after:
+                    ex._after[d.work_id] = tuple(after)
+                payload = d.item.get("payload") if isinstance(d.item, dict) else None
+                if isinstance(payload, dict) and isinstance(payload.get("d"), str):
+                    ex._digests[d.work_id] = payload["d"]
+            ledger = state.core.ledger
+            for wid in ledger.cancelled:  # an operator's cancel (O1): final, like a deferral
+                ex._failed[wid] = (("cancelled",), CANCELLED_ERROR, ledger.attempts.get(wid, 0))
+            for wid in (*ledger.frontier, *ledger.waiting):  # calls an earlier run left: checked
+                payload = ledger.items[wid].payload
+                ex._sealer.check_call(wid, payload)
+                ex._digests[wid] = payload["d"]
+            state.on_defer = self.deferred
+            state.on_cancel = self.cancelled
+            state.on_dispatch = self.dispatched
+            gone, note_host = state.on_gone, state.note_host
+
+            def on_gone(rank: int, error: str, now: float) -> Any:
+                self.gone.append(error)  # why a worker ended (the executor's error names it)
+                self._up(rank)
+                return gone(rank, error, now)
+
+            def on_host(rank: int, host: str) -> None:  # a worker's first READY: it is up
+                self._up(rank)
+                note_host(rank, host)
+
+            state.on_gone = on_gone  # type: ignore[method-assign]
+            state.note_host = on_host  # type: ignore[method-assign]
+        except BaseException as e:
+            ex._error = e  # before the constructor wakes: it raises this
+            raise
+        finally:
+            ex._bound.set()
+
+    def _up(self, rank: int) -> None:
+        """Worker ``rank`` is up (its first READY: an isolated child started) or gone; once
+        every worker of the executor is, ``bootup(wait=True)`` returns."""
+        self.heard.add(rank)
+        if len(self.heard) >= self.ex._workers:
+            self.ex._ready.set()
+
+    def refill(self) -> None:
+        """Take the submitted calls; move calls into the frontier while it is short."""
+        ex, waiting = self.ex, self.waiting
+        ledger = self.state.core.ledger
+        while ex._queue:
+            try:
+                fut, item = ex._queue.popleft()
+            except IndexError:  # shutdown(cancel_futures=True) took it
+                break
+            wid = item.work_id
+            if self.early and wid in self.early and not _live(fut):
+                continue  # cancelled before this turn took it (see _drop_cancelled)
+            futs = waiting.get(wid)
+            if futs is not None:  # (a call submitted again: one task, several futures)
+                if wid not in self.sent or fut.set_running_or_notify_cancel():
+                    futs.append(fut)
+                    self.unrun.discard(wid)  # (cancelled while here: it runs after all)
+            elif not self._settled(wid, fut):
+                if wid in self.sent:  # an earlier run's call, sent before it was submitted
+                    if fut.set_running_or_notify_cancel():
+                        waiting[wid] = [fut]
+                    continue
+                waiting[wid] = [fut]
+                if wid in self.unrun:  # it never ran in this run (cancelled), submitted again
+                    dep = next((a for a in item.after if a in self.unrun), None)
+                    if dep is not None:  # and what it waits for still never runs
+                        self._fail_dependent(wid, dep)
+                        continue
+                    self.unrun.discard(wid)
+                    ledger.put_back(wid)
+                if not ledger.known(wid):  # (else an earlier run's call, pending)
+                    self.local.append(item)
+                    self.queued.add(item.work_id)
+        if ex._dropped:
+            self._drop_cancelled()
+        if ex._cancel:
+            self._cancel_local()
+            if not self.withdrew:
+                self._withdraw()
+        frontier = ledger.frontier
+        batch: list[WorkItem] = []
+        # as many calls as the next dispatches take: a dispatch's size (batch="auto") for
+        # each worker, twice, so none waits for work (they stay cancellable until sent)
+        low = self.AHEAD * self.ex._workers * self.state.core.auto_batch()
+        unrun = self.unrun
+        while self.local and len(frontier) + len(batch) < low:
+            item = self.local.popleft()
+            wid = item.work_id
+            self.queued.discard(wid)
+            if unrun and (wid in unrun or (item.after and not unrun.isdisjoint(item.after))):
+                if wid in unrun:  # every future of it was cancelled (_drop_cancelled)
+                    del waiting[wid]
+                else:  # it waits for a call that never runs in this run
+                    self._fail_dependent(wid, next(a for a in item.after if a in unrun))
+                continue
+            batch.append(item)
+        if batch:
+            self._submit(batch)
+
+    def dispatched(self, send: Send) -> None:
+        """``on_dispatch``: the calls of ``send`` are sent to a worker now (the whole dispatch):
+        their futures are running. (A future cancelled in the same loop turn, before the turn's
+        :meth:`_drop_cancelled`, is dropped here: its call runs all the same, as it is in the
+        dispatch, and its result is recorded.)"""
+        waiting, sent = self.waiting, self.sent
+        for item in send.items:
+            wid = item.work_id
+            if wid in sent:  # sent again (retried): running already
+                continue
+            sent.add(wid)
+            for f in waiting.get(wid, ()):
+                if not f.set_running_or_notify_cancel():  # cancelled: its call runs anyway
+                    waiting[wid] = [g for g in waiting[wid] if _start(g)]
+                    break
+
+    def _drop_cancelled(self) -> None:
+        """Each call whose every future was cancelled (``Future.cancel``, any thread) and that
+        no dispatch sent never runs in this run: one still here is left out of the frontier,
+        one in the frontier (or waiting for a dependency) is withdrawn from this run (it stays
+        pending in the state directory, as :meth:`_withdraw`'s calls do), and the calls that
+        wait for it fail with DependencyFailed."""
+        dropped, waiting, ledger = self.ex._dropped, self.waiting, self.state.core.ledger
+        while dropped:
+            wid = dropped.popleft()
+            futs = waiting.get(wid)
+            if wid in self.sent or wid in self.unrun:
+                continue  # running, or dropped already
+            if futs is None:  # settled, or still in the executor's queue: refill checks it
+                self.early.add(wid)
+                continue
+            live = [f for f in futs if _live(f)]
+            if live:
+                waiting[wid] = live
+                continue
+            self.unrun.add(wid)
+            if wid in self.queued:
+                continue  # not in the frontier yet: refill leaves it out
+            del waiting[wid]
+            deps = ledger.waiting_dependents(wid)
+            ledger.withdraw_item(wid)
+            for d in deps:
+                ledger.withdraw_item(d)
+                self._fail_dependent(d, wid)
+
+    def _fail_dependent(self, wid: str, dep: str) -> None:
+        """The call ``wid`` waits for ``dep``, which never runs in this run (cancelled): it never
+        runs either (nothing is recorded); its futures fail with DependencyFailed."""
+        self.unrun.add(wid)
+        e = DependencyFailed(
+            f"the task never ran: its dependency {dep} was cancelled",
+            work_id=wid,
+            attempts=0,
+            dependency=dep,
+        )
+        e.__cause__ = CancelledError()
+        for f in self.waiting.pop(wid, ()):
+            if _start(f):
+                f.set_exception(e)
+
+    def _withdraw(self) -> None:
+        """``shutdown(cancel_futures=True)``: cancel the future of every call not sent to a
+        worker, and withdraw those calls from this run (the frontier's and those waiting for a
+        dependency): the campaign ends once the calls sent have ended, and the withdrawn ones
+        stay pending in the state directory (a re-run that submits them runs them). The calls
+        sent and retried since stay in the frontier: their futures are running."""
+        self.withdrew = True
+        sent = self.sent
+        self.state.core.ledger.withdraw(keep=sent)
+        for wid in [w for w in self.waiting if w not in sent]:
+            for f in self.waiting.pop(wid):
+                _cancel(f)
+        self.ex._withdrawn.set()
+
+    def _submit(self, batch: list[WorkItem]) -> None:
+        # A call pending from an earlier run is known by its work ID (the call's canonical
+        # digest); its payload, a new pickle of the same call, may differ byte for byte (a set's
+        # order), which the state would refuse as a changed payload (U11): it is not submitted.
+        known = self.state.core.ledger.ids.index
+        batch = [item for item in batch if item.work_id not in known]
+        if not batch:
+            return
+        try:
+            self.state.submit(batch)
+        except RecordTooLargeError:
+            for item in batch:  # known IDs are skipped: the ones before it went in
+                try:
+                    self.state.submit([item])
+                except RecordTooLargeError as e:
+                    for f in self.waiting.pop(item.work_id, ()):
+                        if _start(f):
+                            f.set_exception(e)
+
+    def _settled(self, wid: str, fut: Future[Any], *, locked: bool = False) -> bool:
+        """Resolve ``fut`` from the record if ``wid`` is committed or deferred (any thread)."""
+        ex = self.ex
+        if locked:
+            rec, failed = ex._record.get(wid), ex._failed.get(wid)
+        else:
+            with ex._lock:
+                rec, failed = ex._record.get(wid), ex._failed.get(wid)
+        if rec is not None:
+            if _start(fut):
+                ex._resolve(fut, wid, rec)
+            return True
+        if failed is not None:
+            if _start(fut):
+                fut.set_exception(ex._failure(wid, failed))
+            return True
+        return False
+
+    def _cancel_local(self) -> None:
+        for item in self.local:
+            for f in self.waiting.pop(item.work_id, ()):
+                _cancel(f)
+        self.local.clear()
+        self.queued.clear()
+
+    def committed(self, wid: str, result: Any) -> None:
+        """``on_commit``: the result is durable; resolve its futures."""
+        ex = self.ex
+        with ex._lock:
+            ex._record[wid] = result
+        self.sent.discard(wid)
+        for f in self.waiting.pop(wid, ()):  # (each running: its call was sent)
+            ex._resolve(f, wid, result)
+
+    def deferred(self, d: Defer) -> None:
+        """``on_defer``: the item's retries are spent; fail its futures."""
+        wid = d.work.work_id
+        with self.ex._lock:
+            self.ex._failed[wid] = (d.kinds, d.last_error, d.attempts)
+        if d.work.after:
+            self.ex._after.setdefault(wid, d.work.after)
+        self.sent.discard(wid)
+        for f in self.waiting.pop(wid, ()):
+            if _start(f):  # (pending when it never ran: a dependency failed)
+                f.set_exception(self.ex._failure(wid, (d.kinds, d.last_error, d.attempts)))
+
+    def cancelled(self, wid: str) -> None:
+        """``on_cancel``: an operator cancelled the call (``durable-dispatch cancel``, O1); its
+        futures fail with :class:`TaskFailed` (kind ``"cancelled"``), now and in a re-run."""
+        failed = (("cancelled",), CANCELLED_ERROR, self.state.core.ledger.attempts.get(wid, 0))
+        with self.ex._lock:
+            self.ex._failed[wid] = failed
+        self.sent.discard(wid)
+        for f in self.waiting.pop(wid, ()):
+            if _start(f):
+                f.set_exception(self.ex._failure(wid, failed))
+
+    def abandon(self, why: str) -> None:
+        """The campaign ended before these calls: each future fails with BrokenExecutor."""
+        ex = self.ex
+        while ex._queue:
+            try:
+                fut, _ = ex._queue.popleft()
+            except IndexError:
+                break
+            if _start(fut):
+                fut.set_exception(BrokenExecutor(why))
+        for futs in self.waiting.values():
+            for f in futs:
+                if _start(f):
+                    f.set_exception(BrokenExecutor(why))
+        self.waiting.clear()
+        self.sent.clear()
+        self.local.clear()
+        self.queued.clear()
+
+
+def _start(fut: Future[Any]) -> bool:
+    """Mark ``fut`` running unless it is; True when it is running now (it may be settled),
+    False when it was cancelled (its waiters are told) or settled already."""
+    if fut.running():  # (asking again would log "Future ... in unexpected state: RUNNING")
+        return True
+    if fut.done() and not fut.cancelled():
+        return False  # settled already
+    try:
+        return fut.set_running_or_notify_cancel()
+    except RuntimeError:  # running already, or cancelled (and told) or settled before
+        return fut.running()
+
+
+def _live(fut: Future[Any]) -> bool:
+    """False when ``fut`` was cancelled (its waiters are told now): its call need not run."""
+    if not fut.cancelled():
+        return True
+    _cancel(fut)
+    return False
+
+
+def _cancel(fut: Future[Any]) -> None:
+    """Cancel a call that did not start, and tell its waiters (``wait``, ``as_completed``)."""
+    if Future.cancel(fut):  # (not _CallFuture's: the executor cancels it itself)
+        try:
+            fut.set_running_or_notify_cancel()
+        except RuntimeError:  # (they were told already)
+            pass
