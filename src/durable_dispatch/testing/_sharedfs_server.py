@@ -134,7 +134,7 @@ _METADATA_OPS = frozenset(
 
 
 def _operations(root: str, knobs: _Knobs, locks: str) -> Any:
-    import mfusepy
+    import mfusepy  # type: ignore[import-untyped]
 
     def full(path: str) -> str:
         return os.path.join(root, path.lstrip("/"))
@@ -371,7 +371,7 @@ def _serve(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     import warnings
 
-    import mfusepy
+    import mfusepy  # type: ignore[import-untyped]
 
     knobs = _Knobs(a.control, a.counters, a.trace)
     threading.Thread(target=knobs.watch, daemon=True, name="control").start()
