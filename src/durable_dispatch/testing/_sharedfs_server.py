@@ -371,7 +371,7 @@ def _serve(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     import warnings
 
-    import mfusepy  # type: ignore[import-untyped]
+    import mfusepy
 
     knobs = _Knobs(a.control, a.counters, a.trace)
     threading.Thread(target=knobs.watch, daemon=True, name="control").start()
