@@ -12,7 +12,8 @@ removed from its environment: Open MPI's ``OMPI_*``, ``PMIX_*`` and ``PRTE_*``, 
 wait for a rank that is not part of the job, or talk to a PMI descriptor it does not have).
 
 The child runs in a process group of its own inside the job's session, and dies with its worker
-(``PR_SET_PDEATHSIG``). The worker is the subreaper of its descendants. At an item's deadline, or
+(``PR_SET_PDEATHSIG``); the worker's reaper (:func:`~durable_dispatch.processes.start_reaper`)
+then kills that group, so what the child started dies too. The worker is the subreaper of its descendants. At an item's deadline, or
 when the child dies, or on STOP, the worker kills the child's group and every descendant it can
 still find, so a hang costs a deadline and a crash costs a restart, never the rank.
 
@@ -174,6 +175,7 @@ class _Child:
                     process_group=0,  # its own group, still in the job's session
                 )
                 _live.add(self.proc.pid)
+                processes.reap_group(self.proc.pid)  # killed with it if the worker dies first
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -235,6 +237,7 @@ class _Child:
             self.proc.wait(timeout=processes.REAP_SECONDS)
         except subprocess.TimeoutExpired:
             log.warning("isolated child %d did not die at once; not waiting", pid)
+        processes.forget_group(pid)
         with _live_lock:
             _live.discard(pid)
             if not _live:  # no other session's child: the orphans re-parented here are its
