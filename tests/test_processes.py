@@ -37,6 +37,19 @@ time.sleep(300)
 """
 
 
+# A stand-in for the first task of a node under srun: it leads a group that another rank (a
+# sibling it starts first, in its group, without the mark) shares.
+SHARED = """
+import os, subprocess, time
+from durable_dispatch import processes
+sibling = subprocess.Popen(["sleep", "303"])
+assert processes.start_reaper()
+shell = subprocess.Popen(["sh", "-c", "sleep 300; true"])
+print(sibling.pid, shell.pid, flush=True)
+time.sleep(300)
+"""
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -92,6 +105,23 @@ def test_a_sigkilled_worker_takes_what_it_started_with_it(lead: bool, scrub: boo
         assert _gone(expected) == [], "a program outlived its SIGKILLed worker"
     finally:
         _kill_all([shell, alone, *([proc.pid] if proc.poll() is None else [])])
+
+
+def test_the_reaper_leaves_a_group_it_shares_with_other_ranks_alone() -> None:
+    """Slurm's tasks of a node share the group of the node's first task: when that task is a
+    worker and dies (or ends first), its reaper must not kill the other ranks."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SHARED], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    sibling, shell = (int(x) for x in proc.stdout.readline().split())
+    try:
+        proc.kill()
+        proc.wait()
+        assert _gone([shell]) == [], "the marked program outlived its worker"
+        assert _alive(sibling), "the reaper killed another rank of the group its worker led"
+    finally:
+        _kill_all([sibling, shell])
 
 
 def test_the_reaper_leaves_a_group_it_does_not_lead_alone() -> None:

@@ -14,8 +14,9 @@ say so in their return values.
 - :func:`start_reaper` starts a small process that outlives this one by an instant: when this
   process dies, however it dies (SIGKILL, the OOM killer, a normal exit), the kernel signals the
   reaper (``PR_SET_PDEATHSIG``), which then SIGKILLs what this process's work left: this
-  process's own group (when it leads one: Open MPI and MPICH start each rank in a group of its
-  own; Slurm's tasks of a node share one, which is then left alone), every group registered
+  process's own group (when it led it alone as the reaper started: Open MPI and MPICH start
+  each rank in a group of its own; Slurm's tasks of a node share the group of the node's first
+  task, which is then left alone), every group registered
   with :func:`reap_group` (the isolated children's), and every process whose environment
   carries this process's :data:`WORKER_MARK` (what its items started inherits it, even a
   program that left the group). The reaper sits in a group of its own, so a launcher that
@@ -182,7 +183,7 @@ def start_reaper() -> bool:
         mark = os.environ.get(WORKER_MARK)
         if not mark or not mark.startswith(f"{os.getpid()}-"):  # (inherited: another's)
             mark = os.environ[WORKER_MARK] = f"{os.getpid()}-{uuid.uuid4().hex[:16]}"
-        group = os.getpgrp() if os.getpgrp() == os.getpid() else 0
+        group = os.getpid() if _leads_group_alone() else 0
         try:
             _reaper = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _REAPER, str(os.getpid()), str(group)]
@@ -196,6 +197,29 @@ def start_reaper() -> bool:
             return False
         _spared.add(_reaper.pid)
         return True
+
+
+def _leads_group_alone() -> bool:
+    """True when this process leads its process group and nothing else is in it yet (Open
+    MPI's and MPICH's ranks); False when it shares a group (Slurm's tasks of a node share the
+    group of the node's first task: killing it would kill the other ranks)."""
+    me = os.getpid()
+    if os.getpgrp() != me:
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for name in entries:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and int(fields[2]) == me:  # field 5 of /proc/PID/stat: the group
+            return False
+    return True
 
 
 def _tell_reaper(line: str) -> None:
