@@ -20,7 +20,8 @@ say so in their return values.
   with :func:`reap_group` (the isolated children's), and every process whose environment
   carries this process's :data:`WORKER_MARK` (what its items started inherits it, even a
   program that left the group). The reaper sits in a group of its own, so a launcher that
-  kills the rank's group does not take it before it has done its work.
+  kills the rank's group does not take it before it has done its work, and it holds the rank's
+  error output until it ends, so ``mpiexec`` ends only after it.
 """
 
 from __future__ import annotations
@@ -189,8 +190,9 @@ def start_reaper() -> bool:
                 [sys.executable, "-I", "-S", "-c", _REAPER, str(os.getpid()), str(group)]
                 + [f"{WORKER_MARK}={mark}"],
                 stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,  # never the rank's output: mpiexec waits for it
-                stderr=subprocess.DEVNULL,
+                # It holds the rank's error output (and writes nothing to it): a launcher ends
+                # the job once every rank's output is closed, so never before the reaper ended
+                stdout=subprocess.DEVNULL,
                 process_group=0,  # a launcher's kill of the rank's group leaves it its work
             )
         except OSError:
