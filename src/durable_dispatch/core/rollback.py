@@ -17,9 +17,11 @@ from .decisions import (
     SOURCE_DEPENDENCY,
     SOURCE_INVALID_RESULT,
     SOURCE_MASTER_RESTART,
+    SOURCE_NODE_LOST,
     SOURCE_OPERATOR,
     SOURCE_RANK_LOST,
     SOURCE_WATCHDOG,
+    UNCHARGED_SOURCES,
     Decision,
     Defer,
     ItemFailure,
@@ -88,17 +90,50 @@ class Rollbacks(DispatcherBase):
             )
         return out
 
-    def rank_lost(self, rank: int, now: float, error: str = "rank lost") -> list[Decision]:
-        """The runtime reported ``rank`` dead (ULFM): roll back its dispatch now, drop the rank."""
-        if not self._ranks.is_live(rank):
-            raise UsageError(f"unknown rank {rank}")
+    def rank_lost(
+        self, rank: int, now: float, error: str = "rank lost", *, domain: bool = True
+    ) -> list[Decision]:
+        """The runtime reported ``rank`` dead (ULFM): roll back its dispatch now, drop the rank.
+        The same as :meth:`ranks_lost` with ``[rank]``."""
+        return self.ranks_lost([rank], now, error, domain=domain)
+
+    def ranks_lost(
+        self, ranks: Iterable[int], now: float, error: str = "rank lost", *, domain: bool = True
+    ) -> list[Decision]:
+        """The runtime reported ``ranks`` dead together (ULFM: the ranks one check found
+        failed): roll back their dispatches now, drop the ranks.
+
+        A node is a failure domain (:mod:`.domains`): a rank whose host lost several ranks at
+        once, or lost one shortly before, died with its node, and its item goes back to the
+        front uncharged (source ``node-lost``); a rank that died alone charges its item
+        ``lost-rank`` (an item may kill its own rank). Every other rank of such a host gets no
+        new work until it answers or the window passes. ``domain=False`` (a worker that said
+        it failed and ends: its own error, not its node's) charges as a rank alone and
+        suspects nobody.
+
+        Raises:
+            UsageError: a rank is unknown or already lost (nothing changed).
+        """
+        ranks = sorted(set(ranks))
+        for rank in ranks:
+            if not self._ranks.is_live(rank):
+                raise UsageError(f"unknown rank {rank}")
+        node: dict[int, bool] = {r: False for r in ranks}
+        if domain:
+            gone = set(ranks)
+            live = [r for r in self._ranks.live() if r not in gone]
+            node = self.domains.lost(ranks, now, live)
+            for r in self.domains.suspects():
+                self._ranks.withhold(r)
         out: list[Decision] = []
-        tx = self._ranks.current(rank)
-        self._n.ranks_lost += 1
-        if tx is not None and tx.state in (TxState.PREPARING, TxState.DISPATCHED):
-            out += self._roll_back(tx, SOURCE_RANK_LOST, "lost-rank", error, RankState.LOST)
-        else:
-            self._ranks.lose(rank)
+        for rank in ranks:
+            tx = self._ranks.current(rank)
+            self._n.ranks_lost += 1
+            source = SOURCE_NODE_LOST if node[rank] else SOURCE_RANK_LOST
+            if tx is not None and tx.state in (TxState.PREPARING, TxState.DISPATCHED):
+                out += self._roll_back(tx, source, "lost-rank", error, RankState.LOST)
+            else:
+                self._ranks.lose(rank)
         return out
 
     # ------------------------------------------------ deferral bookkeeping
@@ -312,9 +347,13 @@ class Rollbacks(DispatcherBase):
         """The shared retry path (W5): requeue at the front, or defer after the budget."""
         wid = item.work_id
         ledger = self.ledger
-        if source == SOURCE_MASTER_RESTART:
-            self._n.master_restart_rollbacks += 1
-            return self._record(Requeue(wid, token, source, kind, ledger.attempts.get(wid, 0)))
+        if source in UNCHARGED_SOURCES:  # (the fault was the master's, or the node's)
+            if source == SOURCE_MASTER_RESTART:
+                self._n.master_restart_rollbacks += 1
+            else:
+                self._n.node_lost_requeues += 1
+            attempts = ledger.attempts.get(wid, 0)
+            return self._record(Requeue(wid, token, source, kind, attempts, error))
         n = ledger.attempts.get(wid, 0) + 1
         if n <= self.retry.retries_for(kind):
             self._n.protocol_requeued_dispatches += 1

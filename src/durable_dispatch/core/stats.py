@@ -32,6 +32,9 @@ class DispatchStats:
     ``watchdog_deadline_now`` the deadline an item without its own timeout gets now (the
     watchdog's seconds, or the adaptive rule's fitted deadline; 0 when the watchdog is off).
     ``starting_ranks_now`` counts ranks that have not said their first READY yet.
+    ``node_lost_requeues`` counts items requeued uncharged because their node failed under
+    them (their host lost several ranks at once), ``suspect_ranks_now`` the ranks of such a
+    host that get no new work until they answer.
     ``master_pauses`` counts the gaps in the master's own turns that were not counted against
     the workers (U7: it was stopped or blocked), ``master_paused_seconds`` their total length.
     """
@@ -49,6 +52,7 @@ class DispatchStats:
     send_failures: int = 0
     ranks_lost: int = 0
     master_restart_rollbacks: int = 0
+    node_lost_requeues: int = 0
     duplicate_commits_ignored: int = 0
     heartbeats: int = 0
     stale: Mapping[str, int] = field(default_factory=dict)
@@ -65,6 +69,7 @@ class DispatchStats:
     starting_ranks_now: int = field(default=0, metadata=_GAUGE)
     idle_ranks_now: int = field(default=0, metadata=_GAUGE)
     busy_ranks_now: int = field(default=0, metadata=_GAUGE)
+    suspect_ranks_now: int = field(default=0, metadata=_GAUGE)
     in_flight_now: int = field(default=0, metadata=_GAUGE)
     pending_now: int = field(default=0, metadata=_GAUGE)
     deferred_now: int = field(default=0, metadata=_GAUGE)

@@ -1,0 +1,150 @@
+"""Failure domains (U12, issue 60): a node is what dies on a cluster. Virtual time, the core
+only: the hosts come from the workers' READYs, the losses from the runtime (ULFM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from durable_dispatch.core import Dispatcher, RetryPolicy, Send, WatchdogConfig, WorkItem
+from durable_dispatch.core.decisions import Defer, Requeue
+from durable_dispatch.core.domains import SUSPECT_SECONDS
+from durable_dispatch.core.events import Requeued
+from durable_dispatch.errors import UsageError
+
+HOSTS = {1: "node1", 2: "node1", 3: "node2", 4: "node2"}
+
+
+def make(n_items: int, busy: tuple[int, ...], retry: RetryPolicy | None = None) -> Dispatcher:
+    """Ranks 1-2 on node1, 3-4 on node2; one item dispatched to each rank of ``busy``."""
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(60.0), retry=retry, ranks=(1, 2, 3, 4))
+    for r, h in HOSTS.items():
+        d.note_host(r, h)
+    d.submit(WorkItem(f"w{i}", i) for i in range(n_items))
+    # occupy the ranks not in ``busy`` first, so that the items land where the test wants
+    return d
+
+
+def send_to(d: Dispatcher, rank: int, now: float) -> Send:
+    """Dispatch the head of the frontier to ``rank`` (the others held busy meanwhile)."""
+    others = [r for r in d.idle_ranks() if r < rank]
+    for r in others:
+        d._ranks.withhold(r)
+    s = d.reserve(now)
+    for r in others:
+        d._ranks.trust(r)
+    assert isinstance(s, Send) and s.rank == rank, s
+    d.mark_dispatched(s.token, now)
+    return s
+
+
+def test_a_node_that_lost_its_ranks_at_once_charges_its_items_nothing() -> None:
+    """Every rank of node1 reported in one check: both items go back uncharged (source
+    node-lost), even with no lost-rank budget at all: none is deferred for its node's death."""
+    d = make(4, (1, 2), retry=RetryPolicy(0))
+    a, b = send_to(d, 1, 0.0), send_to(d, 2, 0.0)
+    out = d.ranks_lost([1, 2], 1.0, "process failed")
+    requeues = [x for x in out if isinstance(x, Requeue)]
+    assert {r.work_id for r in requeues} == {a.items[0].work_id, b.items[0].work_id}
+    assert {r.source for r in requeues} == {"node-lost"} and {r.kind for r in requeues} == {
+        "lost-rank"
+    }
+    assert not any(isinstance(x, Defer) for x in out)
+    assert d.attempts("w0") == 0 and d.attempts("w1") == 0
+    st = d.statistics()
+    assert (
+        st.ranks_lost == 2 and st.node_lost_requeues == 2 and st.protocol_requeued_dispatches == 0
+    )
+
+
+def test_a_rank_that_died_alone_charges_its_item_lost_rank() -> None:
+    """Rank 3 alone lost, its neighbour 4 busy and answering: the item may have killed it."""
+    d = make(4, (3,))
+    s = send_to(d, 3, 0.0)
+    send_to(d, 4, 0.0)
+    out = d.ranks_lost([3], 1.0)
+    (r,) = [x for x in out if isinstance(x, Requeue)]
+    assert r.work_id == s.items[0].work_id and r.source == "rank-lost" and r.attempts == 1
+    assert d.statistics().node_lost_requeues == 0
+
+
+def test_an_item_is_not_handed_to_the_next_rank_of_a_dying_node() -> None:
+    """Issue 60: rank 1 of a node was reported first; its item was re-sent to rank 2 of the
+    same node before the runtime reported that one too, and was charged twice for one node's
+    death (deferred). Now rank 2 is suspect: the item goes to another node, and the second loss
+    of node1 is the node's, charged nothing."""
+    d = make(1, (1,), retry=RetryPolicy(1))
+    send_to(d, 1, 0.0)
+    d.ranks_lost([1], 1.0)  # alone so far: charged once
+    assert d.attempts("w0") == 1
+    d.snapshot_persisted()
+    s = d.reserve(1.5)
+    assert isinstance(s, Send) and s.rank == 3, s  # not rank 2 (lower, idle, but suspect)
+    d.mark_dispatched(s.token, 1.5)
+    assert d.statistics().suspect_ranks_now == 1
+    d.ranks_lost([2], 2.0)  # node1's second loss within the window: no dispatch on it
+    assert d.attempts("w0") == 1 and "w0" not in d.deferred()
+
+
+def test_a_second_loss_of_a_failing_node_charges_nothing() -> None:
+    """Ranks of one node reported in two checks a second apart: the first loss charges (it
+    looked alone), the second is the node's."""
+    d = make(2, (1, 2))
+    send_to(d, 1, 0.0)
+    b = send_to(d, 2, 0.0)
+    d.ranks_lost([1], 1.0)
+    out = d.ranks_lost([2], 2.0)
+    (r,) = [x for x in out if isinstance(x, Requeue)]
+    assert r.work_id == b.items[0].work_id and r.source == "node-lost"
+    assert d.attempts(b.items[0].work_id) == 0
+
+
+def test_a_suspect_rank_serves_again_once_it_answers_or_the_window_passed() -> None:
+    d = make(3, (1,))
+    a = send_to(d, 1, 0.0)
+    busy2 = send_to(d, 2, 0.0)
+    d.ranks_lost([1], 1.0)
+    d.snapshot_persisted()
+    assert d.statistics().suspect_ranks_now == 1
+    # rank 2 finishes its dispatch: its RESULT and READY say it is alive
+    d.on_result(2, str(busy2.token), "ok", 2.0)
+    d.commit_done(busy2.token)
+    d.on_ready(2, str(busy2.token), 2.0)
+    assert d.statistics().suspect_ranks_now == 0
+    s = d.reserve(2.0)
+    assert isinstance(s, Send) and s.rank == 2 and s.items[0].work_id == a.items[0].work_id
+    # a suspect that says nothing (idle) gets work again once the window passed
+    d2 = make(3, (1,))
+    send_to(d2, 1, 0.0)
+    d2.ranks_lost([1], 1.0)
+    d2.snapshot_persisted()
+    for r in (3, 4):  # node2 busy, so only rank 2 could take work
+        send_to(d2, r, 1.0)
+    assert d2.reserve(1.0 + SUSPECT_SECONDS - 0.5) is None
+    s = d2.reserve(1.0 + SUSPECT_SECONDS)
+    assert isinstance(s, Send) and s.rank == 2
+
+
+def test_a_worker_that_said_it_failed_is_its_own_error_not_its_nodes() -> None:
+    """A GONE (the worker's own exception) charges as a rank alone and suspects nobody."""
+    d = make(2, (1,))
+    send_to(d, 1, 0.0)
+    out = d.rank_lost(1, 1.0, "worker failed: KeyError", domain=False)
+    assert [x.source for x in out if isinstance(x, Requeue)] == ["rank-lost"]
+    assert d.statistics().suspect_ranks_now == 0
+
+
+def test_an_unknown_rank_changes_nothing() -> None:
+    d = make(1, ())
+    with pytest.raises(UsageError):
+        d.ranks_lost([1, 9], 1.0)
+    assert d.statistics().ranks_lost == 0 and d.live_ranks() == [1, 2, 3, 4]
+
+
+def test_a_node_lost_requeue_is_uncharged_in_the_journal_too() -> None:
+    """Replay reads the same: a ``node-lost`` requeue charges nothing (U2's master-restart
+    kind of requeue), and its record round-trips."""
+    ev = Requeued("w0", None, "node-lost", "lost-rank", 0, "process failed")
+    assert not ev.charged
+    rec = ev.encode()
+    Requeued.check(rec)
+    assert Requeued.decode(rec) == ev
