@@ -148,3 +148,19 @@ def test_a_node_lost_requeue_is_uncharged_in_the_journal_too() -> None:
     rec = ev.encode()
     Requeued.check(rec)
     assert Requeued.decode(rec) == ev
+
+
+def test_an_item_that_kills_every_rank_it_runs_on_is_charged_on_one_host_too() -> None:
+    """U2's reason holds on one host: a rank that answered after its neighbour's loss and then
+    died with the item it got next died of that item, so each such loss is charged, and the
+    item is deferred once its budget is spent instead of killing every rank."""
+    d = make(1, (1,), retry=RetryPolicy(1))
+    s1 = send_to(d, 1, 0.0)  # (one item: the other ranks idle)
+    d.ranks_lost([1], 1.0)  # w0 kills rank 1 (alone): charged once
+    d.snapshot_persisted()
+    d.on_ready(2, None, 1.2)  # rank 2 (node1) says it is alive: trusted again
+    s2 = d.reserve(1.2)
+    assert isinstance(s2, Send) and s2.rank == 2 and s2.items == s1.items
+    d.mark_dispatched(s2.token, 1.2)
+    out = d.ranks_lost([2], 2.0)  # w0 kills rank 2 too: its own doing, charged
+    assert [type(x).__name__ for x in out][:1] == ["Defer"] and "w0" in d.deferred()

@@ -1,14 +1,15 @@
 """Failure domains (pure, no I/O): a node is what dies on a cluster, so ranks are grouped by host.
 
-A worker's host is known from its first READY (:meth:`FailureDomains.note_host`). When ranks are
+A worker's host is known from its first READY (:meth:`FailureDomains.note_host`). When a rank
+is lost, every other rank of its host becomes *suspect*: it gets no new work until it answers
+(any message from it) or until :attr:`FailureDomains.window` seconds pass without its loss being
+reported, so an item is not handed to the next rank of a node that is dying. When ranks are
 lost, :meth:`FailureDomains.lost` says, for each, whether its *node* failed: its host lost
-several ranks at once (in one report of the runtime), or lost one while it was already failing
-(within :attr:`FailureDomains.window` seconds of an earlier loss of that host). An item in flight
-on a failed node is requeued without charge (its rank did not die of it); only a rank that died
-alone charges its item ``lost-rank`` (an item that kills its own rank must not kill every rank at
-every retry). Every other rank of a host that lost one is *suspect*: it gets no new work until it
-answers (any message from it) or until the window passes without its loss being reported, so
-an item is not handed to the next rank of a node that is dying.
+several ranks at once (in one report of the runtime), or it was suspect (its host had lost a
+rank, and it had not answered since). An item in flight on a failed node is requeued without
+charge (its rank did not die of it); a rank that died alone charges its item ``lost-rank``: an
+item that kills its own rank must not kill every rank at every retry, and a rank that answered
+after its neighbour's loss and then died with the item it got next died of that item.
 
 Ranks of unknown host (no READY with ``host`` yet) are each a domain of their own.
 """
@@ -29,13 +30,12 @@ SUSPECT_SECONDS = 10.0
 class FailureDomains:
     """Hosts of the worker ranks, the hosts that are failing, and the suspect ranks."""
 
-    __slots__ = ("window", "_host", "_ranks", "_failing", "_suspect")
+    __slots__ = ("window", "_host", "_ranks", "_suspect")
 
     def __init__(self, window: float = SUSPECT_SECONDS) -> None:
         self.window = window
         self._host: dict[int, str] = {}
         self._ranks: dict[str, set[int]] = {}
-        self._failing: dict[str, float] = {}  # host -> until when a loss there is a node's
         self._suspect: dict[int, float] = {}  # rank -> until when it gets no work (unless heard)
 
     def note_host(self, rank: int, host: str) -> None:
@@ -55,7 +55,7 @@ class FailureDomains:
     def lost(self, ranks: Iterable[int], now: float, live: Iterable[int]) -> dict[int, bool]:
         """``ranks`` were lost together (one report of the runtime); ``live`` are the ranks not
         lost. Returns, for each lost rank, True when its node failed (not charged) and False
-        when it died alone (charged). Marks the hosts failing and their live ranks suspect
+        when it died alone (charged). Makes the other live ranks of their hosts suspect
         (:meth:`suspects`) until ``now + window``."""
         ranks = sorted(set(ranks))
         per_host: dict[str, int] = {}
@@ -66,11 +66,10 @@ class FailureDomains:
         out: dict[int, bool] = {}
         for r in ranks:
             h = self._host.get(r)
-            out[r] = h is not None and (per_host[h] > 1 or self._failing.get(h, -1.0) > now)
+            out[r] = h is not None and (per_host[h] > 1 or r in self._suspect)
         live_set = set(live)
         until = now + self.window
         for h in per_host:
-            self._failing[h] = until
             for r in self._ranks.get(h, ()):
                 if r in live_set:
                     self._suspect[r] = until

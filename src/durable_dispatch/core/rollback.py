@@ -104,10 +104,11 @@ class Rollbacks(DispatcherBase):
         failed): roll back their dispatches now, drop the ranks.
 
         A node is a failure domain (:mod:`.domains`): a rank whose host lost several ranks at
-        once, or lost one shortly before, died with its node, and its item goes back to the
-        front uncharged (source ``node-lost``); a rank that died alone charges its item
-        ``lost-rank`` (an item may kill its own rank). Every other rank of such a host gets no
-        new work until it answers or the window passes. ``domain=False`` (a worker that said
+        once, or that was suspect (its host lost a rank and it had not answered since), died
+        with its node, and its item goes back to the front uncharged (source ``node-lost``); a
+        rank that died alone charges its item ``lost-rank`` (an item may kill its own rank).
+        Every other rank of such a host gets no new work until it answers or the window
+        passes. ``domain=False`` (a worker that said
         it failed and ends: its own error, not its node's) charges as a rank alone and
         suspects nobody.
 
