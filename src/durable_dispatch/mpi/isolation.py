@@ -15,7 +15,8 @@ The child runs in a process group of its own inside the job's session, and dies 
 (``PR_SET_PDEATHSIG``); the worker's reaper (:func:`~durable_dispatch.processes.start_reaper`)
 then kills that group, so what the child started dies too. The worker is the subreaper of its
 descendants. At an item's deadline, or when the child dies, or on STOP, the worker kills the
-child's group and every descendant it can still find, so a hang costs a deadline and a crash costs a restart, never the rank.
+child's group and every descendant it can still find, so a hang costs a deadline and a crash
+costs a restart, never the rank.
 
 Frames on the two pipes (``multiprocessing.connection`` framing): the worker sends the pickled
 set-up, then one JSON frame per dispatch (``{"job", "items", "deadline", "lease"}``); the child
