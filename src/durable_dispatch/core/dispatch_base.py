@@ -85,6 +85,11 @@ class DispatcherBase:
         self.policy = DeadlinePolicy(self.watchdog)
         #: the hosts of the ranks: a node is a failure domain (see :mod:`.domains`)
         self.domains = FailureDomains()
+        # the item of a rank lost alone while its host's other ranks are suspect: its charge
+        # waits until the host is known to live (they answered, or the window passed: charged
+        # lost-rank) or to have died (another rank of it lost: requeued uncharged). It stays
+        # in flight in the ledger meanwhile. work ID -> (item, token, host, error)
+        self._held_lost: dict[str, tuple[WorkItem, Token, str, str]] = {}
         for r in ranks:
             self.add_rank(r, starting=starting)
 

@@ -86,6 +86,10 @@ class FailureDomains:
         """True when :meth:`expire` has something to do (O(1) when no rank is suspect)."""
         return bool(self._suspect) and min(self._suspect.values()) <= now
 
+    def host_suspect(self, host: str) -> bool:
+        """True while a rank of ``host`` is suspect (it lost a rank, and not all answered)."""
+        return any(r in self._suspect for r in self._ranks.get(host, ()))
+
     def suspects(self) -> list[int]:
         """The suspect ranks, sorted."""
         return sorted(self._suspect)

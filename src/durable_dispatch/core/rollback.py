@@ -6,7 +6,7 @@ that was in flight is rolled back uncharged). One compensation path: :meth:`Roll
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 from typing import Any, Self
 
@@ -78,8 +78,9 @@ class Rollbacks(DispatcherBase):
         """Roll back every expired dispatch and park its rank (W3 step 5, W4, W6).
 
         Nothing is judged while :attr:`clock` holds (U7: after a master pause, until the shell
-        has drained what arrived during it)."""
-        out: list[Decision] = []
+        has drained what arrived during it). It first settles the items held since their rank
+        was lost alone (:meth:`settle_lost`)."""
+        out: list[Decision] = self.settle_lost(now) if self._held_lost else []
         if self.clock.hold:
             return out
         for _rank, token in self.expired(now):
@@ -127,15 +128,60 @@ class Rollbacks(DispatcherBase):
             for r in self.domains.suspects():
                 self._ranks.withhold(r)
         out: list[Decision] = []
+        if domain and self._held_lost:  # a held item's host lost another rank: its node died
+            hosts = {self.domains.host(r) for r in ranks}
+            out += self._release_held(lambda h: h in hosts, SOURCE_NODE_LOST)
         for rank in ranks:
             tx = self._ranks.current(rank)
             self._n.ranks_lost += 1
             source = SOURCE_NODE_LOST if node[rank] else SOURCE_RANK_LOST
-            if tx is not None and tx.state in (TxState.PREPARING, TxState.DISPATCHED):
-                out += self._roll_back(tx, source, "lost-rank", error, RankState.LOST)
-            else:
+            if tx is None or tx.state not in (TxState.PREPARING, TxState.DISPATCHED):
                 self._ranks.lose(rank)
+                continue
+            host = self.domains.host(rank)
+            if (
+                domain
+                and source == SOURCE_RANK_LOST
+                and len(tx.items) == 1
+                and host is not None
+                and self.domains.host_suspect(host)
+            ):  # alone so far, but its node may be dying: the charge waits (see _held_lost)
+                out += self._hold(tx, host, error)
+                continue
+            out += self._roll_back(tx, source, "lost-rank", error, RankState.LOST)
         return out
+
+    def _hold(self, tx: Transaction, host: str, error: str) -> list[Decision]:
+        """Roll back ``tx`` of a lost rank but hold its one item in flight until its host is
+        known to live or to have died (:meth:`settle_lost`)."""
+        advance(tx, TxEvent.ROLLED_BACK)
+        (item,) = tx.items
+        self._unlease(item, tx.token)
+        del self._open[tx.wire]
+        self._ranks.lose(tx.rank)
+        self._held_lost[item.work_id] = (item, tx.token, host, error)
+        return []
+
+    def _release_held(self, which: Callable[[str], bool], source: str) -> list[Decision]:
+        """Requeue (``node-lost``: uncharged) or charge (``rank-lost``) the held items whose
+        host ``which`` picks."""
+        out: list[Decision] = []
+        for wid, (item, token, host, error) in list(self._held_lost.items()):
+            if which(host):
+                del self._held_lost[wid]
+                out.append(self._retry_or_defer(item, token, source, "lost-rank", error))
+                out.append(self._require_snapshot(f"lost rank's {wid} under {token} ({source})"))
+        return out
+
+    def settle_lost(self, now: float) -> list[Decision]:
+        """Charge the items held since their rank was lost alone (``lost-rank``) once their
+        host's other ranks all answered or the window passed without another loss there: the
+        rank died alone. :meth:`sweep` calls it every turn; O(1) when nothing is held."""
+        if not self._held_lost:
+            return []
+        for r in self.domains.expire(now):
+            self._ranks.trust(r)
+        return self._release_held(lambda h: not self.domains.host_suspect(h), SOURCE_RANK_LOST)
 
     # ------------------------------------------------ deferral bookkeeping
     def defer_recorded(self, work_id: str, persisted: bool) -> None:
@@ -246,6 +292,10 @@ class Rollbacks(DispatcherBase):
             return "committed", [], None
         if not ledger.known(work_id):
             return "unknown", [], None
+        if self._held_lost.pop(work_id, None) is not None:  # its rank was lost: nothing runs it
+            self._apply(Cancelled(work_id, command))
+            self._n.operator_cancels += 1
+            return "cancelled", [], None
         held = ledger.in_flight.get(work_id)
         if held is None:  # pending or deferred
             self._apply(Cancelled(work_id, command))
