@@ -30,13 +30,16 @@ SUSPECT_SECONDS = 10.0
 class FailureDomains:
     """Hosts of the worker ranks, the hosts that are failing, and the suspect ranks."""
 
-    __slots__ = ("window", "_host", "_ranks", "_suspect")
+    __slots__ = ("window", "_host", "_ranks", "_suspect", "suspect")
 
     def __init__(self, window: float = SUSPECT_SECONDS) -> None:
         self.window = window
         self._host: dict[int, str] = {}
         self._ranks: dict[str, set[int]] = {}
         self._suspect: dict[int, float] = {}  # rank -> until when it gets no work (unless heard)
+        #: the same dict, read by the dispatcher's hot paths (a truth test, no call): do not
+        #: change it
+        self.suspect = self._suspect
 
     def note_host(self, rank: int, host: str) -> None:
         """``rank`` runs on ``host``."""
