@@ -9,6 +9,7 @@ with ``#`` are comments. Commands (times are virtual seconds):
     result RANK TOKEN NOW [malformed]     ready RANK TOKEN NOW     heartbeat RANK TOKEN NOW
     results RANK TOKEN NOW COUNT [errors=I,J]   (a RESULT with COUNT entries; items I, J failed)
     join NOW     sweep NOW     snapshot-persisted     defer-recorded WORK persisted|memory
+    host RANK HOST (its failure domain)   lost NOW RANK... (the runtime reported them together)
     status W...  parked  idle  pending  stats FIELD...
 
 A TOKEN of ``-`` sends no token at all. Set ``DD_REWRITE_TRANSCRIPTS=1`` to rewrite expectations.
@@ -116,6 +117,10 @@ class Runner:
             out = d.on_ready(int(a[0]), _tok(a[1]), float(a[2]))
         elif cmd == "heartbeat":
             out = d.on_heartbeat(int(a[0]), _tok(a[1]), float(a[2]))
+        elif cmd == "host":
+            d.note_host(int(a[0]), a[1])
+        elif cmd == "lost":
+            out = d.ranks_lost([int(r) for r in a[1:]], float(a[0]), "process failed")
         elif cmd == "join":
             out = d.join_invalid(float(a[0]))
         elif cmd == "sweep":

@@ -140,8 +140,9 @@ def test_the_core_imports_no_io() -> None:
 #: Each layer of the package (docs/explanation/architecture.md), lowest first. A module may
 #: import its own layer and the layers below it, never one above; two packages in one layer
 #: (core and storage) do not import each other. The futures face stands on the testing
-#: package's in-process workers (an executor on a communicator of one runs its calls there). The facade on top
-#: (the package's ``__init__``, ``__main__``, the pytest plugin) may import anything.
+#: package's in-process workers (an executor on a communicator of one runs its calls there).
+#: The facade on top (the package's ``__init__``, ``__main__``, the pytest plugin) may import
+#: anything.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "tokens", "schema", "_lazy", "processes", "progress", "commands"),
     ("core", "storage"),

@@ -192,6 +192,90 @@ def test_launch_passes_the_exit_status_on_and_requeues_only_on_the_resumable_cod
         os.environ["PATH"] = old
 
 
+# A campaign's state directory as a master leaves it: ``finished`` (every item committed, the
+# directory closed), ``stopped`` (closed with work left), ``died`` (SIGKILLed with work left,
+# never closed).
+_STATE = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from durable_dispatch import CampaignState, WorkItem
+from helpers import fake_campaign
+how, d = sys.argv[1], sys.argv[2]
+state = CampaignState.open(d, ranks=(1,))
+state.submit([WorkItem(f"w{{i}}", i) for i in range(3)])
+if how == "finished":
+    fake_campaign(state)
+if how == "died":
+    os.kill(os.getpid(), signal.SIGKILL)
+state.close()
+"""
+
+
+def _campaign_state(tmp_path: Path, how: str) -> Path:
+    d = tmp_path / how
+    script = _STATE.format(tests=str(Path(__file__).parent))
+    r = subprocess.run([sys.executable, "-c", script, how, str(d)], check=False)
+    assert r.returncode == (-signal.SIGKILL if how == "died" else 0)
+    return d
+
+
+def test_launch_exits_0_only_when_the_state_directory_says_the_campaign_finished(
+    tmp_path: Path,
+) -> None:
+    """Issue 60: mpiexec exits 0 once Open MPI's runtime ended a job that lost a node's daemon
+    (the job ended COMPLETED with 146 items left), and srun exits 14 once Slurm cancelled the
+    step (launch said "not resumable, not requeued" with 135 left). With --state-dir the record
+    decides: work left is a resumable stop, exit 3 and requeue."""
+    from durable_dispatch.cli.launch import campaign_outcome
+
+    finished, stopped, died = (
+        _campaign_state(tmp_path, h) for h in ("finished", "stopped", "died")
+    )
+    assert [campaign_outcome(d) for d in (finished, stopped, died, tmp_path / "none")] == [
+        "finished",
+        "stopped",
+        "died",
+        "none",
+    ]
+    log = tmp_path / "scontrol.log"
+    fake = tmp_path / "scontrol"
+    fake.write_text(
+        f'#!/bin/sh\nif [ "$1" = requeue ]; then echo "$@" >> {log}; '
+        'else echo "JobId=77 JobState=RUNNING RunTime=00:00:20 TimeLimit=00:01:00"; fi\n'
+    )
+    fake.chmod(0o755)
+    env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0"}
+    old = os.environ["PATH"]
+    os.environ["PATH"] = f"{tmp_path}:{old}"
+
+    def requeues() -> int:
+        return log.read_text().count("requeue 77") if log.exists() else 0
+
+    try:
+        assert launch(["sh", "-c", "exit 0"], env=env, state_dir=finished) == 0
+        assert requeues() == 0
+        # mpiexec's 0 after its runtime ended the job: work left
+        assert launch(["sh", "-c", "exit 0"], env=env, state_dir=stopped) == 3
+        assert requeues() == 1
+        # srun's 14 after Slurm cancelled the step: the master never closed the directory
+        assert launch(["sh", "-c", "exit 14"], env=env, state_dir=died) == 3
+        assert requeues() == 2
+        assert launch(["sh", "-c", "exit 0"], env=env, state_dir=died) == 3
+        assert requeues() == 3
+        # the master closed it with work left and the script failed (a bug): not requeued
+        assert launch(["sh", "-c", "exit 1"], env=env, state_dir=stopped) == 1
+        # nothing there: a wrong --state-dir is not a success
+        assert launch(["sh", "-c", "exit 0"], env=env, state_dir=tmp_path / "none") == 2
+        assert requeues() == 3
+        # the command line
+        from durable_dispatch.cli import main
+
+        code = main(["launch", "--state-dir", str(stopped), "--", "sh", "-c", "exit 0"])
+        assert code == 3 and requeues() == 3  # (no SLURM_JOB_ID in this process's environment)
+    finally:
+        os.environ["PATH"] = old
+
+
 def test_launch_passes_one_sigusr1_per_request_on(tmp_path: Path) -> None:
     """SIGTERM, SIGUSR1 and SIGINT within the window (a time limit, srun's copy, a trap) reach
     the command as one SIGUSR1; the command's resumable exit is the launcher's."""

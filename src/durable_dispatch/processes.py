@@ -11,6 +11,17 @@ say so in their return values.
   daemon's double fork).
 - :func:`die_with_parent` asks the kernel to SIGKILL this process when its parent dies
   (``PR_SET_PDEATHSIG``), for a supervised child whose worker may be killed outright.
+- :func:`start_reaper` starts a small process that outlives this one by an instant: when this
+  process dies, however it dies (SIGKILL, the OOM killer, a normal exit), the kernel signals the
+  reaper (``PR_SET_PDEATHSIG``), which then SIGKILLs what this process's work left: this
+  process's own group (when it led it alone as the reaper started: Open MPI and MPICH start
+  each rank in a group of its own; Slurm's tasks of a node share the group of the node's first
+  task, which is then left alone), every group registered
+  with :func:`reap_group` (the isolated children's), and every process whose environment
+  carries this process's :data:`WORKER_MARK` (what its items started inherits it, even a
+  program that left the group). The reaper sits in a group of its own, so a launcher that
+  kills the rank's group does not take it before it has done its work, and it holds the rank's
+  error output until it ends, so ``mpiexec`` ends only after it.
 """
 
 from __future__ import annotations
@@ -19,7 +30,11 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
+import uuid
 from pathlib import Path
 
 __all__ = [
@@ -29,6 +44,10 @@ __all__ = [
     "kill_descendants",
     "children",
     "kill_trees",
+    "start_reaper",
+    "reap_group",
+    "forget_group",
+    "WORKER_MARK",
 ]
 
 #: The longest :func:`kill_descendants` waits to reap what it killed.
@@ -71,6 +90,167 @@ def die_with_parent(parent: int) -> bool:
     return ok and os.getppid() == parent
 
 
+#: The environment variable that marks every process a worker's items start (its value is the
+#: worker's own, set by :func:`start_reaper`): the reaper kills each process carrying it once
+#: the worker is gone.
+WORKER_MARK = "DURABLE_DISPATCH_WORKER"
+
+# The reaper, run as ``python -I -S -c _REAPER WORKER_PID GROUP MARK``: no site, no import of
+# this package (it starts in milliseconds, whatever the environment). It ignores the signals a
+# launcher or a terminal sends to drain or end a job (its work comes after the worker's end),
+# asks the kernel for SIGUSR2 when its parent dies, and reads ``+PGID`` / ``-PGID`` lines (the
+# groups to kill, and those gone) on its standard input. Its parent's death shows as a new
+# parent (a thread of the worker that ends hands its children to another thread of the same
+# process: the same pid, not a death); it also looks every second, in case the signal was lost.
+_REAPER = r"""
+import os, select, signal, sys, time
+worker, group, mark = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode()
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGQUIT):
+    signal.signal(s, signal.SIG_IGN)
+class Gone(Exception):
+    pass
+def gone(*_):
+    raise Gone
+signal.signal(signal.SIGUSR2, gone)
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGUSR2), 0, 0, 0)
+except Exception:
+    pass
+groups = {group} if group > 0 else set()
+state = {"reading": True, "rest": b""}
+def serve():
+    while os.getppid() == worker:
+        if not state["reading"]:
+            time.sleep(1.0)
+        elif select.select([0], [], [], 1.0)[0]:
+            data = os.read(0, 4096)
+            if not data:
+                state["reading"] = False
+                continue
+            *lines, state["rest"] = (state["rest"] + data).split(b"\n")
+            for ln in lines:
+                if ln[:1] == b"+":
+                    groups.add(int(ln[1:]))
+                elif ln[:1] == b"-":
+                    groups.discard(int(ln[1:]))
+while True:
+    try:
+        serve()
+        break
+    except Gone:
+        if os.getppid() != worker:
+            break
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+me = os.getpid()
+for _ in range(2):
+    for g in groups:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except OSError:
+            pass
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if mark in env:
+            try:
+                os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                pass
+    time.sleep(0.05)
+"""
+
+_reaper: subprocess.Popen[bytes] | None = None
+_reaper_lock = threading.Lock()
+
+
+def start_reaper() -> bool:
+    """Start this process's reaper (see the module docs), once per process; True when one
+    runs. It marks this process's environment with :data:`WORKER_MARK` first, so what this
+    process starts from now on carries the mark. False where there is no ``/proc`` or no
+    ``PR_SET_PDEATHSIG`` (not Linux), or the reaper could not start (it is then logged by the
+    caller's choice: nothing else changes)."""
+    global _reaper
+    with _reaper_lock:
+        if _reaper is not None:
+            return _reaper.poll() is None
+        if not sys.platform.startswith("linux"):
+            return False
+        mark = os.environ.get(WORKER_MARK)
+        if not mark or not mark.startswith(f"{os.getpid()}-"):  # (inherited: another's)
+            mark = os.environ[WORKER_MARK] = f"{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        group = os.getpid() if _leads_group_alone() else 0
+        try:
+            _reaper = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _REAPER, str(os.getpid()), str(group)]
+                + [f"{WORKER_MARK}={mark}"],
+                stdin=subprocess.PIPE,
+                # It holds the rank's error output (and writes nothing to it): a launcher ends
+                # the job once every rank's output is closed, so never before the reaper ended
+                stdout=subprocess.DEVNULL,
+                process_group=0,  # a launcher's kill of the rank's group leaves it its work
+            )
+        except OSError:
+            return False
+        _spared.add(_reaper.pid)
+        return True
+
+
+def _leads_group_alone() -> bool:
+    """True when this process leads its process group and nothing else is in it yet (Open
+    MPI's and MPICH's ranks); False when it shares a group (Slurm's tasks of a node share the
+    group of the node's first task: killing it would kill the other ranks)."""
+    me = os.getpid()
+    if os.getpgrp() != me:
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for name in entries:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and int(fields[2]) == me:  # field 5 of /proc/PID/stat: the group
+            return False
+    return True
+
+
+def _tell_reaper(line: str) -> None:
+    with _reaper_lock:
+        r = _reaper
+        if r is None or r.stdin is None:
+            return
+        try:
+            r.stdin.write(line.encode() + b"\n")
+            r.stdin.flush()
+        except (OSError, ValueError):
+            pass  # it is gone (killed): the rest of the hygiene still runs
+
+
+def reap_group(pgid: int) -> None:
+    """Have the reaper kill group ``pgid`` too when this process dies (an isolated child's)."""
+    _tell_reaper(f"+{pgid}")
+
+
+def forget_group(pgid: int) -> None:
+    """Group ``pgid`` was killed and reaped here: the reaper forgets it (its number may be
+    reused)."""
+    _tell_reaper(f"-{pgid}")
+
+
+#: Processes this process's sweeps never kill (its reaper).
+_spared: set[int] = set()
+
+
 def _parents() -> dict[int, int]:
     """pid -> parent pid of every process in ``/proc`` (empty where there is no ``/proc``)."""
     out: dict[int, int] = {}
@@ -94,7 +274,8 @@ def _parents() -> dict[int, int]:
 def children(pid: int | None = None) -> list[int]:
     """The children of process ``pid`` (this one by default), read from
     ``/proc/PID/task/*/children`` (the children of each of its threads): a few small reads, no
-    scan of ``/proc``; [] where there is no ``/proc``."""
+    scan of ``/proc``; [] where there is no ``/proc``. This process's reaper is not among
+    them."""
     pid = os.getpid() if pid is None else pid
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -107,7 +288,7 @@ def children(pid: int | None = None) -> list[int]:
                 out += [int(x) for x in f.read().split()]
         except (OSError, ValueError):
             continue  # the thread ended meanwhile
-    return out
+    return [p for p in out if p not in _spared]
 
 
 def kill_descendants(root: int | None = None) -> list[int]:
@@ -129,10 +310,12 @@ def _kill_below(roots: list[int], *, include_roots: bool) -> list[int]:
     below: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
         below.setdefault(ppid, []).append(pid)
-    found: list[int] = list(roots) if include_roots else []
+    found: list[int] = [r for r in roots if r not in _spared] if include_roots else []
     todo = [c for r in roots for c in below.get(r, ())]
     while todo:
         pid = todo.pop()
+        if pid in _spared:
+            continue  # this process's reaper: it must outlive this process
         found.append(pid)
         todo += below.get(pid, ())
     me = os.getpid()

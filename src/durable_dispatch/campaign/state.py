@@ -525,6 +525,7 @@ class CampaignState(Delivery, Dependencies):
         journal's next flush (the loop does not wait for it): a crash before it loses only the
         name, and the rank's dispatches, journaled after it, cannot become durable without it
         (one journal, in order)."""
+        self.core.note_host(rank, host)  # its failure domain
         if self._hosts.get(rank) == host:
             return
         self._hosts[rank] = host
@@ -569,13 +570,19 @@ class CampaignState(Delivery, Dependencies):
         """``rank`` failed (ULFM); see :meth:`Dispatcher.rank_lost`."""
         return self._apply(self.core.rank_lost(rank, now, error), self._on_commit)
 
+    def ranks_lost(self, ranks: list[int], now: float, error: str = "rank lost") -> list[Decision]:
+        """``ranks`` failed together (ULFM: one check found them); see
+        :meth:`Dispatcher.ranks_lost` (a node that lost several charges its items nothing)."""
+        return self._apply(self.core.ranks_lost(ranks, now, error), self._on_commit)
+
     def on_gone(self, rank: int, error: str, now: float) -> list[Decision]:
         """``rank`` said it failed and ends (a GONE message): its dispatch is rolled back
         and the rank dropped, as for a lost rank; a rank already lost or unknown is ignored."""
         if self.core.rank_state(rank) in (None, RankState.LOST):
             return []
         log.error("worker %d failed and is gone: %s", rank, error)
-        return self.rank_lost(rank, now, f"worker failed: {error}"[:2000])
+        why = f"worker failed: {error}"[:2000]  # its own error, not its node's
+        return self._apply(self.core.rank_lost(rank, now, why, domain=False), self._on_commit)
 
     def now(self) -> float:
         """The master's clock for this turn: ``time.monotonic()`` as the core's observed clock

@@ -19,6 +19,15 @@ campaign.py`` (or ``-- srun --mpi=pmix python campaign.py``), and needs no ``tra
   requeue`` (the job needs ``--requeue``), unless the job already ran ``--max-requeues`` times
   (``SLURM_RESTART_COUNT``): a campaign that never finishes does not requeue forever; or
   unless ``scancel`` is ending the job (:func:`cancelled`): a cancel stays a cancel.
+- With ``--state-dir STATE`` (``state_dir=``) it never reports success with work left: once
+  ``CMD`` ended it reads the campaign's outcome from the state directory
+  (:func:`campaign_outcome`) and ends with 0 only when the campaign finished there. A
+  launcher or batch system that ended the job early (Open MPI's ``mpiexec`` exits 0 once its
+  runtime lost a node's daemon; ``srun`` exits 14 once Slurm cancelled the step) is a
+  resumable stop: exit 3, requeued as above. So is a master that died without closing the
+  state directory, whatever the status. A master that closed it with work left and an exit
+  status of 1 or 2 (an exception in the campaign script, a usage error) keeps that status: a
+  bug is not requeued.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ __all__ = [
     "requeue_command",
     "job_fields",
     "cancelled",
+    "campaign_outcome",
     "add_parser",
 ]
 
@@ -101,6 +111,54 @@ def cancelled(fields: Mapping[str, str]) -> bool:
     return limit is None or run is None or run < limit
 
 
+def campaign_outcome(state_dir: str | os.PathLike[str]) -> str:
+    """How the campaign in ``state_dir`` stands, as the state directory records it (read-only:
+    nothing is created or changed):
+
+    - ``"finished"``: its last master closed the directory (its owner record is released) and
+      nothing is pending, waiting or in flight;
+    - ``"stopped"``: its last master closed it with work left (a drain, a time limit, an
+      error);
+    - ``"died"``: its last master never closed it (killed, its node lost): work is left, or
+      may be (a later run finds out, and finishes at once if nothing is);
+    - ``"none"``: no master ever opened it (not a state directory, or not yet one).
+    """
+    from ..storage.owner import read_owner
+    from ..views.view import FINISHED, read_view
+
+    try:
+        owner = read_owner(state_dir)
+    except OSError:
+        owner = None
+    if owner is None:
+        return "none"
+    if not owner.released:
+        return "died"
+    try:
+        view = read_view(state_dir)
+    except Exception:  # noqa: BLE001 - damage or a race with a new master: not finished
+        return "stopped"
+    return "finished" if view.state == FINISHED else "stopped"
+
+
+def _resumable_by_outcome(code: int, outcome: str, resumable: int, what: str) -> int:
+    """The exit status once the state directory's ``outcome`` is known (see the module docs)."""
+    if outcome == "finished" or code == resumable:
+        return code
+    if outcome == "none":
+        if code == 0:
+            _say(f"{what} exited 0 but the state directory holds no campaign: check --state-dir")
+            return 2
+        return code
+    if outcome == "died":
+        _say(f"{what} exited {code} and the master never closed the state directory: resumable")
+        return resumable
+    if code in (1, 2):  # the master closed it: the campaign script's own error
+        return code
+    _say(f"{what} exited {code} with work left in the state directory: resumable")
+    return resumable
+
+
 def _say(msg: str) -> None:
     print(f"durable-dispatch launch: {msg}", file=sys.stderr, flush=True)
 
@@ -113,6 +171,7 @@ def launch(
     resumable: int = RESUMABLE,
     env: Mapping[str, str] | None = None,
     hold: float = HOLD_SECONDS,
+    state_dir: str | os.PathLike[str] | None = None,
 ) -> int:
     """Run ``argv`` (the launcher line), pass on the batch system's signals, requeue on the
     resumable code; returns the exit status to end with (see the module docs).
@@ -126,6 +185,10 @@ def launch(
         env: the environment (``os.environ``).
         hold: a request in the first ``hold`` seconds after ``argv`` started is passed on
             only then (a rank that has not imported the library yet would die of it).
+        state_dir: the campaign's state directory: the exit status then follows the
+            campaign's outcome recorded there (:func:`campaign_outcome`; 0 only when it
+            finished, 3 when a launcher ended the job early or the master died), not only
+            ``argv``'s status. Without it, ``argv``'s status is all ``launch`` knows.
     """
     from ..mpi.signals import DRAIN_SIGNALS, CaughtSignals
 
@@ -169,6 +232,9 @@ def launch(
         # state directory knows it. Resumable: the next allocation finishes at once if done.
         _say(f"{os.path.basename(argv[0])} ended by the SIGUSR1 passed on to it: resumable")
         code = resumable
+    if state_dir is not None:  # the record, not the launcher, says whether work is left
+        outcome = campaign_outcome(state_dir)
+        code = _resumable_by_outcome(code, outcome, resumable, os.path.basename(argv[0]))
     if code == resumable and requeue:
         cmd = requeue_command(env)
         restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
@@ -208,12 +274,14 @@ def add_parser(sub: Any) -> None:
             "reach CMD as one SIGUSR1 per request (copies within 5 s are one request), so the "
             "ranks drain. Exits with CMD's status; when that is the resumable code inside a "
             "Slurm job, runs 'scontrol requeue $SLURM_JOB_ID' first (the job needs --requeue). "
+            "With --state-dir the campaign's outcome recorded there decides: 0 only when it "
+            "finished; a job its launcher ended early with work left exits 3 (requeued). "
             "As root, CMD gets Open MPI's OMPI_ALLOW_RUN_AS_ROOT=1 and "
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, as with 'durable-dispatch run'. "
             "Use it with exec as the job script's last line; see docs/slurm.md."
         ),
-        epilog='Example: durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" python campaign.py '
-        "(a job script's last line, after exec)",
+        epilog="Example: durable-dispatch launch --state-dir state -- mpiexec "
+        '-n "$SLURM_NTASKS" python campaign.py (a job script\'s last line, after exec)',
         formatter_class=HelpFormatter,
     )
     lp.add_argument(
@@ -227,6 +295,12 @@ def add_parser(sub: Any) -> None:
     )
     lp.add_argument(
         "--resumable-code", type=int, default=RESUMABLE, help="the campaign's resumable status"
+    )
+    lp.add_argument(
+        "--state-dir",
+        metavar="STATE",
+        help="the campaign's state directory: exit 0 only when the campaign finished there; "
+        "a job its launcher ended early, or whose master died, exits 3 and is requeued",
     )
     lp.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the launcher's command line")
     lp.set_defaults(func=_cmd_launch)
@@ -254,4 +328,5 @@ def _cmd_launch(args: Any) -> int:
         requeue=args.requeue,
         max_requeues=args.max_requeues,
         resumable=args.resumable_code,
+        state_dir=args.state_dir,
     )

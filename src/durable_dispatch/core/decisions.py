@@ -37,6 +37,8 @@ __all__ = [
     "SOURCE_SEND_FAILURE",
     "SOURCE_RANK_LOST",
     "SOURCE_MASTER_RESTART",
+    "SOURCE_NODE_LOST",
+    "UNCHARGED_SOURCES",
     "SOURCE_DEPENDENCY",
     "SOURCE_OPERATOR",
 ]
@@ -50,6 +52,11 @@ SOURCE_WATCHDOG = "watchdog-timeout"
 SOURCE_SEND_FAILURE = "send-failure"
 SOURCE_RANK_LOST = "rank-lost"
 SOURCE_MASTER_RESTART = "master-restart"
+#: The source of a requeue of an item whose node failed under it (its host lost several ranks
+#: at once): its rank did not die of it, so nothing is charged (kind ``lost-rank``).
+SOURCE_NODE_LOST = "node-lost"
+#: The sources whose requeues charge the item nothing.
+UNCHARGED_SOURCES = frozenset({SOURCE_MASTER_RESTART, SOURCE_NODE_LOST})
 #: The source of a :class:`Defer` of an item that never ran: a dependency ended for good without
 #: a commit, was never submitted, or is part of a cycle (G4); its kind is ``"dependency"``.
 SOURCE_DEPENDENCY = "dependency"

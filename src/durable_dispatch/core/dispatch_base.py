@@ -24,6 +24,7 @@ from .decisions import (
     Quarantine,
     WorkItem,
 )
+from .domains import FailureDomains
 from .events import Event, of_decision
 from .ledger import Ledger
 from .ranks import Ranks
@@ -82,6 +83,13 @@ class DispatcherBase:
         self._n = Counters()
         #: the deadline policy: a dispatch's time, the heartbeat lease, the adaptive rule
         self.policy = DeadlinePolicy(self.watchdog)
+        #: the hosts of the ranks: a node is a failure domain (see :mod:`.domains`)
+        self.domains = FailureDomains()
+        # the item of a rank lost alone while its host's other ranks are suspect: its charge
+        # waits until the host is known to live (they answered, or the window passed: charged
+        # lost-rank) or to have died (another rank of it lost: requeued uncharged). It stays
+        # in flight in the ledger meanwhile. work ID -> (item, token, host, error)
+        self._held_lost: dict[str, tuple[WorkItem, Token, str, str]] = {}
         for r in ranks:
             self.add_rank(r, starting=starting)
 
@@ -98,6 +106,15 @@ class DispatcherBase:
         if self._ranks.is_live(rank):
             raise UsageError(f"rank {rank} was already added")
         self._ranks.add(rank, starting=starting)
+
+    def note_host(self, rank: int, host: str) -> None:
+        """Worker ``rank`` runs on ``host`` (its first READY said so): its failure domain."""
+        self.domains.note_host(rank, host)
+
+    def _heard(self, rank: int) -> None:
+        """A message came from ``rank``: if it was suspect, it may get work again."""
+        if self.domains.heard(rank):
+            self._ranks.trust(rank)
 
     def auto_batch(self) -> int:
         """How many items the next dispatch carries under ``batch="auto"``

@@ -51,7 +51,7 @@ from ..schema import (
     list_of,
 )
 from ..tokens import Token
-from .decisions import SOURCE_MASTER_RESTART, Defer, Requeue, Send, WorkItem
+from .decisions import UNCHARGED_SOURCES, Defer, Requeue, Send, WorkItem
 from .records import fast_init
 
 __all__ = [
@@ -279,7 +279,8 @@ class Requeued(_Event):
     """``work_id`` went back to the front of the frontier.
 
     ``split``: it was one of a multi-item dispatch that failed as a whole (not charged; it runs
-    alone from now on). ``source == "master-restart"``: not charged either. Otherwise one failure
+    alone from now on). ``source`` ``"master-restart"`` or ``"node-lost"``: not charged either
+    (:data:`~.decisions.UNCHARGED_SOURCES`). Otherwise one failure
     of ``kind`` was charged and ``attempts`` is its new count.
     """
 
@@ -304,13 +305,13 @@ class Requeued(_Event):
     @property
     def charged(self) -> bool:
         """True when this requeue charged a failure to the work ID."""
-        return not self.split and self.source != SOURCE_MASTER_RESTART
+        return not self.split and self.source not in UNCHARGED_SOURCES
 
     @classmethod
     def check(cls, rec: Mapping[str, Any]) -> None:
         """As :meth:`_Event.check`; a charged requeue names its ``attempts`` and ``kind``."""
         check_members(rec, cls.REQUIRED, cls.OPTIONAL)
-        if not rec.get("split") and rec.get("source") != SOURCE_MASTER_RESTART:
+        if not rec.get("split") and rec.get("source") not in UNCHARGED_SOURCES:
             check_members(rec, {"attempts": is_int, "kind": is_str}, {})
 
     def encode(self) -> dict[str, Any]:

@@ -60,7 +60,16 @@ class Ranks(Generic[TX]):
     """The worker ranks: each one's :class:`RankState`, the transaction a BUSY rank runs, the
     token a PARKED rank waits for, and the tokens each rank retired."""
 
-    __slots__ = ("_state", "_idle", "_current", "_parked", "_retired", "_starting", "_lost")
+    __slots__ = (
+        "_state",
+        "_idle",
+        "_current",
+        "_parked",
+        "_retired",
+        "_starting",
+        "_lost",
+        "_held",
+    )
 
     def __init__(self) -> None:
         self._state: dict[int, RankState] = {}
@@ -72,6 +81,9 @@ class Ranks(Generic[TX]):
         # that every count is O(1): the master asks for them every turn (stop_reason)
         self._starting = 0
         self._lost = 0
+        # ranks given no new work while they are suspect (their host lost a rank): an IDLE one
+        # stays out of the idle set until :meth:`trust`
+        self._held: set[int] = set()
 
     def _move(self, rank: int, to: RankState) -> None:
         """The one place a rank's state changes."""
@@ -90,11 +102,13 @@ class Ranks(Generic[TX]):
             self._lost -= 1
         self._state[rank] = to
         if to is RankState.IDLE:
-            self._idle.add(rank)
+            if rank not in self._held:
+                self._idle.add(rank)
         elif to is RankState.STARTING:
             self._starting += 1
         elif to is RankState.LOST:
             self._lost += 1
+            self._held.discard(rank)
 
     # ------------------------------------------------------------ transitions
     def add(self, rank: int, *, starting: bool = False) -> None:
@@ -132,6 +146,20 @@ class Ranks(Generic[TX]):
     def lose(self, rank: int) -> None:
         """Any state -> LOST (the runtime reported the process dead)."""
         self._move(rank, RankState.LOST)
+
+    def withhold(self, rank: int) -> None:
+        """Give ``rank`` no new work until :meth:`trust` (it is suspect); its state is
+        unchanged (a BUSY one runs on; an IDLE one is not chosen by :meth:`lowest_idle`)."""
+        if self.is_live(rank):
+            self._held.add(rank)
+            self._idle.discard(rank)
+
+    def trust(self, rank: int) -> None:
+        """``rank`` may get work again (an IDLE one is idle again)."""
+        if rank in self._held:
+            self._held.discard(rank)
+            if self._state.get(rank) is RankState.IDLE:
+                self._idle.add(rank)
 
     def _retire(self, rank: int, token: Token) -> None:
         kept = self._retired.get(rank)

@@ -6,7 +6,7 @@ that was in flight is rolled back uncharged). One compensation path: :meth:`Roll
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 from typing import Any, Self
 
@@ -17,9 +17,11 @@ from .decisions import (
     SOURCE_DEPENDENCY,
     SOURCE_INVALID_RESULT,
     SOURCE_MASTER_RESTART,
+    SOURCE_NODE_LOST,
     SOURCE_OPERATOR,
     SOURCE_RANK_LOST,
     SOURCE_WATCHDOG,
+    UNCHARGED_SOURCES,
     Decision,
     Defer,
     ItemFailure,
@@ -81,8 +83,9 @@ class Rollbacks(DispatcherBase):
         """Roll back every expired dispatch and park its rank (W3 step 5, W4, W6).
 
         Nothing is judged while :attr:`clock` holds (U7: after a master pause, until the shell
-        has drained what arrived during it)."""
-        out: list[Decision] = []
+        has drained what arrived during it). It first settles the items held since their rank
+        was lost alone (:meth:`settle_lost`)."""
+        out: list[Decision] = self.settle_lost(now) if self._held_lost else []
         if self.clock.hold:
             return out
         for _rank, token in self.expired(now):
@@ -93,18 +96,97 @@ class Rollbacks(DispatcherBase):
             )
         return out
 
-    def rank_lost(self, rank: int, now: float, error: str = "rank lost") -> list[Decision]:
-        """The runtime reported ``rank`` dead (ULFM): roll back its dispatch now, drop the rank."""
-        if not self._ranks.is_live(rank):
-            raise UsageError(f"unknown rank {rank}")
+    def rank_lost(
+        self, rank: int, now: float, error: str = "rank lost", *, domain: bool = True
+    ) -> list[Decision]:
+        """The runtime reported ``rank`` dead (ULFM): roll back its dispatch now, drop the rank.
+        The same as :meth:`ranks_lost` with ``[rank]``."""
+        return self.ranks_lost([rank], now, error, domain=domain)
+
+    def ranks_lost(
+        self, ranks: Iterable[int], now: float, error: str = "rank lost", *, domain: bool = True
+    ) -> list[Decision]:
+        """The runtime reported ``ranks`` dead together (ULFM: the ranks one check found
+        failed): roll back their dispatches now, drop the ranks.
+
+        A node is a failure domain (:mod:`.domains`): a rank whose host lost several ranks at
+        once, or that was suspect (its host lost a rank and it had not answered since), died
+        with its node, and its item goes back to the front uncharged (source ``node-lost``); a
+        rank that died alone charges its item ``lost-rank`` (an item may kill its own rank).
+        Every other rank of such a host gets no new work until it answers or the window
+        passes. ``domain=False`` (a worker that said
+        it failed and ends: its own error, not its node's) charges as a rank alone and
+        suspects nobody.
+
+        Raises:
+            UsageError: a rank is unknown or already lost (nothing changed).
+        """
+        ranks = sorted(set(ranks))
+        for rank in ranks:
+            if not self._ranks.is_live(rank):
+                raise UsageError(f"unknown rank {rank}")
+        node: dict[int, bool] = {r: False for r in ranks}
+        if domain:
+            gone = set(ranks)
+            live = [r for r in self._ranks.live() if r not in gone]
+            node = self.domains.lost(ranks, now, live)
+            for r in self.domains.suspects():
+                self._ranks.withhold(r)
         out: list[Decision] = []
-        tx = self._ranks.current(rank)
-        self._n.ranks_lost += 1
-        if tx is not None and tx.state in (TxState.PREPARING, TxState.DISPATCHED):
-            out += self._roll_back(tx, SOURCE_RANK_LOST, "lost-rank", error, RankState.LOST)
-        else:
-            self._ranks.lose(rank)
+        if domain and self._held_lost:  # a held item's host lost another rank: its node died
+            hosts = {self.domains.host(r) for r in ranks}
+            out += self._release_held(lambda h: h in hosts, SOURCE_NODE_LOST)
+        for rank in ranks:
+            tx = self._ranks.current(rank)
+            self._n.ranks_lost += 1
+            source = SOURCE_NODE_LOST if node[rank] else SOURCE_RANK_LOST
+            if tx is None or tx.state not in (TxState.PREPARING, TxState.DISPATCHED):
+                self._ranks.lose(rank)
+                continue
+            host = self.domains.host(rank)
+            if (
+                domain
+                and source == SOURCE_RANK_LOST
+                and len(tx.items) == 1
+                and host is not None
+                and self.domains.host_suspect(host)
+            ):  # alone so far, but its node may be dying: the charge waits (see _held_lost)
+                out += self._hold(tx, host, error)
+                continue
+            out += self._roll_back(tx, source, "lost-rank", error, RankState.LOST)
         return out
+
+    def _hold(self, tx: Transaction, host: str, error: str) -> list[Decision]:
+        """Roll back ``tx`` of a lost rank but hold its one item in flight until its host is
+        known to live or to have died (:meth:`settle_lost`)."""
+        advance(tx, TxEvent.ROLLED_BACK)
+        (item,) = tx.items
+        self._unlease(item, tx.token)
+        del self._open[tx.wire]
+        self._ranks.lose(tx.rank)
+        self._held_lost[item.work_id] = (item, tx.token, host, error)
+        return []
+
+    def _release_held(self, which: Callable[[str], bool], source: str) -> list[Decision]:
+        """Requeue (``node-lost``: uncharged) or charge (``rank-lost``) the held items whose
+        host ``which`` picks."""
+        out: list[Decision] = []
+        for wid, (item, token, host, error) in list(self._held_lost.items()):
+            if which(host):
+                del self._held_lost[wid]
+                out.append(self._retry_or_defer(item, token, source, "lost-rank", error))
+                out.append(self._require_snapshot(f"lost rank's {wid} under {token} ({source})"))
+        return out
+
+    def settle_lost(self, now: float) -> list[Decision]:
+        """Charge the items held since their rank was lost alone (``lost-rank``) once their
+        host's other ranks all answered or the window passed without another loss there: the
+        rank died alone. :meth:`sweep` calls it every turn; O(1) when nothing is held."""
+        if not self._held_lost:
+            return []
+        for r in self.domains.expire(now):
+            self._ranks.trust(r)
+        return self._release_held(lambda h: not self.domains.host_suspect(h), SOURCE_RANK_LOST)
 
     # ------------------------------------------------ deferral bookkeeping
     def defer_recorded(self, work_id: str, persisted: bool) -> None:
@@ -215,6 +297,10 @@ class Rollbacks(DispatcherBase):
             return "committed", [], None
         if not ledger.known(work_id):
             return "unknown", [], None
+        if self._held_lost.pop(work_id, None) is not None:  # its rank was lost: nothing runs it
+            self._apply(Cancelled(work_id, command))
+            self._n.operator_cancels += 1
+            return "cancelled", [], None
         held = ledger.in_flight.get(work_id)
         if held is None:  # pending or deferred
             self._apply(Cancelled(work_id, command))
@@ -317,9 +403,13 @@ class Rollbacks(DispatcherBase):
         """The shared retry path (W5): requeue at the front, or defer after the budget."""
         wid = item.work_id
         ledger = self.ledger
-        if source == SOURCE_MASTER_RESTART:
-            self._n.master_restart_rollbacks += 1
-            return self._record(Requeue(wid, token, source, kind, ledger.attempts.get(wid, 0)))
+        if source in UNCHARGED_SOURCES:  # (the fault was the master's, or the node's)
+            if source == SOURCE_MASTER_RESTART:
+                self._n.master_restart_rollbacks += 1
+            else:
+                self._n.node_lost_requeues += 1
+            attempts = ledger.attempts.get(wid, 0)
+            return self._record(Requeue(wid, token, source, kind, attempts, error))
         n = ledger.attempts.get(wid, 0) + 1
         if n <= self.retry.retries_for(kind):
             self._n.protocol_requeued_dispatches += 1

@@ -35,6 +35,9 @@ class DispatchStats:
     isolated child crashed or timed out), ``invalid_result_rollbacks`` the RESULTs that could
     not commit for what they were (malformed, missing, too large).
     ``starting_ranks_now`` counts ranks that have not said their first READY yet.
+    ``node_lost_requeues`` counts items requeued uncharged because their node failed under
+    them (their host lost several ranks at once), ``suspect_ranks_now`` the ranks of such a
+    host that get no new work until they answer.
     ``master_pauses`` counts the gaps in the master's own turns that were not counted against
     the workers (U7: it was stopped or blocked), ``master_paused_seconds`` their total length.
     """
@@ -53,6 +56,7 @@ class DispatchStats:
     send_failures: int = 0
     ranks_lost: int = 0
     master_restart_rollbacks: int = 0
+    node_lost_requeues: int = 0
     duplicate_commits_ignored: int = 0
     heartbeats: int = 0
     stale: Mapping[str, int] = field(default_factory=dict)
@@ -69,6 +73,7 @@ class DispatchStats:
     starting_ranks_now: int = field(default=0, metadata=_GAUGE)
     idle_ranks_now: int = field(default=0, metadata=_GAUGE)
     busy_ranks_now: int = field(default=0, metadata=_GAUGE)
+    suspect_ranks_now: int = field(default=0, metadata=_GAUGE)
     in_flight_now: int = field(default=0, metadata=_GAUGE)
     pending_now: int = field(default=0, metadata=_GAUGE)
     deferred_now: int = field(default=0, metadata=_GAUGE)

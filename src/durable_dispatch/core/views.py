@@ -128,6 +128,7 @@ class Views(DispatcherBase):
             starting_ranks_now=self._ranks.count(RankState.STARTING),
             idle_ranks_now=self._ranks.count(RankState.IDLE),
             busy_ranks_now=self._ranks.count(RankState.BUSY),
+            suspect_ranks_now=len(self.domains.suspects()),
             in_flight_now=len(self.ledger.in_flight),
             pending_now=len(self.ledger.frontier),
             deferred_now=len(self.ledger.deferred),

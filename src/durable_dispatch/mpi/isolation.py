@@ -14,9 +14,11 @@ off) unless the runner is made with ``child_mpi=True``: then an MPI call of the 
 import) initializes MPI in the child as a singleton, a world of its own.
 
 The child runs in a process group of its own inside the job's session, and dies with its worker
-(``PR_SET_PDEATHSIG``). The worker is the subreaper of its descendants. At an item's deadline, or
-when the child dies, or on STOP, the worker kills the child's group and every descendant it can
-still find, so a hang costs a deadline and a crash costs a restart, never the rank.
+(``PR_SET_PDEATHSIG``); the worker's reaper (:func:`~durable_dispatch.processes.start_reaper`)
+then kills that group, so what the child started dies too. The worker is the subreaper of its
+descendants. At an item's deadline, or when the child dies, or on STOP, the worker kills the
+child's group and every descendant it can still find, so a hang costs a deadline and a crash
+costs a restart, never the rank.
 
 Frames on the two pipes (``multiprocessing.connection`` framing): the worker sends the pickled
 set-up, then one JSON frame per dispatch (``{"job", "items", "deadline", "lease"}``); the child
@@ -176,6 +178,7 @@ class _Child:
                     process_group=0,  # its own group, still in the job's session
                 )
                 _live.add(self.proc.pid)
+                processes.reap_group(self.proc.pid)  # killed with it if the worker dies first
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -237,6 +240,7 @@ class _Child:
             self.proc.wait(timeout=processes.REAP_SECONDS)
         except subprocess.TimeoutExpired:
             log.warning("isolated child %d did not die at once; not waiting", pid)
+        processes.forget_group(pid)
         with _live_lock:
             _live.discard(pid)
             if not _live:  # no other session's child: the orphans re-parented here are its

@@ -617,14 +617,20 @@ def _refuse(message: str, comm: Any, stop_timeout: float) -> NoReturn:
 def _check_failures(
     link: Transport, state: CampaignState, lost: dict[int, float], now: float
 ) -> None:
-    """ULFM: roll back the dispatch of every newly failed rank and exclude it."""
-    for r in link.failed_ranks():
-        if r in lost or r == 0:
-            continue
+    """ULFM: roll back the dispatches of the newly failed ranks and exclude them, all at once
+    (ranks of one host reported together died with their node: their items are not charged)."""
+    new = sorted({r for r in link.failed_ranks() if r not in lost and r != 0})
+    if not new:
+        return
+    for r in new:
         lost[r] = time.time()
-        guard.peer_failed()  # MPI_Finalize may wait for it forever: leave without it
-        log.warning("master: rank %d failed (ULFM); rolling back its dispatch", r)
-        state.rank_lost(r, now, "process failed")
+        log.warning(
+            "master: rank %d failed (ULFM, host %s); rolling back its dispatch",
+            r,
+            state.core.domains.host(r) or "unknown",
+        )
+    guard.peer_failed()  # MPI_Finalize may wait for them forever: leave without them
+    state.ranks_lost(new, now, "process failed")
 
 
 def _stop_or_abort(

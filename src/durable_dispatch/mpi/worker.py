@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from .. import processes
 from ..errors import UsageError
 from . import guard
 from . import protocol as P
@@ -376,6 +377,14 @@ def _run(
         link.interrupted = True
 
     try:
+        # U3: whatever ends this process (SIGKILL, the OOM killer, its normal end), what its
+        # items started dies with it (see processes.start_reaper)
+        if not processes.start_reaper():
+            log.warning(
+                "worker %d: no reaper (needs Linux): a program an item starts may outlive "
+                "this rank if it is killed",
+                link.comm.Get_rank(),
+            )
         if isolate:
             runner = IsolatedRunner(fn, mode, max_result, memory_limit, child_mpi=child_mpi)
         else:
