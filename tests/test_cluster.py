@@ -479,14 +479,14 @@ SRUN_JOB = """#!/bin/bash
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=campaign-%j.out
-exec durable-dispatch launch -- srun --mpi=pmix python campaign.py
+exec durable-dispatch launch --state-dir state -- srun --mpi=pmix python campaign.py
 """
 ULFM_JOB = """#!/bin/bash
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=campaign-%j.out
-exec durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" --bind-to none --with-ft ulfm \\
-    python campaign.py
+exec durable-dispatch launch --state-dir state -- \\
+    mpiexec -n "$SLURM_NTASKS" --bind-to none --with-ft ulfm python campaign.py
 """
 # 6 tasks on the 3 nodes, 2 each (the master and a worker on ddnode1, the batch host), and a
 # requeued allocation fits on the 2 nodes left (4 CPUs each) while a dead one is down. Not
@@ -494,15 +494,6 @@ exec durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" --bind-to none --with
 SPREAD = ("--nodes=2-3", "--ntasks=6", "--spread-job", "--mincpus=2", "--time=6")
 ITEMS = 240  # of 0.3 s on 5 workers: about 15 s of work
 KILL_AT = 40  # commits before the fault
-LAUNCH_LEARNS = (
-    "durable-dispatch launch takes the launcher's exit status for the campaign's outcome: "
-    "the job ends with work left and is not requeued (the library's fix: launch learns the "
-    "outcome from the state directory)"
-)
-NODE_DOMAIN = (
-    LAUNCH_LEARNS + "; and the items in flight on the dead node are charged lost-rank (the "
-    "library's fix: a node is a failure domain, its death charges no item)"
-)
 
 
 def no_item_charged_for_the_node(case: Case, line: str) -> None:
@@ -522,7 +513,6 @@ def finished_in_slurm(case: Case, f: dict[str, str]) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=LAUNCH_LEARNS)
 def test_a_worker_node_killed_under_srun_requeues_and_finishes(
     cluster: Any, tmp_path: Path
 ) -> None:
@@ -545,7 +535,6 @@ def test_a_worker_node_killed_under_srun_requeues_and_finishes(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=NODE_DOMAIN)
 def test_a_worker_node_killed_under_mpiexec_ulfm_never_ends_done_with_work_left(
     cluster: Any, tmp_path: Path
 ) -> None:
@@ -625,7 +614,7 @@ def start_run(case: Case, hosts: list[str], run: int, **env: str) -> subprocess.
     """``durable-dispatch launch -- mpiexec --host HOSTS --with-ft ulfm python campaign.py``
     from this host (the login node), 2 ranks a node, in a session of its own."""
     cmd = [
-        f"{_bin()}/durable-dispatch", "launch", "--",
+        f"{_bin()}/durable-dispatch", "launch", "--state-dir", "state", "--",
         *agent_command(2 * len(hosts), hosts, ulfm=True, env=CAMPAIGN_ENV),
         sys.executable, "campaign.py",
     ]  # fmt: skip
@@ -667,7 +656,6 @@ def resume_until_done(case: Case, first: int, hosts: list[str]) -> list[int]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=NODE_DOMAIN)
 def test_a_worker_node_killed_without_slurm_never_ends_done_with_work_left(
     cluster: Any, tmp_path: Path
 ) -> None:
@@ -729,8 +717,9 @@ def test_a_worker_nodes_link_cut_past_the_watchdog_without_slurm(
     strict=True,
     raises=AssertionError,
     reason="the ranks behind the cut find their master gone once the link heals and exit 1, so "
-    "mpiexec exits 1, and durable-dispatch launch passes that on for a campaign that finished "
-    "(the library's fix: launch learns the outcome from the state directory)",
+    "mpiexec exits 1, and durable-dispatch launch passes a launcher's failure on even when the "
+    "state directory says the campaign finished (it cannot tell it from the script's own error "
+    "after the master's end); every item is committed once",
 )
 def test_a_campaign_that_finishes_while_a_node_is_cut_off_ends_0(
     cluster: Any, tmp_path: Path
@@ -760,13 +749,6 @@ def test_a_campaign_that_finishes_while_a_node_is_cut_off_ends_0(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="mpiexec exits 0 when PRRTE ends the job after the master's node died, and "
-    "durable-dispatch launch passes that 0 on (the library's fix: launch learns the outcome "
-    "from the state directory, where the dead master wrote no end: a resumable stop, exit 3)",
-)
 def test_the_masters_node_killed_without_slurm_is_resumed_by_the_next_run(
     cluster: Any, tmp_path: Path
 ) -> None:
