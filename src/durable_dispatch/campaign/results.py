@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from ..values import TAG, restore
 from .statedir import RESULT_RECORD_BYTES, RESULTS_JOURNAL, STATE_JOURNAL, is_state_dir
 
 __all__ = [
     "CommittedResult",
     "read_results",
+    "stored_results",
     "RESULTS_JOURNAL",
     "results_of_event",
     "shown",
@@ -35,7 +37,8 @@ class CommittedResult:
 
     Attributes:
         work_id: the item's stable work ID.
-        result: the value the work function returned (JSON).
+        result: the value the work function returned, exactly (NaN and the infinities
+            included; a numpy scalar as the equal Python number).
         seq: the sequence number of the state journal record that committed it (commit order).
         token: the dispatch's token (``e<epoch>-<n>``), or None in records that lack it.
         epoch: the master epoch it was committed in (from the token), or None.
@@ -107,6 +110,20 @@ def read_results(
         UsageError: not a state directory.
         JournalCorruptError: damage in one of the journals (before their torn tails).
     """
+    for r in stored_results(state_dir, work_ids, after_seq=after_seq):
+        if type(r.result) is dict and TAG in r.result:
+            r = replace(r, result=restore(r.result))
+        yield r
+
+
+def stored_results(
+    state_dir: str | os.PathLike[str],
+    work_ids: Iterable[str] | None = None,
+    *,
+    after_seq: int = -1,
+) -> Iterator[CommittedResult]:
+    """As :func:`read_results`, each result in its stored form (:mod:`durable_dispatch.values`:
+    what the master sends on as a dependency's result)."""
     from ..errors import UsageError
 
     d = os.fspath(state_dir)

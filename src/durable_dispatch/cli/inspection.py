@@ -123,20 +123,22 @@ def cmd_results(args: argparse.Namespace) -> int:
     """Every committed result, in commit order (U6); read-only, safe beside a running master.
     A sealed pickle of the futures executor is shown opaque (``results.shown``)."""
     from ..campaign.results import read_results, shown
+    from ..values import dumps_exact
 
     _need_state_dir(args.state_dir)
     rows = read_results(args.state_dir, args.work_ids or None)
-    if args.jsonl:
+    if args.jsonl:  # (NaN and the infinities as Python's json writes them: never null)
         out = sys.stdout
         for r in rows:
-            out.write(orjson.dumps({**r.as_dict(), "result": shown(r.result)}).decode() + "\n")
+            out.write(dumps_exact({**r.as_dict(), "result": shown(r.result)}) + "\n")
         return EXIT_OK
     if args.json:
-        _print([{**r.as_dict(), "result": shown(r.result)} for r in rows], True)
+        listed = [{**r.as_dict(), "result": shown(r.result)} for r in rows]
+        sys.stdout.write(dumps_exact(listed, indent=True) + "\n")
         return EXIT_OK
     n = 0
     for r in rows:
-        value = orjson.dumps(shown(r.result)).decode()
+        value = dumps_exact(shown(r.result))
         if len(value) > 100:
             value = value[:97] + "..."
         print(f"{r.work_id:<30} {value}")

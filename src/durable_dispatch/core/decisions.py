@@ -59,10 +59,13 @@ class ItemFailure:
         kind: one of :data:`~durable_dispatch.core.config.WORKER_FAILURE_KINDS`; the core treats
             any other kind as ``malformed-result`` (a worker cannot invent a budget).
         reason: a human-readable reason (``"ValueError: bad input"``, ``"killed by SIGSEGV"``).
+        final: the failure is deterministic (a result that cannot be stored as given): the
+            item is deferred at once, not retried.
     """
 
     kind: str
     reason: str
+    final: bool = False
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.reason}"

@@ -364,7 +364,7 @@ class Dispatcher(Rollbacks, Views):
         )  # fmt: skip
         if whole is not None:
             tx.failure = whole
-            if whole.kind == "malformed-result":
+            if whole.kind == "malformed-result" and not whole.final:
                 return self._quarantine(rank, "RESULT", Classification.MALFORMED, whole.reason)
             # The worker said why it failed: the READY that follows rolls it back. It may first
             # restart its isolated child, so its deadline is now the watchdog's for that READY.
@@ -472,7 +472,9 @@ class Dispatcher(Rollbacks, Views):
         for item, bad in failed:
             self._n.invalid_result_rollbacks += 1
             out.append(
-                self._retry_or_defer(item, token, SOURCE_INVALID_RESULT, bad.kind, bad.reason)
+                self._retry_or_defer(
+                    item, token, SOURCE_INVALID_RESULT, bad.kind, bad.reason, final=bad.final
+                )
             )
         if failed:
             out.append(self._require_snapshot(f"items of {token} failed ({SOURCE_INVALID_RESULT})"))

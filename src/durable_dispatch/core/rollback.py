@@ -56,7 +56,9 @@ class Rollbacks(DispatcherBase):
             if tx.state is TxState.DISPATCHED:  # (else its RESULT came, or it rolled back)
                 f = tx.failure or ItemFailure("missing-result", "READY without RESULT")
                 self._n.invalid_result_rollbacks += 1
-                out += self._roll_back(tx, SOURCE_INVALID_RESULT, f.kind, f.reason, RankState.IDLE)
+                out += self._roll_back(
+                    tx, SOURCE_INVALID_RESULT, f.kind, f.reason, RankState.IDLE, final=f.final
+                )
         return out
 
     def expired(self, now: float) -> list[tuple[int, Token]]:
@@ -266,12 +268,20 @@ class Rollbacks(DispatcherBase):
 
     # ------------------------------------------- the paths every failure takes
     def _roll_back(
-        self, tx: Transaction, source: str, kind: str, error: str, then: RankState
+        self,
+        tx: Transaction,
+        source: str,
+        kind: str,
+        error: str,
+        then: RankState,
+        *,
+        final: bool = False,
     ) -> list[Decision]:
         """The one compensation path: timeout, invalid result, send failure, rank lost (W4, S8).
 
         The rank goes to ``then``: PARKED (timeout, send failure: only its exact READY proves
-        the old generation over), IDLE (it said READY) or LOST.
+        the old generation over), IDLE (it said READY) or LOST. ``final``: the failure is
+        deterministic (the item is deferred at once).
         """
         advance(tx, TxEvent.ROLLED_BACK)
         for item in tx.items:
@@ -286,7 +296,9 @@ class Rollbacks(DispatcherBase):
         else:
             self._ranks.lose(tx.rank)
         if len(tx.items) == 1:
-            out.append(self._retry_or_defer(tx.items[0], tx.token, source, kind, error))
+            out.append(
+                self._retry_or_defer(tx.items[0], tx.token, source, kind, error, final=final)
+            )
         else:  # which item failed is unknown: each goes back uncharged, to run alone (W5)
             # last item first: each goes to the front, so the frontier keeps the dispatch's
             # order (and replay, applying the journaled events in this order, gets the same)
@@ -307,16 +319,24 @@ class Rollbacks(DispatcherBase):
         return self._record(Requeue(wid, token, source, kind, attempts, error, split=True))
 
     def _retry_or_defer(
-        self, item: WorkItem, token: Token, source: str, kind: str, error: str
+        self,
+        item: WorkItem,
+        token: Token,
+        source: str,
+        kind: str,
+        error: str,
+        *,
+        final: bool = False,
     ) -> Decision:
-        """The shared retry path (W5): requeue at the front, or defer after the budget."""
+        """The shared retry path (W5): requeue at the front, or defer after the budget; a
+        ``final`` failure (deterministic: it would fail again) is deferred at once."""
         wid = item.work_id
         ledger = self.ledger
         if source == SOURCE_MASTER_RESTART:
             self._n.master_restart_rollbacks += 1
             return self._record(Requeue(wid, token, source, kind, ledger.attempts.get(wid, 0)))
         n = ledger.attempts.get(wid, 0) + 1
-        if n <= self.retry.retries_for(kind):
+        if n <= self.retry.retries_for(kind) and not final:
             self._n.protocol_requeued_dispatches += 1
             return self._record(Requeue(wid, token, source, kind, n, error))
         kinds = (*ledger.kinds.get(wid, ()), kind)

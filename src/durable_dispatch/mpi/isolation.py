@@ -365,7 +365,10 @@ class IsolatedRunner:
                         else:
                             failure = orjson.loads(body)
                             out[todo[answered]] = ItemOutcome(
-                                None, failure["kind"], failure["reason"]
+                                None,
+                                failure["kind"],
+                                failure["reason"],
+                                failure.get("final") is True,
                             )
                         if report is not None:
                             report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
@@ -584,7 +587,8 @@ def _child_main(argv: list[str]) -> int:
             if o.raw is not None:
                 held.add(_pack(b"R", o.raw))
             else:
-                held.add(_pack(b"E", orjson.dumps({"kind": o.kind, "reason": o.reason})))
+                failed = {"kind": o.kind, "reason": o.reason, "final": o.final}
+                held.add(_pack(b"E", orjson.dumps(failed)))
         held.flush()
 
 

@@ -189,7 +189,7 @@ def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome |
         reason = (whole.reason or "")[:_REASON_MAX]
         return orjson.dumps({"token": token, "error": reason, "kind": whole.kind})
     parts: list[bytes] = []
-    errors: dict[str, dict[str, str]] = {}
+    errors: dict[str, dict[str, Any]] = {}
     room = P.MAX_MESSAGE - _ROOM
     for i, o in enumerate(outcomes):
         if o.raw is not None and len(o.raw) > room:
@@ -201,7 +201,13 @@ def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome |
             )
         if o.raw is None:
             parts.append(b"null")
-            errors[str(i)] = {"kind": o.kind or "error", "reason": (o.reason or "")[:_REASON_MAX]}
+            entry: dict[str, Any] = {
+                "kind": o.kind or "error",
+                "reason": (o.reason or "")[:_REASON_MAX],
+            }
+            if o.final:
+                entry["final"] = True
+            errors[str(i)] = entry
         else:
             parts.append(o.raw)
             room -= len(o.raw)
