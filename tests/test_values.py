@@ -1,0 +1,284 @@
+"""The user's values come back exactly as given, or are refused at the first try (U15).
+
+Payloads and results go through the journal, compaction, ``ctx.dependencies``,
+``read_results`` and the command line's JSON; every value comes back equal (NaN by
+``math.isnan``, the infinities with their sign, a numpy scalar as the equal Python number) or is
+refused: a payload when it is submitted (naming the work ID and the path, nothing added), a
+result as a ``malformed-result`` on its first attempt, not retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from durable_dispatch import RetryPolicy, WorkItem, read_results
+from durable_dispatch.campaign.admin import view_state
+from durable_dispatch.cli import main as cli_main
+from durable_dispatch.errors import RecordEncodeError
+from durable_dispatch.mpi import run_master
+from durable_dispatch.storage.journal import read_journal
+from durable_dispatch.testing import LocalWorkers
+
+np = pytest.importorskip("numpy", reason="numpy is in the test extra (issue: numpy results)")
+
+
+# ------------------------------------------------------------------ an independent model
+class _Refuse(Exception):
+    pass
+
+
+def model(v: Any) -> Any:
+    """What a value must come back as, or ``_Refuse``: written apart from the library."""
+    if v is None or type(v) in (bool, str):
+        if type(v) is str:
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Refuse from None
+        return v
+    if type(v) is int:
+        if -(2**63) <= v < 2**64:
+            return v
+        raise _Refuse
+    if type(v) is float:
+        return v
+    if isinstance(v, np.generic) and isinstance(v, (np.floating, np.integer, np.bool_)):
+        return v.item()
+    if type(v) is list:
+        return [model(x) for x in v]
+    if type(v) is dict:
+        if not all(type(k) is str for k in v):
+            raise _Refuse
+        return {k: model(x) for k, x in v.items()}
+    raise _Refuse  # tuple, set, bytes, datetime, ndarray, complex ...
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, with NaN equal to NaN and the sign of infinities and zeros checked."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        if math.isnan(a):
+            return math.isnan(b)
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    if type(a) is list:
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([float("nan"), float("inf"), float("-inf"), -0.0]),
+    st.text(max_size=5),
+)
+_odd = st.one_of(
+    st.tuples(st.integers(0, 3)),
+    st.frozensets(st.integers(0, 3), max_size=2),
+    st.binary(max_size=3),
+    st.just(datetime.datetime(2026, 1, 2, 3, 4, 5)),
+    st.integers(2**64, 2**70),
+    st.just("\ud800"),
+    st.builds(np.float64, st.floats(allow_nan=True, allow_infinity=True)),
+    st.builds(np.int32, st.integers(-(2**31), 2**31 - 1)),
+    st.just(np.arange(2)),
+    st.just({1: "a"}),
+    st.just({"~nonfinite": [None, [[[], "nan"]]]}),  # looks like the stored form: kept as is
+)
+
+
+def _values(odd: bool) -> st.SearchStrategy[Any]:
+    leaf = st.one_of(_leaf, _odd) if odd else _leaf
+    return st.recursive(
+        leaf,
+        lambda kids: (
+            st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=4), kids, max_size=3)
+        ),
+        max_leaves=8,
+    )
+
+
+def deferred(state: Path) -> dict[str, dict[str, Any]]:
+    """work ID -> its (last) deferral record in the defer journal."""
+    out: dict[str, dict[str, Any]] = {}
+    for rec in read_journal(state / ".dispatch_protocol_deferred.jsonl"):
+        if rec.payload.get("event") == "deferred":
+            out[rec.payload["work_id"]] = rec.payload
+    return out
+
+
+def _cli(*argv: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli_main(list(argv)) == 0
+    return out.getvalue()
+
+
+def _roundtrips(state: Path, wid: str, want: Any) -> None:
+    """``wid``'s result is ``want`` through read_results, the CLI's JSON, and after a
+    compaction through both again."""
+    for _ in range(2):
+        got = {r.work_id: r.result for r in read_results(state)}
+        assert same(got[wid], want), (got[wid], want)
+        rows = [json.loads(x) for x in _cli("results", str(state), "--jsonl").splitlines()]
+        assert same(next(r["result"] for r in rows if r["work_id"] == wid), want)
+        listed = json.loads(_cli("results", str(state), "--json"))
+        assert same(next(r["result"] for r in listed if r["work_id"] == wid), want)
+        _cli("compact", str(state))
+
+
+_n = iter(range(10**9))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_values(odd=True))
+def test_a_result_comes_back_equal_or_is_refused_at_its_first_attempt(
+    tmp_path_factory: pytest.TempPathFactory, value: Any
+) -> None:
+    state = tmp_path_factory.mktemp("r") / f"s{next(_n)}"
+    try:
+        want = model(value)
+    except _Refuse:
+        want = _Refuse
+    report = run_master(
+        [WorkItem("r", 0)], state, comm=LocalWorkers(lambda p: value, 1), retry=RetryPolicy(3)
+    )
+    assert report.finished
+    if want is _Refuse:
+        assert report.stats["core"]["dispatches"] == 1  # not retried: it would fail again
+        d = deferred(state)["r"]
+        assert (d["attempts"], d["kinds"]) == (1, ["malformed-result"])
+        assert "cannot be stored as given" in d["last_error"]
+        assert list(read_results(state)) == []
+    else:
+        _roundtrips(state, "r", want)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_values(odd=True))
+def test_a_payload_reaches_the_worker_equal_or_is_refused_when_submitted(
+    tmp_path_factory: pytest.TempPathFactory, value: Any
+) -> None:
+    state = tmp_path_factory.mktemp("p") / f"s{next(_n)}"
+    try:
+        want = model(value)
+    except _Refuse:
+        want = _Refuse
+    seen: list[Any] = []
+    items = [WorkItem("ok", 1), WorkItem("p", value)]
+
+    def fn(p: Any) -> Any:
+        seen.append(p)
+        return p
+
+    if want is _Refuse:
+        with pytest.raises(RecordEncodeError, match="work item 'p': its payload at ") as e:
+            run_master(items, state, comm=LocalWorkers(fn, 1))
+        assert "cannot be stored as given" in str(e.value)
+        assert seen == []
+        led = view_state(state).projection  # nothing of that call was added
+        assert not led.known("ok") and not led.known("p")
+        return
+    assert run_master(items, state, comm=LocalWorkers(fn, 1)).finished
+    assert same(seen[-1], want)
+    _roundtrips(state, "p", want)
+    # the same payload again is the same payload (U11), NaN included: skipped, not refused
+    assert run_master(items, state, comm=LocalWorkers(fn, 1)).finished
+
+
+def test_non_finite_floats_reach_the_dependents_and_the_callback_exactly(tmp_path: Path) -> None:
+    deps: dict[str, Any] = {}
+    delivered: dict[str, Any] = {}
+
+    def fn(p: Any, ctx: Any) -> Any:
+        deps[ctx.work_id] = dict(ctx.dependencies)
+        return {"e": p["x"], "list": [float("-inf"), 1.5]}
+
+    items = [
+        WorkItem("a", {"x": float("nan")}),
+        WorkItem("b", {"x": float("inf")}, after=("a",)),
+    ]
+    run_master(items, tmp_path / "s", delivered.__setitem__, comm=LocalWorkers(fn, 1, context=True))
+    assert math.isnan(delivered["a"]["e"]) and delivered["b"]["e"] == math.inf
+    assert delivered["a"]["list"][0] == -math.inf
+    assert math.isnan(deps["b"]["a"]["e"]) and deps["b"]["a"]["list"] == [-math.inf, 1.5]
+    # a later run that submits b's dependent reads a's result from the journal, exactly
+    more = [*items, WorkItem("c", {"x": 0.0}, after=("a", "b"))]
+    run_master(more, tmp_path / "s", comm=LocalWorkers(fn, 1, context=True))
+    assert math.isnan(deps["c"]["a"]["e"]) and deps["c"]["b"]["e"] == math.inf
+
+
+def test_numpy_results_under_local_workers(tmp_path: Path) -> None:
+    def fn(p: str) -> Any:
+        if p == "scalars":
+            return {"f": np.float64(0.1), "i": np.int64(-7), "b": np.bool_(True)}
+        return {"nested": [1, {"a": np.arange(3.0)}]}
+
+    items = [WorkItem("scalars", "scalars"), WorkItem("array", "array")]
+    report = run_master(items, tmp_path / "s", comm=LocalWorkers(fn, 1), retry=RetryPolicy(2))
+    assert report.stats["core"]["dispatches"] == 2  # the array is not tried again
+    (r,) = read_results(tmp_path / "s")
+    assert r.result == {"f": 0.1, "i": -7, "b": True}
+    assert [type(v) for v in r.result.values()] == [float, int, bool]
+    d = deferred(tmp_path / "s")["array"]
+    assert (d["attempts"], d["kinds"]) == (1, ["malformed-result"])
+    assert ".nested[1].a" in d["last_error"] and "numpy.ndarray" in d["last_error"]
+    assert ".tolist()" in d["last_error"]
+
+
+def test_a_refused_payload_names_the_work_id_the_path_and_the_value(tmp_path: Path) -> None:
+    when = datetime.datetime(2026, 12, 5)
+    items = [WorkItem("fine", 1), WorkItem("w-7", {"runs": [{"at": when}]})]
+    with pytest.raises(RecordEncodeError) as e:
+        run_master(items, tmp_path / "s", comm=LocalWorkers(lambda p: p, 1))
+    text = str(e.value)
+    assert "'w-7'" in text and ".runs[0].at" in text and "datetime.datetime(2026, 12, 5" in text
+    assert ".isoformat()" in text
+    led = view_state(tmp_path / "s").projection
+    assert not led.known("fine") and not led.known("w-7")
+
+
+def test_a_refused_child_payload_ends_the_run_naming_the_child(tmp_path: Path) -> None:
+    def on_commit(wid: str, result: Any) -> Any:
+        return [WorkItem("child", {"s": {1, 2}})] if wid == "parent" else None
+
+    with pytest.raises(RecordEncodeError, match="'child'.*at .s"):
+        run_master([WorkItem("parent", 1)], tmp_path / "s", on_commit, comm=LocalWorkers(abs, 1))
+    assert "child" not in {r.work_id for r in read_results(tmp_path / "s")}
+
+
+@pytest.mark.parametrize("mode", ["plain", "isolate"])
+def test_numpy_and_non_finite_values_under_mpiexec(tmp_path: Path, mode: str) -> None:
+    from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+
+    script = Path(__file__).parent / "children" / "values_campaign.py"
+    cmd = mpiexec_command(3, [sys.executable, str(script), str(tmp_path / "s"), mode])
+    res = run_mpiexec(cmd, timeout=150)
+    assert res.returncode == 0, res.stdout + res.stderr
+    line = next(x for x in res.stdout.splitlines() if x.startswith("REPORT "))
+    report = json.loads(line.removeprefix("REPORT "))
+    assert report["finished"]
+    assert report["dispatches"] == 5  # "raise" twice (RetryPolicy(1)); the array once
+    got = {r.work_id: r.result for r in read_results(tmp_path / "s")}
+    f = got["np-scalars"]
+    assert (f["f"], f["i"], f["b"]) == (0.1, -7, True) and math.isnan(f["n"])
+    assert math.isnan(got["non-finite"]["echo"][0]) and got["non-finite"]["echo"][1] == -math.inf
+    assert got["non-finite"]["inf"] == math.inf
+    d = deferred(tmp_path / "s")["np-array"]
+    assert (d["attempts"], d["kinds"]) == (1, ["malformed-result"])
+    assert ".tolist()" in d["last_error"]
