@@ -282,3 +282,50 @@ def test_numpy_and_non_finite_values_under_mpiexec(tmp_path: Path, mode: str) ->
     d = deferred(tmp_path / "s")["np-array"]
     assert (d["attempts"], d["kinds"]) == (1, ["malformed-result"])
     assert ".tolist()" in d["last_error"]
+
+
+# ----------------------------------------------------------- results with their payloads
+def test_results_carry_their_payloads_from_every_source_and_after_compaction(
+    tmp_path: Path,
+) -> None:
+    from durable_dispatch.mpi import Feed
+
+    state = tmp_path / "s"
+
+    def on_commit(wid: str, result: Any) -> Any:
+        if wid == "list-1":
+            return [WorkItem("child", {"from": "on_commit", "x": float("nan")})]
+        return None
+
+    class Once(Feed):
+        def refill(self) -> None:
+            if not self.state.core.ledger.known("fed"):
+                self.state.submit([WorkItem("fed", {"from": "feed"})])
+            self.exhausted = True
+
+    items = [WorkItem("list-1", {"from": "list", "x": 1}), WorkItem("list-2", [1, -0.0])]
+    run_master(items, state, on_commit, comm=LocalWorkers(lambda p: "done", 1))
+    run_master(Once(), state, comm=LocalWorkers(lambda p: "done", 1))
+    new = tmp_path / "new.jsonl"
+    new.write_text('{"work_id": "cli", "payload": {"from": "durable-dispatch submit"}}\n')
+    _cli("submit", str(state), str(new), "--no-wait")
+    run_master([], state, comm=LocalWorkers(lambda p: "done", 1))
+    want = {
+        "list-1": {"from": "list", "x": 1},
+        "list-2": [1, -0.0],
+        "child": {"from": "on_commit", "x": float("nan")},
+        "fed": {"from": "feed"},
+        "cli": {"from": "durable-dispatch submit"},
+    }
+    for _ in range(2):  # before a compaction and after
+        rows = {r.work_id: r for r in read_results(state, with_payload=True)}
+        assert rows.keys() == want.keys()
+        for wid, payload in want.items():
+            assert same(rows[wid].payload, payload), (wid, rows[wid].payload)
+            assert rows[wid].result == "done"
+        lines = _cli("results", str(state), "--with-payload", "--jsonl").splitlines()
+        shown = {r["work_id"]: r for r in map(json.loads, lines)}
+        assert all(same(shown[w]["payload"], p) for w, p in want.items())
+        assert list(shown["cli"])[:3] == ["work_id", "result", "payload"]
+        _cli("compact", str(state))
+    assert all(r.payload is None for r in read_results(state))  # only when asked

@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("state_dir", help="a state directory")
     sp.add_argument("work_ids", nargs="*", metavar="ID", help="only these work IDs")
     sp.add_argument("--jsonl", action="store_true", help="one JSON object per line")
+    sp.add_argument(
+        "--with-payload",
+        action="store_true",
+        help="show each item's payload beside its result (items submitted by callbacks, feeds "
+        "and 'durable-dispatch submit' too)",
+    )
     sp = add(
         "joblog",
         cmd_joblog,

@@ -126,19 +126,22 @@ def cmd_results(args: argparse.Namespace) -> int:
     from ..values import dumps_exact
 
     _need_state_dir(args.state_dir)
-    rows = read_results(args.state_dir, args.work_ids or None)
+    both = args.with_payload
+    rows = read_results(args.state_dir, args.work_ids or None, with_payload=both)
     if args.jsonl:  # (NaN and the infinities as Python's json writes them: never null)
         out = sys.stdout
         for r in rows:
-            out.write(dumps_exact({**r.as_dict(), "result": shown(r.result)}) + "\n")
+            out.write(dumps_exact({**r.as_dict(both), "result": shown(r.result)}) + "\n")
         return EXIT_OK
     if args.json:
-        listed = [{**r.as_dict(), "result": shown(r.result)} for r in rows]
+        listed = [{**r.as_dict(both), "result": shown(r.result)} for r in rows]
         sys.stdout.write(dumps_exact(listed, indent=True) + "\n")
         return EXIT_OK
     n = 0
     for r in rows:
         value = dumps_exact(shown(r.result))
+        if both:
+            value = f"{dumps_exact(r.payload)} -> {value}"
         if len(value) > 100:
             value = value[:97] + "..."
         print(f"{r.work_id:<30} {value}")
