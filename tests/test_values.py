@@ -329,3 +329,118 @@ def test_results_carry_their_payloads_from_every_source_and_after_compaction(
         assert list(shown["cli"])[:3] == ["work_id", "result", "payload"]
         _cli("compact", str(state))
     assert all(r.payload is None for r in read_results(state))  # only when asked
+
+
+# ------------------------------------------------------------- the exactly-once export
+def _committed_count(state: Path) -> int:
+    try:
+        return sum(1 for _ in read_results(state))
+    except Exception:  # noqa: BLE001 - not a state directory yet
+        return 0
+
+
+def test_the_csv_export_after_several_master_sigkills_has_each_committed_id_once(
+    tmp_path: Path,
+) -> None:
+    import csv
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = Path(__file__).parent / "children" / "export_campaign.py"
+    state, n = tmp_path / "s", 300
+    kills = 0
+    for _ in range(4):  # kill the master while it commits, four times
+        before = _committed_count(state)
+        proc = subprocess.Popen([sys.executable, str(script), str(state), str(n)])
+        try:
+            while _committed_count(state) < min(before + 20, n) and proc.poll() is None:
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                kills += 1
+            proc.wait(timeout=60)
+    assert kills >= 2  # (the campaign may finish before the last kill on a fast machine)
+    done = subprocess.run(
+        [sys.executable, str(script), str(state), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "FINISHED" in done.stdout, done.stderr[-2000:]
+    out = tmp_path / "results.csv"
+    _cli("results", str(state), "--csv", str(out), "--with-payload")
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["work_id"] for r in rows] == sorted({r["work_id"] for r in rows})  # once each
+    assert len(rows) == n
+    assert list(rows[0]) == ["work_id", "payload", "result.x", "result.square", "result.ratio"]
+    for r in rows:
+        x = int(r["payload"])
+        assert int(r["result.x"]) == x and int(r["result.square"]) == x * x
+        assert r["result.ratio"] == ("nan" if x % 7 == 0 else repr(x / 8))
+    first = out.read_bytes()
+    _cli("results", str(state), "--csv", str(out), "--with-payload")
+    assert out.read_bytes() == first  # deterministic: twice gives the same file
+    _cli("compact", str(state))
+    _cli("results", str(state), "--csv", str(out), "--with-payload")
+    assert out.read_bytes() == first  # and after a compaction
+
+
+def test_the_csv_export_flattens_one_level_and_keeps_values_exact(tmp_path: Path) -> None:
+    import csv
+
+    def fn(p: int) -> Any:
+        if p == 0:
+            return {"e": float("-inf"), "nested": {"a": [1, 2]}, "s": "x,y"}
+        if p == 1:
+            return {"e": 1.5, "extra": True}
+        return [p, None]
+
+    items = [WorkItem("a", 0), WorkItem("b", 1), WorkItem("c", {"k": 2, "deep": [2]})]
+    run_master(
+        items, tmp_path / "s", comm=LocalWorkers(lambda p: fn(p if type(p) is int else 2), 1)
+    )
+    out = tmp_path / "r.csv"
+    _cli("results", str(tmp_path / "s"), "--csv", str(out))
+    with open(out, newline="") as f:
+        rows = {r["work_id"]: r for r in csv.DictReader(f)}
+    assert list(rows["a"]) == ["work_id", "result.e", "result.nested", "result.s",
+                               "result.extra", "result"]  # fmt: skip
+    assert rows["a"]["result.e"] == "-inf" and rows["a"]["result.s"] == "x,y"
+    assert json.loads(rows["a"]["result.nested"]) == {"a": [1, 2]}
+    assert rows["b"]["result.extra"] == "True" and rows["b"]["result.nested"] == ""
+    assert json.loads(rows["c"]["result"]) == [2, None]
+    _cli("results", str(tmp_path / "s"), "--csv", str(out), "--with-payload")
+    with open(out, newline="") as f:
+        rows = {r["work_id"]: r for r in csv.DictReader(f)}
+    assert rows["c"]["payload.k"] == "2" and json.loads(rows["c"]["payload.deep"]) == [2]
+    assert rows["a"]["payload"] == "0"
+
+
+def test_the_parquet_export(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow: the 'parquet' extra")
+    items = [WorkItem(f"w{i}", i) for i in range(5)]
+    fn = lambda p: {"x": p, "r": float("nan") if p == 3 else p / 2, "mixed": p if p else "zero"}  # noqa: E731
+    run_master(items, tmp_path / "s", comm=LocalWorkers(fn, 1))
+    out = tmp_path / "r.parquet"
+    _cli("results", str(tmp_path / "s"), "--parquet", str(out), "--with-payload")
+    t = pq.read_table(out).to_pylist()
+    assert [r["work_id"] for r in t] == [f"w{i}" for i in range(5)]
+    assert [r["result.x"] for r in t] == [0, 1, 2, 3, 4] == [r["payload"] for r in t]
+    assert math.isnan(t[3]["result.r"]) and t[4]["result.r"] == 2.0
+    assert [r["result.mixed"] for r in t] == ['"zero"', "1", "2", "3", "4"]  # JSON text
+
+
+def test_the_parquet_export_without_pyarrow_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_dispatch.views.export import export_results
+
+    run_master([WorkItem("a", 1)], tmp_path / "s", comm=LocalWorkers(abs, 1))
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(Exception, match=r"durable-dispatch\[parquet\]"):
+        export_results(tmp_path / "s", tmp_path / "r.parquet", format="parquet")
+    assert not (tmp_path / "r.parquet").exists()

@@ -92,6 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="show each item's payload beside its result (items submitted by callbacks, feeds "
         "and 'durable-dispatch submit' too)",
     )
+    sp.add_argument(
+        "--csv",
+        metavar="FILE",
+        help="write a table instead: one row per committed work ID, the result's fields (and "
+        "with --with-payload the payload's) as columns; the same state gives the same file",
+    )
+    sp.add_argument(
+        "--parquet",
+        metavar="FILE",
+        help="as --csv, as a Parquet file (needs pyarrow: the 'parquet' extra)",
+    )
     sp = add(
         "joblog",
         cmd_joblog,

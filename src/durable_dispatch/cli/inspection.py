@@ -127,6 +127,14 @@ def cmd_results(args: argparse.Namespace) -> int:
 
     _need_state_dir(args.state_dir)
     both = args.with_payload
+    if args.csv or args.parquet:
+        from ..views.export import export_results
+
+        for fmt, path in (("csv", args.csv), ("parquet", args.parquet)):
+            if path:
+                n = export_results(args.state_dir, path, format=fmt, with_payload=both)
+                print(f"wrote {n} row(s) to {path}", file=sys.stderr)
+        return EXIT_OK
     rows = read_results(args.state_dir, args.work_ids or None, with_payload=both)
     if args.jsonl:  # (NaN and the infinities as Python's json writes them: never null)
         out = sys.stdout
