@@ -444,3 +444,74 @@ def test_the_parquet_export_without_pyarrow_names_the_extra(
     with pytest.raises(Exception, match=r"durable-dispatch\[parquet\]"):
         export_results(tmp_path / "s", tmp_path / "r.parquet", format="parquet")
     assert not (tmp_path / "r.parquet").exists()
+
+
+# ---------------------------------------------------------------------------- tracebacks
+def _diverge(x: float) -> float:
+    raise ValueError("diverged")
+
+
+def _simulate(p: Any) -> Any:
+    if p == "bad":
+        return _diverge(1.0)
+    return p
+
+
+def _check_traceback(state: Path, wid: str, where: str) -> None:
+    """The last failure's traceback of ``wid`` is in the journals and every face shows it."""
+    tb = deferred(state)[wid]["traceback"]
+    assert "Traceback (most recent call last)" in tb and tb.endswith("ValueError: diverged")
+    assert "in _diverge" in tb and where in tb
+    assert "call_work_function" not in tb  # the library's own frame is left out
+    requeued = [
+        r.payload
+        for r in read_journal(state / "events.jsonl")
+        if r.payload.get("event") in ("requeued", "deferred") and r.payload["work_id"] == wid
+    ]
+    assert requeued and all("ValueError: diverged" in r["traceback"] for r in requeued)
+    shown = _cli("deferred", "show", str(state), wid)
+    assert "traceback (its last failure)" in shown and "    ValueError: diverged" in shown
+    assert json.loads(_cli("deferred", "show", str(state), wid, "--json"))["traceback"] == tb
+    rows = {
+        r["work_id"]: r for r in map(json.loads, _cli("joblog", str(state), "--jsonl").splitlines())
+    }
+    assert rows[wid]["traceback"] == tb
+    assert all(r["traceback"] is None for w, r in rows.items() if w != wid)
+    _cli("compact", str(state))  # compaction keeps it (the defer journal holds it)
+    rows = {
+        r["work_id"]: r for r in map(json.loads, _cli("joblog", str(state), "--jsonl").splitlines())
+    }
+    assert rows[wid]["traceback"] == tb
+
+
+def test_the_traceback_of_an_in_process_worker_is_kept(tmp_path: Path) -> None:
+    items = [WorkItem("good", "good"), WorkItem("bad", "bad")]
+    run_master(items, tmp_path / "s", comm=LocalWorkers(_simulate, 1), retry=RetryPolicy(1))
+    _check_traceback(tmp_path / "s", "bad", "in _simulate")
+
+
+def test_a_long_traceback_keeps_its_last_50_lines(tmp_path: Path) -> None:
+    def deep(n: int) -> Any:  # (two functions in turn: Python folds a frame repeated)
+        return deeper(n - 1) if n else _diverge(0.0)
+
+    def deeper(n: int) -> Any:
+        return deep(n - 1)
+
+    run_master(
+        [WorkItem("deep", 60)], tmp_path / "s", comm=LocalWorkers(deep, 1), retry=RetryPolicy(0)
+    )
+    tb = deferred(tmp_path / "s")["deep"]["traceback"]
+    lines = tb.splitlines()
+    assert len(lines) == 50 and lines[0].endswith("earlier lines cut)")
+    assert lines[-1] == "ValueError: diverged"
+
+
+@pytest.mark.parametrize("mode", ["plain", "isolate"])
+def test_the_traceback_of_an_mpi_worker_is_kept(tmp_path: Path, mode: str) -> None:
+    from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+
+    script = Path(__file__).parent / "children" / "values_campaign.py"
+    cmd = mpiexec_command(3, [sys.executable, str(script), str(tmp_path / "s"), mode])
+    res = run_mpiexec(cmd, timeout=150)
+    assert res.returncode == 0, res.stdout + res.stderr
+    _check_traceback(tmp_path / "s", "raise", "values_campaign.py")

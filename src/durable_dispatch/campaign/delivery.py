@@ -179,6 +179,7 @@ class Delivery:
                         last_error=d.last_error,
                         inputs=w.inputs,
                         self_contained=w.self_contained,
+                        traceback=d.traceback,
                     )
                     persisted = rec.persisted
                 except StorageDegradedError:

@@ -61,11 +61,13 @@ class ItemFailure:
         reason: a human-readable reason (``"ValueError: bad input"``, ``"killed by SIGSEGV"``).
         final: the failure is deterministic (a result that cannot be stored as given): the
             item is deferred at once, not retried.
+        traceback: the traceback of a function that raised (its last lines), or None.
     """
 
     kind: str
     reason: str
     final: bool = False
+    traceback: str | None = None
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.reason}"
@@ -269,6 +271,7 @@ class Requeue(Decision):
     attempts: int
     error: str = ""
     split: bool = False
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,7 @@ class Defer(Decision):
     attempts: int
     kinds: tuple[str, ...]
     last_error: str | None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)

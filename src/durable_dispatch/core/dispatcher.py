@@ -473,7 +473,7 @@ class Dispatcher(Rollbacks, Views):
             self._n.invalid_result_rollbacks += 1
             out.append(
                 self._retry_or_defer(
-                    item, token, SOURCE_INVALID_RESULT, bad.kind, bad.reason, final=bad.final
+                    item, token, SOURCE_INVALID_RESULT, bad.kind, bad.reason, failure=bad
                 )
             )
         if failed:

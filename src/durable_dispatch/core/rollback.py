@@ -57,7 +57,7 @@ class Rollbacks(DispatcherBase):
                 f = tx.failure or ItemFailure("missing-result", "READY without RESULT")
                 self._n.invalid_result_rollbacks += 1
                 out += self._roll_back(
-                    tx, SOURCE_INVALID_RESULT, f.kind, f.reason, RankState.IDLE, final=f.final
+                    tx, SOURCE_INVALID_RESULT, f.kind, f.reason, RankState.IDLE, failure=f
                 )
         return out
 
@@ -275,13 +275,13 @@ class Rollbacks(DispatcherBase):
         error: str,
         then: RankState,
         *,
-        final: bool = False,
+        failure: ItemFailure | None = None,
     ) -> list[Decision]:
         """The one compensation path: timeout, invalid result, send failure, rank lost (W4, S8).
 
         The rank goes to ``then``: PARKED (timeout, send failure: only its exact READY proves
-        the old generation over), IDLE (it said READY) or LOST. ``final``: the failure is
-        deterministic (the item is deferred at once).
+        the old generation over), IDLE (it said READY) or LOST. ``failure``: what the worker
+        said of a one-item dispatch (final: deferred at once; its traceback kept).
         """
         advance(tx, TxEvent.ROLLED_BACK)
         for item in tx.items:
@@ -297,7 +297,7 @@ class Rollbacks(DispatcherBase):
             self._ranks.lose(tx.rank)
         if len(tx.items) == 1:
             out.append(
-                self._retry_or_defer(tx.items[0], tx.token, source, kind, error, final=final)
+                self._retry_or_defer(tx.items[0], tx.token, source, kind, error, failure=failure)
             )
         else:  # which item failed is unknown: each goes back uncharged, to run alone (W5)
             # last item first: each goes to the front, so the frontier keeps the dispatch's
@@ -326,21 +326,23 @@ class Rollbacks(DispatcherBase):
         kind: str,
         error: str,
         *,
-        final: bool = False,
+        failure: ItemFailure | None = None,
     ) -> Decision:
         """The shared retry path (W5): requeue at the front, or defer after the budget; a
-        ``final`` failure (deterministic: it would fail again) is deferred at once."""
+        ``failure`` that is final (deterministic: it would fail again) is deferred at once, and
+        its traceback goes with the decision."""
         wid = item.work_id
         ledger = self.ledger
         if source == SOURCE_MASTER_RESTART:
             self._n.master_restart_rollbacks += 1
             return self._record(Requeue(wid, token, source, kind, ledger.attempts.get(wid, 0)))
         n = ledger.attempts.get(wid, 0) + 1
-        if n <= self.retry.retries_for(kind) and not final:
+        tb = failure.traceback if failure is not None else None
+        if n <= self.retry.retries_for(kind) and not (failure is not None and failure.final):
             self._n.protocol_requeued_dispatches += 1
-            return self._record(Requeue(wid, token, source, kind, n, error))
+            return self._record(Requeue(wid, token, source, kind, n, error, traceback=tb))
         kinds = (*ledger.kinds.get(wid, ()), kind)
-        return self._record(Defer(item, token, source, n, kinds, error))
+        return self._record(Defer(item, token, source, n, kinds, error, tb))
 
     # ------------------------------------------------------ durable state
     @classmethod

@@ -8,6 +8,7 @@ the isolated child imports this module with MPI left uninitialised.
 from __future__ import annotations
 
 import time
+import traceback as _tb
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,12 @@ __all__ = [
     "run_items",
     "MAX_RESULT_BYTES",
     "CHILD_MARKER",
+    "TRACEBACK_LINES",
 ]
+
+#: How many lines of a failed call's traceback the worker keeps (its last ones: the frame that
+#: raised and the exception).
+TRACEBACK_LINES = 50
 
 #: Set in an isolated child's environment; ``run_master`` and ``run_worker`` refuse to run there.
 CHILD_MARKER = "DURABLE_DISPATCH_ISOLATED_CHILD"
@@ -76,12 +82,25 @@ class ItemOutcome:
     """One item's outcome: its result as JSON (``raw``, in the stored form of
     :mod:`durable_dispatch.values`), or a failure ``kind`` and ``reason``; ``final``: the
     failure is deterministic (a result that cannot be stored as given), so the master does not
-    retry it."""
+    retry it; ``traceback``: the last :data:`TRACEBACK_LINES` lines of the traceback of a
+    function that raised."""
 
     raw: bytes | None
     kind: str | None = None
     reason: str | None = None
     final: bool = False
+    traceback: str | None = None
+
+
+def traceback_text(e: BaseException) -> str:
+    """The traceback of ``e`` as Python prints it, without the library's own calling frame,
+    cut to its last :data:`TRACEBACK_LINES` lines."""
+    tb = e.__traceback__
+    lines = "".join(_tb.format_exception(type(e), e, tb.tb_next if tb else None)).splitlines()
+    if len(lines) > TRACEBACK_LINES:
+        cut = len(lines) - TRACEBACK_LINES + 1
+        lines = [f"... ({cut} earlier lines cut)", *lines[cut:]]
+    return "\n".join(lines)
 
 
 def call_work_function(
@@ -99,7 +118,7 @@ def call_work_function(
         else:
             value = fn(payload)
     except BaseException as e:  # noqa: BLE001 - the master learns of it as this item's error
-        return ItemOutcome(None, "error", f"{type(e).__name__}: {e}")
+        return ItemOutcome(None, "error", f"{type(e).__name__}: {e}", traceback=traceback_text(e))
     try:
         raw = stored_raw(value)
     except Refused as e:

@@ -369,6 +369,7 @@ class IsolatedRunner:
                                 failure["kind"],
                                 failure["reason"],
                                 failure.get("final") is True,
+                                failure.get("traceback"),
                             )
                         if report is not None:
                             report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
@@ -588,6 +589,8 @@ def _child_main(argv: list[str]) -> int:
                 held.add(_pack(b"R", o.raw))
             else:
                 failed = {"kind": o.kind, "reason": o.reason, "final": o.final}
+                if o.traceback:
+                    failed["traceback"] = o.traceback
                 held.add(_pack(b"E", orjson.dumps(failed)))
         held.flush()
 

@@ -42,6 +42,7 @@ __all__ = ["run_worker", "WorkContext"]
 
 log = logging.getLogger("durable_dispatch.mpi")
 _REASON_MAX = 2000  # characters of a failure's reason sent to the master
+_TRACEBACK_MAX = 16000  # characters of its traceback (its last lines)
 _ROOM = 64 << 10  # bytes of a RESULT kept for its envelope and error entries
 #: When no item of a dispatch has finished for this long, the outcomes the worker holds are
 #: sent ahead of the dispatch's RESULT (see :class:`_Ahead`; only for dispatches the master
@@ -207,6 +208,8 @@ def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome |
             }
             if o.final:
                 entry["final"] = True
+            if o.traceback:
+                entry["traceback"] = o.traceback[-_TRACEBACK_MAX:]
             errors[str(i)] = entry
         else:
             parts.append(o.raw)
