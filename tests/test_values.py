@@ -515,3 +515,76 @@ def test_the_traceback_of_an_mpi_worker_is_kept(tmp_path: Path, mode: str) -> No
     res = run_mpiexec(cmd, timeout=150)
     assert res.returncode == 0, res.stdout + res.stderr
     _check_traceback(tmp_path / "s", "raise", "values_campaign.py")
+
+
+# ----------------------------------------------------------------------- campaign identity
+def test_a_state_directory_belongs_to_one_campaign(tmp_path: Path) -> None:
+    from durable_dispatch.errors import CampaignMismatchError
+
+    state = tmp_path / "s"
+    run_master([WorkItem("a1", 1)], state, comm=LocalWorkers(abs, 1), campaign="sweep")
+    assert json.loads((state / "campaign-name.json").read_text())["campaign"] == "sweep"
+    assert json.loads(_cli("stats", str(state), "--json"))["campaign"] == "sweep"
+    assert "name       sweep" in _cli("stats", str(state))
+    before = {p.name: p.read_bytes() for p in state.iterdir() if p.is_file()}
+    with pytest.raises(CampaignMismatchError) as e:
+        run_master([WorkItem("b1", 1)], state, comm=LocalWorkers(abs, 1), campaign="other")
+    assert "'sweep'" in str(e.value) and "'other'" in str(e.value)
+    assert (e.value.recorded, e.value.given, e.value.path) == ("sweep", "other", str(state))
+    after = {p.name: p.read_bytes() for p in state.iterdir() if p.is_file()}
+    assert after == before  # nothing was added, nothing opened
+    # the same name goes on
+    run_master([WorkItem("a2", 2)], state, comm=LocalWorkers(abs, 1), campaign="sweep")
+    assert {r.work_id for r in read_results(state)} == {"a1", "a2"}
+
+
+def test_a_state_directory_of_before_names_adopts_the_first_name(tmp_path: Path) -> None:
+    from durable_dispatch.errors import CampaignMismatchError
+
+    state = tmp_path / "s"
+    run_master([WorkItem("a1", 1)], state, comm=LocalWorkers(abs, 1), campaign="old")
+    (state / "campaign-name.json").unlink()  # as a state directory of an earlier version
+    assert "(none recorded yet)" in _cli("stats", str(state))
+    run_master([WorkItem("a2", 1)], state, comm=LocalWorkers(abs, 1), campaign="adopted")
+    assert json.loads(_cli("stats", str(state), "--json"))["campaign"] == "adopted"
+    with pytest.raises(CampaignMismatchError):
+        run_master([WorkItem("a3", 1)], state, comm=LocalWorkers(abs, 1), campaign="old")
+
+
+def test_the_default_name_is_the_main_scripts_file_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    from durable_dispatch.campaign.identity import default_name
+
+    for argv0, name in [
+        ("/home/u/sweep.py", "sweep.py"),
+        ("/x/pkg/__main__.py", "pkg"),
+        ("-c", None),
+        ("", None),
+    ]:
+        monkeypatch.setattr(sys, "argv", [argv0, "--flag"])
+        assert default_name() == name
+    body = (
+        "import sys\n"
+        "from durable_dispatch import WorkItem\n"
+        "from durable_dispatch.mpi import run_master\n"
+        "from durable_dispatch.testing import LocalWorkers\n"
+        "run_master([WorkItem(sys.argv[2], 1)], sys.argv[1], comm=LocalWorkers(abs, 1))\n"
+    )
+    (tmp_path / "first.py").write_text(body)
+    (tmp_path / "second.py").write_text(body)
+    state = tmp_path / "s"
+
+    def run(script: str, wid: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, str(tmp_path / script), str(state), wid]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    assert run("first.py", "f1").returncode == 0
+    assert run("first.py", "f2").returncode == 0  # the same script, again
+    refused = run("second.py", "s1")
+    assert refused.returncode != 0
+    assert "CampaignMismatchError" in refused.stderr
+    assert "'first.py'" in refused.stderr and "'second.py'" in refused.stderr
+    assert {r.work_id for r in read_results(state)} == {"f1", "f2"}

@@ -65,16 +65,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """The campaign at a glance (state, progress, rate and ETA, failures, ranks, storage,
     master); every number with ``--verbose`` and ``--json`` (one view, V1)."""
     from ..campaign.admin import view_state
+    from ..campaign.identity import recorded_name
     from ..views.view import view_of_state
 
     _need_state_dir(args.state_dir)
     v = view_state(args.state_dir)
     view = view_of_state(v)
     master_stats = dict(v.live.get("stats") or {})
+    name = recorded_name(args.state_dir)  # U16 (None: recorded by no run yet)
     if args.json:
-        _print(stats_of(view, master_stats), True)
+        _print({"campaign": name, **stats_of(view, master_stats)}, True)
     else:
-        sys.stdout.write("\n".join(stats_text(view, master_stats, args.verbose)) + "\n")
+        lines = stats_text(view, master_stats, args.verbose)
+        lines.insert(1, f"{'name':<11}{name or '(none recorded yet)'}")  # after the path
+        sys.stdout.write("\n".join(lines))
+        sys.stdout.write("\n")
     return EXIT_OK
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from ..campaign.control import Inbox, apply_command
+from ..campaign.identity import check_name, default_name, record_name
 from ..campaign.state import CampaignState, OnCommit
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..errors import UsageError
@@ -124,6 +125,7 @@ def run_master(
     batch: int | str = 1,
     stuck_grace: float | None = None,
     drain_seconds: float = 60.0,
+    campaign: str | None = None,
 ) -> MasterReport:
     """Run a campaign from rank 0 until every work item is committed or deferred.
 
@@ -180,6 +182,10 @@ def run_master(
             then stop with ``reason="signal"``. Signals within 5 s of the first are the same
             request (Slurm delivers one event several times); a later one stops at once. The
             handlers are installed only while this runs, in the main thread.
+        campaign: the campaign's name (U16), recorded in a fresh state directory; default:
+            the main script's file name. A state directory that recorded another name is
+            refused with :class:`~durable_dispatch.errors.CampaignMismatchError` before
+            anything is added; one written before names were recorded adopts this one.
 
     Returns:
         A :class:`MasterReport`.
@@ -190,6 +196,7 @@ def run_master(
         ConfigurationError: an MPI world of size 1 (no workers; several processes that each
             see a world of 1 when a launcher did not match the MPI): the message names the fix
             (:mod:`.launchcheck`).
+        CampaignMismatchError: ``state_dir`` belongs to another campaign (nothing added).
     """
     if os.environ.get(CHILD_MARKER):
         raise UsageError(
@@ -211,7 +218,9 @@ def run_master(
     for c in retry.corrections if isinstance(retry, RetryPolicy) else ():
         log.warning("configuration: %s", c)
     size = link.size
+    name = default_name() if campaign is None else campaign
     try:
+        check_name(state_dir, name)  # U16: before anything is opened or added
         state = CampaignState.open(
             state_dir,
             sync=sync,
@@ -225,6 +234,12 @@ def run_master(
         # U4: the workers are waiting for WORK; a master that cannot start must stop them, or
         # the job hangs forever (a second master on a running state directory, a full disk).
         log.error("master: cannot start (%s: %s); stopping the workers", type(e).__name__, e)
+        _stop_or_abort(link, range(1, size), {}, stop_timeout)
+        raise
+    try:
+        record_name(state.directory, name)  # (a fresh state directory, or one of before names)
+    except BaseException:
+        state.close()
         _stop_or_abort(link, range(1, size), {}, stop_timeout)
         raise
     log.info(
