@@ -588,3 +588,19 @@ def test_the_default_name_is_the_main_scripts_file_name(
     assert "CampaignMismatchError" in refused.stderr
     assert "'first.py'" in refused.stderr and "'second.py'" in refused.stderr
     assert {r.work_id for r in read_results(state)} == {"f1", "f2"}
+
+
+def test_the_futures_runner_names_the_campaign_after_the_script_it_runs(tmp_path: Path) -> None:
+    from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+
+    script = tmp_path / "squares.py"
+    script.write_text(
+        "from durable_dispatch.futures import MPIPoolExecutor\n"
+        "with MPIPoolExecutor() as ex:\n"
+        "    print('sum', sum(ex.map(abs, [-1, 2, -3])))\n"
+    )
+    runner = [sys.executable, "-m", "durable_dispatch.futures", "--state-dir", str(tmp_path)]
+    res = run_mpiexec(mpiexec_command(2, [*runner, str(script)]), timeout=120)
+    assert res.returncode == 0 and "sum 6" in res.stdout, res.stderr[-3000:]
+    (d,) = [p.parent for p in tmp_path.glob("*/campaign-name.json")]
+    assert json.loads((d / "campaign-name.json").read_text())["campaign"] == "squares.py"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import importlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -76,7 +77,7 @@ def export_results(
     writer: Callable[[list[str], list[dict[str, Any]], str], None]
     if format == "parquet":
         try:
-            import pyarrow  # noqa: F401
+            importlib.import_module("pyarrow")  # (an optional extra: no stubs needed)
         except ImportError:
             raise UsageError(
                 "--parquet needs pyarrow: pip install 'durable-dispatch[parquet]'"
@@ -110,8 +111,8 @@ def _write_csv(columns: list[str], rows: list[dict[str, Any]], tmp: str) -> None
 def _write_parquet(columns: list[str], rows: list[dict[str, Any]], tmp: str) -> None:
     """One column per field; a column whose values are not all of one scalar type (None
     aside) holds their JSON text, so no value is converted behind the user's back."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa: Any = importlib.import_module("pyarrow")
+    pq: Any = importlib.import_module("pyarrow.parquet")
 
     data: dict[str, Any] = {}
     for c in columns:

@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ..campaign.admin import view_state
 from ..campaign.statedir import (
     RESULT_RECORD_BYTES,
@@ -23,6 +21,7 @@ from ..campaign.statedir import (
 )
 from ..storage.defer import DEFAULT_DEFER_NAME
 from ..storage.journal import read_journal
+from ..values import dumps_exact, restore
 from .history import read_history
 
 __all__ = ["JobRow", "read_joblog"]
@@ -76,8 +75,8 @@ def _call_text(payload: Any) -> str | None:
         args = payload.get("args")
         return f"{payload['fn']}({args if isinstance(args, str) else '...'})"
     try:
-        text = orjson.dumps(payload).decode()
-    except TypeError:
+        text = dumps_exact(restore(payload))  # (NaN as NaN: never null)
+    except (TypeError, ValueError):
         return None
     return text if len(text) <= 100 else text[:97] + "..."
 
