@@ -596,8 +596,9 @@ def test_the_futures_runner_names_the_campaign_after_the_script_it_runs(tmp_path
     script = tmp_path / "squares.py"
     script.write_text(
         "from durable_dispatch.futures import MPIPoolExecutor\n"
-        "with MPIPoolExecutor() as ex:\n"
-        "    print('sum', sum(ex.map(abs, [-1, 2, -3])))\n"
+        "if __name__ == '__main__':\n"
+        "    with MPIPoolExecutor() as ex:\n"
+        "        print('sum', sum(ex.map(abs, [-1, 2, -3])))\n"
     )
     runner = [sys.executable, "-m", "durable_dispatch.futures", "--state-dir", str(tmp_path)]
     res = run_mpiexec(mpiexec_command(2, [*runner, str(script)]), timeout=120)
