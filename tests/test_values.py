@@ -605,3 +605,30 @@ def test_the_futures_runner_names_the_campaign_after_the_script_it_runs(tmp_path
     assert res.returncode == 0 and "sum 6" in res.stdout, res.stderr[-3000:]
     (d,) = [p.parent for p in tmp_path.glob("*/campaign-name.json")]
     assert json.loads((d / "campaign-name.json").read_text())["campaign"] == "squares.py"
+
+
+def test_a_refused_feed_payload_ends_the_run_and_adds_nothing_of_that_call(tmp_path: Path) -> None:
+    from durable_dispatch.mpi import Feed
+
+    class Bad(Feed):
+        def refill(self) -> None:
+            self.state.submit([WorkItem("fine", 1), WorkItem("feed-7", {"when": (2026, 12)})])
+            self.exhausted = True
+
+    with pytest.raises(RecordEncodeError, match=r"'feed-7': its payload at \.when: \(2026, 12\)"):
+        run_master(Bad(), tmp_path / "s", comm=LocalWorkers(abs, 1))
+    assert not view_state(tmp_path / "s").projection.known("fine")
+
+
+def test_a_refused_result_in_a_batch_is_deferred_at_once_and_the_rest_commit(
+    tmp_path: Path,
+) -> None:
+    items = [WorkItem(f"w{i}", i) for i in range(8)]
+    fn = lambda p: {"v": {p}} if p == 5 else {"v": p}  # noqa: E731 - a set at w5
+    report = run_master(
+        items, tmp_path / "s", comm=LocalWorkers(fn, 1), batch=4, retry=RetryPolicy(3)
+    )
+    assert report.finished
+    assert {r.work_id for r in read_results(tmp_path / "s")} == {f"w{i}" for i in range(8)} - {"w5"}
+    d = deferred(tmp_path / "s")["w5"]
+    assert (d["attempts"], d["kinds"]) == (1, ["malformed-result"]) and ".v" in d["last_error"]
