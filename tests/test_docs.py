@@ -90,10 +90,11 @@ def test_the_blocks_were_found() -> None:
 
 # ------------------------------------------------------------------------ examples/loop.py
 def _lying(payload: dict[str, Any], ctx: Any) -> Any:
-    """Raises on the first attempt at x=3, returns what JSON cannot hold on the first at x=5."""
+    """Raises on the first attempt at x=3, returns what JSON cannot hold at x=5 (a refused
+    value is not retried: x=5 is deferred after its first attempt)."""
     if payload["x"] == 3 and ctx.attempt == 0:
         raise ValueError("the user's function failed")
-    if payload["x"] == 5 and ctx.attempt == 0:
+    if payload["x"] == 5:
         return {1, 2}  # a set: malformed-result
     return {"y": payload["x"] * 2}
 
@@ -133,10 +134,12 @@ def test_the_readme_loop_leaves_the_record_run_master_leaves(tmp_path: Path) -> 
         retry=RetryPolicy(3),
     )
     assert done and report.finished
-    assert by_loop == by_master == {w.work_id: {"y": 2 * w.payload["x"]} for w in items}
+    want = {w.work_id: {"y": 2 * w.payload["x"]} for w in items if w.work_id != "w05"}
+    assert by_loop == by_master == want
     a, b = _record(tmp_path / "a"), _record(tmp_path / "b")
     assert a == b
     assert a["kinds"] == {"w03": ["error"], "w05": ["malformed-result"]}, a
+    assert a["deferred"] == ["w05"] and a["attempts"]["w05"] == 1, a
     assert loop.main(["loop.py", str(tmp_path / "c")]) == 0  # its own entry point
 
 

@@ -25,6 +25,7 @@ SAMPLES = [
     E.LockHeldError("held", path="/s/j.jsonl.lock"),
     E.NoMasterError("none", path="/s"),
     E.ProtocolError("bad msg", rank=3, reason="not JSON"),
+    E.CampaignMismatchError("other campaign", path="/s", recorded="a.py", given="b.py"),
 ]
 
 

@@ -163,17 +163,21 @@ def test_workers_whose_master_died_under_ulfm_stop_cleanly(tmp_path: Path) -> No
 def test_failing_work_function_costs_one_retry_and_the_worker_lives(
     tmp_path: Path, fault: str
 ) -> None:
-    """A function that raises, or returns a value JSON cannot hold, costs one retry: the worker
-    sends an error RESULT and its READY, and goes on serving (the job ends with exit code 0)."""
+    """A function that raises costs one retry; one that returns a value JSON cannot hold is
+    deferred at once (it would fail again: U15). Either way the worker sends an error RESULT and
+    its READY, and goes on serving (the job ends with exit code 0)."""
     res, s = run_demo(tmp_path / "state", *BASE, "--faults", fault, *NO_TIMEOUTS)
     assert not res.timed_out and s is not None, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.returncode == 0, res.stderr[-3000:]
     assert s["finished"] and s["lost"] == 0 and s["duplicate_commits"] == 0
-    assert s["committed"] == 24
     # a function that raised is an item's failure; a value JSON cannot hold, a bad RESULT
     failed = "item_failures" if fault == "raise" else "invalid_result_rollbacks"
     assert s[failed] == 1, s
-    assert s["protocol_requeued_dispatches"] == 1
+    if fault == "raise":
+        assert s["committed"] == 24 and s["protocol_requeued_dispatches"] == 1
+    else:  # a value JSON cannot hold is refused at its first try, not retried
+        assert s["committed"] == 23 and s["deferred"] == 1
+        assert s["protocol_requeued_dispatches"] == 0
     assert s["dispatch_watchdog_timeouts"] == 0 and s["parked_ranks_now"] == 0
 
 
@@ -204,12 +208,13 @@ def test_isolated_multi_item_hang_splits_the_batch_and_gives_every_rank_back(
 def test_multi_item_dispatches_charge_each_lying_item_exactly_once(tmp_path: Path) -> None:
     """Message-level lies (malformed, missing, old-token) split their dispatch; item-level
     failures (raise, unencodable) are charged at once while the rest of the RESULT commits.
-    Either way each faulty item is charged once and commits on its retry."""
+    Either way each faulty item is charged once and commits on its retry, but the unencodable
+    one: a value that cannot be stored is deferred at once (U15)."""
     lies = "malformed,missing,old-token,raise,unencodable"
     s = campaign(tmp_path, lies, "--batch", "4", "--retries", "1", *NO_TIMEOUTS)
-    assert s["committed"] == 24 and s["deferred"] == 0
+    assert s["committed"] == 23 and s["deferred"] == 1
     assert s["batch_splits"] > 0
-    assert s["protocol_requeued_dispatches"] == 5
+    assert s["protocol_requeued_dispatches"] == 4
     assert s["dispatch_watchdog_timeouts"] == 0 and s["parked_ranks_now"] == 0
 
 

@@ -69,7 +69,11 @@ def test_the_worker_runs_each_item_and_reports_failures_per_item_with_their_kind
     }
     assert "RuntimeError: injected failure" in msg["errors"]["1"]["reason"]
     _results, errors, _ = P.read_result(msg, None)
-    assert errors is not None and errors[1] == ItemFailure("error", msg["errors"]["1"]["reason"])
+    assert errors is not None and errors[1] == ItemFailure(
+        "error", msg["errors"]["1"]["reason"], traceback=msg["errors"]["1"]["traceback"]
+    )
+    assert errors[1].traceback.endswith("RuntimeError: injected failure in the work function")
+    assert errors[2].final and not errors[1].final and not errors[4].final  # a refused value
 
 
 def test_a_clean_result_has_no_errors_entry() -> None:

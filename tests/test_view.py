@@ -454,8 +454,10 @@ def test_the_joblog_lists_every_item_with_its_tries_failure_start_and_rank(
         "host",
         "call",
         "signal",
+        "traceback",
     }
     assert all(r["host"] is None for r in rows)  # (no worker here named its host)
+    assert all(r["traceback"] is None for r in rows)  # (timeouts: no function raised)
     deferred = [r for r in rows if r["status"] == "deferred"]
     assert deferred and all(r["last_failure_kind"] == "timeout" for r in deferred)
     assert all(r["tries"] == 1 and r["last_failure"] for r in deferred)

@@ -32,6 +32,7 @@ __all__ = [
     "RecordTooLargeError",
     "RecordEncodeError",
     "ChangedPayloadError",
+    "CampaignMismatchError",
     "StorageError",
     "StorageDegradedError",
     "MemoryBoundError",
@@ -235,6 +236,43 @@ class ChangedPayloadError(UsageError):
     def work_id(self) -> str:
         """The work ID submitted with another payload."""
         return self._facts["work_id"]  # type: ignore[no-any-return]
+
+
+class CampaignMismatchError(UsageError):
+    """A state directory that belongs to another campaign: ``run_master(...,
+    campaign=)``, by default the main script's file name, differs from the name the state
+    directory recorded. Raised before the state is opened: nothing was added.
+
+    Attributes:
+        path: the state directory.
+        recorded: the campaign name it recorded.
+        given: the name of this run.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        recorded: str | None = None,
+        given: str | None = None,
+    ) -> None:
+        super().__init__(message, path=_fmt_path(path), recorded=recorded, given=given)
+
+    @property
+    def path(self) -> str | None:
+        """The state directory."""
+        return self._facts.get("path")
+
+    @property
+    def recorded(self) -> str | None:
+        """The campaign name the state directory recorded."""
+        return self._facts.get("recorded")
+
+    @property
+    def given(self) -> str | None:
+        """The campaign name of the run that was refused."""
+        return self._facts.get("given")
 
 
 class StorageError(DurableDispatchError, OSError):

@@ -172,6 +172,7 @@ _DEFER_EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
             "last_error": is_str_or_none,
             "inputs": lambda v: type(v) is list,
             "self_contained": lambda v: type(v) is bool,
+            "traceback": is_str_or_none,
         },
     ),
     "resolved": ({"work_id": is_str}, {"how": is_str_or_none}),

@@ -31,6 +31,7 @@ from ..core.records import fast_init
 from ..errors import NotDurableError, RecordTooLargeError, StorageDegradedError, UsageError
 from ..storage import DeferJournal, Journal
 from ..tokens import Token
+from ..values import restore
 from .logs import log_decisions
 from .results import read_results
 
@@ -178,6 +179,7 @@ class Delivery:
                         last_error=d.last_error,
                         inputs=w.inputs,
                         self_contained=w.self_contained,
+                        traceback=d.traceback,
                     )
                     persisted = rec.persisted
                 except StorageDegradedError:
@@ -344,7 +346,7 @@ class Delivery:
         if call is None:
             self._on_commit = None
         else:
-            self._on_commit = lambda c: self._spawn(c.work_id, call(c.work_id, c.result))
+            self._on_commit = lambda c: self._spawn(c.work_id, call(c.work_id, restore(c.result)))
         n = 0
         upto = self.journal.next_seq - 1
         for r in read_results(self.directory, after_seq=self._delivered):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..core import Commit, Decision, Dispatcher, Send, WorkItem
-from .results import read_results
+from .results import stored_results
 from .statedir import RESULT_RECORD_BYTES
 
 __all__ = ["Dependencies", "DEPENDENCIES_BYTES"]
@@ -93,7 +93,7 @@ class Dependencies:
         wanted = {d for d in refs if d in committed} if len(committed) else set()
         if not wanted:
             return
-        for r in read_results(self.directory, wanted):
+        for r in stored_results(self.directory, wanted):
             self._dep_results[r.work_id] = [r.result, refs[r.work_id]]
 
     def _note_commits(self, commits: Iterable[Commit]) -> None:
@@ -134,7 +134,7 @@ class Dependencies:
         cache = self._dep_results
         missing = [d for d in dict.fromkeys(after) if d not in cache]
         if missing:  # submitted after its dependency committed (a Feed, a later run): read
-            for r in read_results(self.directory, missing):
+            for r in stored_results(self.directory, missing):
                 cache[r.work_id] = [r.result, 1]
         return {d: cache[d][0] for d in dict.fromkeys(after) if d in cache}
 

@@ -15,14 +15,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .statedir import RESULT_RECORD_BYTES, RESULTS_JOURNAL, STATE_JOURNAL, is_state_dir
+from ..values import TAG, restore
+from .statedir import (
+    RESULT_RECORD_BYTES,
+    RESULTS_JOURNAL,
+    STATE_JOURNAL,
+    SUBMISSION_RECORD_BYTES,
+    SUBMISSIONS,
+    is_state_dir,
+)
 
 __all__ = [
     "CommittedResult",
     "read_results",
+    "stored_results",
     "RESULTS_JOURNAL",
     "results_of_event",
     "shown",
@@ -35,12 +44,16 @@ class CommittedResult:
 
     Attributes:
         work_id: the item's stable work ID.
-        result: the value the work function returned (JSON).
+        result: the value the work function returned, exactly (NaN and the infinities
+            included; a numpy scalar as the equal Python number).
         seq: the sequence number of the state journal record that committed it (commit order).
         token: the dispatch's token (``e<epoch>-<n>``), or None in records that lack it.
         epoch: the master epoch it was committed in (from the token), or None.
         rank: the worker rank that ran it, or None in records that lack it.
         ts: when it was committed (seconds since the epoch), or None in records that lack it.
+        payload: the item's payload, exactly as submitted (from the work list, a callback's
+            children, a ``Feed`` or ``durable-dispatch submit``), when read with
+            ``read_results(..., with_payload=True)``; else None.
     """
 
     work_id: str
@@ -50,18 +63,15 @@ class CommittedResult:
     epoch: int | None = None
     rank: int | None = None
     ts: float | None = None
+    payload: Any = None
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``work_id`` and ``result`` first."""
-        return {
-            "work_id": self.work_id,
-            "result": self.result,
-            "seq": self.seq,
-            "token": self.token,
-            "epoch": self.epoch,
-            "rank": self.rank,
-            "ts": self.ts,
-        }
+    def as_dict(self, with_payload: bool = False) -> dict[str, Any]:
+        """JSON-ready: ``work_id`` and ``result`` first (``payload`` third, when asked)."""
+        out = {"work_id": self.work_id, "result": self.result}
+        if with_payload:
+            out["payload"] = self.payload
+        out.update(seq=self.seq, token=self.token, epoch=self.epoch, rank=self.rank, ts=self.ts)
+        return out
 
 
 def results_of_event(ev: Mapping[str, Any], seq: int) -> list[CommittedResult]:
@@ -95,6 +105,7 @@ def read_results(
     work_ids: Iterable[str] | None = None,
     *,
     after_seq: int = -1,
+    with_payload: bool = False,
 ) -> Iterator[CommittedResult]:
     """Every committed result of a campaign, in commit order (see the module docs).
 
@@ -102,11 +113,63 @@ def read_results(
         state_dir: the campaign's state directory.
         work_ids: only these work IDs (default: all).
         after_seq: only results committed by a record after this sequence number.
+        with_payload: each row carries its item's payload (``CommittedResult.payload``), read
+            from the submissions store and the state journal (compaction keeps both).
 
     Raises:
         UsageError: not a state directory.
         JournalCorruptError: damage in one of the journals (before their torn tails).
     """
+    rows = stored_results(state_dir, work_ids, after_seq=after_seq)
+    payloads = _payloads(os.fspath(state_dir)) if with_payload else None
+    for r in rows:
+        if type(r.result) is dict and TAG in r.result:
+            r = replace(r, result=restore(r.result))
+        if payloads is not None:
+            r = replace(r, payload=restore(payloads.get(r.work_id)))
+        yield r
+
+
+def _payloads(d: str) -> dict[str, Any]:
+    """Every submitted item's payload (its stored form) by work ID: the submissions store's
+    records (compaction keeps the store), then the items the state journal's ``submitted``
+    events carry themselves (a store the disk refused, a state directory of an earlier version:
+    once compacted, those are gone, and the row's payload is None)."""
+    from ..core.indexed import stored_item
+    from ..schema import Invalid
+
+    out: dict[str, Any] = {}
+
+    def take(items: Any) -> None:
+        for v in items if type(items) is list else ():
+            try:
+                w = stored_item(v)
+            except Invalid:
+                continue
+            out.setdefault(w.work_id, w.payload)
+
+    path = os.path.join(d, SUBMISSIONS)
+    if os.path.exists(path):
+        for rec in _read(path, max_bytes=SUBMISSION_RECORD_BYTES):
+            if isinstance(rec.payload, dict):
+                take(rec.payload.get("items"))
+    path = os.path.join(d, STATE_JOURNAL)
+    if os.path.exists(path):
+        for rec in _read(path):
+            p = rec.payload
+            if isinstance(p, dict) and p.get("event") == "submitted" and "items" in p:
+                take(p["items"])
+    return out
+
+
+def stored_results(
+    state_dir: str | os.PathLike[str],
+    work_ids: Iterable[str] | None = None,
+    *,
+    after_seq: int = -1,
+) -> Iterator[CommittedResult]:
+    """As :func:`read_results`, each result in its stored form (:mod:`durable_dispatch.values`:
+    what the master sends on as a dependency's result)."""
     from ..errors import UsageError
 
     d = os.fspath(state_dir)
@@ -145,10 +208,10 @@ def read_results(
     yield from from_results_journal(upto)
 
 
-def _read(path: str, from_seq: int = 0) -> Iterator[Any]:
+def _read(path: str, from_seq: int = 0, max_bytes: int = RESULT_RECORD_BYTES) -> Iterator[Any]:
     from ..storage.journal import read_journal
 
-    return read_journal(path, from_seq=from_seq, max_record_bytes=RESULT_RECORD_BYTES)
+    return read_journal(path, from_seq=from_seq, max_record_bytes=max_bytes)
 
 
 _SIMPLE_OPS = {

@@ -76,6 +76,7 @@ from ..storage.background import BackgroundSaver
 from ..storage.background import Beside as _Beside
 from ..storage.defer import DEFAULT_DEFER_NAME
 from ..tokens import Token
+from ..values import Refused, all_plain, stored
 from .admin import (
     _reconcile_store,
 )
@@ -396,7 +397,10 @@ class CampaignState(Delivery, Dependencies):
         Raises:
             ChangedPayloadError: a known work ID, or one named twice in ``items``, with another
                 payload (nothing added).
-            RecordEncodeError: a payload is not JSON (nothing added).
+            RecordEncodeError: a payload holds a value that JSON cannot hold as given (a tuple,
+                a set, a datetime, bytes, a numpy array ...), naming its work ID and where in
+                the payload (nothing added). NaN, the infinities and numpy scalars are kept
+                exactly (see :mod:`durable_dispatch.values`).
             UsageError: an item is not a :class:`WorkItem` with a string work ID and an integer
                 priority (nothing added).
             RecordTooLargeError: one item is too large for a record; the items before it were
@@ -425,6 +429,7 @@ class CampaignState(Delivery, Dependencies):
                 seen.add(wid)
             else:
                 again.append(i)
+        new, again = _exact(new), _exact(again)  # U15: before anything is added
         digests = _digests(new)
         if again:
             self._refuse_changed(again, new, digests)  # U11: before anything is added
@@ -922,6 +927,31 @@ def _digests(items: list[WorkItem]) -> bytes:
                     f"work item {w.work_id!r}: its payload cannot be encoded as JSON: {e}"
                 ) from None
         raise
+
+
+def _exact(items: list[WorkItem]) -> list[WorkItem]:
+    """``items`` with each payload in its stored form (:mod:`durable_dispatch.values`): the same
+    list when every payload is plain JSON (one C-level pass), else a list where the items whose
+    payload needed a stored form (NaN, a numpy scalar) are copies holding it.
+
+    Raises:
+        RecordEncodeError: a payload cannot be stored as given, naming the work ID, the path
+            inside the payload and the value.
+    """
+    if not items or all_plain([w.payload for w in items]):
+        return items
+    out = []
+    for w in items:
+        try:
+            p = stored(w.payload)
+        except Refused as e:
+            raise RecordEncodeError(
+                f"work item {w.work_id!r}: its payload {e} (nothing of this submission was added)",
+                work_id=w.work_id,
+                path=e.path,
+            ) from None
+        out.append(w if p is w.payload else replace(w, payload=p))
+    return out
 
 
 def _checked_after(item: WorkItem) -> WorkItem:

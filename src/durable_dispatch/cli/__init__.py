@@ -86,6 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("state_dir", help="a state directory")
     sp.add_argument("work_ids", nargs="*", metavar="ID", help="only these work IDs")
     sp.add_argument("--jsonl", action="store_true", help="one JSON object per line")
+    sp.add_argument(
+        "--with-payload",
+        action="store_true",
+        help="show each item's payload beside its result (items submitted by callbacks, feeds "
+        "and 'durable-dispatch submit' too)",
+    )
+    sp.add_argument(
+        "--csv",
+        metavar="FILE",
+        help="write a table instead: one row per committed work ID, the result's fields (and "
+        "with --with-payload the payload's) as columns; the same state gives the same file",
+    )
+    sp.add_argument(
+        "--parquet",
+        metavar="FILE",
+        help="as --csv, as a Parquet file (needs pyarrow: the 'parquet' extra)",
+    )
     sp = add(
         "joblog",
         cmd_joblog,

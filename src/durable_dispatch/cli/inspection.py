@@ -65,16 +65,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """The campaign at a glance (state, progress, rate and ETA, failures, ranks, storage,
     master); every number with ``--verbose`` and ``--json`` (one view, V1)."""
     from ..campaign.admin import view_state
+    from ..campaign.identity import recorded_name
     from ..views.view import view_of_state
 
     _need_state_dir(args.state_dir)
     v = view_state(args.state_dir)
     view = view_of_state(v)
     master_stats = dict(v.live.get("stats") or {})
+    name = recorded_name(args.state_dir)  # U16 (None: recorded by no run yet)
     if args.json:
-        _print(stats_of(view, master_stats), True)
+        _print({"campaign": name, **stats_of(view, master_stats)}, True)
     else:
-        sys.stdout.write("\n".join(stats_text(view, master_stats, args.verbose)) + "\n")
+        lines = stats_text(view, master_stats, args.verbose)
+        lines.insert(1, f"{'name':<11}{name or '(none recorded yet)'}")  # after the path
+        sys.stdout.write("\n".join(lines))
+        sys.stdout.write("\n")
     return EXIT_OK
 
 
@@ -123,20 +128,33 @@ def cmd_results(args: argparse.Namespace) -> int:
     """Every committed result, in commit order (U6); read-only, safe beside a running master.
     A sealed pickle of the futures executor is shown opaque (``results.shown``)."""
     from ..campaign.results import read_results, shown
+    from ..values import dumps_exact
 
     _need_state_dir(args.state_dir)
-    rows = read_results(args.state_dir, args.work_ids or None)
-    if args.jsonl:
+    both = args.with_payload
+    if args.csv or args.parquet:
+        from ..views.export import export_results
+
+        for fmt, path in (("csv", args.csv), ("parquet", args.parquet)):
+            if path:
+                n = export_results(args.state_dir, path, format=fmt, with_payload=both)
+                print(f"wrote {n} row(s) to {path}", file=sys.stderr)
+        return EXIT_OK
+    rows = read_results(args.state_dir, args.work_ids or None, with_payload=both)
+    if args.jsonl:  # (NaN and the infinities as Python's json writes them: never null)
         out = sys.stdout
         for r in rows:
-            out.write(orjson.dumps({**r.as_dict(), "result": shown(r.result)}).decode() + "\n")
+            out.write(dumps_exact({**r.as_dict(both), "result": shown(r.result)}) + "\n")
         return EXIT_OK
     if args.json:
-        _print([{**r.as_dict(), "result": shown(r.result)} for r in rows], True)
+        listed = [{**r.as_dict(both), "result": shown(r.result)} for r in rows]
+        sys.stdout.write(dumps_exact(listed, indent=True) + "\n")
         return EXIT_OK
     n = 0
     for r in rows:
-        value = orjson.dumps(shown(r.result)).decode()
+        value = dumps_exact(shown(r.result))
+        if both:
+            value = f"{dumps_exact(r.payload)} -> {value}"
         if len(value) > 100:
             value = value[:97] + "..."
         print(f"{r.work_id:<30} {value}")

@@ -87,11 +87,14 @@ def cmd_deferred(args: argparse.Namespace) -> int:
                     "inputs": p.get("inputs"),
                     "item": p.get("item"),
                     "seq": rec.seq,
+                    "traceback": p.get("traceback"),
                 }
             elif p.get("event") == "resolved":
                 live.pop(p["work_id"], None)
     if args.action == "list":
-        rows = [{k: v for k, v in r.items() if k != "item"} for r in live.values()]
+        rows = [
+            {k: v for k, v in r.items() if k not in ("item", "traceback")} for r in live.values()
+        ]
         if args.json or getattr(args, "long", False):
             _print(rows, args.json)
         else:
@@ -103,7 +106,15 @@ def cmd_deferred(args: argparse.Namespace) -> int:
     item = live.get(args.ids[0])
     if item is None:  # a finding about the state, not a wrong call
         return _error(args, LookupError(f"{args.ids[0]!r} is not deferred"), EXIT_FINDING)
-    _print(item, args.json)
+    if args.json:
+        _print(item, True)
+        return EXIT_OK
+    tb = item.pop("traceback", None)
+    _print(item, False)
+    if tb:  # the last failure's, when the work function raised: as Python printed it
+        print("traceback (its last failure)")
+        for line in tb.splitlines():
+            print(f"    {line}")
     return EXIT_OK
 
 

@@ -79,10 +79,15 @@ class ItemFailure:
         kind: one of :data:`~durable_dispatch.core.config.WORKER_FAILURE_KINDS`; the core treats
             any other kind as ``malformed-result`` (a worker cannot invent a budget).
         reason: a human-readable reason (``"ValueError: bad input"``, ``"killed by SIGSEGV"``).
+        final: the failure is deterministic (a result that cannot be stored as given): the
+            item is deferred at once, not retried.
+        traceback: the traceback of a function that raised (its last lines), or None.
     """
 
     kind: str
     reason: str
+    final: bool = False
+    traceback: str | None = None
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.reason}"
@@ -286,6 +291,7 @@ class Requeue(Decision):
     attempts: int
     error: str = ""
     split: bool = False
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -300,6 +306,7 @@ class Defer(Decision):
     attempts: int
     kinds: tuple[str, ...]
     last_error: str | None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)

@@ -372,7 +372,7 @@ class Dispatcher(Rollbacks, Views):
         )  # fmt: skip
         if whole is not None:
             tx.failure = whole
-            if whole.kind == "malformed-result":
+            if whole.kind == "malformed-result" and not whole.final:
                 return self._quarantine(rank, "RESULT", Classification.MALFORMED, whole.reason)
             # The worker said why it failed: the READY that follows rolls it back. It may first
             # restart its isolated child, so its deadline is now the watchdog's for that READY.
@@ -485,7 +485,7 @@ class Dispatcher(Rollbacks, Views):
                 self._n.invalid_result_rollbacks += 1
             else:
                 self._n.item_failures += 1
-            out.append(self._retry_or_defer(item, token, source, bad.kind, bad.reason))
+            out.append(self._retry_or_defer(item, token, source, bad.kind, bad.reason, failure=bad))
         if failed:
             out.append(self._require_snapshot(f"items of {token} failed"))
         return out

@@ -292,6 +292,7 @@ class Requeued(_Event):
         "error": is_str_or_none,
         "source": is_str_or_none,
         "split": is_bool,
+        "traceback": is_str_or_none,
     }
 
     work_id: str
@@ -301,6 +302,7 @@ class Requeued(_Event):
     attempts: int | None
     error: str | None = ""
     split: bool = False
+    traceback: str | None = None  # the function's, when it raised (its last lines)
 
     @property
     def charged(self) -> bool:
@@ -327,6 +329,8 @@ class Requeued(_Event):
         }
         if self.split:
             out["split"] = True
+        if self.traceback is not None:
+            out["traceback"] = self.traceback
         return out
 
     @classmethod
@@ -340,6 +344,7 @@ class Requeued(_Event):
             rec.get("attempts"),
             rec.get("error") or "",
             bool(rec.get("split", False)),
+            rec.get("traceback"),
         )
 
 
@@ -353,7 +358,10 @@ class Deferred(_Event):
         "attempts": is_int,
         "kinds": list_of(is_str),
     }
-    OPTIONAL: ClassVar[Mapping[str, Check]] = {"last_error": is_str_or_none}
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {
+        "last_error": is_str_or_none,
+        "traceback": is_str_or_none,
+    }
 
     work_id: str
     token: Token | None
@@ -361,10 +369,11 @@ class Deferred(_Event):
     attempts: int
     kinds: tuple[str, ...]
     last_error: str | None
+    traceback: str | None = None  # the function's, when it raised (its last lines)
 
     def encode(self) -> dict[str, Any]:
         """The journal record (the inverse of :meth:`decode`)."""
-        return {
+        out = {
             "event": "deferred",
             "token": _str(self.token),
             "work_id": self.work_id,
@@ -373,6 +382,9 @@ class Deferred(_Event):
             "kinds": list(self.kinds),
             "last_error": self.last_error,
         }
+        if self.traceback is not None:
+            out["traceback"] = self.traceback
+        return out
 
     @classmethod
     def decode(cls, rec: Mapping[str, Any], stored: Stored | None = None) -> Deferred:
@@ -384,6 +396,7 @@ class Deferred(_Event):
             rec["attempts"],
             tuple(rec["kinds"]),
             rec.get("last_error") or "",
+            rec.get("traceback"),
         )
 
 
@@ -595,7 +608,11 @@ def of_decision(d: object) -> Event | None:
             return d.event  # type: ignore[no-any-return]
         return Dispatched(d.token, d.rank, tuple(w.work_id for w in d.items))
     if type(d) is Requeue:
-        return Requeued(d.work_id, d.token, d.source, d.kind, d.attempts, d.error, d.split)
+        return Requeued(
+            d.work_id, d.token, d.source, d.kind, d.attempts, d.error, d.split, d.traceback
+        )
     if type(d) is Defer:
-        return Deferred(d.work.work_id, d.token, d.source, d.attempts, d.kinds, d.last_error)
+        return Deferred(
+            d.work.work_id, d.token, d.source, d.attempts, d.kinds, d.last_error, d.traceback
+        )
     return None

@@ -63,7 +63,7 @@ class Rollbacks(DispatcherBase):
                     self._n.invalid_result_rollbacks += 1
                 else:
                     self._n.item_failures += 1
-                out += self._roll_back(tx, source, f.kind, f.reason, RankState.IDLE)
+                out += self._roll_back(tx, source, f.kind, f.reason, RankState.IDLE, failure=f)
         return out
 
     def expired(self, now: float) -> list[tuple[int, Token]]:
@@ -357,12 +357,20 @@ class Rollbacks(DispatcherBase):
 
     # ------------------------------------------- the paths every failure takes
     def _roll_back(
-        self, tx: Transaction, source: str, kind: str, error: str, then: RankState
+        self,
+        tx: Transaction,
+        source: str,
+        kind: str,
+        error: str,
+        then: RankState,
+        *,
+        failure: ItemFailure | None = None,
     ) -> list[Decision]:
         """The one compensation path: timeout, invalid result, send failure, rank lost (W4, S8).
 
         The rank goes to ``then``: PARKED (timeout, send failure: only its exact READY proves
-        the old generation over), IDLE (it said READY) or LOST.
+        the old generation over), IDLE (it said READY) or LOST. ``failure``: what the worker
+        said of a one-item dispatch (final: deferred at once; its traceback kept).
         """
         advance(tx, TxEvent.ROLLED_BACK)
         for item in tx.items:
@@ -377,7 +385,9 @@ class Rollbacks(DispatcherBase):
         else:
             self._ranks.lose(tx.rank)
         if len(tx.items) == 1:
-            out.append(self._retry_or_defer(tx.items[0], tx.token, source, kind, error))
+            out.append(
+                self._retry_or_defer(tx.items[0], tx.token, source, kind, error, failure=failure)
+            )
         else:  # which item failed is unknown: each goes back uncharged, to run alone (W5)
             # last item first: each goes to the front, so the frontier keeps the dispatch's
             # order (and replay, applying the journaled events in this order, gets the same)
@@ -398,9 +408,18 @@ class Rollbacks(DispatcherBase):
         return self._record(Requeue(wid, token, source, kind, attempts, error, split=True))
 
     def _retry_or_defer(
-        self, item: WorkItem, token: Token, source: str, kind: str, error: str
+        self,
+        item: WorkItem,
+        token: Token,
+        source: str,
+        kind: str,
+        error: str,
+        *,
+        failure: ItemFailure | None = None,
     ) -> Decision:
-        """The shared retry path (W5): requeue at the front, or defer after the budget."""
+        """The shared retry path (W5): requeue at the front, or defer after the budget; a
+        ``failure`` that is final (deterministic: it would fail again) is deferred at once, and
+        its traceback goes with the decision."""
         wid = item.work_id
         ledger = self.ledger
         if source in UNCHARGED_SOURCES:  # (the fault was the master's, or the node's)
@@ -411,11 +430,12 @@ class Rollbacks(DispatcherBase):
             attempts = ledger.attempts.get(wid, 0)
             return self._record(Requeue(wid, token, source, kind, attempts, error))
         n = ledger.attempts.get(wid, 0) + 1
-        if n <= self.retry.retries_for(kind):
+        tb = failure.traceback if failure is not None else None
+        if n <= self.retry.retries_for(kind) and not (failure is not None and failure.final):
             self._n.protocol_requeued_dispatches += 1
-            return self._record(Requeue(wid, token, source, kind, n, error))
+            return self._record(Requeue(wid, token, source, kind, n, error, traceback=tb))
         kinds = (*ledger.kinds.get(wid, ()), kind)
-        return self._record(Defer(item, token, source, n, kinds, error))
+        return self._record(Defer(item, token, source, n, kinds, error, tb))
 
     # ------------------------------------------------------ durable state
     @classmethod

@@ -8,11 +8,12 @@ the isolated child imports this module with MPI left uninitialised.
 from __future__ import annotations
 
 import time
+import traceback as _tb
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+from ..values import Refused, restore, stored_raw
 
 __all__ = [
     "WorkContext",
@@ -22,7 +23,12 @@ __all__ = [
     "run_items",
     "MAX_RESULT_BYTES",
     "CHILD_MARKER",
+    "TRACEBACK_LINES",
 ]
+
+#: How many lines of a failed call's traceback the worker keeps (its last ones: the frame that
+#: raised and the exception).
+TRACEBACK_LINES = 50
 
 #: Set in an isolated child's environment; ``run_master`` and ``run_worker`` refuse to run there.
 CHILD_MARKER = "DURABLE_DISPATCH_ISOLATED_CHILD"
@@ -73,19 +79,37 @@ class WorkContext:
 
 @dataclass(slots=True)
 class ItemOutcome:
-    """One item's outcome: its result as JSON (``raw``), or a failure ``kind`` and ``reason``."""
+    """One item's outcome: its result as JSON (``raw``, in the stored form of
+    :mod:`durable_dispatch.values`), or a failure ``kind`` and ``reason``; ``final``: the
+    failure is deterministic (a result that cannot be stored as given), so the master does not
+    retry it; ``traceback``: the last :data:`TRACEBACK_LINES` lines of the traceback of a
+    function that raised."""
 
     raw: bytes | None
     kind: str | None = None
     reason: str | None = None
+    final: bool = False
+    traceback: str | None = None
+
+
+def traceback_text(e: BaseException) -> str:
+    """The traceback of ``e`` as Python prints it, without the library's own calling frame,
+    cut to its last :data:`TRACEBACK_LINES` lines."""
+    tb = e.__traceback__
+    lines = "".join(_tb.format_exception(type(e), e, tb.tb_next if tb else None)).splitlines()
+    if len(lines) > TRACEBACK_LINES:
+        cut = len(lines) - TRACEBACK_LINES + 1
+        lines = [f"... ({cut} earlier lines cut)", *lines[cut:]]
+    return "\n".join(lines)
 
 
 def call_work_function(
     fn: Callable[..., Any], mode: str, payload: Any, ctx: WorkContext, max_result: int
 ) -> ItemOutcome:
     """Run ``fn`` on one payload: its result JSON, or the failure of a function that raised
-    (``error``), of a value JSON cannot hold (``malformed-result``) or of one over
-    ``max_result`` bytes (``result-too-large``). Never raises."""
+    (``error``), of a value that cannot be stored as given (``malformed-result``, final: it
+    would fail again; see :mod:`durable_dispatch.values`) or of one over ``max_result`` bytes
+    (``result-too-large``). Never raises."""
     try:
         if mode == "context":
             value = fn(payload, ctx)
@@ -94,11 +118,11 @@ def call_work_function(
         else:
             value = fn(payload)
     except BaseException as e:  # noqa: BLE001 - the master learns of it as this item's error
-        return ItemOutcome(None, "error", f"{type(e).__name__}: {e}")
+        return ItemOutcome(None, "error", f"{type(e).__name__}: {e}", traceback=traceback_text(e))
     try:
-        raw = orjson.dumps(value)
-    except TypeError as e:  # orjson.JSONEncodeError
-        return ItemOutcome(None, "malformed-result", f"result is not JSON-serializable: {e}")
+        raw = stored_raw(value)
+    except Refused as e:
+        return ItemOutcome(None, "malformed-result", f"the result {e}", True)
     if len(raw) > max_result:
         return ItemOutcome(
             None, "result-too-large", f"result of {len(raw)} bytes is over {max_result}"
@@ -127,6 +151,6 @@ def run_items(
         )
         deps = item.get("dependencies")
         if type(deps) is dict:
-            ctx.dependencies = deps
-        yield call_work_function(fn, mode, item.get("payload"), ctx, max_result)
+            ctx.dependencies = {k: restore(v) for k, v in deps.items()}
+        yield call_work_function(fn, mode, restore(item.get("payload")), ctx, max_result)
         deadline = ctx.deadline

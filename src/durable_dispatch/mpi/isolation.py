@@ -380,7 +380,11 @@ class IsolatedRunner:
                         else:
                             failure = orjson.loads(body)
                             out[todo[answered]] = ItemOutcome(
-                                None, failure["kind"], failure["reason"]
+                                None,
+                                failure["kind"],
+                                failure["reason"],
+                                failure.get("final") is True,
+                                failure.get("traceback"),
                             )
                         if report is not None:
                             report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
@@ -615,7 +619,10 @@ def _child_main(argv: list[str]) -> int:
             if o.raw is not None:
                 held.add(_pack(b"R", o.raw))
             else:
-                held.add(_pack(b"E", orjson.dumps({"kind": o.kind, "reason": o.reason})))
+                failed = {"kind": o.kind, "reason": o.reason, "final": o.final}
+                if o.traceback:
+                    failed["traceback"] = o.traceback
+                held.add(_pack(b"E", orjson.dumps(failed)))
         held.flush()
 
 

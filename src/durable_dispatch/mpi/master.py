@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from ..campaign.control import Inbox, apply_command
+from ..campaign.identity import check_name, default_name, record_name
 from ..campaign.state import CampaignState, OnCommit
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
 from ..core.allocation import DRAIN_MARGIN, DrainPlan
@@ -129,6 +130,7 @@ def run_master(
     drain_seconds: float = 60.0,
     ends_at: float | None = None,
     drain_margin: float | None = None,
+    campaign: str | None = None,
 ) -> MasterReport:
     """Run a campaign from rank 0 until every work item is committed or deferred.
 
@@ -195,6 +197,10 @@ def run_master(
             ``DD_DRAIN_MARGIN``, else 60 s), at most a quarter of the allocation's length; the
             margin is longer when the work in flight is expected to need longer, from the task
             times observed.
+        campaign: the campaign's name, recorded in a fresh state directory; default: the main
+            script's file name. A state directory that recorded another name is refused with
+            :class:`~durable_dispatch.errors.CampaignMismatchError` before anything is added;
+            one written before names were recorded adopts this one.
 
     Returns:
         A :class:`MasterReport`.
@@ -205,6 +211,7 @@ def run_master(
         ConfigurationError: an MPI world of size 1 (no workers; several processes that each
             see a world of 1 when a launcher did not match the MPI): the message names the fix
             (:mod:`.launchcheck`).
+        CampaignMismatchError: ``state_dir`` belongs to another campaign (nothing added).
     """
     if os.environ.get(CHILD_MARKER):
         raise UsageError(
@@ -228,7 +235,9 @@ def run_master(
     size = link.size
     margin_floor = _drain_margin(drain_margin)
     opening = time.monotonic()
+    name = default_name() if campaign is None else campaign
     try:
+        check_name(state_dir, name)  # U16: before anything is opened or added
         state = CampaignState.open(
             state_dir,
             sync=sync,
@@ -242,6 +251,12 @@ def run_master(
         # U4: the workers are waiting for WORK; a master that cannot start must stop them, or
         # the job hangs forever (a second master on a running state directory, a full disk).
         log.error("master: cannot start (%s: %s); stopping the workers", type(e).__name__, e)
+        _stop_or_abort(link, range(1, size), {}, stop_timeout)
+        raise
+    try:
+        record_name(state.directory, name)  # (a fresh state directory, or one of before names)
+    except BaseException:
+        state.close()
         _stop_or_abort(link, range(1, size), {}, stop_timeout)
         raise
     log.info(

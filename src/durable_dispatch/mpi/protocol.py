@@ -19,7 +19,9 @@ has one entry in ``results`` per item, in order. ``seconds`` is the dispatch's d
 master counts it (null when the watchdog is off) and ``lease`` how far a HEARTBEAT pushes it: an
 isolating worker kills the work at the same deadline. ``errors`` (optional) names the items the
 worker could not do, each with its failure kind (``error``, ``crash``, ``result-too-large``,
-``malformed-result``; a bare string is kind ``error``): their ``results`` entries are null. A
+``malformed-result``; a bare string is kind ``error``; ``"final": true`` marks a deterministic
+failure, deferred without a retry; ``"traceback"`` the function's, when it raised): their
+``results`` entries are null. A
 RESULT ``{"token", "error", "kind"}`` reports that the whole dispatch failed (``kind`` is
 ``timeout`` when an isolating worker killed it at its deadline; without ``kind`` it counts as a
 malformed RESULT).
@@ -129,7 +131,13 @@ def read_result(
         if not (k.isascii() and k.isdigit()):
             return None, None, f"RESULT error index {k!r} is not a number"
         if isinstance(v, dict) and isinstance(v.get("kind"), str):
-            errors[int(k)] = ItemFailure(v["kind"], str(v.get("reason", "")))
+            tb = v.get("traceback")
+            errors[int(k)] = ItemFailure(
+                v["kind"],
+                str(v.get("reason", "")),
+                v.get("final") is True,
+                tb if type(tb) is str else None,
+            )
         else:
             errors[int(k)] = str(v)
     return results, errors, None

@@ -43,6 +43,7 @@ __all__ = ["run_worker", "WorkContext"]
 
 log = logging.getLogger("durable_dispatch.mpi")
 _REASON_MAX = 2000  # characters of a failure's reason sent to the master
+_TRACEBACK_MAX = 16000  # characters of its traceback (its last lines)
 _ROOM = 64 << 10  # bytes of a RESULT kept for its envelope and error entries
 #: When no item of a dispatch has finished for this long, the outcomes the worker holds are
 #: sent ahead of the dispatch's RESULT (see :class:`_Ahead`; only for dispatches the master
@@ -190,7 +191,7 @@ def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome |
         reason = (whole.reason or "")[:_REASON_MAX]
         return orjson.dumps({"token": token, "error": reason, "kind": whole.kind})
     parts: list[bytes] = []
-    errors: dict[str, dict[str, str]] = {}
+    errors: dict[str, dict[str, Any]] = {}
     room = P.MAX_MESSAGE - _ROOM
     for i, o in enumerate(outcomes):
         if o.raw is not None and len(o.raw) > room:
@@ -202,7 +203,15 @@ def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome |
             )
         if o.raw is None:
             parts.append(b"null")
-            errors[str(i)] = {"kind": o.kind or "error", "reason": (o.reason or "")[:_REASON_MAX]}
+            entry: dict[str, Any] = {
+                "kind": o.kind or "error",
+                "reason": (o.reason or "")[:_REASON_MAX],
+            }
+            if o.final:
+                entry["final"] = True
+            if o.traceback:
+                entry["traceback"] = o.traceback[-_TRACEBACK_MAX:]
+            errors[str(i)] = entry
         else:
             parts.append(o.raw)
             room -= len(o.raw)

@@ -57,6 +57,8 @@ class DeferredItem:
         inputs: paths the item needs to be replayed (empty when self-contained).
         self_contained: True when the item carries everything it needs.
         seq: the journal sequence number of the deferral.
+        traceback: the last failure's traceback when the work function raised (its last
+            lines), else None.
     """
 
     work_id: str
@@ -67,6 +69,7 @@ class DeferredItem:
     inputs: tuple[str, ...] = ()
     self_contained: bool = False
     seq: int = -1
+    traceback: str | None = None
 
     def replayable(self, exists: Callable[[str], bool] = os.path.exists) -> bool:
         """True when the item can be replayed: it is self-contained or all its inputs exist."""
@@ -304,6 +307,7 @@ class DeferJournal:
                 inputs=tuple(payload.get("inputs", ())),
                 self_contained=bool(payload.get("self_contained", False)),
                 seq=seq,
+                traceback=tb if isinstance(tb := payload.get("traceback"), str) else None,
             )
         elif event == "resolved":
             self._live.pop(wid, None)
@@ -318,6 +322,7 @@ class DeferJournal:
         last_error: str | None = None,
         inputs: tuple[str, ...] | list[str] = (),
         self_contained: bool = False,
+        traceback: str | None = None,
     ) -> DeferReceipt:
         """Record that ``work_id`` is deferred; returns whether that record is on disk.
 
@@ -340,6 +345,8 @@ class DeferJournal:
             "inputs": list(inputs),
             "self_contained": self_contained,
         }
+        if traceback is not None:  # the last failure's, when the function raised
+            payload["traceback"] = traceback
         r = self.journal.append(payload)
         persisted = r.durable
         if not persisted and self.journal.sync != "always" and self.journal.health.ok:

@@ -42,7 +42,8 @@ def run_lying_worker(
         faults: ``faults(work_id, attempt) -> lie or None``, asked once per item as its WORK
             arrives. Lies of the function: ``hang`` (never answer), ``slow`` (sleep
             ``slow_seconds``, then answer), ``raise`` (raise: kind ``error``), ``unencodable``
-            (return a value JSON cannot hold: kind ``malformed-result``). Lies of the message,
+            (return a value JSON cannot hold: kind ``malformed-result``, deferred at once: a
+            value that cannot be stored is not retried). Lies of the message,
             acting on the whole dispatch: ``malformed`` (a RESULT that is not JSON), ``missing``
             (READY without RESULT), ``old-token`` (a RESULT with the previous token), ``crash``
             (SIGKILL this process).

@@ -13,11 +13,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ..campaign.admin import view_state
-from ..campaign.statedir import SUBMISSION_RECORD_BYTES, SUBMISSIONS
+from ..campaign.statedir import (
+    RESULT_RECORD_BYTES,
+    STATE_JOURNAL,
+    SUBMISSION_RECORD_BYTES,
+    SUBMISSIONS,
+)
+from ..storage.defer import DEFAULT_DEFER_NAME
 from ..storage.journal import read_journal
+from ..values import dumps_exact, restore
 from .history import read_history
 
 __all__ = ["JobRow", "read_joblog"]
@@ -46,6 +51,9 @@ class JobRow:
             at submit; never unpickled), else its payload as JSON, cut at 100 characters.
         signal: when its last failure was a crash, the signal that ended the process
             (``SIGSEGV``, ``SIGKILL`` ...), else None.
+        traceback: the traceback of its last failure when its function raised (the last
+            lines, as the worker kept them), or None: from the defer journal, else from the
+            state journal's records not yet compacted.
     """
 
     work_id: str
@@ -59,6 +67,7 @@ class JobRow:
     host: str | None
     call: str | None
     signal: str | None = None
+    traceback: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, in the order above."""
@@ -70,8 +79,8 @@ def _call_text(payload: Any) -> str | None:
         args = payload.get("args")
         return f"{payload['fn']}({args if isinstance(args, str) else '...'})"
     try:
-        text = orjson.dumps(payload).decode()
-    except TypeError:
+        text = dumps_exact(restore(payload))  # (NaN as NaN: never null)
+    except (TypeError, ValueError):
         return None
     return text if len(text) <= 100 else text[:97] + "..."
 
@@ -87,6 +96,41 @@ def _payloads(d: str) -> dict[str, Any]:
                     out[it[0]] = it[1]
                 elif isinstance(it, dict) and isinstance(it.get("work_id"), str):
                     out[it["work_id"]] = it.get("payload")
+    return out
+
+
+def _tracebacks(d: str) -> dict[str, str | None]:
+    """Work ID -> the traceback of its last failure (None when that failure had none): the
+    defer journal's live deferrals (which compaction keeps), then the state journal's
+    ``requeued`` and ``deferred`` records, newer, where compaction has not folded them."""
+    out: dict[str, str | None] = {}
+
+    def note(p: Any) -> None:
+        tb = p.get("traceback")
+        out[p["work_id"]] = tb if isinstance(tb, str) else None
+
+    path = os.path.join(d, DEFAULT_DEFER_NAME)
+    if os.path.exists(path):
+        for rec in read_journal(path):
+            p = rec.payload
+            if isinstance(p, dict) and isinstance(p.get("work_id"), str):
+                if p.get("event") == "deferred":
+                    note(p)
+                elif p.get("event") == "resolved":
+                    out.pop(p["work_id"], None)
+    path = os.path.join(d, STATE_JOURNAL)
+    if os.path.exists(path):
+        for rec in read_journal(path, max_record_bytes=RESULT_RECORD_BYTES):
+            p = rec.payload
+            if not isinstance(p, dict) or not isinstance(p.get("work_id"), str):
+                continue
+            event = p.get("event")
+            if event == "deferred" or (
+                event == "requeued" and not p.get("split") and p.get("source") != "master-restart"
+            ):
+                note(p)
+            elif event == "requeued_deferred":
+                out.pop(p["work_id"], None)
     return out
 
 
@@ -113,6 +157,7 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
     led, running = sv.projection, sv.master_running
     h = read_history(d, now=t, running=running)
     stored = _payloads(d)
+    tracebacks = _tracebacks(d)
     for wid in led.ids.ids:
         if wid is None:
             continue
@@ -144,6 +189,7 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
             att.host if att is not None else None,
             _call_text(payload),
             _signal(kinds[-1] if kinds else None, led.last_error.get(wid)),
+            tracebacks.get(wid) if kinds else None,
         )
 
 
