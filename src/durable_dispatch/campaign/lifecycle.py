@@ -18,7 +18,7 @@ from typing import Any
 from ..core import Dispatcher, RetryPolicy, WatchdogConfig
 from ..core.events import EpochStarted, encode
 from ..core.ledger import Ledger
-from ..errors import NotDurableError
+from ..errors import NotDurableError, StorageDegradedError
 from ..storage import DeferJournal, Journal
 from ..storage import fs as _fs
 from ..storage import resources as _resources
@@ -112,6 +112,7 @@ def open_state(
             proj, epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks, starting=starting
         )
         _record_lost_deferrals(defer, core.ledger)
+        _resolve_stale_deferrals(defer, core.ledger)
     except BaseException:
         release_frozen(opening)
         if dir_sync is not None:
@@ -326,3 +327,20 @@ def _record_lost_deferrals(defer: DeferJournal, ledger: Ledger) -> int:
     if lost:
         log.warning("recorded %d deferred item(s) the defer journal had lost", len(lost))
     return len(lost)
+
+
+def _resolve_stale_deferrals(defer: DeferJournal, ledger: Ledger) -> int:
+    """Resolve each defer-journal record whose item the state journal says is no longer
+    deferred: a dependency's commit released it (or a retry put it back) and the last master
+    ended before it resolved the record. Without it ``deferred list`` would show as deferred
+    an item that ``stats`` counts pending. Returns how many."""
+    stale = [d.work_id for d in defer.items() if d.work_id not in ledger.deferred]
+    for wid in stale:
+        how = "cancelled" if wid in ledger.cancelled else "requeued"
+        try:
+            defer.resolve(wid, how)
+        except StorageDegradedError:
+            log.warning("defer journal: %s is not deferred, its record not resolved", wid)
+    if stale:
+        log.warning("resolved %d defer record(s) of items no longer deferred", len(stale))
+    return len(stale)

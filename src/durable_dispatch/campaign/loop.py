@@ -115,7 +115,7 @@ class LoopCalls:
         the worker could not do, ``failure`` why the whole dispatch failed. Its commits are
         journaled at once and delivered once durable (:meth:`tick`), so the loop goes on."""
         out = self.core.on_results(rank, token, results, now, errors=errors, failure=failure)
-        return self._apply(out, self._on_commit, wait=False)
+        return self._apply(out, self._on_commit)
 
     def on_part(
         self, rank: int, token: object, work_ids: Any, results: Any, now: float, *, errors: Any
@@ -124,7 +124,7 @@ class LoopCalls:
         items of a dispatch that still runs. Their commits are journaled at once and delivered
         once durable (:meth:`tick`), as :meth:`on_results`' are."""
         out = self.core.on_part(rank, token, work_ids, results, now, errors=errors)
-        return self._apply(out, self._on_commit, wait=False)
+        return self._apply(out, self._on_commit)
 
     def sent(self, token: Token, now: float, error: str | None = None) -> list[Decision]:
         """The WORK send of :meth:`next_send`'s dispatch returned (``error`` None) or failed."""

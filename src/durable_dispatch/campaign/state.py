@@ -157,6 +157,8 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
         self._delivered_marked = self._delivered
         self._delivered_at = time.monotonic()
         self._callback_failed = False
+        self._notices: list[tuple[Callable[[Any], None], Any]] = []  # for the delivery point
+        self._held_results: dict[str, tuple[int, Any]] = {}  # memory-only commits' (G4)
         self._on_commit: Callable[[Commit], None] | None = None  # the facade's callback
         #: called with each :class:`Defer` once the defer journal took it (or kept it in
         #: memory): the item's retries are spent (the futures executor fails its future)
@@ -307,10 +309,13 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
                 self._announce(new[:done], first, digests[: done * DIGEST_BYTES])
             raise
         self._announce(new, first, digests)
-        if self._has_after:  # G4: a new item that names a deferred item is deferred too
-            led = self.core.ledger
-            for dep in {d: None for w in new for d in w.after if d in led.deferred}:
-                self._apply(self.core.ended_without_commit(dep))
+        if self._has_after:  # G4: a new item that names a deferred or cancelled item is
+            led = self.core.ledger  # deferred too, at once, naming it
+            for dep in {d: None for w in new for d in w.after}:
+                if dep in led.deferred:
+                    self._apply(self.core.ended_without_commit(dep))
+                elif dep in led.cancelled:
+                    self._apply(self.core.ended_without_commit(dep, "cancelled"))
         return len(new)
 
     def _refuse_changed(self, again: list[WorkItem], new: list[WorkItem], digests: bytes) -> None:
@@ -444,6 +449,9 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
             self.journal.sync_now()
             durable = self.journal.durable_seq
             self._commits_in_memory = [s for s in self._commits_in_memory if s > durable]
+            held = self._held_results
+            for wid in [w for w, (seq, _) in held.items() if seq <= durable]:
+                del held[wid]
         before = self.defer.statistics().in_memory
         ok2 = self.defer.try_restore()
         moved = before - self.defer.statistics().in_memory

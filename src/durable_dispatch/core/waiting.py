@@ -31,6 +31,7 @@ class WaitingSet:
     waiting: Frontier
     committed: CommittedIds
     deferred: dict[str, WorkItem]
+    cancelled: dict[str, WorkItem]
     missing: dict[str, int]
     dependents: dict[str, str | list[str]]
     released: list[str]
@@ -126,14 +127,17 @@ class WaitingSet:
         return None
 
     def _register_waiting(self) -> None:
-        """Rebuild :attr:`missing` and :attr:`dependents` from the waiting and deferred items
-        (a loaded snapshot), in index order; a waiting item whose dependencies are all
-        committed (a snapshot taken while their commits were delivered) goes to the frontier."""
-        if not self.waiting and not self.deferred:
+        """Rebuild :attr:`missing` and :attr:`dependents` from the waiting, deferred and
+        cancelled items (a loaded snapshot), in index order, as the live ledger keeps them (a
+        cancelled item stays registered under its missing dependencies: a ``retry`` puts it
+        back to wait for them); a waiting item whose dependencies are all committed (a
+        snapshot taken while their commits were delivered) goes to the frontier."""
+        if not self.waiting and not self.deferred and not self.cancelled:
             return
         index, after_of = self.ids.index, self.items.after_of
         found = [i for a, b in self.waiting.runs() for i in range(a, b)]
         found += [index[w] for w in self.deferred if after_of(w)]
+        found += [index[w] for w in self.cancelled if after_of(w)]
         found.sort()
         # as _waits, item by item, with what it looks up hoisted (a reopen of 1M waiting items)
         committed: Collection[str] = self.committed if len(self.committed) else ()
