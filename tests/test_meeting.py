@@ -203,7 +203,7 @@ def test_deferred_list_and_stats_agree_after_a_master_killed_while_delivering(
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
 def test_a_retried_dependency_brings_its_dependents_future_back(tmp_path: Path) -> None:
-    """A call fails for good and the call that took its future as an argument is deferred;
+    """A call crashes (deferred) and the call that took its future as an argument is deferred;
     ``retry`` of the failed call; the re-run (where it succeeds) failed the dependent's future
     at once with DependencyFailed, while its call ran and committed in that same run: the
     executor's attach took every item of the defer journal as failed."""
@@ -219,7 +219,7 @@ def test_a_retried_dependency_brings_its_dependents_future_back(tmp_path: Path) 
     )  # fmt: skip
     first = run_mpiexec(cmd, timeout=240, cwd=ROOT)
     assert not first.timed_out and first.returncode == 0, first.stderr[-3000:]
-    assert first.stdout.splitlines() == ["dep TaskFailed", "after DependencyFailed"]
+    assert first.stdout.splitlines() == ["dep TaskCrashed", "after DependencyFailed"]
     flag.write_text("now it works")
     out = cli("retry", str(state / "executor-1"), mark.read_text(), "--json")
     assert out.returncode == 0, out.stderr
