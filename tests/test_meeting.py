@@ -98,6 +98,40 @@ def test_retry_of_a_waiting_item_says_it_waits() -> None:
     assert core.retry_item("b") == "waiting" and core.retry_item("a") == "pending"
 
 
+def test_the_joblog_counts_no_try_for_an_item_deferred_for_a_dependency(tmp_path: Path) -> None:
+    """W waits for D, which fails for good: W never ran (it showed ``tries 1``)."""
+    from durable_dispatch.campaign.results import read_joblog
+
+    items = [WorkItem("D", "fail"), WorkItem("W", "w", after=["D"])]
+    fn = LocalWorkers(_fails_on_bad, 1, context=True)
+    assert run_master(items, tmp_path / "s", comm=fn, retry=RetryPolicy(retries=0)).finished
+    rows = {r.work_id: r for r in read_joblog(tmp_path / "s")}
+    assert (rows["D"].status, rows["D"].tries) == ("deferred", 1)
+    assert (rows["W"].status, rows["W"].tries, rows["W"].last_failure_kind) == (
+        "deferred",
+        0,
+        "dependency",
+    )
+
+
+def test_a_known_id_with_another_after_is_refused_like_a_changed_payload(tmp_path: Path) -> None:
+    """The same payload with another ``after`` was skipped silently: the item would wait for
+    what it named first, not what the caller names now."""
+    from durable_dispatch.errors import ChangedPayloadError
+
+    with CampaignState.open(tmp_path / "s") as st:
+        st.submit([WorkItem("a", 1), WorkItem("b", 2, after=["a"])])
+        assert st.submit([WorkItem("b", 2, after=["a"])]) == 0  # the same: skipped
+        with pytest.raises(ChangedPayloadError, match="another after") as e:
+            st.submit([WorkItem("b", 2, after=["c"])])
+        assert e.value.work_id == "b"
+        with pytest.raises(ChangedPayloadError, match="another after"):
+            st.submit([WorkItem("a", 1, after=["b"])])
+        with pytest.raises(ChangedPayloadError, match="another after"):
+            st.submit([WorkItem("n", 3), WorkItem("n", 3, after=["a"])])
+        assert not st.core.ledger.known("n")
+
+
 # --------------------------------------------- (2) a reopen changes nothing
 def test_a_reopen_keeps_what_a_cancelled_item_waits_for(tmp_path: Path) -> None:
     """D fails for good, W (after D) is deferred; ``cancel W`` then ``retry W`` with no master

@@ -320,7 +320,8 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
 
     def _refuse_changed(self, again: list[WorkItem], new: list[WorkItem], digests: bytes) -> None:
         """U11: each of ``again`` (a known work ID, or one named earlier in the same call) must
-        name the payload it named before; the first that does not is refused.
+        name the payload and the ``after`` it named before (the ``after`` of a committed item
+        is not kept: it ran, what it waited for is moot); the first that does not is refused.
 
         Raises:
             ChangedPayloadError: naming that work ID.
@@ -347,6 +348,20 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
                     f"with another payload (digest {was.hex()}, this one {now.hex()}): a work ID "
                     "names one payload; give the changed item a new work ID (one that digests "
                     "its payload, say) or start a new state directory",
+                    work_id=wid,
+                )
+            if wid in ids.index:
+                before = led.items.after_of(wid) if wid in led.items else None
+            else:
+                before = next(w.after for w in new if w.work_id == wid)
+            if before is not None and set(before) != set(item.after):
+                st = self.core.status(wid) if wid in ids.index else None
+                where = st.name.lower().replace("_", " ") if st else "earlier in this submission"
+                raise ChangedPayloadError(
+                    f"work ID {wid!r} is known ({where}) with another after "
+                    f"({sorted(before)}, this one {sorted(item.after)}): a work ID names one "
+                    "item, its dependencies included; give the changed item a new work ID or "
+                    "start a new state directory",
                     work_id=wid,
                 )
 
