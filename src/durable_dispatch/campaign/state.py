@@ -24,9 +24,9 @@ core and persists what it decided.
 
 Durability contract.
 
-* A commit is journaled and waited for (``wait_durable``: an fsync under ``always``/``batch``)
-  before :meth:`CampaignState.apply` reports it to the caller's callback and before the core closes
-  the work ID: a work ID is committed once *in the durable record*. Execution stays at-least-once:
+* A commit is journaled, and an fsync covers it (under ``always``/``batch``), before the
+  delivery point (:meth:`CampaignState.tick`) closes the work ID in the core and then reports it
+  to the caller's callback: a work ID is committed once *in the durable record*. Execution stays at-least-once:
   a worker may run an item again after a crash or a timeout; only one commit is ever recorded.
 * Every rollback is followed by an atomic snapshot before the next dispatch (S8).
 * At every start a new epoch is journaled and fsynced before any dispatch, so no token repeats.
