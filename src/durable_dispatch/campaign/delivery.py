@@ -5,11 +5,12 @@ dispatch before its WORK is sent, a requeue, a deferral (also to the defer journ
 the core asks for (S8). The Commits of one dispatch are journaled as one ``committed`` record (a
 few when one would exceed the record bound; a result too large for any record is refused and
 retried). Once an fsync covers a record, the delivery point (:meth:`Delivery._complete_commits`,
-the one place user code runs, R1) closes the dispatch in the core and then hands its commits to
-the callback: a work ID is committed once in the durable record, and delivered at least once. The delivery point is kept in every snapshot and, between snapshots, in ``delivered``
-events; after a crash or a failed callback, :meth:`Delivery.redeliver` hands the commits after
-it to the callback again. The work items a callback returns (a result that spawns work, G1)
-are submitted before the delivery point passes their parent.
+the one place user code runs, R1) closes the dispatch in the core and then hands its commits to the
+callback: a work ID is committed once in the durable record, and delivered at least once. The
+delivery point is kept in every snapshot and, between snapshots, in ``delivered`` events; after a
+crash or a failed callback, :meth:`Delivery.redeliver` hands the commits after it to the callback
+again. The work items a callback returns (a result that spawns work, G1) are submitted before the
+delivery point passes their parent.
 
 :class:`Delivery` is a part of :class:`~durable_dispatch.campaign.state.CampaignState`, which
 provides the journals, the core and the fields it declares.

@@ -26,8 +26,9 @@ Durability contract.
 
 * A commit is journaled, and an fsync covers it (under ``always``/``batch``), before the
   delivery point (:meth:`CampaignState.tick`) closes the work ID in the core and then reports it
-  to the caller's callback: a work ID is committed once *in the durable record*. Execution stays at-least-once:
-  a worker may run an item again after a crash or a timeout; only one commit is ever recorded.
+  to the caller's callback: a work ID is committed once *in the durable record*. Execution
+  stays at-least-once: a worker may run an item again after a crash or a timeout; only one
+  commit is ever recorded.
 * Every rollback is followed by an atomic snapshot before the next dispatch (S8).
 * At every start a new epoch is journaled and fsynced before any dispatch, so no token repeats.
 * If the disk fails, records are held in memory (the journal's honest degradation); the campaign
