@@ -22,6 +22,15 @@ refusal, the file unchanged); an operator's ``cancel``, ``retry --all``, ``submi
 other faults of a seed stay as they were; one the full tmpfs refuses must exit 2 saying nothing
 was sent, and have no effect).
 
+The **features** (:data:`FEATURES`, issue 58) are named, and a run prints which pairs of them
+its scenarios crossed (:func:`pair_table`): dependencies on static items, on children and on an
+operator's submitted items, children (which may wait), a ``Feed``, each operator command,
+isolation, timeouts, priorities, batches, storage faults, master kills, compaction and the
+futures face. CI's fixed seeds are planned (:data:`PLAN`) so that together they cross every pair
+that can occur, but the futures face's futures passed as arguments and its calls steered by an
+operator, which the harness does not draw yet. A pair counts when its scenario plans both
+features: a planned fault that the run's end overtakes is counted all the same.
+
 The **checker** (:func:`check`) reads the campaign's own record and the user's sink and holds
 them against the model: every submitted or spawned work ID ends committed, deferred or (named
 by an operator's cancel) cancelled, once;
