@@ -195,7 +195,8 @@ def test_a_command_file_that_is_a_link_or_of_another_owner_is_refused_and_left_u
 # ------------------------------------------------------------ exactly once
 _KILLER = r"""
 import os, signal, sys
-from durable_dispatch import CampaignState, control
+from durable_dispatch import CampaignState
+from durable_dispatch.campaign import control
 where = sys.argv[2]
 if where == "before-ack":
     control._acknowledge = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
@@ -536,7 +537,9 @@ def test_a_drain_whose_master_ends_before_it_is_sent_is_a_finding_not_a_usage_er
     """The torture harness (seed 801225434): ``drain`` saw the master running, the master
     ended, and the command's own check then raised a usage error: exit 2, against docs/cli.md's
     "exit 1 when no master runs". Both checks now give the same finding; nothing is written."""
-    from durable_dispatch import cli, statedir, steer
+    from durable_dispatch import cli
+    from durable_dispatch.campaign import statedir
+    from durable_dispatch.cli import steer
     from durable_dispatch.errors import NoMasterError
 
     d = _state(tmp_path)

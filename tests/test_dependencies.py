@@ -378,8 +378,8 @@ def test_a_dag_under_mpiexec_with_job_sigkills_commits_the_closure_once(tmp_path
 
 # --------------------------------------------------------------- the one view
 def test_stats_watch_report_and_joblog_show_waiting_items(tmp_path: Path) -> None:
-    from durable_dispatch.campaign.results import read_joblog
     from durable_dispatch.cli import main
+    from durable_dispatch.views.joblog import read_joblog
     from durable_dispatch.views.report import report_series
     from durable_dispatch.views.view import STOPPED, read_view
     from durable_dispatch.views.watch import stats_text

@@ -134,3 +134,91 @@ def test_the_core_imports_no_io() -> None:
                 else []
             )
             assert not {n.split(".")[0] for n in names} & io, f"{name} imports {names}"
+
+
+# ------------------------------------------------------------------------------- the layers
+#: Each layer of the package (docs/explanation/architecture.md), lowest first. A module may
+#: import its own layer and the layers below it, never one above; two packages in one layer
+#: (core and storage; testing and futures) do not import each other. The facade on top
+#: (the package's ``__init__``, ``__main__``, the pytest plugin) may import anything.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "tokens", "schema", "_lazy", "processes", "progress", "commands"),
+    ("core", "storage"),
+    ("campaign",),
+    ("views",),
+    ("mpi",),
+    ("testing", "futures"),
+    ("cli",),
+    ("(facade)", "__main__", "pytest_plugin"),
+]
+#: packages of one layer that stand side by side and never import each other
+APART = [{"core", "storage"}, {"testing", "futures"}]
+MAX_LINES = 700
+
+
+def _part(module: str) -> str:
+    """The top-level part of the package a module belongs to (``(facade)`` for the package)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(facade)"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that reaches a layer above its module's, or a sibling package of its layer,
+    as ``"a imports b"``; a part that is in no layer is reported too (place it on purpose)."""
+    rank = {part: i for i, layer in enumerate(LAYERS) for part in layer}
+    out = []
+    for m, deps in sorted(graph.items()):
+        a = _part(m)
+        if a not in rank:
+            out.append(f"{m} is in no layer")
+            continue
+        for d in sorted(deps):
+            b = _part(d)
+            if b != a and b in rank and (rank[b] > rank[a] or {a, b} in APART):
+                out.append(f"{m} imports {d}")
+    return out
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    assert upward_imports(imports()) == []
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    """The check can fail: the campaign reaching up to the views, the MPI shell to the command
+    line, the core to storage (a sibling), and a part placed in no layer."""
+    planted = {
+        "durable_dispatch.campaign.state": {"durable_dispatch.views.view"},
+        "durable_dispatch.mpi.master": {"durable_dispatch.cli.launch"},
+        "durable_dispatch.core.ledger": {"durable_dispatch.storage.fs"},
+        "durable_dispatch.newthing": set(),
+        "durable_dispatch.views.view": {"durable_dispatch.campaign.admin"},
+    }
+    assert upward_imports(planted) == [
+        "durable_dispatch.campaign.state imports durable_dispatch.views.view",
+        "durable_dispatch.core.ledger imports durable_dispatch.storage.fs",
+        "durable_dispatch.mpi.master imports durable_dispatch.cli.launch",
+        "durable_dispatch.newthing is in no layer",
+    ]
+
+
+def long_modules(root: Path = SRC, limit: int = MAX_LINES) -> dict[str, int]:
+    """Each module of the package over ``limit`` lines, with its line count."""
+    out = {}
+    for p in sorted(root.rglob("*.py")):
+        n = len(p.read_text().splitlines())
+        if n > limit:
+            out[str(p.relative_to(root))] = n
+    return out
+
+
+def test_no_module_passes_700_lines() -> None:
+    """Modules of one job, a few hundred lines each: a module over 700 lines does several jobs
+    and is split by job, not by length."""
+    assert long_modules() == {}
+
+
+def test_the_length_check_finds_a_long_module(tmp_path: Path) -> None:
+    (tmp_path / "short.py").write_text("x = 1\n" * 700)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 701)
+    assert long_modules(tmp_path) == {"pkg/long.py": 701}

@@ -100,7 +100,7 @@ def test_retry_of_a_waiting_item_says_it_waits() -> None:
 
 def test_the_joblog_counts_no_try_for_an_item_deferred_for_a_dependency(tmp_path: Path) -> None:
     """W waits for D, which fails for good: W never ran (it showed ``tries 1``)."""
-    from durable_dispatch.campaign.results import read_joblog
+    from durable_dispatch.views.joblog import read_joblog
 
     items = [WorkItem("D", "fail"), WorkItem("W", "w", after=["D"])]
     fn = LocalWorkers(_fails_on_bad, 1, context=True)

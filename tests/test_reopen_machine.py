@@ -34,10 +34,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from durable_dispatch import CampaignState, RetryPolicy, WorkItem
 from durable_dispatch.campaign.admin import compact_state, view_state
 from durable_dispatch.campaign.control import apply_command, write_command
-from durable_dispatch.campaign.results import read_joblog, read_results
+from durable_dispatch.campaign.results import read_results
 from durable_dispatch.cli import main as cli_main
 from durable_dispatch.core.ledger import Ledger
 from durable_dispatch.testing import FaultInjector
+from durable_dispatch.views.joblog import read_joblog
 
 IDS = [f"i{k}" for k in range(8)]
 

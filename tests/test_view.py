@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from durable_dispatch import CampaignState, RetryPolicy, WatchdogConfig, WorkItem
 from durable_dispatch.campaign.admin import compact_state
-from durable_dispatch.campaign.results import read_joblog, read_results
+from durable_dispatch.campaign.results import read_results
 from durable_dispatch.cli import main
+from durable_dispatch.views.joblog import read_joblog
 
 from .helpers import fake_campaign
 

@@ -83,3 +83,34 @@ def test_durations_read_well() -> None:
         "3h 05m",
         "2d 04h",
     ]
+
+
+def test_the_allocation_end_and_time_left_stand_beside_the_eta_and_say_when_it_is_past() -> None:
+    """The master publishes its allocation's end: stats, watch and report show the time left
+    beside the ETA, and how many more allocations the ETA needs when it is past the end."""
+    from durable_dispatch.views.report import _summary
+
+    now = time.time()
+    live = {
+        "ts": now - 1.0,
+        "started": now - 11.0,
+        "running": True,
+        "stats": {"core": {"commits": 10}},  # 1 item/s; 109 left: ETA 109 s
+        "allocation": {"ends_at": now + 30.0, "started": now - 20.0, "source": "squeue"},
+    }
+    v = campaign_view(_ledger(100, 108), live, running=True, now=now)
+    assert v.eta_seconds == 109.0 and v.allocation_left_seconds == 30.0
+    assert v.allocation_ends_at == now + 30.0
+    assert v.allocations_needed == 2  # 79 s beyond this allocation, 50 s each
+    for text in (
+        "\n".join(watch_text(v)),
+        "\n".join(stats_text(v, {}, False)),
+        _summary(v.as_dict(), {"gaps": [], "start": None, "end": None}),
+    ):
+        assert "the allocation ends in 30s" in text, text
+        assert "needs about 2 more allocations" in text, text
+    assert watch_frame(v)["allocations_needed"] == 2
+    fits = campaign_view(_ledger(100, 8), live, running=True, now=now)  # ETA 9 s
+    assert fits.allocations_needed == 0 and "more allocation" not in "\n".join(watch_text(fits))
+    gone = campaign_view(_ledger(100, 8), live, running=False, now=now)
+    assert gone.allocation_ends_at is None and gone.allocations_needed is None

@@ -32,8 +32,14 @@ if __name__ == "__main__":
     rank = MPI.COMM_WORLD.Get_rank()
     if rank == 0:
         items = [WorkItem(f"w{i}", {"id": f"w{i}"}) for i in range(ITEMS)]
-        report = run_master(items, "state", drain_seconds=20)
-        print("REPORT", report.finished, report.reason, flush=True)
+        commits = open("commits.log", "a")  # when each commit came (the allocation tests)
+        report = run_master(
+            items,
+            "state",
+            lambda wid, _r: print(f"{time.time():.3f} {wid}", file=commits, flush=True),
+            drain_seconds=20,
+        )
+        print("REPORT", report.finished, report.reason, f"{time.time():.3f}", flush=True)
         code = 0 if report.finished else 3
         note(rank, code)
         sys.exit(code)

@@ -183,6 +183,9 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
         self._publisher = BackgroundSaver(self._live)  # off the master's thread (issue 49)
         self._live_at = -STATS_SECONDS  # monotonic time of the last publication
         self._opened_at = time.time()
+        #: the allocation's end as the master reads it (``mpi.allocation``), published with
+        #: the statistics: a callable returning ``{"ends_at", "started", "source"}``, or None
+        self.allocation: Callable[[], dict[str, Any]] | None = None
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck_since: float | None = None  # since when every live worker is parked
         self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
@@ -410,7 +413,7 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
             "host": os.uname().nodename,
             "started": self._opened_at,
             "stats": self.statistics().as_dict(),
-        }
+        } | ({"allocation": self.allocation()} if self.allocation is not None else {})
 
     def _save_snapshot(self, reason: str = "") -> bool:
         """Write the projection atomically; tells the core it is persisted. False if the disk

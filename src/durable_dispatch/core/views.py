@@ -7,13 +7,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..tokens import Token
+from .allocation import InFlight
 from .decisions import (
     WorkItem,
 )
 from .dispatch_base import DispatcherBase
 from .ranks import RankState
 from .stats import DispatchStats
-from .transactions import Transaction, WorkStatus
+from .transactions import Transaction, TxState, WorkStatus
 
 __all__ = ["Views"]
 
@@ -84,6 +85,16 @@ class Views(DispatcherBase):
     def in_flight_count(self) -> int:
         """How many work items are in flight (O(1), where :meth:`in_flight` maps them)."""
         return len(self.ledger.in_flight)
+
+    def open_dispatches(self, now: float) -> list[InFlight]:
+        """Every dispatch whose WORK send returned and whose RESULT has not come, as the drain
+        before an allocation's end weighs it (:mod:`~durable_dispatch.core.allocation`)."""
+        out = []
+        for tx in self._open.values():
+            if tx.state is TxState.DISPATCHED and tx.sent_at is not None:
+                left = None if tx.deadline is None else tx.deadline - now
+                out.append(InFlight(now - tx.sent_at, len(tx.items), left))
+        return out
 
     def transaction(self, token: Token) -> Transaction | None:
         """The open transaction with ``token`` (for inspection; do not mutate)."""

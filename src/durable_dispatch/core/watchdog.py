@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -115,6 +115,23 @@ class QuantileWindow:
         if not 0 < q <= 1:
             raise ValueError(f"q must be within (0, 1], got {q!r}")
         return self._sorted[max(0, math.ceil(q * len(self._sorted)) - 1)]
+
+    def quantile_above(self, q: float, least: float) -> float | None:
+        """The nearest-rank ``q`` quantile of the measurements greater than ``least`` (what a
+        task that has run ``least`` seconds takes, as far as the window knows); None when none
+        is greater.
+
+        Raises:
+            ValueError: ``q`` is not within (0, 1].
+        """
+        if not 0 < q <= 1:
+            raise ValueError(f"q must be within (0, 1], got {q!r}")
+        s = self._sorted
+        first = bisect_right(s, least)
+        above = len(s) - first
+        if not above:
+            return None
+        return s[first + max(0, math.ceil(q * above) - 1)]
 
     def __len__(self) -> int:
         return len(self._order)

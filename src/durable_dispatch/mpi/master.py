@@ -32,10 +32,12 @@ from typing import Any, NoReturn
 from ..campaign.control import Inbox, apply_command
 from ..campaign.state import CampaignState, OnCommit
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
+from ..core.allocation import DRAIN_MARGIN, DrainPlan
 from ..errors import UsageError
 from ..views.view import CampaignView, campaign_view
 from . import guard
 from . import protocol as P
+from .allocation import AllocationEnd
 from .context import CHILD_MARKER
 from .launchcheck import require_workers
 from .signals import SAME_REQUEST_SECONDS, CaughtSignals
@@ -88,7 +90,8 @@ class MasterReport:
         seconds: the campaign's duration.
         reason: why it stopped before finishing (None when ``finished``): ``"signal"`` (it
             drained on SIGTERM, SIGINT or SIGUSR1), ``"drain"`` (it drained on an operator's
-            ``durable-dispatch drain``, as on SIGUSR1), ``"max_seconds"``, ``"no workers left"`` or
+            ``durable-dispatch drain``, as on SIGUSR1), ``"max_seconds"``, ``"allocation"`` (it
+            drained before the allocation's end: ``ends_at``), ``"no workers left"`` or
             ``"every worker parked"`` (work remains, and no parked rank sent its exact READY
             within ``stuck_grace``), or ``"withdrawn"`` (the :class:`Feed` withdrew pending work
             from this run, as the futures executor's ``shutdown(cancel_futures=True)`` does:
@@ -124,6 +127,8 @@ def run_master(
     batch: int | str = 1,
     stuck_grace: float | None = None,
     drain_seconds: float = 60.0,
+    ends_at: float | None = None,
+    drain_margin: float | None = None,
 ) -> MasterReport:
     """Run a campaign from rank 0 until every work item is committed or deferred.
 
@@ -180,6 +185,16 @@ def run_master(
             then stop with ``reason="signal"``. Signals within 5 s of the first are the same
             request (Slurm delivers one event several times); a later one stops at once. The
             handlers are installed only while this runs, in the main thread.
+        ends_at: when the allocation ends (a UNIX time; default: ``DD_ENDS_AT``, else what the
+            batch system says: Slurm's end time, read at the start and every minute, or Flux's
+            ``flux job timeleft``; see :mod:`durable_dispatch.mpi.allocation`). The master
+            drains as on SIGUSR1 before it, early enough for the work in flight and its close,
+            stops with ``reason="allocation"``, and near the end sends only work expected to
+            finish in time (:mod:`durable_dispatch.core.allocation`). No signal is needed.
+        drain_margin: the least time before that end at which the drain begins (default:
+            ``DD_DRAIN_MARGIN``, else 60 s), at most a quarter of the allocation's length; the
+            margin is longer when the work in flight is expected to need longer, from the task
+            times observed.
 
     Returns:
         A :class:`MasterReport`.
@@ -211,6 +226,8 @@ def run_master(
     for c in retry.corrections if isinstance(retry, RetryPolicy) else ():
         log.warning("configuration: %s", c)
     size = link.size
+    margin_floor = _drain_margin(drain_margin)
+    opening = time.monotonic()
     try:
         state = CampaignState.open(
             state_dir,
@@ -234,6 +251,15 @@ def run_master(
         watchdog.seconds,
     )
     core = state.core
+    # U14: the allocation's end (read in a thread of its own) and the drain that fits before it
+    allocation = AllocationEnd(ends_at=ends_at).start()
+    plan = DrainPlan(
+        floor=margin_floor,
+        close_seconds=max(5.0, 2 * (time.monotonic() - opening)),  # the close writes what it read
+        started=time.time(),
+        step=_PLAN_SECONDS,
+    )
+    state.allocation = allocation.as_dict
     auto = batch == "auto"
     fixed = 1 if auto else int(batch)
     lost: dict[int, float] = {}
@@ -263,6 +289,8 @@ def run_master(
             source = work if isinstance(work, Feed) else _Source(work)  # G3: as it drains
             source.attach(state)
             linger_until: float | None = None
+            room = True  # the next dispatch fits before the allocation's end
+            next_plan = start
             while True:
                 raw = time.monotonic()
                 now = core.clock.observe(raw)  # U7: a pause of the master is not counted
@@ -274,6 +302,10 @@ def run_master(
                         linger_until = now + linger
                     if not core.parked_rank_count() or now >= linger_until:
                         break
+                if raw >= next_plan and allocation.ends_at is not None:
+                    size_now = core.auto_batch() if auto else fixed
+                    room = stopping.plan(plan, allocation, now, state, size_now)
+                    next_plan = raw + _PLAN_SECONDS
                 reason = stopping.reason(now, state, caught.requests, raw)
                 if reason is not None:
                     break
@@ -295,6 +327,7 @@ def run_master(
                 # 2. dispatch: persist (journal) before send; the deadline starts when it returned
                 while (
                     not stopping.draining
+                    and room
                     and (s := state.next_send(now, core.auto_batch() if auto else fixed))
                     is not None
                 ):
@@ -362,6 +395,7 @@ def run_master(
             _stop_or_abort(link, range(1, size), lost, stop_timeout)
             raise
         finally:
+            allocation.close()
             if line is not None:
                 line.close()
             state.close()
@@ -369,6 +403,25 @@ def run_master(
 
 
 _PERSIST_SECONDS = 5.0  # at the end, how long to retry a disk that refuses the journal
+_PLAN_SECONDS = 0.5  # how often the drain before the allocation's end is weighed
+#: The environment variable that sets ``drain_margin``.
+DRAIN_MARGIN_ENV = "DD_DRAIN_MARGIN"
+
+
+def _drain_margin(given: float | None) -> float:
+    """``drain_margin``, or ``DD_DRAIN_MARGIN``, or the default (60 s); a bad value is refused."""
+    if given is None:
+        text = os.environ.get(DRAIN_MARGIN_ENV)
+        if text is None:
+            return DRAIN_MARGIN
+        try:
+            given = float(text)
+        except ValueError:
+            log.warning("configuration: %s=%r is not a number; 60 s", DRAIN_MARGIN_ENV, text)
+            return DRAIN_MARGIN
+    if not (isinstance(given, (int, float)) and given >= 0 and given == given):
+        raise UsageError(f"drain_margin must be a number of seconds >= 0, got {given!r}")
+    return float(given)
 
 
 def _persisted(state: CampaignState, seconds: float) -> bool:
@@ -478,17 +531,50 @@ class _Stopping:
         """An operator's ``durable-dispatch drain``: drain as on a first SIGUSR1 (O1, U5)."""
         self._drain(now, state, "drain", "drain requested by an operator")
 
-    def _drain(self, now: float, state: CampaignState, why: str, cause: str) -> None:
+    def plan(
+        self,
+        plan: DrainPlan,
+        allocation: AllocationEnd,
+        now: float,
+        state: CampaignState,
+        batch: int,
+    ) -> bool:
+        """Weigh the drain before the allocation's end: begin it when the work in flight
+        and the close need the time left, or when nothing runs and nothing fits any more.
+        Returns whether a dispatch sent now fits (``now`` is the observed clock)."""
+        ends_at = allocation.ends_at
+        if ends_at is None or self.draining:
+            return True
+        core = state.core
+        wall = time.time()
+        times = core.policy.task_times
+        flying = core.open_dispatches(now)
+        waiting = batch if core.ledger.frontier and not core.in_flight_count() else 0
+        if plan.drain_now(wall, ends_at, flying, times, waiting):
+            margin = plan.margin(ends_at, flying, times)
+            self._drain(
+                now,
+                state,
+                "allocation",
+                f"the allocation ends in {ends_at - wall:.0f}s ({allocation.source}; margin "
+                f"{margin:.0f}s)",
+                until=now + (plan.drain_until(wall, ends_at) - wall),
+            )
+        return plan.fits(wall, ends_at, batch, times)
+
+    def _drain(
+        self, now: float, state: CampaignState, why: str, cause: str, until: float | None = None
+    ) -> None:
         """Begin the drain (once; what asked first names it): nothing new is dispatched, and
-        the in-flight work has ``drain_seconds`` to finish."""
+        the in-flight work has ``drain_seconds`` (or until ``until``) to finish."""
         if self.drain_until is None:
-            self.drain_until = now + self.drain_seconds
+            self.drain_until = now + self.drain_seconds if until is None else until
             self.why_drain = why
             log.warning(
                 "master: %s: draining (no new dispatch; up to %.0fs for %d in flight; a second "
                 "signal, %gs or more after it, stops at once)",
                 cause,
-                self.drain_seconds,
+                self.drain_until - now,
                 state.core.in_flight_count(),
                 SAME_REQUEST_SECONDS,
             )

@@ -10,7 +10,8 @@ Where each number comes from:
   (failures by kind, items that failed) from the campaign's ledger, replayed from the snapshot
   and the journal. The snapshot keeps the failure history, so compaction changes none of them;
 * what only a running master knows (parked and lost ranks, storage health, the rate of this
-  run) from the statistics the master publishes every 2 s (``master-stats.*.snap``).
+  run, its allocation's end) from the statistics the master publishes every 2 s
+  (``master-stats.*.snap``).
 
 A master that is not running has nothing in flight: what its journal left in flight (a master
 killed, or a drain cut short) runs again at the next start (a ``master-restart`` rollback), so it
@@ -28,6 +29,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from ..core.allocation import allocations_needed
 
 __all__ = ["CampaignView", "campaign_view", "read_view", "RUNNING", "FINISHED", "STOPPED"]
 
@@ -68,6 +71,12 @@ class CampaignView:
         rate_per_s: items committed per second over the running master's run (None when no
             master runs or it has committed nothing yet).
         eta_seconds: pending and in-flight items over :attr:`rate_per_s` (None without a rate).
+        allocation_ends_at: when the running master's allocation ends (a UNIX time, as it read
+            it from the batch system or was given: ``run_master(ends_at=)``; None when no master
+            runs or it knows no end).
+        allocation_left_seconds: the time left until then (None likewise).
+        allocations_needed: how many more allocations of this one's length the ETA needs
+            beyond the time left (0 when it ends within this one; None without an ETA or end).
         parked_ranks: ranks parked now, waiting for their exact READY (None: no master runs).
         busy_ranks: ranks running a dispatch now (None: no master runs).
         lost_ranks: ranks lost in this run (None: no master runs).
@@ -110,6 +119,9 @@ class CampaignView:
     duplicate_commits: int = 0
     rate_per_s: float | None = None
     eta_seconds: float | None = None
+    allocation_ends_at: float | None = None
+    allocation_left_seconds: float | None = None
+    allocations_needed: int | None = None
     parked_ranks: int | None = None
     busy_ranks: int | None = None
     lost_ranks: int | None = None
@@ -231,6 +243,15 @@ def campaign_view(
             left = pending + waiting + flying
             eta = round(left / rate, 1) if left else 0.0
     left = pending + waiting + flying
+    ends_at = needed = time_left = None
+    alloc = live.get("allocation")
+    if running and isinstance(alloc, Mapping) and _num(alloc.get("ends_at")) is not None:
+        ends_at = _num(alloc.get("ends_at"))
+        assert ends_at is not None
+        time_left = round(max(0.0, ends_at - now), 1)
+        begun = _num(alloc.get("started")) or started
+        if eta is not None and begun is not None:
+            needed = allocations_needed(eta, time_left, ends_at - begun)
     if running:
         state = RUNNING
     else:
@@ -260,6 +281,9 @@ def campaign_view(
         duplicate_commits=int(ledger.duplicate_commits),
         rate_per_s=rate,
         eta_seconds=eta,
+        allocation_ends_at=ends_at,
+        allocation_left_seconds=time_left,
+        allocations_needed=needed,
         parked_ranks=gauge("parked_ranks_now"),
         busy_ranks=gauge("busy_ranks_now"),
         lost_ranks=gauge("ranks_lost"),

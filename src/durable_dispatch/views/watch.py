@@ -5,12 +5,21 @@ and :func:`watch_text` (``watch``). Pure: the command line reads the view and pr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from .view import FINISHED, RUNNING, CampaignView
 
-__all__ = ["stats_of", "stats_text", "watch_frame", "watch_text", "duration"]
+__all__ = [
+    "stats_of",
+    "stats_text",
+    "watch_frame",
+    "watch_text",
+    "duration",
+    "allocation_text",
+    "allocation_of",
+]
 
 
 def duration(seconds: float | None) -> str:
@@ -79,9 +88,37 @@ def _progress(view: CampaignView) -> str:
 
 def _rate(view: CampaignView) -> str:
     if view.rate_per_s is None:
-        return "- (no master running)" if not view.master_running else "- (nothing committed yet)"
+        if not view.master_running:
+            return "- (no master running)"
+        return "- (nothing committed yet)" + _allocation(view)
     eta = "done" if not view.left else duration(view.eta_seconds)
-    return f"{view.rate_per_s:,.1f} items/s over this run, ETA {eta}"
+    return f"{view.rate_per_s:,.1f} items/s over this run, ETA {eta}" + _allocation(view)
+
+
+def allocation_text(ends_at: float | None, left: float | None, needed: int | None) -> str:
+    """``"; the allocation ends in 4m 10s (03:45:00)"``, and when the ETA is past it ``", the
+    ETA is past it: needs about 2 more allocations"`` ("" when no end is known); the view's
+    ``allocation_ends_at``, ``allocation_left_seconds`` and ``allocations_needed``."""
+    if ends_at is None:
+        return ""
+    at = time.strftime("%H:%M:%S", time.localtime(ends_at))
+    text = f"; the allocation ends in {duration(left)} ({at})"
+    if needed:
+        text += f", the ETA is past it: needs about {needed} more allocation"
+        text += "s" if needed > 1 else ""
+    return text
+
+
+def allocation_of(view: Mapping[str, Any]) -> str:
+    """:func:`allocation_text` of a view as a dict (``CampaignView.as_dict()``)."""
+    keys = ("allocation_ends_at", "allocation_left_seconds", "allocations_needed")
+    return allocation_text(*(view.get(k) for k in keys))
+
+
+def _allocation(view: CampaignView) -> str:
+    return allocation_text(
+        view.allocation_ends_at, view.allocation_left_seconds, view.allocations_needed
+    )
 
 
 def _ranks(view: CampaignView) -> str:

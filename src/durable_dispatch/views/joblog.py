@@ -1,0 +1,145 @@
+"""``durable-dispatch joblog``: one row per work item, as GNU parallel's ``--joblog`` keeps one
+per job. Read-only, safe beside a running master: status, tries and failures come from the
+campaign's one view of its state (kept by compaction); start, duration, rank and host from the
+journals' history (:mod:`~durable_dispatch.views.history`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..campaign.admin import view_state
+from ..campaign.statedir import SUBMISSION_RECORD_BYTES, SUBMISSIONS
+from ..storage.journal import read_journal
+from .history import read_history
+
+__all__ = ["JobRow", "read_joblog"]
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One work item as ``durable-dispatch joblog`` shows it (GNU parallel's ``--joblog``).
+
+    Attributes:
+        work_id: the item's stable work ID.
+        status: ``committed``, ``deferred``, ``cancelled``, ``pending``, ``waiting`` (for a
+            dependency, ``WorkItem.after``) or ``in flight`` (only while a master runs: what a
+            stopped master left in flight is pending).
+        tries: its tries that counted: the failures charged to it, plus the try that committed
+            or is running (a rollback at a master's restart, a batch split or a deferral for a
+            dependency is not a try).
+        last_failure_kind: the kind of its last failure (``timeout``, ``error`` ...), or None.
+        last_failure: the text of its last failure, or None.
+        started: when its newest dispatch was sent (wall-clock seconds), or None when no record
+            of it is left (a state written before this version, or compacted by one).
+        seconds: how long its newest dispatch ran (until now while in flight), or None.
+        rank: the rank that ran its newest dispatch, or None.
+        host: the host of that rank (what its worker named in that run's first READY), or
+            None when not recorded (a state written before this version, or a worker of one).
+        call: what it runs, as text: a futures call's ``function(arguments)`` (a preview stored
+            at submit; never unpickled), else its payload as JSON, cut at 100 characters.
+    """
+
+    work_id: str
+    status: str
+    tries: int
+    last_failure_kind: str | None
+    last_failure: str | None
+    started: float | None
+    seconds: float | None
+    rank: int | None
+    host: str | None
+    call: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, in the order above."""
+        return dict(vars(self))
+
+
+def _call_text(payload: Any) -> str | None:
+    if isinstance(payload, dict) and isinstance(payload.get("fn"), str) and "tag" in payload:
+        args = payload.get("args")
+        return f"{payload['fn']}({args if isinstance(args, str) else '...'})"
+    try:
+        text = orjson.dumps(payload).decode()
+    except TypeError:
+        return None
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _payloads(d: str) -> dict[str, Any]:
+    """Work ID -> payload of every item in the submissions store (committed ones included)."""
+    out: dict[str, Any] = {}
+    path = os.path.join(d, SUBMISSIONS)
+    if os.path.exists(path):
+        for rec in read_journal(path, max_record_bytes=SUBMISSION_RECORD_BYTES):
+            for it in rec.payload.get("items") or ():  # [work_id, payload] or an item's JSON
+                if type(it) is list and len(it) in (2, 3) and isinstance(it[0], str):
+                    out[it[0]] = it[1]
+                elif isinstance(it, dict) and isinstance(it.get("work_id"), str):
+                    out[it["work_id"]] = it.get("payload")
+    return out
+
+
+def _ledger_payload(led: Any, wid: str) -> Any:
+    """The payload the ledger holds (items not committed, of states older than the store)."""
+    try:
+        return led.items[wid].payload
+    except KeyError:
+        return None
+
+
+def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) -> Iterator[JobRow]:
+    """One :class:`JobRow` per work item, in submission order; read-only, safe beside a
+    running master. Status, tries and failures come from the campaign's one view of its state
+    (kept by compaction); start, duration, rank and host from the journals' history.
+
+    Raises:
+        UsageError: not a state directory.
+        JournalCorruptError, SnapshotCorruptError: damage found.
+    """
+    d = os.fspath(state_dir)
+    t = time.time() if now is None else now
+    sv = view_state(d)
+    led, running = sv.projection, sv.master_running
+    h = read_history(d, now=t, running=running)
+    stored = _payloads(d)
+    for wid in led.ids.ids:
+        if wid is None:
+            continue
+        if wid in led.committed:
+            status = "committed"
+        elif wid in led.deferred:
+            status = "deferred"
+        elif wid in led.cancelled:  # O1: an operator's cancel (final)
+            status = "cancelled"
+        elif wid in led.in_flight and running:
+            status = "in flight"
+        elif wid in led.waiting:
+            status = "waiting"
+        else:
+            status = "pending"
+        kinds = led.kinds.get(wid) or []
+        # (a deferral for a dependency is no try: the item never ran)
+        tries = len(kinds) - kinds.count("dependency")
+        tries += 1 if status in ("committed", "in flight") else 0
+        att = h.last.get(wid)
+        payload = stored[wid] if wid in stored else _ledger_payload(led, wid)
+        yield JobRow(
+            wid,
+            status,
+            tries,
+            kinds[-1] if kinds else None,
+            (led.last_error.get(wid) or None) if kinds else None,
+            att.start if att is not None else None,
+            round(s, 3) if att is not None and (s := att.seconds(t)) is not None else None,
+            att.rank if att is not None else None,
+            att.host if att is not None else None,
+            _call_text(payload),
+        )
