@@ -158,7 +158,7 @@ def ceiling_without_mpi(n: int, workers: int, batch: int) -> float:
                 sends.append(s)
             for s in sends:  # each worker answers at once: RESULT, then READY
                 values = [w.payload for w in s.items]
-                st._apply(core.on_results(s.rank, str(s.token), values, now), wait=False)
+                st._apply(core.on_results(s.rank, str(s.token), values, now))
             st._complete_commits()
             for s in sends:
                 st._apply(core.on_ready(s.rank, str(s.token), now))

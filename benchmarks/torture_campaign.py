@@ -27,7 +27,7 @@ from typing import Any
 
 from durable_dispatch import WorkItem
 from durable_dispatch.core import RetryPolicy, WatchdogConfig
-from durable_dispatch.mpi import finish, run_master, run_worker
+from durable_dispatch.mpi import Feed, finish, run_master, run_worker
 
 
 def expected(payload: dict[str, Any]) -> dict[str, Any]:
@@ -112,6 +112,20 @@ def plant(name: str) -> None:
         raise SystemExit(f"unknown planted bug {name!r}")
 
 
+class _Trickle(Feed):
+    """The items as a Feed submits them: three per turn (issue 58), all known again on a
+    resumed run (skipped)."""
+
+    def __init__(self, items: list[WorkItem]) -> None:
+        self.items = items
+
+    def refill(self) -> None:
+        chunk, self.items = self.items[:3], self.items[3:]
+        if chunk:
+            self.state.submit(chunk)
+        self.exhausted = not self.items
+
+
 def main() -> int:
     from mpi4py import MPI
 
@@ -150,13 +164,19 @@ def main() -> int:
         sink.flush()
         os.fsync(sink.fileno())
         return [
-            WorkItem(c["id"], c, timeout=c.get("timeout"), priority=c.get("priority", 0))
+            WorkItem(
+                c["id"],
+                c,
+                timeout=c.get("timeout"),
+                priority=c.get("priority", 0),
+                after=tuple(c.get("after", ())),
+            )
             for c in children.get(work_id, [])
         ]
 
     w = scenario["watchdog"]
     report = run_master(
-        items,
+        _Trickle(items) if scenario.get("feed") else items,
         workdir / "state",
         on_commit,
         watchdog=WatchdogConfig(w["seconds"], quantile=w.get("quantile")),

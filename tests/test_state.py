@@ -146,6 +146,7 @@ def test_replay_equals_live_state_random(tmp_path_factory: Any, ops: list[str]) 
                 values = None if op == "malformed" else [1] * len(x.items)
                 errors = {0: "raised"} if op == "partial" else None
                 s._apply(core.on_results(x.rank, str(x.token), values, now, errors=errors))
+                s._complete_commits(wait=True)  # the delivery point (R1)
             elif op == "ready" and sent:
                 x = sent.pop()
                 s._apply(core.on_ready(x.rank, str(x.token), now))
@@ -647,7 +648,7 @@ def test_a_snapshot_during_a_group_commit_keeps_the_journaled_commits(
         s._apply(core.mark_dispatched(good.token, 0.0))
         s._apply(core.mark_dispatched(bad.token, 0.0))
         values = [1] * len(good.items)
-        s._apply(core.on_results(good.rank, str(good.token), values, 0.0), wait=False)
+        s._apply(core.on_results(good.rank, str(good.token), values, 0.0))
         s._apply(core.on_results(bad.rank, str(bad.token), None, 0.0, failure="garbled"))
         s._apply(core.on_ready(bad.rank, str(bad.token), 0.0))
         # The rollback writes its snapshot while the commit is still in progress (journaled, not
@@ -677,6 +678,7 @@ def test_commits_too_large_for_one_record_are_split_and_an_oversized_result_is_r
         values = [{"r": "a" * 900}, {"r": "b" * 3000}, {"r": "c" * 900}]
         before = s.journal.next_seq
         s._apply(core.on_results(1, str(x.token), values, 0.0), lambda c: acked.append(c.work_id))
+        s._complete_commits(wait=True)  # the delivery point (R1)
         s._apply(core.on_ready(1, str(x.token), 0.0))
         w0, w1, w2 = (w.work_id for w in x.items)
         assert sorted(acked) == sorted([w0, w2])

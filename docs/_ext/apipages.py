@@ -131,6 +131,20 @@ def _stdlib(obj: Any) -> bool:
     return module.startswith("concurrent.futures") or module == "builtins"
 
 
+#: modules whose classes are parts of a public class, split out by job: their members are
+#: documented as the public class's own
+PARTS = ("durable_dispatch.campaign.loop",)
+
+
+def _parts(obj: Any, home: dict[int, str]) -> str:
+    """The ``:inherited-members:`` option's argument for class ``obj`` (the bases whose members
+    are not its own: all but its parts in :data:`PARTS`), or "" when it has no such part."""
+    bases = obj.__mro__[1:]
+    if not any(b.__module__ in PARTS for b in bases):
+        return ""
+    return ", ".join(b.__name__ for b in bases if b.__module__ not in PARTS)
+
+
 def _page(modname: str, home: dict[int, str]) -> str:
     mod = importlib.import_module(modname)
     title = f"``{modname}``: {TITLES.get(modname, '')}".rstrip(": ")
@@ -162,7 +176,10 @@ def _page(modname: str, home: dict[int, str]) -> str:
         kind = _kind(obj)
         full = f"{modname}.{name}"
         if kind in ("class", "exception"):
-            lines += [f".. auto{kind}:: {full}", "   :members:", "   :show-inheritance:", ""]
+            lines += [f".. auto{kind}:: {full}", "   :members:", "   :show-inheritance:"]
+            if parts := _parts(obj, home):  # a class split by job: its parts' members
+                lines += [f"   :inherited-members: {parts}"]
+            lines += [""]
         elif kind == "function":
             lines += [f".. autofunction:: {full}", ""]
         else:

@@ -470,8 +470,8 @@ def _cancel(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied
             state._apply(decisions, state._on_commit)
             if stop is not None:
                 done.stop.append(stop)
-            if state.on_cancel is not None:  # (a face that waits on items: futures)
-                state.on_cancel(wid)
+            if state.on_cancel is not None:  # (a face that waits on items: futures; told at
+                state._notices.append((state.on_cancel, wid))  # the delivery point, R1)
             # G4: the dependents of a cancelled item are deferred (kind "dependency"),
             # transitively; after the cancel's own record, so a replay finds them in order (and
             # the open's repair defers them if a crash came between), and after the hook, so a

@@ -4,12 +4,13 @@ Every decision that changes the durable state is journaled before the shell acts
 dispatch before its WORK is sent, a requeue, a deferral (also to the defer journal), a snapshot
 the core asks for (S8). The Commits of one dispatch are journaled as one ``committed`` record (a
 few when one would exceed the record bound; a result too large for any record is refused and
-retried). Once an fsync covers a record, its commits are handed to the callback and the core
-closes the dispatch: a work ID is committed once in the durable record, and delivered at least
-once. The delivery point is kept in every snapshot and, between snapshots, in ``delivered``
-events; after a crash or a failed callback, :meth:`Delivery.redeliver` hands the commits after
-it to the callback again. The work items a callback returns (a result that spawns work, G1)
-are submitted before the delivery point passes their parent.
+retried). Once an fsync covers a record, the delivery point (:meth:`Delivery._complete_commits`,
+the one place user code runs, R1) closes the dispatch in the core and then hands its commits to the
+callback: a work ID is committed once in the durable record, and delivered at least once. The
+delivery point is kept in every snapshot and, between snapshots, in ``delivered`` events; after a
+crash or a failed callback, :meth:`Delivery.redeliver` hands the commits after it to the callback
+again. The work items a callback returns (a result that spawns work, G1) are submitted before the
+delivery point passes their parent.
 
 :class:`Delivery` is a part of :class:`~durable_dispatch.campaign.state.CampaignState`, which
 provides the journals, the core and the fields it declares.
@@ -87,6 +88,12 @@ class Delivery:
     _delivered_at: float
     _callback_failed: bool
     _on_commit: Callable[[Commit], None] | None  # the facade's callback
+    #: (hook, argument) of each ``on_defer`` and ``on_cancel`` call that waits for the delivery
+    #: point (R1: no user code runs while the library persists its decisions)
+    _notices: list[tuple[Callable[[Any], None], Any]]
+    #: work ID -> (journal seq, result) of each memory-only commit of an item that may be a
+    #: dependency, until an fsync covers its record (dependencies.py)
+    _held_results: dict[str, tuple[int, Any]]
 
     #: While the commit callback runs: True when an fsync covers the commit being delivered,
     #: False for a memory-only commit (the journal is degraded). See :data:`OnCommit`.
@@ -119,15 +126,15 @@ class Delivery:
         self,
         decisions: Iterable[Decision],
         on_commit: Callable[[Commit], None] | None = None,
-        *,
-        wait: bool = True,
     ) -> list[Decision]:
-        """Persist each decision that changes durable state, in order; returns them all.
+        """Persist each decision that changes durable state, in order; returns them all. No
+        user code runs here (R1): what a decision tells a callback waits for the delivery
+        point (:meth:`_complete_commits`).
 
         * :class:`Commit`: journal it (the Commits of one dispatch, which the core returns next to
-          each other, as one record). Once an fsync covers it (``wait=True``: now; ``wait=False``:
-          whenever :meth:`_complete_commits` finds it durable, so the master keeps dispatching while
-          the group commit runs) ``on_commit`` is called and the core closes it.
+          each other, as one record). Once an fsync covers it, the delivery point closes it in
+          the core and then calls ``on_commit`` (the master keeps dispatching while the group
+          commit runs).
         * :class:`Requeue` / :class:`Defer`: journal it; a Defer is appended to the defer journal
           and its outcome (on disk or in memory) reported to the core.
         * :class:`PersistSnapshot`: write the snapshot now.
@@ -146,9 +153,6 @@ class Delivery:
         log_decisions(out, quiet=commits)  # (Commits are logged at DEBUG)
         if refused:
             out += self._apply(refused)
-        if self._pending_commits:
-            # Wait only for commits this call journaled; earlier ones complete when durable.
-            self._complete_commits(wait=wait and any(isinstance(d, Commit) for d in out))
         return out
 
     def _persist_each(
@@ -185,8 +189,8 @@ class Delivery:
                 except StorageDegradedError:
                     persisted = False
                 self.core.defer_recorded(w.work_id, persisted)
-                if self.on_defer is not None:
-                    self.on_defer(d)
+                if self.on_defer is not None:  # (told at the delivery point)
+                    self._notices.append((self.on_defer, d))
                 # G4: what waits for it is deferred too, after it (persisted next, as refused
                 # commits' decisions are)
                 refused += self.core.ended_without_commit(w.work_id)
@@ -243,54 +247,95 @@ class Delivery:
         return self.core.part_refused(c.token, c.work_id, f"result too large: {error}")
 
     def _complete_commits(self, *, wait: bool = False) -> int:
-        """Deliver every journaled commit an fsync now covers: callback, then close in the core.
+        """The delivery point (R1): close every journaled commit an fsync now covers in the core,
+        then hand them to the callbacks. Returns how many work items were committed.
 
-        With ``wait=True`` it first waits for the newest pending commit to be durable. While the
-        journal is degraded, pending commits are delivered as memory-only commits (counted in
-        ``statistics().commits_in_memory``) so the campaign goes on. Returns how many work
-        items were committed.
+        Two steps, in this order. First the library's own: the covered records leave the list
+        of pending commits, the core closes them (a commit releases what waits for it) and
+        what follows is persisted; no user code runs meanwhile. Then the user's: each commit's
+        callback, in commit order, and the notices that waited for this point (``on_defer``,
+        ``on_cancel``); what a callback returns or does (children, a submit, a cancel) is a new
+        input of its own, applied to a consistent state, and never re-enters the first step
+        (it walks only the records it took). The delivery point passes a record once its
+        callbacks returned and their children are submitted (G1).
+
+        With ``wait=True`` it first waits for the newest pending commit to be durable. While
+        the journal is degraded, pending commits are delivered as memory-only commits (counted
+        in ``statistics().commits_in_memory``) so the campaign goes on.
         """
         pending = self._pending_commits
         if not pending:
+            if self._notices:
+                self._notify()
             return 0
         if wait:
             self._durable(pending[-1].seq)
         degraded = not self.journal.healthy
         durable = self.journal.durable_seq
         if not degraded and pending[0].seq > durable:
+            if self._notices:
+                self._notify()
             return 0  # no fsync covers the oldest yet (the usual answer during a group commit)
-        n = items = 0
-        try:
-            while n < len(pending) and (degraded or pending[n].seq <= durable):
-                p = pending[n]
-                if p.seq > durable:
-                    self._commits_in_memory.extend([p.seq] * len(p.commits))
-                if p.callback is not None and not self._callback_failed:
-                    self.commit_durable = p.seq <= durable
-                    try:
-                        for c in p.commits:
-                            p.callback(c)
-                    except BaseException:
-                        # U6: this record and every later one are delivered again on the next
-                        # open; from now on nothing is handed to the callback (it failed).
-                        self._callback_failed = True
-                        raise
-                if not self._callback_failed:
-                    self._delivered = max(self._delivered, p.seq)
-                if p.commits[0].part:  # sent ahead: the dispatch goes on
-                    self.core.part_done(p.token, p.commits[0].rank, [c.work_id for c in p.commits])
-                elif n + 1 == len(pending) or pending[n + 1].token != p.token:
-                    follow = self.core.commit_done(p.token)  # the dispatch's last record is in
-                    if follow:
-                        self._apply(follow)
-                n += 1
-                items += len(p.commits)
-        finally:
-            del pending[:n]
-            if self.core.ledger.released:
-                self._resolve_released()
+        n = 0
+        while n < len(pending) and (degraded or pending[n].seq <= durable):
+            n += 1
+        ready = pending[:n]
+        last = [k + 1 == n or ready[k + 1].token != p.token for k, p in enumerate(ready)]
+        if n < len(pending) and pending[n].token == ready[-1].token:
+            last[-1] = False  # the dispatch's last record is not covered yet
+        del pending[:n]
+        # 1. the library's step: no user code
+        items = 0
+        follow: list[Decision] = []
+        for p, closes in zip(ready, last, strict=True):
+            if p.seq > durable:
+                self._commits_in_memory.extend([p.seq] * len(p.commits))
+                self._hold_results(p.seq, p.commits)  # a dependency's result is here (G4)
+            if p.commits[0].part:  # sent ahead: the dispatch goes on
+                self.core.part_done(p.token, p.commits[0].rank, [c.work_id for c in p.commits])
+            elif closes:
+                follow += self.core.commit_done(p.token)  # the dispatch's last record is in
+            items += len(p.commits)
+        if follow:
+            self._apply(follow)
+        if self.core.ledger.released:
+            self._resolve_released()
+        # 2. the user's step: the callbacks, in commit order
+        for p in ready:
+            if p.callback is not None and not self._callback_failed:
+                self.commit_durable = p.seq <= durable
+                try:
+                    for c in p.commits:
+                        p.callback(c)
+                except BaseException:
+                    # U6: this record and every later one are delivered again on the next
+                    # open; from now on nothing is handed to the callback (it failed).
+                    self._callback_failed = True
+                    raise
+            if not self._callback_failed:
+                self._delivered = max(self._delivered, p.seq)
+        if self._notices:
+            self._notify()
         self._mark_delivered()
         return items
+
+    def _notify(self) -> None:
+        """Hand the notices that waited for the delivery point to their hooks, in order."""
+        notices, self._notices = self._notices, []
+        for i, (hook, arg) in enumerate(notices):
+            try:
+                hook(arg)
+            except BaseException:
+                self._notices[:0] = notices[i + 1 :]
+                raise
+
+    def _hold_results(self, seq: int, commits: Iterable[Commit]) -> None:
+        """Keep the results of memory-only commits (the journal degraded) until an fsync
+        covers their record: a dependent dispatched meanwhile gets them from here, not from
+        the disk, where they are not yet."""
+        held = self._held_results
+        for c in commits:
+            held[c.work_id] = (seq, c.result)
 
     def _resolve_released(self) -> None:
         """Items deferred for a dependency that its commit released (G4) leave the defer

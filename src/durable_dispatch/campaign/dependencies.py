@@ -58,6 +58,7 @@ class Dependencies:
     #: work IDs whose dependencies' size was checked (each is checked once)
     _sized: set[str]
     _pending_commits: list[Any]
+    _held_results: dict[str, tuple[int, Any]]
 
     if TYPE_CHECKING:  # provided by CampaignState / Delivery
 
@@ -133,6 +134,11 @@ class Dependencies:
     def _results_for(self, after: Iterable[str]) -> dict[str, Any]:
         cache = self._dep_results
         missing = [d for d in dict.fromkeys(after) if d not in cache]
+        if missing and self._held_results:  # memory-only commits: their results are here
+            held = self._held_results
+            for d in [d for d in missing if d in held]:
+                cache[d] = [held[d][1], 1]
+            missing = [d for d in missing if d not in cache]
         if missing:  # submitted after its dependency committed (a Feed, a later run): read
             for r in stored_results(self.directory, missing):
                 cache[r.work_id] = [r.result, 1]

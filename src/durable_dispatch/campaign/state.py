@@ -24,10 +24,11 @@ core and persists what it decided.
 
 Durability contract.
 
-* A commit is journaled and waited for (``wait_durable``: an fsync under ``always``/``batch``)
-  before :meth:`CampaignState.apply` reports it to the caller's callback and before the core closes
-  the work ID: a work ID is committed once *in the durable record*. Execution stays at-least-once:
-  a worker may run an item again after a crash or a timeout; only one commit is ever recorded.
+* A commit is journaled, and an fsync covers it (under ``always``/``batch``), before the
+  delivery point (:meth:`CampaignState.tick`) closes the work ID in the core and then reports it
+  to the caller's callback: a work ID is committed once *in the durable record*. Execution
+  stays at-least-once: a worker may run an item again after a crash or a timeout; only one
+  commit is ever recorded.
 * Every rollback is followed by an atomic snapshot before the next dispatch (S8).
 * At every start a new epoch is journaled and fsynced before any dispatch, so no token repeats.
 * If the disk fails, records are held in memory (the journal's honest degradation); the campaign
@@ -42,28 +43,22 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import partial
 from operator import attrgetter
 from typing import Any
 
 from ..core import (
     Commit,
-    Decision,
     Defer,
     Dispatcher,
-    PersistSnapshot,
     RetryPolicy,
     Send,
     WatchdogConfig,
     WorkItem,
 )
-from ..core.events import EpochStarted, Submitted, WorkerHost, encode
+from ..core.events import Submitted, encode
 from ..core.indexed import DIGEST_BYTES, payload_digests
-from ..core.ledger import Ledger
-from ..core.ranks import RankState
 from ..errors import (
     ChangedPayloadError,
-    NotDurableError,
     RecordEncodeError,
     RecordTooLargeError,
     StorageDegradedError,
@@ -74,26 +69,18 @@ from ..storage import fs as _fs
 from ..storage import resources as _resources
 from ..storage.background import BackgroundSaver
 from ..storage.background import Beside as _Beside
-from ..storage.defer import DEFAULT_DEFER_NAME
-from ..tokens import Token
 from ..values import Refused, all_plain, stored
-from .admin import (
-    _reconcile_store,
-)
 from .delivery import Delivery, OnCommit, _PendingCommit
 from .dependencies import Dependencies
+from .lifecycle import close_state, open_state
+from .loop import LoopCalls
 from .replay import (
-    _holders,
-    _load_snapshot,
-    _open_and_fold,
     paused_gc,
     release_frozen,
 )
 from .statedir import (
     LIVE_STATS_NAME,
-    STATE_JOURNAL,
     SUBMIT_CHUNK,
-    _take_master_lock,
 )
 from .submissions import SubmissionStore
 
@@ -140,7 +127,7 @@ class CampaignStats:
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(self).items()}
 
 
-class CampaignState(Delivery, Dependencies):
+class CampaignState(LoopCalls, Delivery, Dependencies):
     """A campaign's durable state in one directory, driving a :class:`Dispatcher`.
 
     Open with :meth:`open`; use as a context manager or call :meth:`close`.
@@ -172,6 +159,8 @@ class CampaignState(Delivery, Dependencies):
         self._delivered_marked = self._delivered
         self._delivered_at = time.monotonic()
         self._callback_failed = False
+        self._notices: list[tuple[Callable[[Any], None], Any]] = []  # for the delivery point
+        self._held_results: dict[str, tuple[int, Any]] = {}  # memory-only commits' (G4)
         self._on_commit: Callable[[Commit], None] | None = None  # the facade's callback
         #: called with each :class:`Defer` once the defer journal took it (or kept it in
         #: memory): the item's retries are spent (the futures executor fails its future)
@@ -253,132 +242,18 @@ class CampaignState(Delivery, Dependencies):
                 full filesystem, a link at the lock's path): nothing was read or changed.
             JournalCorruptError, SnapshotCorruptError, StorageError: see the storage layer.
         """
-        d = os.fspath(directory)
-        lock = _take_master_lock(d, create=True)
-        journal: Journal | None = None
-        store: Journal | None = None
-        defer: DeferJournal | None = None
-        opening = object()  # holds what the reopen's bulk build freezes until the state does
-
-        # issue 49: a defer journal this open creates (on a shared filesystem: a lookup, a
-        # create, a header's write, about 10 ms) is created beside the snapshot's load and the
-        # state journal's open. One that exists opens after them, as before: a refused open
-        # (a damaged state journal) must leave it as it was, torn tail and all (S9).
-        def open_defer() -> DeferJournal:
-            return DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
-
-        defer_opening: _Beside[DeferJournal] | None = None
-        dir_sync: _Beside[bool] | None = None
-        try:
-            # A new directory is durable in its parent before anything is made in it (its
-            # fsync ran beside the lock and the claim): a failed open leaves no journal in a
-            # directory a crash could lose, and the next open fsyncs it again (statedir).
-            lock.parent_synced()
-            names = lock.claim.listing
-            if names is not None and DEFAULT_DEFER_NAME not in names:
-                defer_opening = _Beside(open_defer, "open-defer-journal")
-            snapshots, snap = _load_snapshot(d, keep_snapshots, lock.claim)
-            base = snap.value if snap is not None else {}
-            with paused_gc(opening) as block:
-                # issue 49: the journals this open creates share one directory fsync (below),
-                # and take no lock file each: the directory's lock and claim are held (S5, S13)
-                kw = {"dir_sync": False, **dict(journal_options or {})}
-                kw["directory_claim"] = lock.claim
-                journal, store, proj, n, stored = _open_and_fold(
-                    os.path.join(d, STATE_JOURNAL), base, sync=sync, **kw
-                )
-                block.items = len(proj.items)
-            defer = defer_opening.result() if defer_opening is not None else open_defer()
-            # The journals it created: one directory fsync for them all, beside the rest of
-            # the open and the first submission (issue 49). Each reports nothing durable before
-            # it: a journal's first fsync waits for it (or, if it failed, fsyncs the directory
-            # itself, S1).
-            created = [j for j in (journal, store, defer.journal) if j.recovery.created]
-            if created:
-                where = os.path.abspath(d)  # (the caller may chdir meanwhile)
-                dir_sync = _Beside(partial(_fsync_created, where), "fsync-state-dir")
-                for j in created:
-                    j.directory_sync_beside(partial(_done, dir_sync))
-            covered = _reconcile_store(journal, store, proj, stored)
-            epoch = proj.epoch + 1
-            core, restarts = Dispatcher.restore(
-                proj, epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks, starting=starting
-            )
-            _record_lost_deferrals(defer, core.ledger)
-        except BaseException:
-            release_frozen(opening)
-            if dir_sync is not None:
-                dir_sync.wait()
-            if defer is None and defer_opening is not None:
-                # it may have opened while the state journal failed: closed below
-                defer_opening.wait()
-                defer = defer_opening.value
-                if defer_opening.error is not None:
-                    log.warning(
-                        "state %s: the defer journal did not open either: %s",
-                        d,
-                        defer_opening.error,
-                    )
-            for opened in (journal, store, defer):
-                if opened is not None:
-                    opened.close()  # its writer lock too: a later open must not find it held
-            lock.release()
-            raise
-        # A snapshot of an earlier version has no delivery point: what it folded counts as
-        # delivered (its callback ran before that version's snapshot), the journal after it not.
-        delivered = int(base.get("delivered_seq", base.get("journal_seq", -1)))
-        st = cls(
-            d,
-            lock=lock,
-            journal=journal,
-            submissions=store,
-            stored=covered,
-            snapshots=snapshots,
-            defer=defer,
-            core=core,
-            replayed=n,
-            dups=proj.duplicate_commits,
-            delivered=max(delivered, proj.delivered),
+        st: CampaignState = open_state(
+            cls,
+            directory,
+            sync=sync,
+            watchdog=watchdog,
+            retry=retry,
+            ranks=ranks,
+            starting=starting,
+            on_commit=on_commit,
+            keep_snapshots=keep_snapshots,
+            journal_options=journal_options,
         )
-        st._dir_sync = dir_sync
-        if id(opening) in _holders:  # what the reopen froze: the state holds it now
-            _holders.discard(id(opening))
-            _holders.add(id(st))
-        # The epoch is durable before the first dispatch leaves (next_send), not before the
-        # open returns: its fsync runs in the group commit meanwhile, beside the submission's
-        # (issue 49). A crash before it loses only an epoch that no token carried yet.
-        st._epoch_seq = journal.append(encode(EpochStarted(epoch, time.time()))).seq
-        if restarts:  # S8: the rollbacks are folded before the first dispatch
-            st._apply(restarts)
-        # G4: a crash between a dependency's deferral and its dependents' left them waiting
-        # (or an operator's cancel and its dependents', O1)
-        for wid in [w for w in core.ledger.deferred if core.ledger.dependents.get(w)]:
-            st._apply(core.ended_without_commit(wid))
-        for wid in [w for w in core.ledger.cancelled if core.ledger.dependents.get(w)]:
-            st._apply(core.ended_without_commit(wid, "cancelled"))
-        st._load_dependency_results()
-        if restarts:
-            st._save_snapshot(f"start of epoch {epoch}")
-        # else no snapshot: nothing was rolled back, and the journal holds the epoch (issue 49:
-        # it cost two fsyncs and a directory scan at every open, a fresh one included)
-        _resources.register(st)
-        try:  # O1: the operator's commands that wait (``durable-dispatch cancel`` ...), once
-            from .control import CONTROL_DIR, apply_waiting
-
-            # (none when the claim's listing had no control directory: one lookup less on a
-            # slow mount; a command written since is applied by the running loop's next look)
-            names = lock.claim.listing
-            if names is None or CONTROL_DIR in names:
-                st.applied_at_open = apply_waiting(st, running=False)
-        except BaseException:
-            st.close()
-            raise
-        if on_commit is not None:
-            try:
-                st.redeliver(on_commit)
-            except BaseException:
-                st.close()
-                raise
         return st
 
     # ------------------------------------------------------------------ input
@@ -444,15 +319,19 @@ class CampaignState(Delivery, Dependencies):
                 self._announce(new[:done], first, digests[: done * DIGEST_BYTES])
             raise
         self._announce(new, first, digests)
-        if self._has_after:  # G4: a new item that names a deferred item is deferred too
-            led = self.core.ledger
-            for dep in {d: None for w in new for d in w.after if d in led.deferred}:
-                self._apply(self.core.ended_without_commit(dep))
+        if self._has_after:  # G4: a new item that names a deferred or cancelled item is
+            led = self.core.ledger  # deferred too, at once, naming it
+            for dep in {d: None for w in new for d in w.after}:
+                if dep in led.deferred:
+                    self._apply(self.core.ended_without_commit(dep))
+                elif dep in led.cancelled:
+                    self._apply(self.core.ended_without_commit(dep, "cancelled"))
         return len(new)
 
     def _refuse_changed(self, again: list[WorkItem], new: list[WorkItem], digests: bytes) -> None:
         """U11: each of ``again`` (a known work ID, or one named earlier in the same call) must
-        name the payload it named before; the first that does not is refused.
+        name the payload and the ``after`` it named before (the ``after`` of a committed item
+        is not kept: it ran, what it waited for is moot); the first that does not is refused.
 
         Raises:
             ChangedPayloadError: naming that work ID.
@@ -481,6 +360,20 @@ class CampaignState(Delivery, Dependencies):
                     "its payload, say) or start a new state directory",
                     work_id=wid,
                 )
+            if wid in ids.index:
+                before = led.items.after_of(wid) if wid in led.items else None
+            else:
+                before = next(w.after for w in new if w.work_id == wid)
+            if before is not None and set(before) != set(item.after):
+                st = self.core.status(wid) if wid in ids.index else None
+                where = st.name.lower().replace("_", " ") if st else "earlier in this submission"
+                raise ChangedPayloadError(
+                    f"work ID {wid!r} is known ({where}) with another after "
+                    f"({sorted(before)}, this one {sorted(item.after)}): a work ID names one "
+                    "item, its dependencies included; give the changed item a new work ID or "
+                    "start a new state directory",
+                    work_id=wid,
+                )
 
     def _announce(self, items: list[WorkItem], first: int, digests: bytes) -> None:
         """Journal the submission of the stored ``items`` and hand them to the core (with
@@ -493,163 +386,6 @@ class CampaignState(Delivery, Dependencies):
             self.journal.append(encode(Submitted(chunk, first + k, stored=stored)))
         self.core.ledger.ids.set_digests(first, digests)  # (so the core computes none)
         self.core.submit(items, first=first, checked=True)
-
-    def next_send(self, now: float, max_items: int = 1) -> Send | None:
-        """The next dispatch of up to ``max_items`` items, journaled (persist before you send),
-        or None.
-
-        Writes any snapshot the core requires first (one after a rollback). The first waits for
-        this run's epoch record to be durable: a token of an epoch a crash could forget would be the
-        token of another dispatch after the restart, which starts the same epoch again.
-        """
-        if self._epoch_seq is not None:
-            self._durable(self._epoch_seq)
-            self._epoch_seq = None
-        self._check_dependency_sizes(max_items)
-        while True:
-            d = self.core.reserve(now, max_items)
-            if isinstance(d, PersistSnapshot):
-                self._save_snapshot(d.reason)
-                continue
-            if d is not None:
-                self._record_send(d)
-                if self.on_dispatch is not None:
-                    self.on_dispatch(d)
-            return d
-
-    # ---------------------------------------------------------------- the facade
-    # One call per thing that happened: each asks the core and persists what it decided, so a
-    # loop built on these cannot forget a persist step (run_master is built on them).
-    def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
-        """A READY from ``rank``; see :meth:`Dispatcher.on_ready`."""
-        return self._apply(self.core.on_ready(rank, token, now), self._on_commit)
-
-    def note_host(self, rank: int, host: str) -> None:
-        """Worker ``rank`` runs on ``host`` (its first READY said so): journaled once per rank
-        per run (a ``host`` event, for the joblog's host column). The record goes with the
-        journal's next flush (the loop does not wait for it): a crash before it loses only the
-        name, and the rank's dispatches, journaled after it, cannot become durable without it
-        (one journal, in order)."""
-        self.core.note_host(rank, host)  # its failure domain
-        if self._hosts.get(rank) == host:
-            return
-        self._hosts[rank] = host
-        self.journal.append(encode(WorkerHost(rank, host, time.time())))
-
-    def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
-        """A HEARTBEAT from ``rank``; see :meth:`Dispatcher.on_heartbeat`."""
-        return self._apply(self.core.on_heartbeat(rank, token, now), self._on_commit)
-
-    def on_results(
-        self,
-        rank: int,
-        token: object,
-        results: Any,
-        now: float,
-        *,
-        errors: Any = None,
-        failure: Any = None,
-    ) -> list[Decision]:
-        """A RESULT from ``rank`` (see :meth:`Dispatcher.on_results`): ``errors`` names the items
-        the worker could not do, ``failure`` why the whole dispatch failed. Its commits are
-        journaled at once and delivered once durable (:meth:`tick`), so the loop goes on."""
-        out = self.core.on_results(rank, token, results, now, errors=errors, failure=failure)
-        return self._apply(out, self._on_commit, wait=False)
-
-    def on_part(
-        self, rank: int, token: object, work_ids: Any, results: Any, now: float, *, errors: Any
-    ) -> list[Decision]:
-        """A partial RESULT from ``rank`` (see :meth:`Dispatcher.on_part`): the outcomes of some
-        items of a dispatch that still runs. Their commits are journaled at once and delivered
-        once durable (:meth:`tick`), as :meth:`on_results`' are."""
-        out = self.core.on_part(rank, token, work_ids, results, now, errors=errors)
-        return self._apply(out, self._on_commit, wait=False)
-
-    def sent(self, token: Token, now: float, error: str | None = None) -> list[Decision]:
-        """The WORK send of :meth:`next_send`'s dispatch returned (``error`` None) or failed."""
-        if error is None:
-            return self._apply(self.core.mark_dispatched(token, now), self._on_commit)
-        return self._apply(self.core.send_failed(token, now, error), self._on_commit)
-
-    def rank_lost(self, rank: int, now: float, error: str = "rank lost") -> list[Decision]:
-        """``rank`` failed (ULFM); see :meth:`Dispatcher.rank_lost`."""
-        return self._apply(self.core.rank_lost(rank, now, error), self._on_commit)
-
-    def ranks_lost(self, ranks: list[int], now: float, error: str = "rank lost") -> list[Decision]:
-        """``ranks`` failed together (ULFM: one check found them); see
-        :meth:`Dispatcher.ranks_lost` (a node that lost several charges its items nothing)."""
-        return self._apply(self.core.ranks_lost(ranks, now, error), self._on_commit)
-
-    def on_gone(self, rank: int, error: str, now: float) -> list[Decision]:
-        """``rank`` said it failed and ends (a GONE message): its dispatch is rolled back
-        and the rank dropped, as for a lost rank; a rank already lost or unknown is ignored."""
-        if self.core.rank_state(rank) in (None, RankState.LOST):
-            return []
-        log.error("worker %d failed and is gone: %s", rank, error)
-        why = f"worker failed: {error}"[:2000]  # its own error, not its node's
-        return self._apply(self.core.rank_lost(rank, now, why, domain=False), self._on_commit)
-
-    def now(self) -> float:
-        """The master's clock for this turn: ``time.monotonic()`` as the core's observed clock
-        counts it (a pause of the master is not held against the workers)."""
-        return self.core.clock.observe(time.monotonic())
-
-    @property
-    def done(self) -> bool:
-        """True when every work item is committed or deferred and every commit was delivered:
-        the loop's condition (``while not state.done``)."""
-        return self.core.done and not self._pending_commits
-
-    def stop_reason(self, now: float, *, grace: float) -> str | None:
-        """Why the campaign cannot go on although work remains, or None: ``"no workers left"``
-        (every rank was lost or said it is gone), or ``"every worker parked"`` (every live
-        worker is parked or still starting, at least one parked, and none sent its exact READY
-        for ``grace`` seconds of ``now``). Logs the reason; the state directory resumes."""
-        core = self.core  # (every question O(1): this runs every turn, at 10,000 ranks too)
-        live = core.live_rank_count()
-        if not live:
-            log.error("master: no worker left; %d item(s) pending", len(core.pending()))
-            return "no workers left"
-        parked = core.parked_rank_count()
-        if core.done or not parked or parked + core.starting_ranks() < live:
-            self._stuck_since = None  # some worker serves, or may still come up
-            return None
-        if self._stuck_since is None:
-            self._stuck_since = now
-        if now - self._stuck_since < grace:
-            return None
-        log.error(
-            "master: every worker (%d) is parked and %d item(s) remain; no exact READY came "
-            "within %.0fs: stopping (resumable; hung work functions need worker isolation to "
-            "give their ranks back)",
-            live,
-            len(core.pending()),
-            grace,
-        )
-        return "every worker parked"
-
-    def tick(self, now: float, *, drained: bool = True) -> list[Decision]:
-        """The end of a turn (its last two steps): deliver the commits an fsync now covers, roll
-        back every READY that came without a valid RESULT, and sweep the watchdog.
-
-        ``drained``: the turn's receive found every message that had arrived (it returned
-        fewer than its limit). After a pause of the master, deadlines are judged only once a
-        turn drained (a paused master suspects no worker). A degraded journal is retried here
-        too, with a back-off (0.5 s, doubling to 30 s).
-        """
-        if drained:
-            self.core.clock.drained()
-        self._complete_commits()
-        out = self._apply(self.core.join_invalid(now), self._on_commit)
-        out += self._apply(self.core.sweep(now), self._on_commit)
-        if not self.journal.health.ok and now >= self._restore_at:
-            if self.try_restore():
-                self._restore_backoff = 0.5
-            else:
-                self._restore_at = now + self._restore_backoff
-                self._restore_backoff = min(self._restore_backoff * 2, 30.0)
-        self.publish_statistics()
-        return out
 
     def publish_statistics(self, *, running: bool = True, force: bool = False) -> bool:
         """Write the statistics for readers (``durable-dispatch stats`` and ``watch``), at most
@@ -738,6 +474,9 @@ class CampaignState(Delivery, Dependencies):
             self.journal.sync_now()
             durable = self.journal.durable_seq
             self._commits_in_memory = [s for s in self._commits_in_memory if s > durable]
+            held = self._held_results
+            for wid in [w for w, (seq, _) in held.items() if seq <= durable]:
+                del held[wid]
         before = self.defer.statistics().in_memory
         ok2 = self.defer.try_restore()
         moved = before - self.defer.statistics().in_memory
@@ -778,63 +517,7 @@ class CampaignState(Delivery, Dependencies):
 
     def _close(self) -> None:
         """:meth:`close`'s work: the last deliveries, the snapshot, the journals, the lock."""
-        waited: BaseException | None = None
-        if self._dir_sync is not None:  # (its thread ends before the journals close)
-            waited = self._dir_sync.wait()  # an interrupt: raised once all is closed
-            self._dir_sync = None
-        if not _fs.reaches(self._filesystem) and not _fs.comes_back(self._filesystem):
-            # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
-            # themselves; a snapshot or a lock release would reach the real filesystem).
-            log.warning("state %s: its filesystem is gone; closed without writing", self.directory)
-            self._publisher.close()
-            self.journal.close()
-            self.submissions.close()
-            self.defer.close()
-            _resources.disown_lock(self._lock)
-            return
-        failed: list[BaseException] = [waited] if waited is not None else []
-        beside: _Beside[list[BaseException]] | None = None
-        try:
-            try:
-                self._complete_commits(wait=True)
-                self._mark_delivered(now=True)
-                # issue 49: the last statistics are written by their thread while the snapshot
-                # is written and fsynced here (a display: no order between the two); again
-                # here, after that thread ended, if the snapshot failed (a figure changed)
-                failures = self._snapshot_failures
-                handed = self._publisher.submit(self._statistics_body(running=False))
-                # and the owner record's release is written and fsynced beside it too (it is
-                # renamed into place only once the journals are closed, S13)
-                prepare = _Beside(self._lock.claim.prepare_release, "owner-release")
-                # and the submissions store and the defer journal close beside it: nothing
-                # writes them after the last delivery (which submitted its children)
-                beside = _Beside(
-                    lambda: _close_each((self.submissions, self.defer)), "close-journals"
-                )
-                try:
-                    self._save_snapshot("close")
-                finally:
-                    interrupted = prepare.wait()
-                if interrupted is not None:
-                    raise interrupted
-                if handed and self._snapshot_failures == failures:
-                    self._publisher.close()
-                else:
-                    self.publish_statistics(running=False, force=True)
-            finally:
-                # whatever failed above: each journal is closed, no writer lock is left held
-                if beside is None:
-                    failed += _close_each((self.journal, self.submissions, self.defer))
-                else:
-                    failed += _close_each((self.journal,))
-                    interrupted = beside.wait()  # (S13: the owner's release only after them)
-                    if interrupted is not None:
-                        failed.insert(0, interrupted)
-                    failed += beside.value or []
-        finally:
-            self._lock.release()
-            if failed:
-                raise _closing_error(failed)
+        close_state(self)
 
     @property
     def closed(self) -> bool:
@@ -849,62 +532,6 @@ class CampaignState(Delivery, Dependencies):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _close_each(journals: Iterable[Journal | DeferJournal]) -> list[BaseException]:
-    """Close each of ``journals`` whatever the others do; what each close raised."""
-    failed: list[BaseException] = []
-    for journal in journals:
-        try:
-            journal.close()
-        except BaseException as e:  # noqa: BLE001 - the caller raises them, all of them
-            failed.append(e)
-    return failed
-
-
-def _fsync_created(d: str) -> bool:
-    """One directory fsync for the journals an open created in ``d`` (instead of one each,
-    issue 49); False if it failed: each then fsyncs the directory itself at its first fsync
-    (S1)."""
-    try:
-        _fs.fsync_dir(d)
-    except OSError as e:
-        log.warning("state %s: the directory fsync of its new journals failed: %s", d, e)
-        return False
-    return True
-
-
-def _done(beside: _Beside[bool]) -> bool:
-    """Wait for ``beside`` (an interrupt of the wait is raised); True if it returned True."""
-    interrupted = beside.wait()
-    if interrupted is not None:
-        raise interrupted
-    return beside.error is None and bool(beside.value)
-
-
-def _closing_error(failed: list[BaseException]) -> BaseException:
-    """What :meth:`CampaignState.close` raises when closing its journals failed: an error other
-    than :class:`NotDurableError` as it was; else one :class:`NotDurableError` naming every
-    journal with records held only in memory, the one holding most first (its ``path``;
-    ``pending`` counts them all), so the state journal's memory-only commits are not hidden
-    behind the defer journal's one record."""
-    other = [e for e in failed if not isinstance(e, NotDurableError)]
-    if other:
-        return other[0]
-    held = [e for e in failed if isinstance(e, NotDurableError)]
-    held.sort(key=lambda e: -(e.pending or 0))
-    first = held[0]
-    each = "; ".join(f"{e.pending} in {e.path}" for e in held)
-    total = sum(e.pending or 0 for e in held)
-    return NotDurableError(
-        f"closed with {total} record(s) held only in memory ({each}): the disk refused them "
-        f"({first.op or 'a write'}{', errno ' + str(first.errno) if first.errno else ''}) and "
-        "they are lost with this process; a later run does the work they recorded again",
-        path=first.path,
-        op=first.op,
-        errno=first.errno,
-        pending=total,
-    )
 
 
 _payload_of = attrgetter("payload")
@@ -966,26 +593,3 @@ def _checked_after(item: WorkItem) -> WorkItem:
             f"{item.work_id!r}: after must be a list or tuple of work IDs (strings), got {after!r}"
         )
     return item if type(after) is tuple else replace(item, after=tuple(after))
-
-
-def _record_lost_deferrals(defer: DeferJournal, ledger: Ledger) -> int:
-    """Record again each item the state journal says is deferred but the defer journal lacks:
-    its record was held in memory when the last master ended (a full disk, EIO) and the state
-    journal's ``deferred`` event was durable. Without it ``deferred list`` would not show the
-    item and the futures executor would wait for it forever. Returns how many."""
-    if not ledger.deferred:
-        return 0
-    lost = [(wid, w) for wid, w in ledger.deferred.items() if wid not in defer]
-    for wid, w in lost:
-        defer.defer(
-            wid,
-            w.to_json(),
-            attempts=ledger.attempts.get(wid, 0),
-            kinds=ledger.kinds.get(wid, ()),
-            last_error=ledger.last_error.get(wid),
-            inputs=w.inputs,
-            self_contained=w.self_contained,
-        )
-    if lost:
-        log.warning("recorded %d deferred item(s) the defer journal had lost", len(lost))
-    return len(lost)

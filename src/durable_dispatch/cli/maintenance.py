@@ -91,6 +91,10 @@ def cmd_deferred(args: argparse.Namespace) -> int:
                 }
             elif p.get("event") == "resolved":
                 live.pop(p["work_id"], None)
+    if live:  # as stats counts them: a record whose item the state journal brought back (a
+        led = view_state(args.state_dir).projection  # dependency's commit released it, and
+        live = {w: r for w, r in live.items() if w in led.deferred}  # the master ended before
+        # it resolved the record) is not deferred
     if args.action == "list":
         rows = [
             {k: v for k, v in r.items() if k not in ("item", "traceback")} for r in live.values()

@@ -46,7 +46,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import (
     Callable,
-    Collection,
     Iterable,
     Mapping,
     Sequence,
@@ -83,15 +82,14 @@ from .indexed import (
     stored_item,
     stored_payload_digests,
 )
+from .snapshot_form import COMPACT_FORM, SnapshotForms, _token
+from .waiting import WaitingSet
+from .withdrawn import Withdrawal
 
 __all__ = ["Ledger", "LedgerLoader", "COMPACT_FORM"]
 
-#: The ``form`` member of a compact snapshot state (:meth:`Ledger.to_compact`); a state without
-#: it is the self-contained form (:meth:`Ledger.to_snapshot`).
-COMPACT_FORM = 2
 
-
-class Ledger:
+class Ledger(WaitingSet, Withdrawal, SnapshotForms):
     """A campaign's durable facts (see the module docs); every change is an event.
 
     Attributes:
@@ -224,57 +222,6 @@ class Ledger:
             for i in done:
                 self._release_dependents_of(ids[i])  # type: ignore[arg-type]
 
-    def _release_dependents_of(self, wid: str) -> None:
-        """``wid`` committed: each item waiting (or deferred) for it has one dependency less;
-        those with none left go to the back of their level of the frontier."""
-        held = self.dependents.pop(wid, None)
-        if not held:
-            return
-        waiting = (held,) if type(held) is str else held
-        missing, items = self.missing, self.items
-        for dep in waiting:
-            n = missing.get(dep)
-            if n is None:
-                continue
-            if n > 1:
-                missing[dep] = n - 1
-                continue
-            del missing[dep]
-            if self.waiting.remove(dep):
-                self.frontier.append(dep, items[dep].priority)
-            elif self.deferred.pop(dep, None) is not None:
-                self._forget_failures(dep)
-                self.released.append(dep)
-                self.frontier.append(dep, items[dep].priority)
-            elif self.withdrawn is not None and self.withdrawn[1].remove(dep):
-                self.withdrawn[0].append(dep, items[dep].priority)  # (still withdrawn)
-
-    def _forget_failures(self, wid: str) -> None:
-        self.attempts.pop(wid, None)
-        self.kinds.pop(wid, None)
-        self.last_error.pop(wid, None)
-        self.solo.discard(wid)
-
-    def _waits(self, wid: str, after: Sequence[str]) -> bool:
-        """Register ``wid`` under each of its ``after`` IDs not committed; True when there is
-        one (it waits). Naming itself is a dependency that never commits (a cycle)."""
-        n = 0
-        committed: Collection[str] = self.committed if len(self.committed) else ()
-        dependents = self.dependents
-        for dep in dict.fromkeys(after):
-            if dep not in committed:
-                n += 1
-                held = dependents.get(dep)
-                if held is None:
-                    dependents[dep] = wid
-                elif type(held) is str:
-                    dependents[dep] = [held, wid]
-                else:
-                    held.append(wid)  # type: ignore[union-attr]
-        if n:
-            self.missing[wid] = n
-        return n > 0
-
     def _requeued(self, ev: Requeued) -> None:
         wid = self._known_item(ev.work_id)
         self._leave(wid)
@@ -405,318 +352,10 @@ class Ledger:
             raise Invalid("work_id", f"{wid!r} names no open work item of this campaign")
         return wid
 
-    # ------------------------------------------------- withdrawn (not durable)
-    def withdraw(self, keep: Collection[str] = ()) -> int:
-        """Take every pending and waiting item but those in ``keep`` out of this run, in memory
-        only (see the module docs): no event, nothing to journal. The live frontier then holds
-        only the items of ``keep`` that were pending (in their order), the waiting set none, so
-        the campaign can end without the rest; :attr:`withdrawn` holds them, the snapshot forms
-        count them where they were, and :meth:`put_back` returns them. Items in flight are not
-        touched. O(1) plus O(runs) per kept item. Returns how many items were withdrawn.
-        """
-        frontier, waiting = self.frontier, self.waiting
-        kept = [w for w in keep if w in frontier] if keep else []
-        self.frontier, self.waiting = Frontier(self.ids), Frontier(self.ids)
-        items = self.items
-        for wid in kept:
-            frontier.remove(wid)
-            self.frontier.append(wid, items[wid].priority)
-        n = len(frontier) + len(waiting)
-        held = self.withdrawn
-        if held is not None:  # withdrawn twice: one hold
-            self.withdrawn = (self._joined(held[0], frontier, True), self._joined(held[1], waiting))
-        elif n:
-            self.withdrawn = (frontier, waiting)
-        return n
-
-    def withdraw_item(self, wid: str) -> bool:
-        """Take the one item ``wid`` out of this run, as :meth:`withdraw` does, if it is pending
-        or waiting (O(runs) of its level); True when it was."""
-        held = self.withdrawn
-        if held is None:
-            held = (Frontier(self.ids), Frontier(self.ids))
-        if self.frontier.remove(wid):
-            held[0].append(wid, self.items[wid].priority)
-        elif self.waiting.remove(wid):
-            held[1].append(wid)
-        else:
-            return False
-        self.withdrawn = held
-        return True
-
-    def put_back(self, wid: str | None = None) -> int:
-        """Return the items :meth:`withdraw` took (after the items of the live frontier and
-        waiting set; swapped back whole when those are empty, as at a campaign's end), so the
-        live ledger is the durable one again; or only ``wid`` (to the back of its level; one
-        whose dependencies committed meanwhile to the frontier). Returns how many."""
-        if wid is not None:
-            held = self.withdrawn
-            if held is not None and held[0].remove(wid):
-                self.frontier.append(wid, self.items[wid].priority)
-            elif held is not None and held[1].remove(wid):
-                if self.missing.get(wid):
-                    self.waiting.append(wid)
-                else:
-                    self.frontier.append(wid, self.items[wid].priority)
-            else:
-                return 0
-            return 1
-        held, self.withdrawn = self.withdrawn, None
-        if held is None:
-            return 0
-        frontier, waiting = held
-        n = len(frontier) + len(waiting)
-        self.frontier = self._joined(self.frontier, frontier, True)
-        self.waiting = self._joined(self.waiting, waiting)
-        return n
-
-    def _joined(self, into: Frontier, more: Frontier, ranked: bool = False) -> Frontier:
-        """``into`` with the items of ``more`` after it (each at its priority's level when
-        ``ranked``, as a frontier holds them); ``more`` itself when ``into`` is empty."""
-        if not into:
-            return more
-        items = self.items
-        for wid in more:
-            if ranked:
-                into.append(wid, items[wid].priority)
-            else:
-                into.append(wid)
-        return into
-
-    def _held(self, live: Frontier, k: int) -> Frontier:
-        """``live``, or a copy with the withdrawn frontier (``k`` 0) or waiting set (1) after
-        it: what the durable record holds (the snapshot forms)."""
-        held = self.withdrawn
-        if held is None or not held[k]:
-            return live
-        levels = sorted(set(live.levels()) | set(held[k].levels()), reverse=True)
-        return Frontier.of_runs(
-            self.ids,
-            live.runs() + held[k].runs(),
-            [(v, live.runs(v) + held[k].runs(v)) for v in levels],
-        )
-
     # ---------------------------------------------------------------- queries
     def known(self, wid: str) -> bool:
         """True when ``wid`` is pending, waiting, in flight, committed, deferred or cancelled."""
         return wid in self.ids.index
-
-    def waiting_dependents(self, wid: str) -> list[str]:
-        """The items that wait (not deferred) for ``wid``, directly or through another waiting
-        item, in the order found (breadth first): what ending ``wid`` for good without a commit
-        defers (G4). O(the items found)."""
-        out: list[str] = []
-        seen = {wid}
-        todo = [wid]
-        waiting = self.waiting
-        while todo:
-            nxt: list[str] = []
-            for w in todo:
-                for dep in self.dependents_of(w):
-                    if dep not in seen and dep in waiting:
-                        seen.add(dep)
-                        out.append(dep)
-                        nxt.append(dep)
-            todo = nxt
-        return out
-
-    def dependents_of(self, wid: str) -> Sequence[str]:
-        """The items registered as waiting (or deferred) for ``wid``, in submission order."""
-        held = self.dependents.get(wid)
-        if held is None:
-            return ()
-        return (held,) if type(held) is str else held
-
-    def blocker(self, wid: str) -> str | None:
-        """The first of ``wid``'s ``after`` IDs not committed, or None."""
-        item = self.items.get(wid)
-        for dep in item.after if item is not None else ():
-            if dep not in self.committed:
-                return dep
-        return None
-
-    # ----------------------------------------------------------- snapshot form
-    def to_snapshot(self, committing: Collection[str] = ()) -> dict[str, Any]:
-        """The ledger as a self-contained JSON-ready dict, every payload included (a test's
-        or a tool's view; O(items)). The shell saves :meth:`to_compact` instead.
-
-        Args:
-            committing: work IDs whose ``committed`` record is journaled but which the live core
-                still holds in flight (a group commit in progress): they count as committed, as
-                a replay of the journal counts them. Otherwise a snapshot taken between a
-                commit's record and its delivery would fold the record in as in flight, and a
-                restart would run the work again and record a second commit.
-        """
-        items = self.items
-        frontier, waiting = self._held(self.frontier, 0), self._held(self.waiting, 1)
-        return {
-            "epoch": self.epoch,
-            "counter": self.counter,
-            "frontier": [items[w].to_json() for w in frontier],
-            "in_flight": [
-                {"token": str(t), "rank": r, "work": items[w].to_json()}
-                for w, (t, r) in self.in_flight.items()
-                if w not in committing
-            ],
-            "committed": sorted(set(self.committed).union(committing)),
-            "deferred": [i.to_json() for i in self.deferred.values()],
-            **({"waiting": [items[w].to_json() for w in waiting]} if waiting else {}),
-            "attempts": dict(self.attempts),
-            "kinds": {k: list(v) for k, v in self.kinds.items()},
-            "last_error": dict(self.last_error),
-            "solo": sorted(self.solo.difference(committing)),
-            **self._operator(lambda w: items[w].to_json()),
-        }
-
-    def _operator(self, name: Callable[[str], Any]) -> dict[str, Any]:
-        """The snapshot members of the operator's facts (O1): ``cancelled`` (each named by
-        ``name(work_id)``) and ``commands``; nothing when there are none (the form of earlier
-        versions, byte for byte)."""
-        out: dict[str, Any] = {}
-        if self.cancelled:
-            out["cancelled"] = [name(w) for w in self.cancelled]
-        if self.commands:
-            out["commands"] = {k: dict(v) for k, v in self.commands.items()}
-        return out
-
-    def to_compact(self, committing: Collection[str] = ()) -> dict[str, Any]:
-        """The ledger in the compact snapshot form (S8): indices instead of payloads, the
-        frontier and the committed set as runs. Its cost is the runs', the dispatches in
-        flight's and the failures', not the campaign's size. Loading it needs the items of
-        indices ``0 .. size-1`` (:meth:`from_compact`): the submissions store holds them.
-
-        ``committing``: as for :meth:`to_snapshot`.
-        """
-        index = self.ids.index
-        frontier, waiting = self._held(self.frontier, 0), self._held(self.waiting, 1)
-        committed = self.committed.runs
-        if committing:
-            committed = committed.copy()
-            for w in committing:
-                committed.add(index[w])
-        return {
-            "form": COMPACT_FORM,
-            "epoch": self.epoch,
-            "counter": self.counter,
-            "size": len(self.ids),
-            "frontier": frontier.runs(),
-            **self._levels(frontier),
-            "in_flight": [
-                [index[w], str(t), r] for w, (t, r) in self.in_flight.items() if w not in committing
-            ],
-            "committed": committed.runs(),
-            "deferred": [index[w] for w in self.deferred],
-            **({"waiting": waiting.runs()} if waiting else {}),
-            "attempts": dict(self.attempts),
-            "kinds": {k: list(v) for k, v in self.kinds.items()},
-            "last_error": dict(self.last_error),
-            "solo": sorted(self.solo.difference(committing)),
-            **self._operator(index.__getitem__),
-        }
-
-    def _levels(self, f: Frontier) -> dict[str, Any]:
-        """The compact form's ``priorities`` member: ``[[level, runs], ...]`` for the levels
-        other than 0 of ``f`` that hold work, highest first; nothing when there are none (the
-        form of earlier versions, byte for byte)."""
-        levels = f.levels()
-        return {"priorities": [[k, f.runs(k)] for k in levels]} if levels else {}
-
-    @classmethod
-    def from_snapshot(cls, snap: Mapping[str, Any] | None) -> Ledger:
-        """A ledger from :meth:`to_snapshot` output (checked by the snapshot schema on load).
-        Indices are numbered committed first (sorted), then frontier, deferred, in flight.
-
-        An in-flight entry whose work ID is also committed or pending is dropped (a work ID is
-        in one place; the committed or pending fact is the newer one).
-        """
-        snap = snap or {}
-        led = cls._common(snap)
-        for wid in snap.get("committed", ()):
-            if wid not in led.ids.index:
-                led.committed.add_index(led.ids.assign(wid))
-        items = led.items
-        for it in snap.get("frontier", ()):
-            w = WorkItem.from_json(it)
-            if w.work_id not in led.ids.index:
-                led.ids.assign(w.work_id)
-                items[w.work_id] = w
-                led.frontier.append(w.work_id, w.priority)
-        for it in snap.get("deferred", ()):
-            w = WorkItem.from_json(it)
-            if w.work_id not in led.ids.index:
-                led.ids.assign(w.work_id)
-                items[w.work_id] = w
-                led.deferred[w.work_id] = w
-        for it in snap.get("waiting", ()):
-            w = WorkItem.from_json(it)
-            if w.work_id not in led.ids.index:
-                led.ids.assign(w.work_id)
-                items[w.work_id] = w
-                led.waiting.append(w.work_id)
-        for it in snap.get("cancelled", ()):
-            w = WorkItem.from_json(it)
-            if w.work_id not in led.ids.index:
-                led.ids.assign(w.work_id)
-                items[w.work_id] = w
-                led.cancelled[w.work_id] = w
-        for tx in snap.get("in_flight", ()):
-            w = WorkItem.from_json(tx["work"])
-            token = _token(tx["token"])
-            if w.work_id not in led.ids.index:
-                led.ids.assign(w.work_id)
-                items[w.work_id] = w
-                led.in_flight[w.work_id] = (token, int(tx["rank"]))
-        led._register_waiting()
-        return led
-
-    def _register_waiting(self) -> None:
-        """Rebuild :attr:`missing` and :attr:`dependents` from the waiting and deferred items
-        (a loaded snapshot), in index order; a waiting item whose dependencies are all
-        committed (a snapshot taken while their commits were delivered) goes to the frontier."""
-        if not self.waiting and not self.deferred:
-            return
-        index, after_of = self.ids.index, self.items.after_of
-        found = [i for a, b in self.waiting.runs() for i in range(a, b)]
-        found += [index[w] for w in self.deferred if after_of(w)]
-        found.sort()
-        # as _waits, item by item, with what it looks up hoisted (a reopen of 1M waiting items)
-        committed: Collection[str] = self.committed if len(self.committed) else ()
-        missing, dependents = self.missing, self.dependents
-        by, ids = self.items._by, self.ids.ids
-        for i in found:
-            v = by[i]
-            wid: str = ids[i]  # type: ignore[assignment]
-            t = type(v)
-            if t is list:
-                after = v[2] if len(v) == 3 else ()
-            else:
-                after = v.after if t is WorkItem else (v.get("after") or ())
-            n = 0
-            for dep in after if len(after) == 1 else dict.fromkeys(after):
-                if dep not in committed:
-                    n += 1
-                    held = dependents.get(dep)
-                    if held is None:
-                        dependents[dep] = wid
-                    elif type(held) is str:
-                        dependents[dep] = [held, wid]
-                    else:
-                        held.append(wid)  # type: ignore[union-attr]
-            if n:
-                missing[wid] = n
-            elif self.waiting.remove(wid):
-                self.frontier.append(wid, self.items[wid].priority)
-
-    @classmethod
-    def _common(cls, snap: Mapping[str, Any]) -> Ledger:
-        led = cls(int(snap.get("epoch", 0)))
-        led.counter = int(snap.get("counter", 0))
-        led.attempts = {k: int(v) for k, v in snap.get("attempts", {}).items()}
-        led.kinds = {k: list(v) for k, v in snap.get("kinds", {}).items()}
-        led.last_error = dict(snap.get("last_error", {}))
-        led.solo = set(snap.get("solo", ()))
-        led.commands = {k: dict(v) for k, v in snap.get("commands", {}).items()}
-        return led
 
     @classmethod
     def from_compact(
@@ -790,13 +429,6 @@ def _place(where: bytearray, a: int, b: int, code: int, name: str) -> None:
     if where[a:b].count(0) != b - a:
         raise Invalid(name, f"an index of {a}..{b - 1} is in two places")
     where[a:b] = bytes([code]) * (b - a)
-
-
-def _token(value: Any) -> Token:
-    token = Token.parse(value)
-    if token is None:
-        raise Invalid("in_flight.token", f"not a dispatch token: {value!r}")
-    return token
 
 
 class LedgerLoader:

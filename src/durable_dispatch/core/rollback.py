@@ -344,7 +344,8 @@ class Rollbacks(DispatcherBase):
         """An operator puts a deferred or cancelled ``work_id`` back at the end of the frontier
         with fresh retry budgets (``durable-dispatch retry``, O1). Returns ``"requeued"`` (the
         ``requeued_deferred`` event is applied; the shell journals it) or why nothing changed:
-        ``"pending"``, ``"in flight"``, ``"committed"``, ``"unknown"``."""
+        ``"pending"``, ``"waiting"`` (for a dependency), ``"in flight"``, ``"committed"``,
+        ``"unknown"``."""
         ledger = self.ledger
         if work_id in ledger.deferred or work_id in ledger.cancelled:
             self._apply(RequeuedDeferred(work_id))
@@ -353,6 +354,8 @@ class Rollbacks(DispatcherBase):
             return "committed"
         if work_id in ledger.in_flight:
             return "in flight"
+        if work_id in ledger.waiting:
+            return "waiting"
         return "pending" if ledger.known(work_id) else "unknown"
 
     # ------------------------------------------- the paths every failure takes

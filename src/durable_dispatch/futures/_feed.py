@@ -58,7 +58,10 @@ class _CallFeed(Feed):
                 ex._record[r.work_id] = r.result
                 if isinstance(r.result, dict) and isinstance(r.result.get("d"), str):
                     ex._digests[r.work_id] = r.result["d"]
+            ledger = state.core.ledger
             for d in state.defer.items():
+                if _brought_back(ledger, d.work_id):  # its dependency was retried: it may run
+                    continue
                 ex._failed[d.work_id] = (d.kinds, d.last_error, d.attempts)
                 after = d.item.get("after") if isinstance(d.item, dict) else None
                 if after:
@@ -299,6 +302,13 @@ class _CallFeed(Feed):
         for f in self.waiting.pop(wid, ()):
             if _start(f):  # (pending when it never ran: a dependency failed)
                 f.set_exception(self.ex._failure(wid, (d.kinds, d.last_error, d.attempts)))
+        # the items deferred for it earlier that its retry had brought back: failed now
+        led = self.state.core.ledger
+        for dep in led.dependents_of(wid):
+            if dep in led.deferred and dep not in self.ex._failed:
+                kinds = (*led.kinds.get(dep, ()),)
+                attempts, error = led.attempts.get(dep, 0), led.last_error.get(dep)
+                self.deferred(Defer(led.items[dep], None, "dependency", attempts, kinds, error))
 
     def cancelled(self, wid: str) -> None:
         """``on_cancel``: an operator cancelled the call (``durable-dispatch cancel``, O1); its
@@ -359,3 +369,18 @@ def _cancel(fut: Future[Any]) -> None:
             fut.set_running_or_notify_cancel()
         except RuntimeError:  # (they were told already)
             pass
+
+
+def _brought_back(ledger: Any, wid: str) -> bool:
+    """True when ``wid``, deferred for a dependency, waits for one that may still commit (an
+    operator's retry brought it back): it is not failed now, its dependency's commit releases
+    it."""
+    if not ledger.missing.get(wid) or wid not in ledger.deferred:
+        return False
+    return any(
+        ledger.known(dep)
+        and dep not in ledger.committed
+        and dep not in ledger.deferred
+        and dep not in ledger.cancelled
+        for dep in ledger.items[wid].after
+    )

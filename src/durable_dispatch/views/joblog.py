@@ -38,7 +38,8 @@ class JobRow:
             dependency, ``WorkItem.after``) or ``in flight`` (only while a master runs: what a
             stopped master left in flight is pending).
         tries: its tries that counted: the failures charged to it, plus the try that committed
-            or is running (a rollback at a master's restart or a batch split is not a try).
+            or is running (a rollback at a master's restart, a batch split or a deferral for a
+            dependency is not a try).
         last_failure_kind: the kind of its last failure (``timeout``, ``error`` ...), or None.
         last_failure: the text of its last failure, or None.
         started: when its newest dispatch was sent (wall-clock seconds), or None when no record
@@ -174,7 +175,9 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
         else:
             status = "pending"
         kinds = led.kinds.get(wid) or []
-        tries = len(kinds) + (1 if status in ("committed", "in flight") else 0)
+        # (a deferral for a dependency is no try: the item never ran)
+        tries = len(kinds) - kinds.count("dependency")
+        tries += 1 if status in ("committed", "in flight") else 0
         att = h.last.get(wid)
         payload = stored[wid] if wid in stored else _ledger_payload(led, wid)
         yield JobRow(
