@@ -189,3 +189,23 @@ def test_an_operator_may_cancel_an_item_held_since_its_rank_was_lost() -> None:
     what, out, stop = d.cancel("w0")
     assert (what, out, stop) == ("cancelled", [], None)
     assert d.sweep(100.0) == [] and "w0" in d.ledger.cancelled and d.done
+
+
+def test_a_rank_lost_alone_while_a_node_just_failed_is_lost_with_it() -> None:
+    """Open MPI's runtime tears the whole job down when it loses a node's daemon: the ranks of
+    the surviving nodes then die one by one. Within the window after a node failed, a rank of
+    another host lost alone charges nothing (the cluster in a box found 4 ``lost-rank`` charges
+    so); after the window, a rank lost alone charges its item again."""
+    from durable_dispatch.core.domains import FailureDomains
+
+    fd = FailureDomains(window=10.0)
+    for r, h in HOSTS.items():
+        fd.note_host(r, h)
+    assert fd.lost([1, 2], 100.0, live=[3, 4]) == {1: True, 2: True}  # node1 died
+    assert fd.lost([3], 101.0, live=[4]) == {3: True}  # torn down with it, not charged
+    fd2 = FailureDomains(window=10.0)
+    for r, h in HOSTS.items():
+        fd2.note_host(r, h)
+    assert fd2.lost([1, 2], 100.0, live=[3, 4]) == {1: True, 2: True}
+    fd2.heard(4)
+    assert fd2.lost([4], 111.0, live=[3]) == {4: False}  # later, alone: its item's doing

@@ -11,6 +11,11 @@ charge (its rank did not die of it); a rank that died alone charges its item ``l
 item that kills its own rank must not kill every rank at every retry, and a rank that answered
 after its neighbour's loss and then died with the item it got next died of that item.
 
+A node's death can end the whole job: Open MPI's runtime (PRRTE 3) tears a job down when it
+loses a node's daemon, and the ranks of the surviving nodes then die one by one. So for
+:attr:`FailureDomains.window` seconds after a node failed, every rank lost, on any host, counts
+as lost with it: nothing is charged for a job that is being torn down.
+
 Ranks of unknown host (no READY with ``host`` yet) are each a domain of their own.
 """
 
@@ -30,7 +35,7 @@ SUSPECT_SECONDS = 10.0
 class FailureDomains:
     """Hosts of the worker ranks, the hosts that are failing, and the suspect ranks."""
 
-    __slots__ = ("window", "_host", "_ranks", "_suspect", "suspect")
+    __slots__ = ("window", "_host", "_ranks", "_suspect", "suspect", "_node_failed_until")
 
     def __init__(self, window: float = SUSPECT_SECONDS) -> None:
         self.window = window
@@ -40,6 +45,7 @@ class FailureDomains:
         #: the same dict, read by the dispatcher's hot paths (a truth test, no call): do not
         #: change it
         self.suspect = self._suspect
+        self._node_failed_until = float("-inf")  # a node failed: losses until then are its
 
     def note_host(self, rank: int, host: str) -> None:
         """``rank`` runs on ``host``."""
@@ -57,7 +63,8 @@ class FailureDomains:
 
     def lost(self, ranks: Iterable[int], now: float, live: Iterable[int]) -> dict[int, bool]:
         """``ranks`` were lost together (one report of the runtime); ``live`` are the ranks not
-        lost. Returns, for each lost rank, True when its node failed (not charged) and False
+        lost. Returns, for each lost rank, True when its node failed (not charged), or a node
+        failed less than ``window`` seconds ago (the job may be torn down around it), and False
         when it died alone (charged). Makes the other live ranks of their hosts suspect
         (:meth:`suspects`) until ``now + window``."""
         ranks = sorted(set(ranks))
@@ -67,9 +74,12 @@ class FailureDomains:
             if h is not None:
                 per_host[h] = per_host.get(h, 0) + 1
         out: dict[int, bool] = {}
+        tearing_down = now < self._node_failed_until  # a node failed moments ago
         for r in ranks:
             h = self._host.get(r)
-            out[r] = h is not None and (per_host[h] > 1 or r in self._suspect)
+            out[r] = tearing_down or (h is not None and (per_host[h] > 1 or r in self._suspect))
+        if any(out.values()):
+            self._node_failed_until = max(self._node_failed_until, now + self.window)
         live_set = set(live)
         until = now + self.window
         for h in per_host:
