@@ -36,6 +36,8 @@ from typing import Any
 
 import pytest
 
+from durable_dispatch.core.decisions import UNCHARGED_SOURCES
+
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / ".ci" / "cluster.sh"
 CAMPAIGN = Path(__file__).parent / "children" / "cluster_campaign.py"
@@ -289,7 +291,11 @@ class Case:
         kinds: Counter[str] = Counter()
         for e in evs:
             if e.get("event") == "requeued":
-                kinds[e.get("kind") or e.get("source") or ("split" if e.get("split") else "?")] += 1
+                src = e.get("source")
+                if src in UNCHARGED_SOURCES:  # nothing charged (the kind says what it would be)
+                    kinds[src] += 1
+                else:
+                    kinds[e.get("kind") or src or ("split" if e.get("split") else "?")] += 1
         return sum(1 for n in sent.values() if n > 1), kinds
 
     def report(self) -> str:
