@@ -603,18 +603,3 @@ def shutdown_all() -> None:
     for ex in list(_executors):
         ex.shutdown(wait=True)
     _executors.clear()
-
-
-def _brought_back(ledger: Any, wid: str) -> bool:
-    """True when ``wid``, deferred for a dependency, waits for one that may still commit (an
-    operator's retry brought it back): it is not failed now, its dependency's commit releases
-    it."""
-    if not ledger.missing.get(wid) or wid not in ledger.deferred:
-        return False
-    return any(
-        ledger.known(dep)
-        and dep not in ledger.committed
-        and dep not in ledger.deferred
-        and dep not in ledger.cancelled
-        for dep in ledger.items[wid].after
-    )
