@@ -223,7 +223,9 @@ class Reopen(RuleBasedStateMachine):
         self.gen += 1
         crashed = self.tmp / f"s{self.gen}"
         # (not the live statistics: their thread replaces them while the copy is made)
-        shutil.copytree(self.d, crashed, ignore=shutil.ignore_patterns("master-stats.*"))
+        shutil.copytree(
+            self.d, crashed, ignore=shutil.ignore_patterns("master-stats.*", ".master-stats.*")
+        )
         old, self.d = self.st, crashed
         if self.refusing:
             self.faults.heal()
