@@ -235,8 +235,12 @@ start() {
     done
     [ "$ok" -eq 1 ] || die "nodes not idle: $(tr '\n' ' ' <<<"$states") (see $LOG/)"
     local seen
-    seen=$(cd / && timeout 60 srun -N "$N" -n "$N" -t 1 hostname 2>&1 | sort -u | paste -sd,)
-    [ "$seen" = "$names" ] || die "srun -N $N hostname printed '$seen', not '$names'"
+    # (srun's own words, "queued and waiting for resources" while a finished job's nodes are
+    # released, go to stderr: only the names on stdout are compared)
+    seen=$(cd / && timeout 60 srun -N "$N" -n "$N" -t 1 hostname 2>"$RUN/srun-check.err" \
+        | sort -u | paste -sd,)
+    [ "$seen" = "$names" ] \
+        || die "srun -N $N hostname printed '$seen', not '$names' ($(tail -3 "$RUN/srun-check.err" | paste -sd' '))"
     echo "cluster: up ($N nodes $names on $BR $NET.0/24, SLURM_CONF=$CONF)"
 }
 
