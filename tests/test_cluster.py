@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -518,6 +519,37 @@ def finished_in_slurm(case: Case, f: dict[str, str]) -> None:
     nothing_left(case)
 
 
+def fault_in_a_slurm_job(
+    case: Case,
+    job: str,
+    fault: Callable[[], None],
+    what: str,
+    then: Callable[[], None] | None = None,
+) -> dict[str, str]:
+    """Submit ``job``, let it commit ``KILL_AT`` items, make the ``fault`` (marked ``what`` in
+    the report, from its start), run ``then`` (a heal), and return the job's final record once
+    it finished in Slurm (every item once); the job is cancelled whatever happened."""
+    submit(case, job, *SPREAD)
+    try:
+        case.wait_commits(KILL_AT)
+        fault()
+        case.mark_fault(what)
+        if then is not None:
+            then()
+        f = case.wait_job(480)
+        case.stop_watching()
+        finished_in_slurm(case, f)
+        return f
+    finally:
+        case.stop_watching()
+        slurm("scancel", case.job)
+
+
+def _heal_after(node: str, seconds: float) -> None:
+    time.sleep(seconds)
+    box("heal", node)
+
+
 @pytest.mark.timeout(600)
 def test_a_worker_node_killed_under_srun_requeues_and_finishes(
     cluster: Any, tmp_path: Path
@@ -526,18 +558,8 @@ def test_a_worker_node_killed_under_srun_requeues_and_finishes(
     requeued" and the job ended FAILED with most items left. A lost node is a resumable stop:
     the job is requeued and finishes on the nodes left, every item once, none deferred."""
     case = new_case(tmp_path, "node-srun", ITEMS)
-    submit(case, SRUN_JOB, *SPREAD)
-    try:
-        case.wait_commits(KILL_AT)
-        box("kill-node", "3")
-        case.mark_fault("ddnode3 killed")
-        f = case.wait_job(480)
-        case.stop_watching()
-        finished_in_slurm(case, f)
-        assert int(f.get("Restarts", "0")) >= 1, case.report()
-    finally:
-        case.stop_watching()
-        slurm("scancel", case.job)
+    f = fault_in_a_slurm_job(case, SRUN_JOB, lambda: box("kill-node", "3"), "ddnode3 killed")
+    assert int(f.get("Restarts", "0")) >= 1, case.report()
 
 
 @pytest.mark.timeout(600)
@@ -549,18 +571,8 @@ def test_a_worker_node_killed_under_mpiexec_ulfm_never_ends_done_with_work_left(
     failures on the same dying node. Now the campaign goes on with the ranks left or the job is
     requeued; either way it ends COMPLETED 0:0 with every item once and none deferred."""
     case = new_case(tmp_path, "node-ulfm", ITEMS)
-    submit(case, ULFM_JOB, *SPREAD)
-    try:
-        case.wait_commits(KILL_AT)
-        box("kill-node", "3")
-        case.mark_fault("ddnode3 killed")
-        f = case.wait_job(480)
-        case.stop_watching()
-        finished_in_slurm(case, f)
-        no_item_charged_for_the_node(case, case.report())
-    finally:
-        case.stop_watching()
-        slurm("scancel", case.job)
+    fault_in_a_slurm_job(case, ULFM_JOB, lambda: box("kill-node", "3"), "ddnode3 killed")
+    no_item_charged_for_the_node(case, case.report())
 
 
 @pytest.mark.timeout(600)
@@ -573,19 +585,8 @@ def test_a_worker_nodes_link_cut_past_slurms_timeout_is_requeued_and_finishes(
     The items in flight on the cut node ran twice and were committed once. (Passes by Slurm's
     requeue; a regression test.)"""
     case = new_case(tmp_path, "cut-slurm", ITEMS)
-    submit(case, ULFM_JOB, *SPREAD)
-    try:
-        case.wait_commits(KILL_AT)
-        box("cut", "3")
-        case.mark_fault("ddnode3 cut for 45 s")
-        time.sleep(45)
-        box("heal", "3")
-        f = case.wait_job(480)
-        case.stop_watching()
-        finished_in_slurm(case, f)
-    finally:
-        case.stop_watching()
-        slurm("scancel", case.job)
+    cut, heal = (lambda: box("cut", "3")), (lambda: _heal_after("3", 45))
+    fault_in_a_slurm_job(case, ULFM_JOB, cut, "ddnode3 cut for 45 s", then=heal)
 
 
 @pytest.mark.timeout(600)
@@ -597,18 +598,9 @@ def test_the_masters_node_killed_under_slurm_is_requeued_and_taken_over(
     the dead owner (its host gone) and finishes: COMPLETED 0:0, every item once. (Passes by
     Slurm's requeue; a regression test.)"""
     case = new_case(tmp_path, "master-node", ITEMS)
-    submit(case, SRUN_JOB, *SPREAD)
-    try:
-        case.wait_commits(KILL_AT)
-        box("kill-node", "1")
-        case.mark_fault("ddnode1 (the master's) killed")
-        f = case.wait_job(480)
-        case.stop_watching()
-        finished_in_slurm(case, f)
-        assert int(f.get("Restarts", "0")) >= 1, case.report()
-    finally:
-        case.stop_watching()
-        slurm("scancel", case.job)
+    fault = lambda: box("kill-node", "1")  # noqa: E731
+    f = fault_in_a_slurm_job(case, SRUN_JOB, fault, "ddnode1 (the master's) killed")
+    assert int(f.get("Restarts", "0")) >= 1, case.report()
 
 
 # ---------------------------------------------------------------- the cases, without Slurm
