@@ -161,6 +161,7 @@ class Case:
     ends: list[tuple[float, int]] = field(default_factory=list)  # (when, status) of each run
     states: list[str] = field(default_factory=list)
     final: dict[str, str] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)  # samples that failed, with their time
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -201,17 +202,23 @@ class Case:
     def watch(self) -> None:
         def run() -> None:
             while not self._stop.is_set():
-                evs = journal_events(self.state)
-                commits = sum(len(_ids(e)) for e in evs if e.get("event") == "committed")
-                epochs = sum(1 for e in evs if e.get("event") == "epoch")
-                f = self.show()
-                st = f"{f.get('JobState', '')} restarts={f.get('Restarts', '')}" if f else ""
-                if st and (not self.states or self.states[-1] != st):
-                    self.states.append(st)
-                self.timeline.append((time.time(), commits, epochs, st))
+                try:
+                    self._sample()
+                except Exception as e:  # a sample that failed is said, never the end of the watch
+                    self.errors.append(f"{time.time():.1f} {e!r}")
                 self._stop.wait(0.5)
 
         threading.Thread(target=run, daemon=True).start()
+
+    def _sample(self) -> None:
+        evs = journal_events(self.state)
+        commits = sum(len(_ids(e)) for e in evs if e.get("event") == "committed")
+        epochs = sum(1 for e in evs if e.get("event") == "epoch")
+        f = self.show()
+        st = f"{f.get('JobState', '')} restarts={f.get('Restarts', '')}" if f else ""
+        if st and (not self.states or self.states[-1] != st):
+            self.states.append(st)
+        self.timeline.append((time.time(), commits, epochs, st))
 
     def stop_watching(self) -> None:
         self._stop.set()
@@ -225,7 +232,12 @@ class Case:
             if self.commits() >= n:
                 return
             time.sleep(0.2)
-        pytest.fail(f"{self.name}: {self.commits()} commits after {timeout:.0f}s (waited for {n})")
+        last = self.timeline[-1][0] - self.started if self.timeline else None
+        pytest.fail(
+            f"{self.name}: {self.commits()} commits after {timeout:.0f}s (waited for {n}); "
+            f"{len(self.timeline)} samples, the last at +{last}s; failed samples "
+            f"{self.errors[-5:]}; ranks {self.ranks()}; the runs' output:\n{self.output()[-6000:]}"
+        )
 
     def mark_fault(self, what: str) -> None:
         self.fault, self.fault_what = time.time(), what

@@ -42,7 +42,11 @@ def test_demo_runs_with_faults_and_resumes(tmp_path: Path) -> None:
     assert s["committed"] + s["deferred"] == 30
     # Isolated (the default): the hung and the segfaulting item cost a retry each, not a rank.
     assert s["failures_by_kind"]["timeout"] >= 1 and s["failures_by_kind"]["crash"] >= 1
-    assert s["item_failures"] >= 1 and s["parked_ranks_now"] == 0
+    # A rank is parked at the end only where the master's watchdog fired (the "missing" answer,
+    # or, on a loaded machine, a child's own timeout answered after the master's deadline),
+    # never for an item's own failure.
+    assert s["item_failures"] >= 1
+    assert s["parked_ranks_now"] <= s["dispatch_watchdog_timeouts"], s
     from durable_dispatch.mpi.launcher import mpi_flavor
 
     if __import__("os").geteuid() == 0 and mpi_flavor() == "openmpi":  # Hydra needs none
