@@ -632,3 +632,23 @@ def test_a_refused_result_in_a_batch_is_deferred_at_once_and_the_rest_commit(
     assert {r.work_id for r in read_results(tmp_path / "s")} == {f"w{i}" for i in range(8)} - {"w5"}
     d = deferred(tmp_path / "s")["w5"]
     assert (d["attempts"], d["kinds"]) == (1, ["malformed-result"]) and ".v" in d["last_error"]
+
+
+def _fails(p: Any) -> Any:
+    raise ValueError("diverged")
+
+
+def test_deferred_show_gives_a_non_finite_payload_back_as_given(tmp_path: Path) -> None:
+    """``deferred show`` of an item whose payload holds NaN and infinities shows the user's
+    values (``NaN``, ``Infinity``, ``-Infinity`` as Python's json writes them, which it reads
+    back), never the journal's stored form and never ``null``."""
+    state = tmp_path / "s"
+    payload = {"x": math.nan, "y": [math.inf, -math.inf], "z": 1.5}
+    run_master(
+        [WorkItem("p", payload)], state, comm=LocalWorkers(_fails, 1), retry=RetryPolicy(0)
+    )
+    as_json = json.loads(_cli("deferred", "show", str(state), "p", "--json"))
+    assert same(as_json["item"]["payload"], payload), as_json["item"]
+    shown = _cli("deferred", "show", str(state), "p")
+    assert "item.payload.x" in shown and "nan" in shown and "inf, -inf" in shown, shown
+    assert "~nonfinite" not in shown and "null" not in shown, shown

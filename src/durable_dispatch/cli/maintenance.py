@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from ..errors import UsageError
+from ..values import dumps_exact, restore
 from ._common import (
     EXIT_FINDING,
     EXIT_OK,
@@ -85,7 +87,7 @@ def cmd_deferred(args: argparse.Namespace) -> int:
                     "last_error": p.get("last_error"),
                     "self_contained": p.get("self_contained"),
                     "inputs": p.get("inputs"),
-                    "item": p.get("item"),
+                    "item": _as_given(p.get("item")),
                     "seq": rec.seq,
                     "traceback": p.get("traceback"),
                 }
@@ -110,8 +112,8 @@ def cmd_deferred(args: argparse.Namespace) -> int:
     item = live.get(args.ids[0])
     if item is None:  # a finding about the state, not a wrong call
         return _error(args, LookupError(f"{args.ids[0]!r} is not deferred"), EXIT_FINDING)
-    if args.json:
-        _print(item, True)
+    if args.json:  # (NaN and the infinities as Python's json writes them: never null)
+        sys.stdout.write(dumps_exact(item, indent=True) + "\n")
         return EXIT_OK
     tb = item.pop("traceback", None)
     _print(item, False)
@@ -120,6 +122,14 @@ def cmd_deferred(args: argparse.Namespace) -> int:
         for line in tb.splitlines():
             print(f"    {line}")
     return EXIT_OK
+
+
+def _as_given(item: Any) -> Any:
+    """A deferred record's item with its payload as the user gave it (the journal keeps NaN
+    and the infinities in a stored form)."""
+    if isinstance(item, dict) and "payload" in item:
+        return {**item, "payload": restore(item["payload"])}
+    return item
 
 
 def deferred_lines(rows: list[dict[str, Any]], width: int = 100) -> list[str]:
