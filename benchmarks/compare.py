@@ -6,7 +6,9 @@ It checks out REF in a temporary git worktree and measures both trees in turn, r
 round (base, new, base, new, ...), so a noisy moment of a shared machine hits both alike; each
 figure is the median of its rounds, and the ratio new/base is printed with the spread of the
 rounds. Each tree is measured with *its own* ``benchmarks/bench_mpi.py`` (so a base whose
-private API differs is measured as it was), its own ``src`` first on ``PYTHONPATH``:
+private API differs is measured as it was), its own ``src`` first on ``PYTHONPATH``, its source
+byte-compiled first (as pip installs it) and, under ``mpiexec``, its package imported before the
+benchmark starts its clock (``_warm.py``: a campaign's throughput, not its imports):
 
   ceiling-1, ceiling-64   the master without MPI (``ceiling_without_mpi``): campaign state +
                           core with instant in-process workers, batch 1 and 64, tasks/s
@@ -19,10 +21,13 @@ private API differs is measured as it was), its own ``src`` first on ``PYTHONPAT
                           (``python -m durable_dispatch.futures``, 1 + 3 ranks), each call
                           durable, with ``isolate=False`` and ``isolate=True``, tasks/s
 
-A ratio above 1.0 is faster than the base. This is the check every performance claim in a
-closing note is made with (STYLE.md: compare with the base, not with yourself). pyperf is not
-used: each figure is a whole campaign's throughput, printed by the benchmark itself (several
-processes under mpiexec), not a calibrated loop of one Python callable. Not a test: nothing here
+Under ``mpiexec`` each rank's CPU seconds are read too, and the master's CPU per task is printed
+after the figures (a loaded machine moves it much less than tasks/s, which also depends on how
+the OS schedules 4 ranks on few cores). A ratio above 1.0 is faster than the base. This is the
+check every performance claim in a closing note is made with (STYLE.md: compare with the base,
+not with yourself). pyperf is not used: each figure is a whole campaign's throughput, printed by
+the benchmark itself (several processes under mpiexec), not a calibrated loop of one Python
+callable. Not a test: nothing here
 asserts a time.
 """
 
@@ -54,11 +59,16 @@ def _env(tree: Path) -> dict[str, str]:
     return env
 
 
-def _last_json(text: str, what: str) -> dict[str, float]:
+def _last_json(text: str, what: str, key: str = "tasks_per_s") -> dict[str, float]:
     for line in reversed(text.splitlines()):
-        if line.startswith("{"):
+        if line.startswith("{") and key in line:
             return json.loads(line)  # type: ignore[no-any-return]
     raise SystemExit(f"{what}: no result\n{text[-3000:]}")
+
+
+#: the master's (rank 0's) CPU microseconds per task of the last ``mpi`` figure measured
+#: (``_warm.py`` prints each rank's), or None where the figure has none
+LAST_CPU: list[float | None] = [None]
 
 
 def ceiling(tree: Path, tasks: int, batch: int) -> float:
@@ -82,7 +92,8 @@ def mpi(tree: Path, tasks: int, role: list[str], runner: list[str] = []) -> floa
     script = str(tree / "benchmarks" / "bench_mpi.py")
     for attempt in range(LAUNCH_TRIES):
         with tempfile.TemporaryDirectory(prefix="dd-compare-") as d:
-            args = [sys.executable, *runner, script, *role, "--tasks", str(tasks)]
+            warm = [] if runner else [str(HERE / "_warm.py")]  # the imports before the clock
+            args = [sys.executable, *runner, *warm, script, *role, "--tasks", str(tasks)]
             args += ["--state-dir", d + "/s"]
             res = run_mpiexec(mpiexec_command(4, args), timeout=900, env=_env(tree), quiet=True)
         out = res.stdout + res.stderr
@@ -90,7 +101,11 @@ def mpi(tree: Path, tasks: int, role: list[str], runner: list[str] = []) -> floa
         if not never_started or attempt == LAUNCH_TRIES - 1:
             break
         print(f"{role} in {tree}: the MPI runtime did not start; again", file=sys.stderr)
-    return _last_json(out, f"{role} in {tree}")["tasks_per_s"]
+    got = _last_json(out, f"{role} in {tree}")
+    ranks = [json.loads(x) for x in out.splitlines() if x.startswith('{"rank"')]
+    master = [r["cpu_s"] for r in ranks if r["rank"] == 0]
+    LAST_CPU[0] = master[0] * 1e6 / tasks if master else None
+    return got["tasks_per_s"]
 
 
 def measures(tasks: int) -> dict[str, Callable[[Path], float]]:
@@ -125,13 +140,20 @@ def main() -> int:
         capture_output=True,
     )
     trees = {"base": base_dir, "new": ROOT}
+    for tree in trees.values():  # as an installed package: its bytecode written once, not on
+        # each launch (PYTHONDONTWRITEBYTECODE, set here, made every rank compile the package)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "src")], check=True)
     figs = {k: v for k, v in measures(a.tasks).items() if not a.only or k in a.only}
     got: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
     try:
         for r in range(a.rounds):
             for name, fn in figs.items():
                 for which in ("base", "new") if r % 2 == 0 else ("new", "base"):
+                    LAST_CPU[0] = None
                     got.setdefault((name, which), []).append(fn(trees[which]))
+                    if LAST_CPU[0] is not None:
+                        cpu.setdefault((name, which), []).append(LAST_CPU[0])
             print(f"round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_dir)])
@@ -145,6 +167,15 @@ def main() -> int:
         ratios = " ".join(f"{x / y:.2f}" for x, y in zip(n, b, strict=True))
         mb, mn = statistics.median(b), statistics.median(n)
         print(f"{name:<12} {mb:14,.0f} {mn:14,.0f} {mn / mb:9.2f}  {ratios}")
+    if cpu:
+        print("the master's CPU per task (rank 0's CPU seconds over the run / tasks, median;")
+        print("base/new: above 1.0 the new tree spends less; a loaded machine moves it less)")
+        print(f"{'figure':<12} {'base us/task':>14} {'new us/task':>14} {'base/new':>9}")
+        for name in figs:
+            if (name, "base") in cpu and (name, "new") in cpu:
+                cb = statistics.median(cpu[(name, "base")])
+                cn = statistics.median(cpu[(name, "new")])
+                print(f"{name:<12} {cb:14.1f} {cn:14.1f} {cb / cn:9.2f}")
     return 0
 
 

@@ -644,9 +644,7 @@ def test_deferred_show_gives_a_non_finite_payload_back_as_given(tmp_path: Path) 
     back), never the journal's stored form and never ``null``."""
     state = tmp_path / "s"
     payload = {"x": math.nan, "y": [math.inf, -math.inf], "z": 1.5}
-    run_master(
-        [WorkItem("p", payload)], state, comm=LocalWorkers(_fails, 1), retry=RetryPolicy(0)
-    )
+    run_master([WorkItem("p", payload)], state, comm=LocalWorkers(_fails, 1), retry=RetryPolicy(0))
     as_json = json.loads(_cli("deferred", "show", str(state), "p", "--json"))
     assert same(as_json["item"]["payload"], payload), as_json["item"]
     shown = _cli("deferred", "show", str(state), "p")
