@@ -63,7 +63,9 @@ SAMPLES = {
     "priorities": "test_doc_samples.py::test_the_how_to_script_samples",
     "pipeline": "test_doc_samples.py::test_the_how_to_script_samples",
     "pandas": "test_doc_samples.py::test_the_how_to_script_samples",
-    "futures-reduce": "test_docs.py::test_the_futures_reduce_example_waits_and_fails_with_its_cause",
+    "futures-reduce": (
+        "test_docs.py::test_the_futures_reduce_example_waits_and_fails_with_its_cause"
+    ),
     "tutorial-before": "test_docs.py::test_the_first_tutorial_runs_as_written",
     "tutorial-campaign": "test_docs.py::test_the_first_tutorial_runs_as_written",
     "tutorial-rerun": "test_docs.py::test_the_first_tutorial_runs_as_written",
@@ -235,7 +237,9 @@ def test_every_output_block_of_the_docs_is_a_sample_a_test_compares() -> None:
             assert name, f"{where}: an output block with neither a sample nor a not output mark"
             assert name not in seen, f"{where}: sample {name} is also at {seen[name]}"
             seen[name] = where
-        indented = re.findall(r"(?:^\n)((?: {4}\$ [^\n]*\n)(?: {4}[^\n]*\n)*)", page.read_text(), re.M)
+        indented = re.findall(
+            r"(?:^\n)((?: {4}\$ [^\n]*\n)(?: {4}[^\n]*\n)*)", page.read_text(), re.M
+        )
         assert not indented, f"{rel}: an indented console sample (fence and mark it): {indented}"
     assert set(seen) == set(SAMPLES), (set(seen) ^ set(SAMPLES), seen)
     for name, ref in SAMPLES.items():
@@ -305,7 +309,11 @@ def running_master(
     from durable_dispatch.views.view import read_view
 
     comm = LocalWorkers(
-        fn, 3, context=True, answer=HungAfter(hang_after), hosts={1: "node017", 2: "node017", 3: "node018"}
+        fn,
+        3,
+        context=True,
+        answer=HungAfter(hang_after),
+        hosts={1: "node017", 2: "node017", 3: "node018"},
     )
     out: dict[str, Any] = {}
     kw = {"watchdog": WatchdogConfig(600), "retry": RetryPolicy(3), "linger": 0, **kw}
@@ -471,9 +479,7 @@ def test_the_stats_sample_of_a_killed_master(tmp_path: Path, capsys: Any, monkey
     monkeypatch.chdir(tmp_path)
     code, out = cli("stats", "state/", capsys=capsys)
     assert code == 0
-    assert_same(
-        sample("docs/cli.md", "stats-killed"), out, "duration", "pid", "master host"
-    )
+    assert_same(sample("docs/cli.md", "stats-killed"), out, "duration", "pid", "master host")
 
 
 # ------------------------------------------------------------------------ docs/how-to/steer.md
@@ -528,7 +534,12 @@ def test_the_error_hierarchy_sample() -> None:
         for i, c in enumerate(subs):
             last = i == len(subs) - 1
             base = [b.__name__ for b in c.__bases__ if b.__module__ == "builtins"]
-            lines.append(prefix + ("└── " if last else "├── ") + c.__name__ + (f" ({base[0]})" if base else ""))
+            lines.append(
+                prefix
+                + ("└── " if last else "├── ")
+                + c.__name__
+                + (f" ({base[0]})" if base else "")
+            )
             lines += tree(c, prefix + ("    " if last else "│   "))
         return lines
 

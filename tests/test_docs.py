@@ -418,9 +418,9 @@ def launch_lines(pages: list[str]) -> list[tuple[str, str, dict[str, str]]]:
                 if key:
                     tags[key.strip()] = value.strip()
             for line in m.group(3).splitlines():
+                if m.group(2) == "console" and not line.startswith("$ "):
+                    continue  # a console block's output (a sample), not a command
                 line = line.removeprefix("$ ") if m.group(2) == "console" else line
-                if m.group(2) == "console" and not m.group(3).startswith("$"):
-                    continue
                 if LAUNCH.match(line):
                     out.append((f"{rel}:{line}", line, tags))
     return out
@@ -674,7 +674,6 @@ def test_the_first_tutorial_runs_as_written(tmp_path: Path) -> None:
     assert sorted(both) == sorted(f"w{i} {{'answer': {2 * i}}}" for i in range(40)), both
     assert 0 < len(_committed_lines(out1)) < 40
     # step 6: the views
-    from durable_dispatch.cli import main
 
     for name, line in (
         ("tutorial-watch", "durable-dispatch watch state --once"),
