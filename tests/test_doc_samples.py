@@ -288,13 +288,30 @@ class HungAfter:
     unanswered (a worker that hangs), so the master runs on with those in flight."""
 
     def __init__(self, n: int) -> None:
-        self.n, self.answered = n, 0
+        self.n, self.answered, self.hung = n, 0, 0
 
     def __call__(self, rank: int, token: str, work_ids: list[str]) -> bool:
         if self.answered >= self.n:
+            self.hung += 1
             return False
         self.answered += 1
         return True
+
+
+def settled(state: Path, hung: int = 3) -> bool:
+    """True once ``state``'s master has ``hung`` items in flight and has published statistics
+    that show the campaign as its ledger is now (every commit counted, every rank busy): with
+    every rank hung nothing changes any more, so a command run now shows the final figures."""
+    from durable_dispatch.campaign.admin import view_state
+    from durable_dispatch.views.view import view_of_state
+
+    try:
+        v = view_state(state)
+    except UsageError:  # the master has not made it a state directory yet
+        return False
+    view = view_of_state(v)
+    commits = ((v.live.get("stats") or {}).get("core") or {}).get("commits")
+    return view.in_flight == hung and view.busy_ranks == hung and commits == view.committed
 
 
 @contextmanager
@@ -306,7 +323,6 @@ def running_master(
     runs on with 3 in flight. Yields once its published statistics show those 3 in flight."""
     from durable_dispatch.campaign.statedir import _master_running
     from durable_dispatch.mpi import run_master
-    from durable_dispatch.views.view import read_view
 
     comm = LocalWorkers(
         fn,
@@ -326,13 +342,9 @@ def running_master(
     try:
         end = time.monotonic() + 60
         while time.monotonic() < end:
-            if (state / "master.lock").exists() and _master_running(str(state)):
-                try:
-                    v = read_view(state)
-                except UsageError:  # the master has not made it a state directory yet
-                    v = None
-                if v and v.in_flight == 3 and v.busy_ranks == 3 and v.rate_per_s is not None:
-                    break
+            hung = comm.answer.hung == 3  # every rank hangs: nothing is dispatched any more
+            if hung and _master_running(str(state)) and settled(state):
+                break
             assert t.is_alive(), out
             time.sleep(0.02)
         else:
@@ -459,12 +471,8 @@ def test_the_stats_sample_of_a_killed_master(tmp_path: Path, capsys: Any, monkey
     )
     try:
         end = time.monotonic() + 60
-        while time.monotonic() < end:
-            try:
-                v = read_view(tmp_path / "state")
-            except UsageError:  # not a state directory yet
-                v = None
-            if v is not None and v.in_flight == 3 and v.busy_ranks == 3 and v.rate_per_s:
+        while time.monotonic() < end:  # 39 dispatches answered (2 failed), then 3 hang
+            if settled(tmp_path / "state") and read_view(tmp_path / "state").committed == 37:
                 break
             assert proc.poll() is None, proc.returncode
             time.sleep(0.02)
