@@ -418,9 +418,9 @@ def launch_lines(pages: list[str]) -> list[tuple[str, str, dict[str, str]]]:
                 if key:
                     tags[key.strip()] = value.strip()
             for line in m.group(3).splitlines():
+                if m.group(2) == "console" and not line.startswith("$ "):
+                    continue  # a console block's output (a sample), not a command
                 line = line.removeprefix("$ ") if m.group(2) == "console" else line
-                if m.group(2) == "console" and not m.group(3).startswith("$"):
-                    continue
                 if LAUNCH.match(line):
                     out.append((f"{rel}:{line}", line, tags))
     return out
@@ -582,17 +582,6 @@ def test_the_tutorials_give_exactly_the_lines_their_tests_run() -> None:
     ], lines
 
 
-def shown_output(page: Path, command: str) -> str:
-    """The output a page shows for ``command``: the ``text`` block after the ``console`` block
-    that gives ``$ command``."""
-    text = page.read_text()
-    m = re.search(
-        r"```console\n\$ " + re.escape(command) + r"\n```\s*```text\n(.*?)^```", text, re.M | re.S
-    )
-    assert m, f"{page.name} shows no output for {command}"
-    return m.group(1)
-
-
 def _not_under_intel_mpi() -> None:
     from durable_dispatch.mpi.launcher import mpi_flavor
 
@@ -616,6 +605,9 @@ def test_the_first_tutorial_runs_as_written(tmp_path: Path) -> None:
 
     from durable_dispatch.mpi.launcher import kill_session
 
+    from .test_doc_samples import assert_same, sample
+
+    page = "docs/tutorial/first-campaign.md"
     cwd = _copy_examples(tmp_path, "examples/tutorial")
     dd = "durable-dispatch run -n 4 python"
     rc, out, err = run_line(f"{dd} before.py", cwd)
@@ -623,11 +615,14 @@ def test_the_first_tutorial_runs_as_written(tmp_path: Path) -> None:
         out,
         err[-2000:],
     )
+    assert_same(sample(page, "tutorial-before"), out, any_order=True)  # "an order that varies"
     rc, out, err = run_line(f"{dd} campaign.py", cwd)  # step 3
     assert rc == 0 and len(_committed_lines(out)) == 40, (out, err[-2000:])
     assert out.rstrip().endswith("finished") and "w39 {'answer': 78}" in out
+    assert_same(sample(page, "tutorial-campaign"), out, any_order=True)
     rc, out, _ = run_line(f"{dd} campaign.py", cwd)  # step 4: nothing runs
     assert rc == 0 and out.strip() == "finished", out
+    assert_same(sample(page, "tutorial-rerun"), out)
     # step 5: Ctrl-C once after a few lines: a drain, exit 3; then the rest, each item once
     import shutil
 
@@ -665,27 +660,49 @@ def test_the_first_tutorial_runs_as_written(tmp_path: Path) -> None:
     out1 = "".join(first) + rest
     assert "interrupted: draining" in err, err[-3000:]
     assert proc.returncode == 3 and out1.rstrip().endswith("stopped: signal"), (out1, err[-3000:])
+    err1 = err
     rc, out2, err = run_line(f"{dd} campaign.py", cwd)
     assert rc == 0 and out2.rstrip().endswith("finished"), (out2, err[-2000:])
+    # the sample: its lines (the terminal's ^C aside) are what the two runs printed, its last
+    # line the interrupted run's last; which items ran before the Ctrl-C varies from run to run
+    shown = sample(page, "tutorial-ctrl-c")
+    lines = [x for x in shown.splitlines() if x not in ("^C", "...")]
+    printed = (out1 + err1 + out2).splitlines()
+    assert all(x in printed for x in lines), (lines, printed)
+    assert out1.splitlines()[-1] == lines[-1] and lines[-1] == "stopped: signal", out1
     both = _committed_lines(out1) + _committed_lines(out2)
     assert sorted(both) == sorted(f"w{i} {{'answer': {2 * i}}}" for i in range(40)), both
     assert 0 < len(_committed_lines(out1)) < 40
     # step 6: the views
-    from durable_dispatch.cli import main
 
-    assert main(["watch", str(cwd / "state"), "--once"]) == 0
-    assert main(["results", str(cwd / "state")]) == 0
+    for name, line in (
+        ("tutorial-watch", "durable-dispatch watch state --once"),
+        ("tutorial-results", "durable-dispatch results state"),  # in commit order: it varies
+    ):
+        rc, out, err = run_line(line, cwd)
+        assert rc == 0, (line, err)
+        assert_same(sample(page, name), out, any_order=name == "tutorial-results")
+    rc, out, err = run_line("durable-dispatch results state --csv results.csv --with-payload", cwd)
+    assert rc == 0 and err.strip() == "wrote 40 row(s) to results.csv", err
+    csv = (cwd / "results.csv").read_text()
+    assert csv.startswith("work_id,payload.x,result.answer\n"), csv[:200]
+    assert_same(sample(page, "tutorial-csv"), csv, any_order=True)
     # step 7: a hang and a segfault
     rc, out, err = run_line(f"{dd} faulty.py", cwd)
     assert rc == 0 and out.rstrip().endswith("finished"), (out, err[-3000:])
     assert "w13 {'answer': 26}" in out and "w7 {" not in out, out
     assert "kind=crash" in err and "defer work_id=w7" in err, err[-3000:]
+    # the sample: what it prints (its order varies), then the warnings among its log's lines
+    shown = sample(page, "tutorial-faulty").splitlines(keepends=True)
+    warnings = "".join(x for x in shown if x.startswith("WARNING "))
+    logged = "".join(x for x in err.splitlines(keepends=True) if x.startswith("WARNING "))
+    assert_same("".join(x for x in shown if x not in warnings), out, any_order=True)
+    assert_same(warnings, logged, "token", any_order=True)
     p = view_state(cwd / "state-faulty").projection
     assert sorted(p.deferred) == ["w7"] and len(p.committed) == 19
-    page = ROOT / "docs/tutorial/first-campaign.md"
-    shown = shown_output(page, "durable-dispatch deferred list state-faulty")
     rc, out, err = run_line("durable-dispatch deferred list state-faulty", cwd)
-    assert rc == 0 and out == shown, (out, shown, err)
+    assert rc == 0
+    assert_same(sample(page, "tutorial-deferred"), out)
 
 
 @pytest.mark.mpi
@@ -693,32 +710,38 @@ def test_the_futures_tutorial_resolves_from_the_record(tmp_path: Path) -> None:
     """docs/tutorial/futures.md: the mpi4py.futures script, then the durable one twice, with
     the same answer; the second run ran no call (the record has each once)."""
     _not_under_intel_mpi()
+    from .test_doc_samples import assert_same, sample
+
+    page = "docs/tutorial/futures.md"
     cwd = _copy_examples(tmp_path, "examples/tutorial")
     rc, out, err = run_line(
         "durable-dispatch run -n 4 python -m mpi4py.futures futures_before.py", cwd
     )
     assert rc == 0 and out.strip() == "best seed 173", (out, err[-3000:])
+    assert_same(sample(page, "futures-before"), out)
     line = "durable-dispatch run -n 4 python -m durable_dispatch.futures --state-dir state"
     line += " futures_map.py"
     cwd = tmp_path / "examples"
-    for _ in range(2):
+    for name in ("futures-first-run", "futures-second-run"):
         rc, out, err = run_line(line, cwd)
         assert rc == 0 and out.strip() == "best seed 173", (out, err[-3000:])
+        assert_same(sample(page, name), out)
     p = view_state(cwd / "state" / "executor-1").projection
     assert len(p.committed) == 200 and p.duplicate_commits == 0
-    page = ROOT / "docs/tutorial/futures.md"
-    shown = shown_output(page, "durable-dispatch watch state/executor-1 --once")
     rc, out, err = run_line("durable-dispatch watch state/executor-1 --once", cwd)
-    assert rc == 0 and out == shown, (out, shown, err)  # the sample is what watch prints
+    assert rc == 0, err
+    assert_same(sample(page, "futures-watch"), out)  # the sample is what watch prints
 
 
 def test_the_futures_reduce_example_waits_and_fails_with_its_cause(tmp_path: Path) -> None:
     """docs/how-to/dependencies.md: map then reduce with futures as arguments, twice (the
     second run from the record)."""
     _not_under_intel_mpi()
+    from .test_doc_samples import assert_same, session
+
+    [(line, shown)] = session("docs/how-to/dependencies.md", "futures-reduce")
+    assert line.endswith(" futures_reduce.py"), line
     cwd = _copy_examples(tmp_path, "examples")
-    line = "durable-dispatch run -n 4 python -m durable_dispatch.futures --state-dir state"
-    line += " futures_reduce.py"
     for _ in range(2):
         rc, out, err = run_line(line, cwd)
         assert rc == 0, (out, err[-3000:])
@@ -726,6 +749,7 @@ def test_the_futures_reduce_example_waits_and_fails_with_its_cause(tmp_path: Pat
             "good 236",
             "everything failed: ValueError('seed 7 diverged')",
         ], (out, err[-3000:])
+        assert_same(shown, out)
 
 
 def test_the_tutorials_kill_step_points_to_stats_for_the_masters_host_and_pid(
