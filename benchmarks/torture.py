@@ -709,7 +709,8 @@ def run_scenario(
                 if a["run"] == r and a["do"] in ("compact-between", "forge-between") and r > 0:
                     _between(a["do"], s, workdir, out, plant)
                 elif a["run"] == r and a.get("between") and r > 0:  # no master running
-                    _operator(a, s, workdir, out)
+                    if (_statedir(s, workdir) / "events.jsonl").exists():  # (else no campaign)
+                        _operator(a, s, workdir, out)
             finished = _one_run(s, r, workdir, out, plant, verbose, bound)
             if s.get("mode") == "futures" and finished:
                 shutil.copyfile(workdir / "outcomes.json", workdir / f"outcomes-{r}.json")
@@ -1220,7 +1221,8 @@ def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]
     call's outcome is its kind's (a value that is the function of its input, its own exception
     re-raised, or TaskFailed of the right kind), ``cancelled`` only when an operator's
     ``cancel`` named it, ``DependencyFailed`` only when a dependency's future failed in that
-    run (naming it, its cause that one's failure), never when every dependency succeeded. The
+    run (naming it, its cause that one's failure; one that failed, not one that raised, when
+    both did: the campaign deferred it for that one), never when every dependency succeeded. The
     final run: each call's outcome is the record's (committed, deferred or cancelled), once;
     every call that ended by running ran; a call a ``retry`` requeued ran again after it; a
     call cancelled, then requeued, is cancelled no more; a call whose dependency failed did not
@@ -1292,9 +1294,8 @@ def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]
         wid, record = o["work_id"], records[n]
         failed = o.get("failed")
         want = "cancelled" if failed == "cancelled" else "deferred" if failed else "committed"
-        dep = o.get("dependency")
-        if failed == "dependency" and isinstance(dep, int) and records[dep] == "committed":
-            want = "committed"  # its dependency raised: its DependencyFailed is its outcome
+        if failed == "dependency" and all(records[j] == "committed" for j in it.get("after", ())):
+            want = "committed"  # a dependency raised: its DependencyFailed is its outcome
         if record != want:
             v.append(f"call {n} ({it['kind']}): outcome {o} but the record says {record}")
         if failed == "dependency" and final_run in runs.get(n, ()):
@@ -1341,6 +1342,9 @@ def _futures_outcome(
             return [f"call {n}: DependencyFailed names call {j}, which returned {d['ok']}"]
         if d is not None and o.get("cause") != _futures_failure(d):
             return [f"call {n}: DependencyFailed caused by {o.get('cause')}, call {j}: {d}"]
+        deferred = [k for k, x in deps if x is not None and "failed" in x]
+        if deferred and j not in deferred:  # it was deferred for those, it never ran
+            return [f"call {n}: DependencyFailed names call {j} ({d}), not {deferred} that failed"]
         return []
     if bad:
         return [f"call {n}: outcome {o}, though its dependency {bad[0][0]} ended {bad[0][1]}"]
