@@ -1261,8 +1261,9 @@ def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]
         r = int(f.stem.split("-")[1])
         b = json.loads(f.read_text())
         seen[r] = b["out"]
-        if "drain" in b["why"] and not [o for o in ops if o["do"] == "op-drain"]:
-            v.append(f"run {r} was drained ({b['why']}), but no operator drained it")
+        drained = "drain" in faults or any(o["do"] == "op-drain" for o in ops)
+        if "drain" in b["why"] and not drained:
+            v.append(f"run {r} was drained ({b['why']}), but nobody drained it")
     if final_run not in seen or seen[final_run] is None:
         return v + [f"the final run {final_run} left no outcomes"]
     for r, outs in sorted(seen.items()):
