@@ -27,9 +27,26 @@ its scenarios crossed (:func:`pair_table`): dependencies on static items, on chi
 operator's submitted items, children (which may wait), a ``Feed``, each operator command,
 isolation, timeouts, priorities, batches, storage faults, master kills, compaction and the
 futures face. CI's fixed seeds are planned (:data:`PLAN`) so that together they cross every pair
-that can occur, but the futures face's futures passed as arguments and its calls steered by an
-operator, which the harness does not draw yet. A pair counts when its scenario plans both
-features: a planned fault that the run's end overtakes is counted all the same.
+that can occur. A pair counts when its scenario plans both features: a planned fault that the
+run's end overtakes is counted all the same.
+
+A scenario of the **futures face** (``"mode": "futures"``, ``torture_futures.py``) is a script
+under ``python -m durable_dispatch.futures``: a call per item, some taking earlier calls' futures
+as an argument (``after``: dependencies), under the same nemesis, and an operator's ``cancel``
+(of calls named by their futures' work IDs), ``retry --all`` and ``drain`` on the executor's
+state directory while the script runs or between runs (no master running: the command opens the
+directory). Its checker (:func:`check_futures`) holds every run's settled futures and the last
+run's record against the model: a call's value is the function of its input (and it received
+its dependencies' values), a call that raised re-raises its own exception, a failed one fails
+with its kind; an operator-cancelled call fails with ``TaskFailed`` of kind ``cancelled`` and
+only if a ``cancel`` named it, and is cancelled no more once a later ``retry`` requeued it; a
+call whose dependency failed, raised or was cancelled fails with ``DependencyFailed`` naming
+that dependency (its cause that one's failure) and never runs in that run, and a call whose
+dependencies succeeded never does; a call a ``retry`` requeued ran again after it (unless it
+ended cancelled or its dependency failed again); a ``drain`` ends the run with
+``BrokenExecutor`` and a next run finishes. A run in which an operator's command was sent is
+followed by one more run without any, whose outcomes must equal the record (nothing committed
+twice, nothing lost).
 
 The **checker** (:func:`check`) reads the campaign's own record and the user's sink and holds
 them against the model: every submitted or spawned work ID ends committed, deferred or (named
@@ -110,8 +127,8 @@ FEATURES = (
 )
 #: Pairs that cannot occur, and why: the futures face has no children, Feed, priorities,
 #: batch knob or operator submit (mpi4py.futures has none; its calls are the executor's own).
-#: (Its futures passed as arguments, and an operator's cancel, retry and drain of its calls,
-#: are not drawn by this harness yet: those pairs print as not covered.)
+#: Its dependencies are futures passed as arguments: ``after-static`` (the calls a script
+#: submitted).
 NOT_APPLICABLE = {
     frozenset({"futures", f})
     for f in ("after-child", "after-submitted", "children", "feed", "op-submit", "priorities",
@@ -132,7 +149,10 @@ def features(s: dict[str, Any]) -> set[str]:
     if nem & {"compact", "compact-between"}:
         out.add("compaction")
     if s.get("mode") == "futures":
-        return out | {"futures", "timeouts"}
+        out |= {"futures", "timeouts"}
+        if any(it.get("after") for it in s["items"]):
+            out.add("after-static")  # a call takes earlier calls' futures as an argument
+        return out
     items = s["items"]
     static = {i["id"] for i in items}
     kids = [c for sp in s.get("spawns", ()) for c in sp["children"]]
@@ -210,6 +230,7 @@ def generate(seed: int, profile: str = "any") -> dict[str, Any]:
         if plan is not None:
             _force(s, rnd, {"kill-master", "compact", "fill"} if s["isolate"] else {"fill"})
             s["tmpfs"] = os.geteuid() == 0
+        _futures_meet(s, seed, plan)
         return s
     isolate = rnd.random() < 0.75 if plan is None else plan == "all"
     kinds = [k for k, (_, _, iso) in KINDS.items() if isolate or not iso]
@@ -334,6 +355,66 @@ def _futures(rnd: random.Random, seed: int, isolate: bool | None = None) -> dict
     scenario["tmpfs"] = os.geteuid() == 0 and any(a["do"] == "fill" for a in scenario["nemesis"])
     scenario["ulfm"] = _ulfm() and rnd.random() < 0.3
     return scenario
+
+
+def _futures_meet(s: dict[str, Any], seed: int, plan: str | None = None) -> None:
+    """Where the futures face meets the other features (issue 58), from a generator of its own
+    (the seed's other draws are unchanged): calls that take earlier calls' futures as an
+    argument (``after``, indices), and an operator's ``cancel`` (``calls``, indices),
+    ``retry --all`` and ``drain`` of the executor's directory, in the first run or between runs
+    (``between``: no master running). A planned seed (``plan``) gets all of them, in its first
+    run (the faults that end or stop a run move to the second, so that the commands are sent):
+    a chain of calls (0, then 1 and the middle one, then the last); call 1 (waiting for call 0)
+    cancelled, retried (it runs again), then a drain. ``futures-shared`` (no isolation: the
+    workers start at once, and the calls end within a second or two) makes call 0 slow, drains
+    while it runs and cancels call 1, then between the runs retries call 1 and cancels the
+    middle call (it ends cancelled, the last call failed for it)."""
+    rnd = random.Random(seed * 7919 + 59)
+    items, every = s["items"], plan is not None
+    if every or rnd.random() < 0.5:
+        for i, it in enumerate(items[1:], start=1):
+            if rnd.random() < 0.3:
+                it["after"] = sorted(rnd.sample(range(i), min(i, rnd.randint(1, 2))))
+    if every:  # a chain: the cancelled calls have dependents, direct and through others
+        items[1]["after"] = sorted({0, *items[1].get("after", ())})
+        if plan == "futures-shared":  # the calls waiting for it are still pending for a while
+            items[0] = {"kind": "sleep", "arg": round(s["task_timeout"] / 3, 3)}
+        for a in s["nemesis"]:  # the first run is the operator's
+            if a["run"] == 0 and a["do"].startswith(("kill-", "stop-", "drain")):
+                a["run"] = 1
+        items[-1]["after"] = sorted({1, len(items) // 2, *items[-1].get("after", ())})
+        items[len(items) // 2]["after"] = sorted({0, *items[len(items) // 2].get("after", ())})
+    if not every and rnd.random() < 0.5:
+        return
+    if every:
+        order = ["op-cancel", "op-retry", "op-drain"]
+        if plan == "futures-shared":  # (the retry between the runs, below)
+            order = ["op-drain", "op-cancel"]
+    else:
+        order = [rnd.choice(["op-cancel", "op-cancel", "op-retry", "op-drain"])
+                 for _ in range(rnd.randint(1, 3))]  # fmt: skip
+    ends = {"kill-master", "kill-worker", "drain", "op-drain"}
+    first_ends = any(a["do"] in ends and a["run"] == 0 for a in s["nemesis"]) or (
+        "op-drain" in order
+    )
+    ops: list[dict[str, Any]] = []
+    for k, do in enumerate(order):
+        a: dict[str, Any] = {"run": 0, "at": round(rnd.uniform(0.3, 2.5), 2), "do": do,
+                             "after": "state"}  # fmt: skip
+        if every:  # in this order, in the first second or two: the drain ends the first run
+            a["at"] = round(0.4 + 0.5 * k + rnd.uniform(0, 0.2), 2)
+        if do == "op-cancel":
+            a["calls"] = [1] if every else sorted(
+                {rnd.randrange(len(items)) for _ in range(rnd.randint(1, 2))}
+            )  # fmt: skip
+        if not every and do != "op-drain" and first_ends and rnd.random() < 0.3:
+            a |= {"run": 1, "between": True}  # no master running: the command opens it
+        ops.append(a)
+    if plan == "futures-shared":
+        ops += [{"run": 1, "at": 0.0, "do": "op-retry", "between": True},
+                {"run": 1, "at": 0.1, "do": "op-cancel", "calls": [len(items) // 2],
+                 "between": True}]  # fmt: skip
+    s["nemesis"] = sorted(s["nemesis"] + ops, key=lambda a: (a["run"], a["at"]))
 
 
 def _profiled(rnd: random.Random, seed: int, profile: str) -> dict[str, Any]:
@@ -627,7 +708,15 @@ def run_scenario(
             for a in s["nemesis"]:
                 if a["run"] == r and a["do"] in ("compact-between", "forge-between") and r > 0:
                     _between(a["do"], s, workdir, out, plant)
+                elif a["run"] == r and a.get("between") and r > 0:  # no master running
+                    if (_statedir(s, workdir) / "events.jsonl").exists():  # (else no campaign)
+                        _operator(a, s, workdir, out)
             finished = _one_run(s, r, workdir, out, plant, verbose, bound)
+            if s.get("mode") == "futures" and finished:
+                shutil.copyfile(workdir / "outcomes.json", workdir / f"outcomes-{r}.json")
+                # an operator's command sent while it ran may have changed the record after
+                # its futures settled: one more run, without any, must resolve them from it
+                finished = not [o for o in _ops(workdir) if o["ran_in"] == r]
             if finished or out.violations:
                 break
         if not finished and not out.violations:
@@ -639,6 +728,10 @@ def run_scenario(
                 out.violations += check(s, workdir)
     finally:
         if mount is not None:
+            if out.violations:  # (the state on the tmpfs, to read: it goes with the mount)
+                kept = workdir / f"{mount.name}-kept"
+                skip = shutil.ignore_patterns("ballast")
+                shutil.copytree(mount, kept, symlinks=True, ignore=skip)
             subprocess.run(["umount", "-l", str(mount)], capture_output=True)
     out.seconds = time.monotonic() - start
     return out
@@ -755,7 +848,11 @@ def _one_run(
     )
     bound = _bound(s) if cap is None else min(cap, _bound(s))
     t0, t0_wall = time.monotonic(), time.time()
-    todo = [a for a in s["nemesis"] if a["run"] == r and not a["do"].endswith("-between")]
+    todo = [
+        a
+        for a in s["nemesis"]
+        if a["run"] == r and not a["do"].endswith("-between") and not a.get("between")
+    ]
     stopped: list[tuple[float, int]] = []
     filler: Path | None = None
     fill_until = 0.0
@@ -919,14 +1016,23 @@ def _act(
 
 
 def _operator(a: dict[str, Any], s: dict[str, Any], workdir: Path, out: Outcome) -> bool:
-    """An operator's command beside the master (issue 52): exit 0, or 1 for a finding (an ID
-    left alone, no master to drain, no acknowledgement in time: it stays queued); each is
-    logged in ``ops.jsonl`` for the checker."""
+    """An operator's command beside the master (issue 52), or between runs (``between``: it
+    opens the directory): exit 0, or 1 for a finding (an ID left alone, no master to drain, no
+    acknowledgement in time: it stays queued); each is logged in ``ops.jsonl`` for the checker
+    (with ``ran_in``, the run it was sent in, None between runs, and ``t``, when). False when
+    its target is not known yet (the futures face's work IDs, which its script writes)."""
     state = str(_statedir(s, workdir))
     do = a["do"]
     stdin = None
+    ids = a.get("ids")
+    if do == "op-cancel" and ids is None:  # the futures face: calls named by their index
+        try:
+            wids = json.loads((workdir / "wids.json").read_text())
+        except (OSError, ValueError):
+            return False
+        ids = [wids[n] for n in a["calls"]]
     if do == "op-cancel":
-        args = ["cancel", state, *a["ids"]]
+        args = ["cancel", state, *ids]
     elif do == "op-retry":
         args = ["retry", state, "--all"]
     elif do == "op-submit":
@@ -937,6 +1043,7 @@ def _operator(a: dict[str, Any], s: dict[str, Any], workdir: Path, out: Outcome)
         )
     else:
         args = ["drain", state]
+    t = time.time()
     res = subprocess.run(
         [sys.executable, "-m", "durable_dispatch", *args, "--json", "--timeout", "15"],
         capture_output=True,
@@ -950,7 +1057,17 @@ def _operator(a: dict[str, Any], s: dict[str, Any], workdir: Path, out: Outcome)
             f"{do}: exit {res.returncode}: {res.stdout[-400:]}{res.stderr[-400:]}"
         )
     with open(workdir / "ops.jsonl", "a") as f:
-        f.write(json.dumps({**a, "rc": res.returncode, "out": res.stdout[-2000:]}) + "\n")
+        try:
+            answer = json.loads(res.stdout)
+        except ValueError:
+            answer = None
+        ran_in = None if a.get("between") else a["run"]
+        f.write(
+            json.dumps(
+                {**a, "ids": ids, "t": t, "ran_in": ran_in, "rc": res.returncode,
+                 "out": res.stdout[-2000:], "answer": answer}
+            ) + "\n"
+        )  # fmt: skip
     return True
 
 
@@ -1100,17 +1217,24 @@ def _duplicate_commits(state: Path) -> list[str]:
 
 
 def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]:
-    """The futures executor's promises: each call's outcome is its kind's (a value that is
-    the function of its input, its own exception re-raised, or TaskFailed of the right kind);
-    each one is in the record once (committed, or deferred when it failed); every call ran;
-    and the final run ran no call an earlier run had committed (it resolved them from the
-    record)."""
+    """The futures executor's promises (see the module docs). Every run's settled futures: a
+    call's outcome is its kind's (a value that is the function of its input, its own exception
+    re-raised, or TaskFailed of the right kind), ``cancelled`` only when an operator's
+    ``cancel`` named it, ``DependencyFailed`` only when a dependency's future failed in that
+    run (naming it, its cause that one's failure), never when every dependency succeeded. The
+    final run: each call's outcome is the record's (committed, deferred or cancelled), once (a
+    call whose dependencies all committed, one of them a raise, is committed with its
+    DependencyFailed, which names one that raised; a deferred one's names one deferred or
+    cancelled); every call that ended by running ran; a call a ``retry`` requeued ran again
+    after it; a call cancelled, then requeued, is cancelled no more; a call whose dependency
+    failed did not run in it; and it ran no call an earlier run had committed (it resolved them
+    from the record)."""
     from durable_dispatch import read_results
     from durable_dispatch.campaign.admin import view_state
 
     v: list[str] = []
     state = _statedir(s, workdir)
-    outcomes = json.loads((workdir / "outcomes.json").read_text())
+    items = s["items"]
     faults = {a["do"] for a in s["nemesis"]}
     suspect = {"timeout"} if faults & {"stop-worker", "stop-child", "stop-master"} else set()
     if "kill-child" in faults:
@@ -1120,31 +1244,77 @@ def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]
     committed = {r.work_id: r for r in read_results(state)}
     p = view_state(state).projection
     final_epoch = max([r.epoch or 0 for r in committed.values()] + [p.epoch])
-    runs: dict[int, set[int]] = {}
+    runs: dict[int, set[int]] = {}  # call -> the runs it ran in
+    ran_at: dict[int, list[float]] = {}  # call -> when each execution started
     for line in (workdir / "count").read_text().split("\n") if (workdir / "count").exists() else []:
         if line.strip():
-            n, run = line.split()
+            n, run, t = line.split()
             runs.setdefault(int(n), set()).add(int(run) if run.isdigit() else -1)
-    if len(outcomes) != len(s["items"]):
-        return [f"{len(outcomes)} outcomes for {len(s['items'])} calls"]
-    for n, (it, o) in enumerate(zip(s["items"], outcomes, strict=True)):
-        want, wid = FUTURES_KINDS[it["kind"]], o["work_id"]
-        if want == "ok" and o.get("ok") == {"n": n, "square": n * n}:
-            pass
-        elif want == "raised" and o.get("raised") == n:
-            pass
-        elif o.get("failed") is not None and o["failed"] in ({want} | suspect) - {"ok", "raised"}:
-            pass
-        else:
-            v.append(f"call {n} ({it['kind']}): outcome {o}, expected {want}")
-        failed = o.get("failed") is not None
-        if failed != (wid in p.deferred) or (not failed) != (wid in committed):
+            ran_at.setdefault(int(n), []).append(float(t))
+    ops = [o for o in _ops(workdir) if _sent(o)]
+    cancels = [o for o in ops if o["do"] == "op-cancel"]
+    # every run's settled futures: the runs that finished, and those a drain (or another end
+    # of the campaign) broke, with what had settled by then
+    seen: dict[int, list[dict[str, Any] | None]] = {}
+    for f in workdir.glob("outcomes-*.json"):
+        seen[int(f.stem.split("-")[1])] = json.loads(f.read_text())
+    for f in workdir.glob("broken-*.json"):
+        r = int(f.stem.split("-")[1])
+        b = json.loads(f.read_text())
+        seen[r] = b["out"]
+        drained = "drain" in faults or any(o["do"] == "op-drain" for o in ops)
+        if "drain" in b["why"] and not drained:
+            v.append(f"run {r} was drained ({b['why']}), but nobody drained it")
+    if final_run not in seen or seen[final_run] is None:
+        return v + [f"the final run {final_run} left no outcomes"]
+    for r, outs in sorted(seen.items()):
+        if len(outs) != len(items):
+            v.append(f"run {r}: {len(outs)} outcomes for {len(items)} calls")
+            continue
+        named = {w for o in cancels if o["ran_in"] is None or o["ran_in"] <= r for w in o["ids"]}
+        for n, (it, o) in enumerate(zip(items, outs, strict=True)):
+            if o is not None:
+                v += [f"run {r}: {x}" for x in _futures_outcome(n, it, o, outs, named, suspect)]
+    outcomes = seen[final_run]
+    cancelled_last: dict[str, float] = {}  # work ID -> when a cancel that cancelled it was sent
+    requeued: dict[str, float] = {}  # work ID -> when a retry that requeued it was sent
+    for o in ops:
+        got = (o.get("answer") or {}).get("work_ids")
+        if got is None and o["do"] == "op-cancel":  # queued, or no answer: it may cancel later
+            got = {w: "cancelled" for w in o["ids"]}
+        for wid, what in (got or {}).items():
+            if o["do"] == "op-cancel" and str(what).startswith("cancelled"):
+                cancelled_last[wid] = max(cancelled_last.get(wid, 0.0), o["t"])
+            elif o["do"] == "op-retry" and what == "requeued":
+                requeued[wid] = max(requeued.get(wid, 0.0), o["t"])
+    records = [
+        "cancelled" if w in p.cancelled else "deferred" if w in p.deferred
+        else "committed" if w in committed else "pending"
+        for w in (o["work_id"] for o in outcomes)
+    ]  # fmt: skip
+    for n, (it, o) in enumerate(zip(items, outcomes, strict=True)):
+        wid, record = o["work_id"], records[n]
+        failed = o.get("failed")
+        want = "cancelled" if failed == "cancelled" else "deferred" if failed else "committed"
+        if failed == "dependency" and all(records[j] == "committed" for j in it.get("after", ())):
+            want = "committed"  # a dependency raised: its DependencyFailed is its outcome
+        dep = o.get("dependency")
+        if failed == "dependency" and isinstance(dep, int) and want != records[dep] != "cancelled":
             v.append(
-                f"call {n} ({it['kind']}): outcome {o} but the record says committed="
-                f"{wid in committed} deferred={wid in p.deferred}"
+                f"call {n} is {record}, but its DependencyFailed names call {dep}, "
+                f"{records[dep]} (deferred for one deferred, committed when all were)"
             )
-        if n not in runs:
+        if record != want:
+            v.append(f"call {n} ({it['kind']}): outcome {o} but the record says {record}")
+        if failed == "dependency" and final_run in runs.get(n, ()):
+            v.append(f"call {n}: its dependency failed, but it ran in the final run")
+        if failed not in ("dependency", "cancelled") and n not in runs:
             v.append(f"call {n} ({it['kind']}) never ran")
+        if wid in requeued and failed not in ("dependency", "cancelled"):
+            if not any(t >= requeued[wid] for t in ran_at.get(n, ())):
+                v.append(f"call {n}: requeued by a retry, and it never ran after it")
+        if failed == "cancelled" and requeued.get(wid, 0.0) > cancelled_last.get(wid, 1e18):
+            v.append(f"call {n}: cancelled, then requeued by a retry, and it ends cancelled")
         r = committed.get(wid)
         if r is not None and (r.epoch or 0) < final_epoch and final_run in runs.get(n, ()):
             v.append(f"call {n} was committed in epoch {r.epoch}, and ran again in the final run")
@@ -1153,6 +1323,48 @@ def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]
     if res.returncode != 0:
         v.append(f"verify: exit {res.returncode}: {res.stdout[-500:]}")
     return v
+
+
+def _futures_outcome(
+    n: int,
+    it: dict[str, Any],
+    o: dict[str, Any],
+    outs: list[dict[str, Any] | None],
+    named: set[str],
+    suspect: set[str],
+) -> list[str]:
+    """What is wrong with call ``n``'s settled outcome ``o`` in a run whose settled outcomes
+    are ``outs`` (None: not settled when the run ended), ``named`` the work IDs a sent cancel
+    named by the end of that run."""
+    want, failed = FUTURES_KINDS[it["kind"]], o.get("failed")
+    deps = [(j, outs[j]) for j in it.get("after", ())]
+    bad = [(j, d) for j, d in deps if d is not None and "ok" not in d]
+    if failed == "cancelled":
+        return [] if o["work_id"] in named else [f"call {n}: cancelled, but no cancel named it"]
+    if failed == "dependency":
+        j = o.get("dependency")
+        if j not in it.get("after", ()):
+            return [f"call {n}: DependencyFailed names {j}, not one of its dependencies"]
+        d = outs[j]
+        if d is not None and "ok" in d:
+            return [f"call {n}: DependencyFailed names call {j}, which returned {d['ok']}"]
+        if d is not None and o.get("cause") != _futures_failure(d):
+            return [f"call {n}: DependencyFailed caused by {o.get('cause')}, call {j}: {d}"]
+        return []
+    if bad:
+        return [f"call {n}: outcome {o}, though its dependency {bad[0][0]} ended {bad[0][1]}"]
+    if want == "ok" and o.get("ok") == {"n": n, "square": n * n}:
+        return []
+    if want == "raised" and o.get("raised") == n:
+        return []
+    if failed is not None and failed in ({want} | suspect) - {"ok", "raised"}:
+        return []
+    return [f"call {n} ({it['kind']}): outcome {o}, expected {want}"]
+
+
+def _futures_failure(o: dict[str, Any]) -> str:
+    """How a settled call failed, as its dependents' DependencyFailed names its cause."""
+    return "raised" if "raised" in o else f"failed:{o.get('failed')}"
 
 
 def _find(d: Any, key: str) -> Any:

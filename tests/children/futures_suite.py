@@ -385,6 +385,25 @@ def test_a_segfault_or_a_hang_costs_only_its_own_future(
     assert not [r for r in caplog.records if r.name == "concurrent.futures"], caplog.text
 
 
+def test_a_call_deferred_for_a_crashed_dependency_names_it_not_one_that_raised(
+    tmp_path: Path,
+) -> None:
+    """A call given the futures of a call that raised and of one that crashed is deferred for
+    the crash: its DependencyFailed names that one, caused by its TaskCrashed, in the run and
+    from the record (it named the one that raised, with the crashed one's error in its text)."""
+    for _ in range(2):  # the run, then a re-run that resolves everything from the record
+        with MPIPoolExecutor(retry=RetryPolicy(0), state_dir=tmp_path / "s") as ex:
+            raised, crashed = ex.submit(div, 1, 0), ex.submit(segfault)
+            both = ex.submit(add, raised, crashed)
+            with pytest.raises(DependencyFailed) as e:
+                both.result(timeout=60)
+            assert e.value.dependency == crashed.work_id, e.value
+            assert isinstance(e.value.__cause__, TaskCrashed)
+            assert raised.work_id not in str(e.value)
+            with pytest.raises(ZeroDivisionError):
+                raised.result(timeout=60)
+
+
 def test_a_large_result_goes_to_the_side_store(tmp_path: Path) -> None:
     with MPIPoolExecutor(state_dir=tmp_path / "s") as ex:
         assert ex.submit(big, 3 << 20).result() == b"x" * (3 << 20)

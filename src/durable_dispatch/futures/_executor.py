@@ -305,11 +305,17 @@ class DurableExecutor(Executor):
 
     def _failure(self, wid: str, failed: tuple[tuple[str, ...], str | None, int]) -> BaseException:
         """The exception of the deferred call ``wid``: :class:`DependencyFailed` (its cause the
-        failed dependency's exception) when a dependency failed, else :func:`failure`'s."""
+        failed dependency's exception) when a dependency failed, else :func:`failure`'s. The
+        dependency it names is one the campaign deferred it for (deferred or cancelled itself),
+        not one that raised beside it: a call whose dependencies all ended runs, and one that
+        raised alone makes its outcome a committed DependencyFailed (the worker's)."""
         kinds, last_error, attempts = failed
         if not kinds or kinds[-1] != "dependency":
             return failure(wid, kinds, last_error, attempts)
-        dep = next((d for d in self._after.get(wid, ()) if self._exception_of(d) is not None), None)
+        after = self._after.get(wid, ())
+        dep = next((d for d in after if d in self._failed), None)
+        if dep is None:
+            dep = next((d for d in after if self._exception_of(d) is not None), None)
         e = DependencyFailed(
             f"the task never ran: its dependency {dep} failed ({last_error})",
             work_id=wid,
