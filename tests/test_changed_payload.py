@@ -131,6 +131,25 @@ def test_a_store_written_before_digests_is_digested_as_it_loads() -> None:
     assert led.ids.digests[16:] == payload_digests([(1,)])
 
 
+def test_a_payload_digest_is_blake2b_of_its_json_with_sorted_keys() -> None:
+    """The digests are stored (docs/state-format.md): 8 bytes of BLAKE2b over the payload's JSON
+    with its keys sorted, so a state written by any version compares with this one."""
+    import hashlib
+
+    import orjson
+
+    payloads = [{"b": 1, "a": [1.5, None, {"z": "é", "y": True}]}, None, "x", [], {"k": -2}]
+    want = b"".join(
+        hashlib.blake2b(orjson.dumps(p, option=orjson.OPT_SORT_KEYS), digest_size=8).digest()
+        for p in payloads
+    )
+    assert payload_digests(payloads) == want
+    assert payload_digests(iter(payloads)) == want  # any iterable, once through
+    assert payload_digests([]) == b""
+    with pytest.raises(TypeError):
+        payload_digests([{"a": object()}])
+
+
 def test_run_master_refuses_a_changed_list_before_running_the_stale_payload(
     tmp_path: Path,
 ) -> None:

@@ -95,3 +95,27 @@ def test_results_that_would_overfill_the_message_become_result_too_large() -> No
     msg = orjson.loads(result_message("e1-3", [big, big], None))
     assert msg["results"][0] is not None and msg["results"][1] is None
     assert msg["errors"]["1"]["kind"] == "result-too-large"
+
+
+def test_a_work_message_names_the_own_timeout_of_each_item_that_has_one() -> None:
+    """In a dispatch of several items, the entry of an item with its own timeout carries it (the
+    isolating worker applies it to that item alone); the others carry none, and a dispatch of
+    one item never does (its deadline is its own)."""
+    from durable_dispatch.core import Dispatcher, Send, WatchdogConfig, WorkItem
+
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(10.0), ranks=(1, 2))
+    d.submit([WorkItem("a", 1), WorkItem("b", {"x": 2}, timeout=3.5), WorkItem("c", None)])
+    d.submit([WorkItem("alone", 4, timeout=2.0)])
+    s = d.reserve(0.0, 3)
+    assert isinstance(s, Send)
+    body = orjson.loads(P.work_message(s))
+    assert body["items"] == [
+        {"work_id": "a", "payload": 1, "attempt": 0},
+        {"work_id": "b", "payload": {"x": 2}, "attempt": 0, "timeout": 3.5},
+        {"work_id": "c", "payload": None, "attempt": 0},
+    ]
+    one = d.reserve(0.0, 3)
+    assert isinstance(one, Send) and len(one.items) == 1
+    assert orjson.loads(P.work_message(one))["items"] == [
+        {"work_id": "alone", "payload": 4, "attempt": 0}
+    ]

@@ -35,6 +35,7 @@ class LoopCalls:
     _restore_at: float
     _restore_backoff: float
     _on_commit: Callable[[Any], None] | None
+    _has_after: bool
     #: see :class:`~durable_dispatch.campaign.state.CampaignState`
     on_dispatch: Callable[[Send], None] | None
 
@@ -67,7 +68,8 @@ class LoopCalls:
         if self._epoch_seq is not None:
             self._durable(self._epoch_seq)
             self._epoch_seq = None
-        self._check_dependency_sizes(max_items)
+        if self._has_after:  # (no item names an ``after``: nothing to check, no call)
+            self._check_dependency_sizes(max_items)
         while True:
             d = self.core.reserve(now, max_items)
             if isinstance(d, PersistSnapshot):

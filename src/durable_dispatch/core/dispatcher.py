@@ -406,7 +406,8 @@ class Dispatcher(Rollbacks, Views):
             for item in (*(w for w, _ in failed), *dups):
                 self._unlease(item, tx.token)
             tx.items = tuple(keep)
-        out += self._items_failed(tx.token, failed)
+        if failed:  # (the usual RESULT: none failed, no call)
+            out += self._items_failed(tx.token, failed)
         for _ in dups:
             self._n.duplicate_commits_ignored += 1
             out += self._quarantine(

@@ -215,15 +215,13 @@ def work_message(
     if len(items) == 1 and len(send.attempts) == 1:  # (batch=1: no zip, no comprehension)
         w = items[0]
         listed = [{"work_id": w.work_id, "payload": w.payload, "attempt": send.attempts[0]}]
-    else:
+    else:  # an item's own timeout, which the isolating worker applies to it alone (one pass)
         listed = [
             {"work_id": w.work_id, "payload": w.payload, "attempt": n}
+            if w.timeout is None
+            else {"work_id": w.work_id, "payload": w.payload, "attempt": n, "timeout": w.timeout}
             for w, n in zip(items, send.attempts, strict=True)
         ]
-    if len(items) > 1:  # an item's own timeout, which the isolating worker applies to it alone
-        for w, entry in zip(items, listed, strict=True):
-            if w.timeout is not None:
-                entry["timeout"] = w.timeout
     if dependencies:
         for entry in listed:
             deps = dependencies.get(entry["work_id"])
