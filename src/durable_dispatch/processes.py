@@ -102,6 +102,9 @@ WORKER_MARK = "DURABLE_DISPATCH_WORKER"
 # groups to kill, and those gone) on its standard input. Its parent's death shows as a new
 # parent (a thread of the worker that ends hands its children to another thread of the same
 # process: the same pid, not a death); it also looks every second, in case the signal was lost.
+# The signal raises only while armed, once until the loop re-arms it: a second one that comes
+# while the first is handled (the thread's end, then the process's) is not an error that would
+# end the reaper before its kill pass.
 _REAPER = r"""
 import os, select, signal, sys, time
 worker, group, mark = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode()
@@ -109,8 +112,11 @@ for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.S
     signal.signal(s, signal.SIG_IGN)
 class Gone(Exception):
     pass
+state = {"reading": True, "rest": b"", "armed": False}
 def gone(*_):
-    raise Gone
+    if state["armed"]:  # once until re-armed: a second signal while one is handled is no error
+        state["armed"] = False
+        raise Gone
 signal.signal(signal.SIGUSR2, gone)
 try:
     import ctypes
@@ -118,7 +124,6 @@ try:
 except Exception:
     pass
 groups = {group} if group > 0 else set()
-state = {"reading": True, "rest": b""}
 def serve():
     while os.getppid() == worker:
         if not state["reading"]:
@@ -136,11 +141,13 @@ def serve():
                     groups.discard(int(ln[1:]))
 while True:
     try:
+        state["armed"] = True
         serve()
         break
     except Gone:
         if os.getppid() != worker:
             break
+state["armed"] = False
 signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 me = os.getpid()
 for _ in range(2):
