@@ -355,3 +355,45 @@ def test_a_comm_executor_on_comm_self_runs_the_calls_in_a_thread(tmp_path: Path)
         "from the record True",
         "broken True",
     ], res.stdout + res.stderr[-3000:]
+
+
+@pytest.mark.ulfm
+@pytest.mark.parametrize("die_at", ["_workers_comm", "_session"])
+def test_a_worker_killed_while_the_session_starts_never_hangs_the_job(
+    tmp_path: Path, die_at: str
+) -> None:
+    """A torture finding (seed 1087): under ULFM, with ``isolate=False``, a worker rank
+    SIGKILLed while the executor's session started left the other workers waiting forever in
+    ``Create_group`` (a collective over the workers only, which Open MPI's ULFM does not end
+    when one of them is dead): no call ran and the job never ended. Worker rank 2 (of 3) now
+    kills itself before the workers' communicator is made (``_workers_comm``: every rank's
+    ``Split`` fails, the session cannot start, the script sees ``BrokenExecutor`` and exits 3)
+    or just after (``_session``: the session goes on with the two ranks left). Either way the
+    job ends (on the old code both time out), and a re-run on the same state directory prints
+    every result once, running only the calls the first run did not commit."""
+    state, count, mark = tmp_path / "state", tmp_path / "count", tmp_path / "died"
+    script = str(CHILDREN / "futures_worker_dies_at_session.py")
+    argv = [sys.executable, "-m", "durable_dispatch.futures", "--state-dir", str(state)]
+    cmd = mpiexec_command(4, [*argv, script, str(count)], ulfm=True)
+    env = {"DIE_RANK": "2", "DIE_AT": die_at, "DIE_MARK": str(mark)}
+    first = run_mpiexec(cmd, timeout=120, env=env)
+    out = first.stdout + first.stderr
+    assert not first.timed_out, out[-3000:]
+    assert mark.exists()  # the worker did die where it was told
+    if die_at == "_workers_comm":
+        assert first.returncode == 3 and "broken:" in first.stdout, out[-3000:]
+        assert "the workers' communicator could not be made" in first.stdout, out[-3000:]
+    else:
+        assert "done" in first.stdout.splitlines(), out[-3000:]
+        assert [line for line in first.stdout.splitlines() if line.startswith("result")] == [
+            f"result {x} {x * x}" for x in range(12)
+        ]
+    committed = {r.work_id for r in read_results(state / "executor-1")}
+    ran_first = _runs(count)
+    second = run_mpiexec(cmd, timeout=120)
+    assert not second.timed_out and second.returncode == 0, second.stderr[-3000:]
+    assert second.stdout.splitlines() == [f"result {x} {x * x}" for x in range(12)] + ["done"]
+    ran_second = _runs(count)[len(ran_first) :]
+    assert len(ran_second) == 12 - len(committed)  # nothing committed ran again, nothing lost
+    assert set(ran_first) | set(ran_second) == set(range(12))
+    assert len({r.work_id for r in read_results(state / "executor-1")}) == 12
