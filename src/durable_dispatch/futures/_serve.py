@@ -165,7 +165,8 @@ def serve(comm: Any = None) -> int:
     many sessions were served.
 
     Rank 0 is the master. Each ``SESSION`` opens one executor's session on a communicator of
-    its own (``comm.Dup()``, collective: rank 0 makes it too), served by a thread of this rank
+    its own (``comm.Dup()``, collective: rank 0 makes it too; with ``isolate=False`` also the
+    workers' communicator, :func:`_workers_comm`), served by a thread of this rank
     (``run_worker`` until that executor's STOP), so that executors open at once share the
     workers and their messages never meet. Where MPI gives fewer threads than
     ``MPI_THREAD_MULTIPLE``, a session is served in this thread and rank 0 opens one executor
@@ -257,9 +258,7 @@ def _workers_comm(sub: Any, serves: bool) -> Any:
         return sub.Split(0 if serves else MPI.UNDEFINED, sub.Get_rank())
     except MPI.Exception as e:
         guard.peer_failed()  # MPI_Finalize may wait for the dead rank forever
-        log.warning(
-            "rank %d: the workers' communicator could not be made: %s", sub.Get_rank(), e
-        )
+        log.warning("rank %d: the workers' communicator could not be made: %s", sub.Get_rank(), e)
         return e
 
 
@@ -359,9 +358,9 @@ def open_session(comm: Any, workers: int, *, shared: bool = False) -> Any:
     ``workers`` of them serve it) and return its own communicator (``comm.Dup()``); the
     executor then sends its set-up on it (``SESSION``) and runs its master loop there.
     ``shared`` (``isolate=False``): every rank also makes the workers' communicator
-    (:func:`_workers_comm`; rank 0 takes part and gets none). If that fails (under ULFM a rank
-    died meanwhile), the workers say so (GONE) and the master loop ends the campaign, which
-    the state directory resumes."""
+    (:func:`_workers_comm`; rank 0 takes part and gets none). Where that fails (under ULFM a
+    rank died meanwhile) the worker says so (GONE); with no worker left the executor is broken
+    (``BrokenExecutor``), and the state directory resumes."""
     from mpi4py import MPI
 
     with _opening:  # one collective at a time on ``comm`` (executors made in two threads)
