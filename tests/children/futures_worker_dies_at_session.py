@@ -7,6 +7,7 @@ maps ``work`` over 12 inputs with ``isolate=False`` and prints each result; ever
 ``work`` appends its input to ``COUNT``. With ``DIE_RANK=k`` and ``DIE_AT=name`` in the
 environment, worker rank ``k`` SIGKILLs itself when it enters the runner's function ``name``
 (a profile function this script installs when the worker imports it, no hook of the library):
+``serve`` (as it starts serving, before the session's communicator is made),
 ``_workers_comm`` (before the workers' communicator is made) or ``_session`` (after it, as the
 session's thread starts). It writes ``DIE_MARK`` first, so the test knows the kill happened.
 A ``BrokenExecutor`` (the session could not start) prints ``broken: why`` and exits 3.

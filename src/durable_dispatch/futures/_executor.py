@@ -121,6 +121,8 @@ class DurableExecutor(Executor):
             is not ``MPI_THREAD_MULTIPLE``; no worker
             ranks; a bad argument (a ``ValueError`` too).
         LockHeldError: another master holds the state directory.
+        BrokenExecutor: under ULFM, a rank of the job died as the executor opened its session
+            on the workers (nothing ran; the state directory resumes).
         ValueCorruptError: the state directory holds a call or result whose tag fails.
     """
 

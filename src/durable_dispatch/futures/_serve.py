@@ -31,6 +31,7 @@ import threading
 import time
 import traceback
 import types
+from concurrent.futures import BrokenExecutor
 from typing import Any
 
 from ..errors import DependencyFailed, IsolationError
@@ -203,7 +204,12 @@ def serve(comm: Any = None) -> int:
             return sessions
         if tag != SESSION:
             continue  # a stray: not ours
-        sub = comm.Dup()  # the session's own communicator (rank 0 makes it too)
+        try:
+            sub = comm.Dup()  # the session's own communicator (rank 0 makes it too)
+        except MPI.Exception as e:  # ULFM: a rank died; rank 0's executor is broken
+            guard.peer_failed()
+            log.warning("worker %d: the session could not be opened: %s", comm.Get_rank(), e)
+            continue
         serves = buf[:1] == b"1"  # else this rank does not serve it (max_workers)
         workers = _workers_comm(sub, serves) if buf[1:2] == b"w" else None
         if not serves:
@@ -360,14 +366,29 @@ def open_session(comm: Any, workers: int, *, shared: bool = False) -> Any:
     ``shared`` (``isolate=False``): every rank also makes the workers' communicator
     (:func:`_workers_comm`; rank 0 takes part and gets none). Where that fails (under ULFM a
     rank died meanwhile) the worker says so (GONE); with no worker left the executor is broken
-    (``BrokenExecutor``), and the state directory resumes."""
+    (``BrokenExecutor``), and the state directory resumes.
+
+    Raises:
+        BrokenExecutor: under ULFM, a rank of the job died before the session's communicator
+            was made (every live rank's ``Dup`` fails; the workers wait for the next session).
+    """
     from mpi4py import MPI
 
     with _opening:  # one collective at a time on ``comm`` (executors made in two threads)
         for r in range(1, comm.Get_size()):
             flag = (b"1" if r <= workers else b"0") + (b"w" if shared else b"")
-            comm.Send([flag, MPI.BYTE], dest=r, tag=SESSION)
-        sub = comm.Dup()
+            try:
+                comm.Send([flag, MPI.BYTE], dest=r, tag=SESSION)
+            except MPI.Exception as e:  # ULFM: that rank died (the others go on to the Dup)
+                log.warning("the session could not be opened on rank %d: %s", r, e)
+        try:
+            sub = comm.Dup()
+        except MPI.Exception as e:  # ULFM: a rank of the job died (every live rank sees it)
+            guard.peer_failed()
+            raise BrokenExecutor(
+                f"the executor's session could not be opened: a rank of the job failed ({e}); "
+                "run the script again on the same state directory"
+            ) from e
         if shared:
             _workers_comm(sub, False)
         return sub
