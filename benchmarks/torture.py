@@ -1308,7 +1308,8 @@ def check_futures(s: dict[str, Any], workdir: Path, final_run: int) -> list[str]
             v.append(f"call {n} ({it['kind']}): outcome {o} but the record says {record}")
         if failed == "dependency" and final_run in runs.get(n, ()):
             v.append(f"call {n}: its dependency failed, but it ran in the final run")
-        if failed not in ("dependency", "cancelled") and n not in runs:
+        # (a rank lost with the call's dispatch may have died before the call began)
+        if failed not in ("dependency", "cancelled", "lost-rank") and n not in runs:
             v.append(f"call {n} ({it['kind']}) never ran")
         if wid in requeued and failed not in ("dependency", "cancelled"):
             if not any(t >= requeued[wid] for t in ran_at.get(n, ())):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from durable_dispatch import read_results
+from durable_dispatch.campaign.statedir import is_state_dir
 from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -355,3 +356,55 @@ def test_a_comm_executor_on_comm_self_runs_the_calls_in_a_thread(tmp_path: Path)
         "from the record True",
         "broken True",
     ], res.stdout + res.stderr[-3000:]
+
+
+@pytest.mark.ulfm
+@pytest.mark.parametrize("die_at", ["serve", "_workers_comm", "_session"])
+def test_a_worker_killed_while_the_session_starts_never_hangs_the_job(
+    tmp_path: Path, die_at: str
+) -> None:
+    """A torture finding (seed 1087): under ULFM, with ``isolate=False``, a worker rank
+    SIGKILLed while the executor's session started left the other workers waiting forever in
+    ``Create_group`` (a collective over the workers only, which Open MPI's ULFM does not end
+    when one of them is dead): no call ran and the job never ended. Worker rank 2 (of 3) now
+    kills itself as it starts serving, before the session's communicator is made (``serve``:
+    every rank's ``Dup`` fails, the executor raises ``BrokenExecutor``; the old code ended
+    with tracebacks and status 0), before the workers' communicator is made (``_workers_comm``:
+    every rank's ``Split`` fails, no worker can serve, ``BrokenExecutor``; the old code never
+    killed there) or just after (``_session``: the session goes on with the two ranks left;
+    the old code timed out). The script exits 3 on ``BrokenExecutor``. Either way the job
+    ends, and a re-run on the same state directory prints every result once, running only the
+    calls the first run did not commit."""
+    state, count, mark = tmp_path / "state", tmp_path / "count", tmp_path / "died"
+    script = str(CHILDREN / "futures_worker_dies_at_session.py")
+    argv = [sys.executable, "-m", "durable_dispatch.futures", "--state-dir", str(state)]
+    cmd = mpiexec_command(4, [*argv, script, str(count)], ulfm=True)
+    env = {"DIE_RANK": "2", "DIE_AT": die_at, "DIE_MARK": str(mark)}
+    first = run_mpiexec(cmd, timeout=120, env=env)
+    out = first.stdout + first.stderr
+    assert not first.timed_out, out[-3000:]
+    assert mark.exists()  # the worker did die where it was told
+    broken = {
+        "serve": "the executor's session could not be opened",
+        "_workers_comm": "the workers' communicator could not be made",
+    }
+    if die_at in broken:
+        assert first.returncode == 3 and "broken:" in first.stdout, out[-3000:]
+        assert broken[die_at] in first.stdout, out[-3000:]
+    else:
+        assert "done" in first.stdout.splitlines(), out[-3000:]
+        assert [line for line in first.stdout.splitlines() if line.startswith("result")] == [
+            f"result {x} {x * x}" for x in range(12)
+        ]
+    executor = state / "executor-1"
+    if die_at == "serve":  # the executor never opened its state directory: nothing ran
+        assert not is_state_dir(executor) and not count.exists()
+    committed = {r.work_id for r in read_results(executor)} if is_state_dir(executor) else set()
+    ran_first = _runs(count)
+    second = run_mpiexec(cmd, timeout=120)
+    assert not second.timed_out and second.returncode == 0, second.stderr[-3000:]
+    assert second.stdout.splitlines() == [f"result {x} {x * x}" for x in range(12)] + ["done"]
+    ran_second = _runs(count)[len(ran_first) :]
+    assert len(ran_second) == 12 - len(committed)  # nothing committed ran again, nothing lost
+    assert set(ran_first) | set(ran_second) == set(range(12))
+    assert len({r.work_id for r in read_results(state / "executor-1")}) == 12

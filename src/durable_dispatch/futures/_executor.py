@@ -121,6 +121,8 @@ class DurableExecutor(Executor):
             is not ``MPI_THREAD_MULTIPLE``; no worker
             ranks; a bad argument (a ``ValueError`` too).
         LockHeldError: another master holds the state directory.
+        BrokenExecutor: under ULFM, a rank of the job died as the executor opened its session
+            on the workers (nothing ran; the state directory resumes).
         ValueCorruptError: the state directory holds a call or result whose tag fails.
     """
 
@@ -208,7 +210,7 @@ class DurableExecutor(Executor):
         self._dropped: collections.deque[str] = collections.deque()  # cancelled: work IDs
         self._feed = _CallFeed(self)
         fs.makedirs(self._dir)
-        self._link = InThread() if local else self._open_link()
+        self._link = InThread() if local else self._open_link(shared=not isolate)
         _job["open"].add(self)
         self._thread = threading.Thread(
             target=self._manage,
@@ -242,15 +244,20 @@ class DurableExecutor(Executor):
         else:
             sub = self._link.comm
             for r in range(1, self._workers + 1):
-                sub.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
+                try:
+                    sub.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
+                except MPI.Exception as e:  # ULFM: that rank died; the master loop sees it
+                    log.warning("the set-up of worker rank %d was not sent: %s", r, e)
         _executors.append(self)
 
-    def _open_link(self) -> Any:
+    def _open_link(self, shared: bool) -> Any:
         """The session's own communicator on every worker (several executors open at once
-        share the workers; their messages never meet), as the master loop's transport."""
+        share the workers; their messages never meet), as the master loop's transport;
+        ``shared``: the workers' communicator too (``get_comm_workers()``)."""
         from ..mpi.transport import MpiTransport
 
-        link: Any = MpiTransport(_serve.open_session(self._comm, self._workers))
+        comm = _serve.open_session(self._comm, self._workers, shared=shared)
+        link: Any = MpiTransport(comm)
         if self._workers < link.size - 1:
             link = _Subset(link, self._workers)
         return link

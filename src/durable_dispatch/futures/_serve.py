@@ -31,6 +31,7 @@ import threading
 import time
 import traceback
 import types
+from concurrent.futures import BrokenExecutor
 from typing import Any
 
 from ..errors import DependencyFailed, IsolationError
@@ -165,7 +166,8 @@ def serve(comm: Any = None) -> int:
     many sessions were served.
 
     Rank 0 is the master. Each ``SESSION`` opens one executor's session on a communicator of
-    its own (``comm.Dup()``, collective: rank 0 makes it too), served by a thread of this rank
+    its own (``comm.Dup()``, collective: rank 0 makes it too; with ``isolate=False`` also the
+    workers' communicator, :func:`_workers_comm`), served by a thread of this rank
     (``run_worker`` until that executor's STOP), so that executors open at once share the
     workers and their messages never meet. Where MPI gives fewer threads than
     ``MPI_THREAD_MULTIPLE``, a session is served in this thread and rank 0 opens one executor
@@ -202,12 +204,19 @@ def serve(comm: Any = None) -> int:
             return sessions
         if tag != SESSION:
             continue  # a stray: not ours
-        sub = comm.Dup()  # the session's own communicator (rank 0 makes it too)
-        if bytes(buf) != b"1":  # this rank does not serve it (max_workers)
+        try:
+            sub = comm.Dup()  # the session's own communicator (rank 0 makes it too)
+        except MPI.Exception as e:  # ULFM: a rank died; rank 0's executor is broken
+            guard.peer_failed()
+            log.warning("worker %d: the session could not be opened: %s", comm.Get_rank(), e)
+            continue
+        serves = buf[:1] == b"1"  # else this rank does not serve it (max_workers)
+        workers = _workers_comm(sub, serves) if buf[1:2] == b"w" else None
+        if not serves:
             continue
         sessions += 1
         if not threads_shared():
-            _session(sub, failed)
+            _session(sub, failed, workers)
             if failed:
                 raise failed[0]
             if guard.master_failed():  # ULFM: the session ended because the master died
@@ -215,7 +224,10 @@ def serve(comm: Any = None) -> int:
             continue
         threads = [t for t in threads if t.is_alive()]
         t = threading.Thread(
-            target=_session, args=(sub, failed), name="durable-dispatch-session", daemon=True
+            target=_session,
+            args=(sub, failed, workers),
+            name="durable-dispatch-session",
+            daemon=True,
         )
         t.start()
         threads.append(t)
@@ -235,10 +247,32 @@ def _join(threads: list[threading.Thread], timeout: float = 10.0) -> None:
         t.join(max(0.0, end - time.monotonic()))
 
 
-def _session(sub: Any, failed: list[BaseException]) -> None:
+def _workers_comm(sub: Any, serves: bool) -> Any:
+    """The communicator of the workers serving a session (``get_comm_workers()``), made by
+    every rank of ``sub`` at once, rank 0 and the ranks that do not serve included (they get
+    none): a ``Split`` ordered by rank, so its rank ``i`` is worker rank ``i + 1``. Returns the
+    ``MPI.Exception`` instead when it failed: under ULFM a rank of the job died while the
+    session started.
+
+    A collective over ``sub`` whole, not ``Create_group`` over the workers only: under Open
+    MPI's ULFM (5.0.x, measured) a ``Create_group`` one of whose members died never returned,
+    not even once ``sub`` was revoked, while ``Split``, ``Create`` and ``Dup`` over ``sub``
+    raise ``MPI_ERR_PROC_FAILED`` at once on every live rank."""
+    from mpi4py import MPI
+
+    try:
+        return sub.Split(0 if serves else MPI.UNDEFINED, sub.Get_rank())
+    except MPI.Exception as e:
+        guard.peer_failed()  # MPI_Finalize may wait for the dead rank forever
+        log.warning("rank %d: the workers' communicator could not be made: %s", sub.Get_rank(), e)
+        return e
+
+
+def _session(sub: Any, failed: list[BaseException], workers: Any = None) -> None:
     """Serve one executor on its communicator ``sub``: its set-up (``SESSION``), then
     ``run_worker`` until its STOP. A STOP (or EXIT) instead of the set-up: its master could not
-    start."""
+    start. ``workers``: what :func:`_workers_comm` made (with ``isolate=False``); when that
+    failed, this rank tells the master it is gone and waits for the next session."""
     from mpi4py import MPI
 
     from ..mpi.worker import run_worker
@@ -263,17 +297,25 @@ def _session(sub: Any, failed: list[BaseException]) -> None:
         c = pickle.loads(config)
         task = Task(config)
         if not c["isolate"]:  # the calls run in this rank: they may reach the other workers
-            group = sub.Get_group()
-            workers = group.Range_incl([(1, c.get("workers", sub.Get_size() - 1), 1)])
-            task.comm_workers = sub.Create_group(workers)  # (collective over the workers only)
-            group.Free()
-            workers.Free()
-            try:
-                task.initialize()
-            except BaseException as e:  # noqa: BLE001 - the master learns it (GONE)
-                error = f"the initializer failed: {type(e).__name__}: {e}"
+            error = None
+            if workers is None or isinstance(workers, MPI.Exception):
+                error = (
+                    "the workers' communicator could not be made (a rank of the job failed "
+                    f"while the executor's session started): {workers}"
+                )
+            else:
+                task.comm_workers = workers
+                try:
+                    task.initialize()
+                except BaseException as e:  # noqa: BLE001 - the master learns it (GONE)
+                    error = f"the initializer failed: {type(e).__name__}: {e}"
+            if error is not None:
                 log.error("worker %d: %s", sub.Get_rank(), error)
-                sub.Send([P.encode({"error": error}), MPI.BYTE], dest=0, tag=P.GONE)
+                try:
+                    sub.Send([P.encode({"error": error}), MPI.BYTE], dest=0, tag=P.GONE)
+                except MPI.Exception as e:  # ULFM: the master died too
+                    guard.peer_failed(master=True)
+                    log.warning("worker %d: the master (rank 0) is gone (%s)", sub.Get_rank(), e)
                 return
         try:
             run_worker(
@@ -317,17 +359,39 @@ def get_comm_workers() -> Any:
     raise RuntimeError("get_comm_workers() is called outside a call run by a worker rank")
 
 
-def open_session(comm: Any, workers: int) -> Any:
+def open_session(comm: Any, workers: int, *, shared: bool = False) -> Any:
     """Rank 0: open an executor's session on every other rank of ``comm`` (the first
     ``workers`` of them serve it) and return its own communicator (``comm.Dup()``); the
-    executor then sends its set-up on it (``SESSION``) and runs its master loop there."""
+    executor then sends its set-up on it (``SESSION``) and runs its master loop there.
+    ``shared`` (``isolate=False``): every rank also makes the workers' communicator
+    (:func:`_workers_comm`; rank 0 takes part and gets none). Where that fails (under ULFM a
+    rank died meanwhile) the worker says so (GONE); with no worker left the executor is broken
+    (``BrokenExecutor``), and the state directory resumes.
+
+    Raises:
+        BrokenExecutor: under ULFM, a rank of the job died before the session's communicator
+            was made (every live rank's ``Dup`` fails; the workers wait for the next session).
+    """
     from mpi4py import MPI
 
     with _opening:  # one collective at a time on ``comm`` (executors made in two threads)
         for r in range(1, comm.Get_size()):
-            flag = b"1" if r <= workers else b"0"
-            comm.Send([flag, MPI.BYTE], dest=r, tag=SESSION)
-        return comm.Dup()
+            flag = (b"1" if r <= workers else b"0") + (b"w" if shared else b"")
+            try:
+                comm.Send([flag, MPI.BYTE], dest=r, tag=SESSION)
+            except MPI.Exception as e:  # ULFM: that rank died (the others go on to the Dup)
+                log.warning("the session could not be opened on rank %d: %s", r, e)
+        try:
+            sub = comm.Dup()
+        except MPI.Exception as e:  # ULFM: a rank of the job died (every live rank sees it)
+            guard.peer_failed()
+            raise BrokenExecutor(
+                f"the executor's session could not be opened: a rank of the job failed ({e}); "
+                "run the script again on the same state directory"
+            ) from e
+        if shared:
+            _workers_comm(sub, False)
+        return sub
 
 
 _opening = threading.Lock()
