@@ -31,13 +31,11 @@ even when the results of the items before it were not sent yet.
 
 from __future__ import annotations
 
-import functools
 import logging
 import mmap
 import os
 import pickle
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -50,7 +48,8 @@ import orjson
 
 from .. import processes
 from ..errors import IsolationError
-from .context import CHILD_MARKER, ItemOutcome, run_items
+from .child import PROGRESS, unpack
+from .context import CHILD_MARKER, ItemOutcome
 
 __all__ = ["IsolatedRunner", "IsolationError", "CHILD_MARKER", "child_environment"]
 
@@ -58,8 +57,6 @@ log = logging.getLogger("durable_dispatch.mpi")
 _LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDI_", "HYDRA_", "MPI_LOCAL")
 _START_TIMEOUT = 120.0
 _START_ATTEMPTS = 3  # starts in a row a signal may kill before the worker gives up
-_PROGRESS = struct.Struct("=qq")  # the job number and the index of the item the child runs
-_FLUSH_SECONDS = 0.02  # the child sends what it has at least this often, and after each job
 
 
 def child_environment(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -160,8 +157,8 @@ class _Child:
         # each item: no syscall per item, and a crash is still charged to the right item.
         progress = os.memfd_create("durable-dispatch-progress")
         with os.fdopen(progress, "r+b", closefd=False) as page:  # memory, not storage
-            page.truncate(_PROGRESS.size)
-        self.progress = mmap.mmap(progress, _PROGRESS.size)
+            page.truncate(PROGRESS.size)
+        self.progress = mmap.mmap(progress, PROGRESS.size)
         argv = [sys.executable, "-c", _BOOTSTRAP, str(to_child_r)]
         argv += [str(from_child_w), str(progress), str(memory_limit or 0), str(os.getpid())]
         try:
@@ -249,7 +246,7 @@ class _Child:
 
     def running(self) -> tuple[int, int]:
         """``(job, index)`` the child last said it started."""
-        job, index = _PROGRESS.unpack(self.progress[: _PROGRESS.size])
+        job, index = PROGRESS.unpack(self.progress[: PROGRESS.size])
         return int(job), int(index)
 
     def close(self) -> None:
@@ -369,7 +366,7 @@ class IsolatedRunner:
                         if report is not None:
                             report(crashed, out[crashed])  # type: ignore[arg-type]
                         break  # the rest (unanswered, or not yet sent back) go to a new child
-                    for tag, body in _unpack(frame):
+                    for tag, body in unpack(frame):
                         if tag == b"B":
                             beat()
                             if deadline is not None:
@@ -564,122 +561,7 @@ class CancelRequested(Exception):
 CANCEL_REQUESTED: Any = type("CancelRequestedMark", (), {"__repr__": lambda s: "CANCEL"})()
 
 
-# ---------------------------------------------------------------------------- the child side
-def _child_main(argv: list[str]) -> int:
-    """The child: load the function, then answer items until the worker closes the pipe."""
-    rfd, wfd, progress_fd, limit, parent = (int(a) for a in argv)
-    if not processes.die_with_parent(parent) and os.getppid() != parent:
-        return 1  # the worker is gone already
-    # The batch system's signals are the worker's to handle: it finishes or kills this item.
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(s, lambda *_: None)  # a handler, not SIG_IGN: programs run get defaults
-    inbox, out = Connection(rfd, writable=False), Connection(wfd, readable=False)
-    lock = threading.Lock()
+if __name__ == "__main__":  # the child (see _BOOTSTRAP): its side is in .child
+    from .child import child_main
 
-    def send(data: bytes) -> None:
-        with lock:
-            out.send_bytes(data)
-
-    try:
-        setup = pickle.loads(inbox.recv_bytes())
-        if not setup.get("mpi"):
-            import mpi4py
-
-            mpi4py.rc.initialize = False  # a script that touches MPI at import fails fast
-            mpi4py.rc.finalize = False
-        import multiprocessing.spawn
-
-        multiprocessing.spawn.prepare(setup["prepare"])
-        fn = pickle.loads(setup["fn"])
-    except BaseException as e:  # noqa: BLE001 - reported to the worker, which raises it
-        send(b"X" + f"loading it failed with {type(e).__name__}: {e}".encode())
-        return 1
-    held = _Held(send)  # (its thread's stack is mapped before the memory limit applies)
-    if limit > 0:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    mode, max_result = setup["mode"], setup["max"]
-    progress = mmap.mmap(progress_fd, _PROGRESS.size)
-    send(b"S")
-    while True:
-        try:
-            job = orjson.loads(inbox.recv_bytes())
-        except EOFError:
-            return 0
-
-        def started(index: int, number: int = job["job"]) -> None:
-            progress[: _PROGRESS.size] = _PROGRESS.pack(number, index)
-
-        beat = functools.partial(send, b"B")
-        lease = float(job["lease"])
-        for o in run_items(
-            fn, mode, job["items"], job["deadline"], lease, beat, max_result, started
-        ):
-            if o.raw is not None:
-                held.add(_pack(b"R", o.raw))
-            else:
-                failed = {"kind": o.kind, "reason": o.reason, "final": o.final}
-                if o.traceback:
-                    failed["traceback"] = o.traceback
-                held.add(_pack(b"E", orjson.dumps(failed)))
-        held.flush()
-
-
-class _Held:
-    """The outcomes the child has not sent yet: sent together after the last item of a job,
-    once they are :data:`_FLUSH_SECONDS` old after an item, and by a thread of their own once
-    they are that old while the next item still runs (so an outcome never waits for a slow
-    item after it)."""
-
-    def __init__(self, send: Callable[[bytes], None]) -> None:
-        self._send = send
-        self._lock = threading.Lock()
-        self._entries: list[bytes] = []
-        self._since = 0.0  # when the oldest entry was added
-        threading.Thread(target=self._watch, name="outcomes", daemon=True).start()
-
-    def add(self, entry: bytes) -> None:
-        with self._lock:
-            if not self._entries:
-                self._since = time.monotonic()
-            self._entries.append(entry)
-            if time.monotonic() - self._since >= _FLUSH_SECONDS:
-                self._flush()
-
-    def flush(self) -> None:
-        with self._lock:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._entries:
-            self._send(b"".join(self._entries))
-            self._entries.clear()
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(_FLUSH_SECONDS)
-            with self._lock:
-                if self._entries and time.monotonic() - self._since >= _FLUSH_SECONDS:
-                    self._flush()
-
-
-def _pack(tag: bytes, body: bytes) -> bytes:
-    """One entry of a frame: its tag, its length, its body."""
-    return tag + len(body).to_bytes(4, "little") + body
-
-
-def _unpack(frame: bytes) -> list[tuple[bytes, bytes]]:
-    """The entries of a frame the child sent (a heartbeat is the bare frame ``B``)."""
-    if frame == b"B":
-        return [(b"B", b"")]
-    out, at = [], 0
-    while at < len(frame):
-        n = int.from_bytes(frame[at + 1 : at + 5], "little")
-        out.append((frame[at : at + 1], frame[at + 5 : at + 5 + n]))
-        at += 5 + n
-    return out
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))
+    sys.exit(child_main(sys.argv[1:]))
