@@ -40,6 +40,7 @@ __all__ = [
     "check_state_snapshot",
     "check_submission_record",
     "is_work_item",
+    "is_cost",
 ]
 
 Check = Callable[[Any], bool]
@@ -82,6 +83,22 @@ def is_str_or_none(v: Any) -> bool:
 def is_int_or_none(v: Any) -> bool:
     """True for an int or None."""
     return v is None or type(v) is int
+
+
+def is_cost(v: Any) -> bool:
+    """True for what an attempt cost as a record keeps it: ``{"cpu": seconds or null, "rss":
+    bytes or null, "by": how it was measured}`` (more members allowed)."""
+    return (
+        type(v) is dict
+        and is_num_or_none(v.get("cpu"))
+        and is_int_or_none(v.get("rss"))
+        and type(v.get("by")) is str
+    )
+
+
+def is_cost_or_none(v: Any) -> bool:
+    """True for a cost (:func:`is_cost`) or None."""
+    return v is None or is_cost(v)
 
 
 def list_of(check: Check) -> Check:
@@ -141,6 +158,8 @@ _WHY: dict[Check, str] = {
     is_int_or_none: "not an integer or null",
     _item: "not a work item (an object with a string work_id)",
     _in_flight: "not an in-flight entry (token, rank, work)",
+    is_cost: "not a cost (an object with cpu, rss and by)",
+    is_cost_or_none: "not a cost (an object with cpu, rss and by) or null",
 }
 
 
@@ -173,6 +192,7 @@ _DEFER_EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
             "inputs": lambda v: type(v) is list,
             "self_contained": lambda v: type(v) is bool,
             "traceback": is_str_or_none,
+            "cost": is_cost,
         },
     ),
     "resolved": ({"work_id": is_str}, {"how": is_str_or_none}),

@@ -20,6 +20,19 @@ from ..tokens import Token
 __all__ = ["LoopCalls"]
 
 log = logging.getLogger("durable_dispatch.state")
+_COSTS_HELD = 4096  # dispatches whose costs wait for their items' outcomes, at most
+
+
+def _cost(c: Any) -> dict[str, Any] | None:
+    """A worker's cost entry as a record keeps it (``schema.is_cost``), or None."""
+    if type(c) is not dict:
+        return None
+    cpu, rss, by = c.get("cpu"), c.get("rss"), c.get("by")
+    if not (cpu is None or type(cpu) in (int, float)) or not (rss is None or type(rss) is int):
+        return None
+    if type(by) is not str:
+        return None
+    return {"cpu": cpu, "rss": rss, "by": by[:32]}
 
 
 class LoopCalls:
@@ -30,6 +43,7 @@ class LoopCalls:
     journal: Journal
     _epoch_seq: int | None
     _hosts: dict[int, str]
+    _costs: dict[str, dict[str, Any]]
     _stuck_since: float | None
     _pending_commits: list[Any]
     _restore_at: float
@@ -97,6 +111,20 @@ class LoopCalls:
             return
         self._hosts[rank] = host
         self.journal.append(encode(WorkerHost(rank, host, time.time())))
+
+    def note_usage(self, rank: int, token: object, costs: Any) -> None:
+        """What the items of ``rank``'s current dispatch ``token`` cost, by work ID (a RESULT's
+        ``costs``; see :mod:`durable_dispatch.mpi.usage`): held until each item's outcome is
+        journaled, which then carries it (``cost``). A RESULT that is not current is ignored,
+        as are entries that are not costs (a worker's word, checked before it is kept)."""
+        if type(costs) is not dict or not self.core.runs(rank, token):
+            return
+        clean = {w: k for w, c in costs.items() if type(w) is str and (k := _cost(c)) is not None}
+        if clean:
+            held = self._costs
+            if len(held) > _COSTS_HELD:  # (a token whose items never ended: dropped, oldest)
+                del held[next(iter(held))]
+            held.setdefault(str(token), {}).update(clean)
 
     def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
         """A HEARTBEAT from ``rank``; see :meth:`Dispatcher.on_heartbeat`."""

@@ -190,6 +190,7 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck_since: float | None = None  # since when every live worker is parked
         self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
+        self._costs: dict[str, dict[str, Any]] = {}  # token -> work ID -> cost (note_usage)
         #: the sequence number of this run's epoch record until it is durable (next_send)
         self._epoch_seq: int | None = None
         self._dep_results: dict[str, list[Any]] = {}  # G4: see dependencies.py

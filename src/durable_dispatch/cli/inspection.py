@@ -190,11 +190,16 @@ def cmd_joblog(args: argparse.Namespace) -> int:
 
     head = (
         f"{'work ID':<24} {'status':<9} {'tries':>5} {'started':>8} {'seconds':>8} {'rank':>4} "
-        f"{'host':<16} {'signal':<7}"
+        f"{'host':<16} {'signal':<7} {'cpu s':>8} {'peak MiB':>8}"
     )
     print(f"{head}  last failure / call")  # (long work IDs shortened here; --json has them)
     n = 0
+    in_process = False
     for r in rows:
+        mark = "*" if r.cost_measured == "in-process" else ""
+        in_process = in_process or bool(mark)
+        cpu = f"{r.cpu_seconds:.2f}{mark}" if r.cpu_seconds is not None else "-"
+        peak = f"{r.max_rss / (1 << 20):.1f}{mark}" if r.max_rss is not None else "-"
         secs = f"{r.seconds:.2f}" if r.seconds is not None else "-"
         fail = f"{r.last_failure_kind}: {r.last_failure}" if r.last_failure_kind else ""
         tail = fail or (r.call or "")
@@ -204,9 +209,14 @@ def cmd_joblog(args: argparse.Namespace) -> int:
         wid = r.work_id if len(r.work_id) <= 24 else r.work_id[:11] + "~" + r.work_id[-12:]
         print(
             f"{wid:<24} {r.status:<9} {r.tries:>5} {when(r.started):>8} {secs:>8} "
-            f"{rank:>4} {host:<16} {r.signal or '-':<7}  {tail}"
+            f"{rank:>4} {host:<16} {r.signal or '-':<7} {cpu:>8} {peak:>8}  {tail}"
         )
         n += 1
     if not n:
         print("(none)")
+    if in_process:
+        print(
+            "* measured in the worker's own process (isolate=False): other threads of the "
+            "worker count too"
+        )
     return EXIT_OK

@@ -25,11 +25,14 @@ import orjson
 
 from .. import processes
 from .context import run_items
+from .usage import Meter
 
 __all__ = ["child_main", "pack", "unpack", "PROGRESS", "FLUSH_SECONDS"]
 
-#: The shared page's layout: the job number and the index of the item the child runs.
-PROGRESS = struct.Struct("=qq")
+#: The shared page's layout: the job number and the index of the item the child runs, and the
+#: child's CPU seconds when that item started (so the worker can tell what an item that died
+#: cost from ``wait4``'s figure for the whole child).
+PROGRESS = struct.Struct("=qqd")
 #: The child sends what it has at least this often, and after each job.
 FLUSH_SECONDS = 0.02
 
@@ -70,6 +73,7 @@ def child_main(argv: list[str]) -> int:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     mode, max_result = setup["mode"], setup["max"]
     progress = mmap.mmap(progress_fd, PROGRESS.size)
+    meter = Meter("child")
     send(b"S")
     while True:
         try:
@@ -78,20 +82,21 @@ def child_main(argv: list[str]) -> int:
             return 0
 
         def started(index: int, number: int = job["job"]) -> None:
-            progress[: PROGRESS.size] = PROGRESS.pack(number, index)
+            progress[: PROGRESS.size] = PROGRESS.pack(number, index, meter.cpu0)
 
         beat = functools.partial(send, b"B")
         lease = float(job["lease"])
         for o in run_items(
-            fn, mode, job["items"], job["deadline"], lease, beat, max_result, started
+            fn, mode, job["items"], job["deadline"], lease, beat, max_result, started, meter
         ):
+            cost = pack(b"C", orjson.dumps(o.cost))  # (before its outcome: the same item's)
             if o.raw is not None:
-                held.add(pack(b"R", o.raw))
+                held.add(cost + pack(b"R", o.raw))
             else:
                 failed = {"kind": o.kind, "reason": o.reason, "final": o.final}
                 if o.traceback:
                     failed["traceback"] = o.traceback
-                held.add(pack(b"E", orjson.dumps(failed)))
+                held.add(cost + pack(b"E", orjson.dumps(failed)))
         held.flush()
 
 

@@ -23,10 +23,12 @@ costs a restart, never the rank.
 Frames on the two pipes (``multiprocessing.connection`` framing): the worker sends the pickled
 set-up, then one JSON frame per dispatch (``{"job", "items", "deadline", "lease"}``); the child
 answers ``S`` (ready) or ``X`` + reason (cannot start) once; then ``B`` for each heartbeat, and
-frames of entries (a tag, a 4-byte length, a body), one entry per item in order: ``R`` + result
-JSON or ``E`` + ``{"kind", "reason"}``. Before each item the child writes the job number and the
-item's index into a shared page (a ``memfd``), so the worker knows which item a crash belongs to
-even when the results of the items before it were not sent yet.
+frames of entries (a tag, a 4-byte length, a body), two entries per item in order: ``C`` + its
+cost (:mod:`.usage`), then ``R`` + result JSON or ``E`` + ``{"kind", "reason"}``. Before each
+item the child writes the job number, the item's index and its own CPU time into a shared page
+(a ``memfd``), so the worker knows which item a crash belongs to even when the results of the
+items before it were not sent yet, and what that item cost (``wait4``'s figure for the child,
+less its CPU time when the item started).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from .. import processes
 from ..errors import IsolationError
 from .child import PROGRESS, unpack
 from .context import CHILD_MARKER, ItemOutcome
+from .usage import cost, peak_of
 
 __all__ = ["IsolatedRunner", "IsolationError", "CHILD_MARKER", "child_environment"]
 
@@ -176,6 +179,10 @@ class _Child:
                 )
                 _live.add(self.proc.pid)
                 processes.reap_group(self.proc.pid)  # killed with it if the worker dies first
+            # the peak memory the kernel carries over from this worker into the child's (exec
+            # keeps the old one's): a child's own peak, after it died, counts only above it
+            self.floor = peak_of(os.getpid()) or 0
+            self.ended: tuple[int, Any] | None = None  # (status, rusage) once reaped here
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -231,7 +238,11 @@ class _Child:
         child stuck in the kernel is left to die later). Beside another session's child (an
         executor's calls next to another's) it kills its own tree only."""
         pid = self.proc.pid
-        processes.kill_trees([pid])  # its descendants, while they are still below it
+        reaped: dict[int, tuple[int, Any]] = {}
+        processes.kill_trees([pid], reaped)  # its descendants, while they are still below it
+        if pid in reaped:  # (its rusage: what an item it died in cost)
+            self.ended = reaped[pid]
+            self.proc.returncode = os.waitstatus_to_exitcode(reaped[pid][0])
         processes.kill_group(pid)
         try:
             self.proc.wait(timeout=processes.REAP_SECONDS)
@@ -246,8 +257,47 @@ class _Child:
 
     def running(self) -> tuple[int, int]:
         """``(job, index)`` the child last said it started."""
-        job, index = PROGRESS.unpack(self.progress[: PROGRESS.size])
+        job, index, _cpu = PROGRESS.unpack(self.progress[: PROGRESS.size])
         return int(job), int(index)
+
+    def reap(self, timeout: float) -> int | None:
+        """Wait (at most ``timeout``) for the child to end and reap it with ``wait4``, keeping
+        its rusage in :attr:`ended`; its exit code, or None when it is still alive."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                pid, status, ru = os.wait4(self.proc.pid, os.WNOHANG)
+            except ChildProcessError:  # (reaped already)
+                return self.proc.returncode
+            if pid:
+                self.ended = (status, ru)
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                return self.proc.returncode
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.005)
+
+    def page(self) -> tuple[int, int, float]:
+        """``(job, index, CPU seconds at its start)`` the child last said it started."""
+        job, index, cpu0 = PROGRESS.unpack(self.progress[: PROGRESS.size])
+        return int(job), int(index), float(cpu0)
+
+    def ended_cost(
+        self, job: int, page: tuple[int, int, float], peak: int | None = None
+    ) -> dict[str, Any]:
+        """The cost of the item of ``job`` the child was running when it ended (a crash or a
+        kill; see :mod:`.usage`), once reaped: ``wait4``'s CPU time less the child's at the
+        item's start (``page``, read before the kill); ``peak`` (read before a kill), else
+        ``wait4``'s peak when it is the child's own."""
+        started, index, cpu0 = page
+        cpu = None
+        if self.ended is not None:
+            ru = self.ended[1]
+            if started == job and index >= 0:
+                cpu = ru.ru_utime + ru.ru_stime - cpu0
+            if peak is None and ru.ru_maxrss * 1024 > self.floor:
+                peak = ru.ru_maxrss * 1024
+        return cost(cpu, peak, "child-ended")
 
     def close(self) -> None:
         for c in (self.send, self.recv):
@@ -354,6 +404,7 @@ class IsolatedRunner:
             self._job += 1
             child, deadline = self._send([items[i] for i in todo], deadline, lease, beat)
             answered = 0
+            spent = None  # the cost of the next outcome (a ``C`` entry precedes it)
             running, since = -1, time.monotonic()  # the item the child runs, from when
             while answered < len(todo):
                 if child.recv.poll(0.001):
@@ -367,13 +418,16 @@ class IsolatedRunner:
                             report(crashed, out[crashed])  # type: ignore[arg-type]
                         break  # the rest (unanswered, or not yet sent back) go to a new child
                     for tag, body in unpack(frame):
+                        if tag == b"C":  # the next outcome's cost
+                            spent = orjson.loads(body)
+                            continue
                         if tag == b"B":
                             beat()
                             if deadline is not None:
                                 deadline = max(deadline, time.monotonic() + lease)
                             continue
                         if tag == b"R":
-                            out[todo[answered]] = ItemOutcome(body)
+                            out[todo[answered]] = ItemOutcome(body, cost=spent)
                         else:
                             failure = orjson.loads(body)
                             out[todo[answered]] = ItemOutcome(
@@ -382,7 +436,9 @@ class IsolatedRunner:
                                 failure["reason"],
                                 failure.get("final") is True,
                                 failure.get("traceback"),
+                                spent,
                             )
+                        spent = None
                         if report is not None:
                             report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
                         answered += 1
@@ -394,20 +450,21 @@ class IsolatedRunner:
                     limit = items[todo[running]].get("timeout") if running >= 0 else None
                     if limit is not None and time.monotonic() >= since + limit:
                         late = todo[running]
-                        self._kill()
+                        spent = self._kill_costing(child)
                         why = f"{items[late]['work_id']}: its own timeout ({limit:g} s) passed"
                         out[late] = ItemOutcome(
-                            None, "timeout", why + "; its processes were killed"
+                            None, "timeout", why + "; its processes were killed", cost=spent
                         )
                         if report is not None:
                             report(late, out[late])  # type: ignore[arg-type]
                         break  # the rest (not answered yet) go to a new child
                 if deadline is not None and time.monotonic() >= deadline - margin:
                     job, index = child.running()
-                    self._kill()
+                    spent = self._kill_costing(child)
                     wid = items[todo[index] if job == self._job else todo[answered]]["work_id"]
                     why = f"{wid}: deadline passed; its processes were killed"
-                    return [o for o in out if o is not None], ItemOutcome(None, "timeout", why)
+                    whole = ItemOutcome(None, "timeout", why, cost=spent, about=wid)
+                    return [o for o in out if o is not None], whole
                 if stop := tick():
                     if stop is CANCEL_REQUESTED:  # an operator cancelled the dispatch (O1)
                         self._kill()
@@ -515,11 +572,18 @@ class IsolatedRunner:
             self._child.kill()
             self._child = None
 
+    def _kill_costing(self, child: _Child) -> dict[str, Any]:
+        """Kill the child (at a timeout) and say what the item it ran cost: its peak read
+        just before the kill, its CPU time from ``wait4`` (see :mod:`.usage`)."""
+        peak = peak_of(child.proc.pid)  # (reset when the item started)
+        page = child.page()
+        self._kill()
+        return child.ended_cost(self._job, page, peak)
+
     def _died(self, child: _Child, item: dict[str, Any]) -> ItemOutcome:
-        try:
-            code: int | None = child.proc.wait(timeout=processes.REAP_SECONDS)
-        except subprocess.TimeoutExpired:
-            code = None  # alive, but it closed its end of the pipe: of no use any more
+        # alive (None), but it closed its end of the pipe: of no use any more
+        code = child.reap(processes.REAP_SECONDS)
+        page = child.page()
         self._kill()
         if code is None:
             why = "closed its pipe to the worker (it was killed)"
@@ -527,7 +591,8 @@ class IsolatedRunner:
             why = f"killed by {_signal_name(code)}"
         else:
             why = f"exited with code {code}"
-        return ItemOutcome(None, "crash", f"{item['work_id']}: the work function's process {why}")
+        why = f"{item['work_id']}: the work function's process {why}"
+        return ItemOutcome(None, "crash", why, cost=child.ended_cost(self._job, page))
 
     def close(self) -> None:
         """Kill the child and every descendant (on STOP and when the worker ends), then copy

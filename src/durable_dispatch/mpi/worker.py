@@ -38,6 +38,7 @@ from .context import CHILD_MARKER, MAX_RESULT_BYTES, ItemOutcome, WorkContext, r
 from .isolation import CANCEL_REQUESTED, CancelRequested, IsolatedRunner, StopRequested
 from .launchcheck import require_workers
 from .signals import CaughtSignals
+from .usage import Meter
 
 __all__ = ["run_worker", "WorkContext"]
 
@@ -141,10 +142,13 @@ class _InProcessRunner:
         threading.Thread(target=self._thread, name="durable-dispatch-work", daemon=True).start()
 
     def _thread(self) -> None:
+        meter = Meter("in-process")  # (this process: other threads count too)
         while True:
             items, deadline, lease, box, finished = self.jobs.get()
             beat = functools.partial(self.beats.put, 1)
-            for o in run_items(self.fn, self.mode, items, deadline, lease, beat, self.max_result):
+            for o in run_items(
+                self.fn, self.mode, items, deadline, lease, beat, self.max_result, meter=meter
+            ):
                 box.append(o)  # (the worker's thread reads it as it grows)
             finished.set()
 
@@ -182,14 +186,23 @@ class _InProcessRunner:
         pass
 
 
-def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome | None) -> bytes:
+def result_message(
+    token: Any,
+    outcomes: list[ItemOutcome],
+    whole: ItemOutcome | None,
+    ids: list[Any] | None = None,
+) -> bytes:
     """The RESULT for a dispatch: one entry per item (its result JSON spliced in as it came) and
     an ``errors`` entry with kind and reason for each item that failed; or, for a dispatch that
     failed as a whole, ``{"token", "error", "kind"}``. Results that would take the message over
-    its bound become ``result-too-large`` errors."""
+    its bound become ``result-too-large`` errors. ``ids``: the items' work IDs, in order: each
+    item's cost goes in ``costs`` (by work ID; see :mod:`.protocol`)."""
     if whole is not None:
         reason = (whole.reason or "")[:_REASON_MAX]
-        return orjson.dumps({"token": token, "error": reason, "kind": whole.kind})
+        body: dict[str, Any] = {"token": token, "error": reason, "kind": whole.kind}
+        if whole.cost is not None and whole.about is not None:
+            body["costs"] = {whole.about: whole.cost}
+        return orjson.dumps(body)
     parts: list[bytes] = []
     errors: dict[str, dict[str, Any]] = {}
     room = P.MAX_MESSAGE - _ROOM
@@ -215,10 +228,14 @@ def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome |
         else:
             parts.append(o.raw)
             room -= len(o.raw)
-    body = b'{"token":' + orjson.dumps(token) + b',"results":[' + b",".join(parts) + b"]"
+    raw = b'{"token":' + orjson.dumps(token) + b',"results":[' + b",".join(parts) + b"]"
     if errors:
-        body += b',"errors":' + orjson.dumps(errors)
-    return body + b"}"
+        raw += b',"errors":' + orjson.dumps(errors)
+    if ids is not None:
+        costs = {w: o.cost for w, o in zip(ids, outcomes, strict=True) if o.cost is not None}
+        if costs:
+            raw += b',"costs":' + orjson.dumps(costs)
+    return raw + b"}"
 
 
 class _Ahead:
@@ -258,7 +275,7 @@ class _Ahead:
         ):
             order = sorted(held)
             ids = [self.items[i].get("work_id") for i in order]
-            raw = result_message(self.token, [held[i] for i in order], None)
+            raw = result_message(self.token, [held[i] for i in order], None, ids)
             self.link.send(P.RESULT, b'{"ids":' + orjson.dumps(ids) + b"," + raw[1:])
             self.sent.update(order)
             held.clear()
@@ -268,6 +285,10 @@ class _Ahead:
         if not self.sent:
             return outcomes
         return [o for i, o in enumerate(outcomes) if i not in self.sent]
+
+    def rest_ids(self) -> list[Any]:
+        """The work IDs of the items not sent ahead, in order."""
+        return [w.get("work_id") for i, w in enumerate(self.items) if i not in self.sent]
 
 
 class WorkerHooks:
@@ -459,9 +480,10 @@ def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: Worker
             link.send(P.READY, P.encode({"token": token}))
             continue
         done += len(items)
+        ids = [w.get("work_id") for w in items]
         if ahead is not None and whole is None:
-            outcomes = ahead.rest(outcomes)
-        raw = hooks.result(token, result_message(token, outcomes, whole))
+            outcomes, ids = ahead.rest(outcomes), ahead.rest_ids()
+        raw = hooks.result(token, result_message(token, outcomes, whole, ids))
         if raw is not None:
             link.send(P.RESULT, raw)
         runner.prepare()  # a killed or crashed child is restarted before READY, not in an item

@@ -1,0 +1,110 @@
+"""What an item cost: the CPU seconds and the peak memory of the process that ran it.
+
+A cost travels with an item's outcome to the master, which keeps it with the attempt (the
+``cost`` member of the state journal's ``committed``, ``requeued`` and ``deferred`` records; the
+joblog and the report show it). It is ``{"cpu": seconds, "rss": bytes or null, "by": how}``:
+
+- ``"child"``: measured in the isolated child around the item: the CPU time (user + system) of
+  the child's threads and of the processes the item started and waited for, and the child's peak
+  resident memory during the item. The child runs many items, so the kernel's own peak
+  (``ru_maxrss``) would be a high-water mark over all of them, and it even starts at the worker's
+  size (Linux carries it over through ``exec``): instead the peak is reset before each item
+  (``/proc/self/clear_refs``) and read after it (``VmHWM``). Where that cannot be done (not
+  Linux) the peak is null.
+- ``"child-ended"``: the child died or was killed during the item (a crash, a timeout): its CPU
+  time is what ``wait4`` reports for the whole child less what it had used when the item
+  started; its peak is read just before a timeout's kill, and for a crash it is ``wait4``'s
+  high-water mark of the child's life when that is above what the kernel carried over from the
+  worker, else null.
+- ``"in-process"``: measured in the worker's own process (``isolate=False``): its CPU time
+  during the item, other threads included (the worker's own loop, a library's threads), and its
+  peak memory during the item, reset as above.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Any
+
+__all__ = ["Meter", "cost", "peak_of"]
+
+_HWM = b"VmHWM:"
+
+
+def cost(cpu: float | None, rss: int | None, by: str) -> dict[str, Any]:
+    """A cost as it travels and is kept (see the module docs)."""
+    return {"cpu": None if cpu is None else round(max(0.0, cpu), 6), "rss": rss, "by": by}
+
+
+def _hwm(status: bytes) -> int | None:
+    at = status.find(_HWM)
+    if at < 0:
+        return None
+    end = status.find(b"kB", at)
+    try:
+        return int(status[at + len(_HWM) : end]) * 1024
+    except ValueError:
+        return None
+
+
+def peak_of(pid: int) -> int | None:
+    """The peak resident memory of process ``pid`` in bytes since it last reset it, or None."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return _hwm(f.read())
+    except OSError:
+        return None
+
+
+def cpu_seconds() -> float:
+    """This process's CPU time (user + system) and that of the children it waited for."""
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+class Meter:
+    """Measures this process around each item: :meth:`start` before it, :meth:`stop` after
+    (a few microseconds: two ``getrusage``, a write and a read of ``/proc/self``)."""
+
+    def __init__(self, by: str) -> None:
+        self.by = by
+        self.cpu0 = 0.0  # the CPU time when the item started
+        self._clear: int | None = None
+        self._status: int | None = None
+        try:
+            self._clear = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+            self._status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.close()
+
+    def start(self) -> None:
+        """An item starts: reset the peak, note the CPU time."""
+        if self._clear is not None:
+            try:
+                os.write(self._clear, b"5")  # the peak resident size restarts from now
+            except OSError:
+                self.close()
+        self.cpu0 = cpu_seconds()
+
+    def stop(self) -> dict[str, Any]:
+        """The item ended: its cost."""
+        cpu = cpu_seconds() - self.cpu0
+        rss = None
+        if self._status is not None:
+            try:
+                rss = _hwm(os.pread(self._status, 4096, 0))
+            except OSError:
+                rss = None
+        return cost(cpu, rss, self.by)
+
+    def close(self) -> None:
+        """Stop measuring the peak (the CPU time is still measured)."""
+        for fd in (self._clear, self._status):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._clear = self._status = None
