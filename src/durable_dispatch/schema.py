@@ -41,6 +41,7 @@ __all__ = [
     "check_submission_record",
     "is_work_item",
     "is_cost",
+    "check_output_record",
 ]
 
 Check = Callable[[Any], bool]
@@ -197,6 +198,34 @@ _DEFER_EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     ),
     "resolved": ({"work_id": is_str}, {"how": is_str_or_none}),
 }
+
+
+_OUTPUT: tuple[dict[str, Check], dict[str, Check]] = (
+    {"work_id": is_str},
+    {
+        "token": is_str_or_none,
+        "ts": is_num_or_none,
+        "stdout": is_str,
+        "stderr": is_str,
+        "stdout_b64": is_str,
+        "stderr_b64": is_str,
+        "stdout_dropped": is_int,
+        "stderr_dropped": is_int,
+    },
+)
+
+
+def check_output_record(p: Any) -> None:
+    """Check one record of the outputs journal (``outputs.jsonl``): an item's ``work_id``, its
+    dispatch's ``token``, ``ts``, and for each stream its text (``stdout``) or bytes in base64
+    (``stdout_b64``) and how many bytes before them were dropped (``stdout_dropped``).
+
+    Raises:
+        Invalid: naming the first member that is missing or of the wrong type.
+    """
+    if type(p) is not dict:
+        raise Invalid("(record)", "not an object")
+    check_members(p, *_OUTPUT)
 
 
 def check_defer_record(p: Any) -> None:

@@ -22,6 +22,7 @@ PLAN = {
     "loud": "loud",  # 1 MiB to stdout, then a line to stderr
     "segv": "segv",  # 0.3 s of CPU, 160 MiB, then SIGSEGV
     "spin": "spin",  # 64 MiB, then spins past its own timeout (2 s)
+    "twice": "twice",  # prints which attempt it is; the first raises
 }
 
 
@@ -41,6 +42,14 @@ def _touch(n: int) -> bytearray:
 def work(payload: dict[str, str]) -> object:
     """The work function (module level: the isolated child finds it by name)."""
     what = payload["do"]
+    if what == "twice":
+        mark = os.path.join(os.path.dirname(os.path.abspath(payload["state"])), "twice-ran")
+        if not os.path.exists(mark):
+            open(mark, "w").close()
+            print("first attempt of twice")
+            raise ValueError("twice fails once")
+        print("second attempt of twice")
+        return "twice"
     if what == "burn":
         _burn(0.3)
         return len(_touch(96 * MIB))
@@ -76,7 +85,7 @@ if __name__ == "__main__":
     state_dir, mode = sys.argv[1], sys.argv[2]
     if MPI.COMM_WORLD.Get_rank() == 0:
         items = [
-            WorkItem(wid, {"do": do}, timeout=2.0 if do == "spin" else None)
+            WorkItem(wid, {"do": do, "state": state_dir}, timeout=2.0 if do == "spin" else None)
             for wid, do in PLAN.items()
         ]
         if mode != "isolate":  # a crash or a hang without isolation is not a scenario
@@ -85,7 +94,7 @@ if __name__ == "__main__":
             items,
             state_dir,
             watchdog=WatchdogConfig.build(60.0),
-            retry=RetryPolicy(0),
+            retry=RetryPolicy(0, per_kind={"error": 1}),
             stop_timeout=5,
         )
         out = {"finished": report.finished, "reason": report.reason}

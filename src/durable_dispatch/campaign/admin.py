@@ -19,6 +19,7 @@ from ..errors import StorageError
 from ..storage import DeferJournal, Journal
 from ..storage.format import Header, new_salt
 from ..storage.scan import RawBatch
+from .outputs import compact_outputs
 from .replay import (
     Stored,
     _decoded,
@@ -308,6 +309,7 @@ def compact_state(
             }
             gen = snaps.save(body)
             j.replace_contents([], first_seq=last + 1)
+        compact_outputs(d)  # each item's newest output only (outputs.py)
         after_size = os.path.getsize(jpath)
         return CompactReport(jpath, before, 0, size, after_size, gen, False)
 

@@ -16,6 +16,7 @@ from ..core.events import WorkerHost, encode
 from ..core.ranks import RankState
 from ..storage import Journal
 from ..tokens import Token
+from .outputs import Outputs, output_record
 
 __all__ = ["LoopCalls"]
 
@@ -44,6 +45,9 @@ class LoopCalls:
     _epoch_seq: int | None
     _hosts: dict[int, str]
     _costs: dict[str, dict[str, Any]]
+    _outputs: Outputs | None
+    _lock: Any
+    directory: str
     _stuck_since: float | None
     _pending_commits: list[Any]
     _restore_at: float
@@ -112,12 +116,23 @@ class LoopCalls:
         self._hosts[rank] = host
         self.journal.append(encode(WorkerHost(rank, host, time.time())))
 
-    def note_usage(self, rank: int, token: object, costs: Any) -> None:
+    def note_usage(self, rank: int, token: object, costs: Any, outputs: Any = None) -> None:
         """What the items of ``rank``'s current dispatch ``token`` cost, by work ID (a RESULT's
         ``costs``; see :mod:`durable_dispatch.mpi.usage`): held until each item's outcome is
-        journaled, which then carries it (``cost``). A RESULT that is not current is ignored,
-        as are entries that are not costs (a worker's word, checked before it is kept)."""
-        if type(costs) is not dict or not self.core.runs(rank, token):
+        journaled, which then carries it (``cost``); and what they wrote (``outputs``, with
+        isolation): appended to the outputs journal now (:mod:`.outputs`: written in the
+        background, never waited for). A RESULT that is not current is ignored, as are entries
+        that are not costs or outputs (a worker's word, checked before it is kept)."""
+        if not self.core.runs(rank, token):
+            return
+        if type(outputs) is dict:
+            ts = time.time()
+            for w, entry in outputs.items():
+                if type(w) is str and (rec := output_record(w, str(token), entry, ts)):
+                    if self._outputs is None:
+                        self._outputs = Outputs(self.directory, self._lock.claim)
+                    self._outputs.append(rec)
+        if type(costs) is not dict:
             return
         clean = {w: k for w, c in costs.items() if type(w) is str and (k := _cost(c)) is not None}
         if clean:

@@ -164,6 +164,54 @@ def cmd_results(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_output(args: argparse.Namespace) -> int:
+    """What an item wrote (with isolation): its standard output, then its standard error, each
+    under a label; exit 1 when none is kept (the error says why), 2 for an unknown ID."""
+    import base64
+
+    from ..views.output import read_output
+
+    _need_state_dir(args.state_dir)
+    out = read_output(args.state_dir, args.work_id)
+    if args.json:
+        _print(
+            {
+                "work_id": out.work_id,
+                "token": out.token,
+                "ts": out.ts,
+                "stdout": out.stdout.decode("utf-8", "replace"),
+                "stderr": out.stderr.decode("utf-8", "replace"),
+                "stdout_b64": base64.b64encode(out.stdout).decode("ascii"),
+                "stderr_b64": base64.b64encode(out.stderr).decode("ascii"),
+                "stdout_dropped": out.stdout_dropped,
+                "stderr_dropped": out.stderr_dropped,
+            },
+            True,
+        )
+        return EXIT_OK
+    raw = getattr(sys.stdout, "buffer", None)  # (the bytes as written, where there are any)
+
+    def write(b: bytes) -> None:
+        if raw is not None:
+            raw.write(b)
+        else:
+            sys.stdout.write(b.decode("utf-8", "replace"))
+
+    sys.stdout.flush()
+    for name, data, dropped in (
+        ("stdout", out.stdout, out.stdout_dropped),
+        ("stderr", out.stderr, out.stderr_dropped),
+    ):
+        cut = f"; {dropped} earlier bytes not kept" if dropped else ""
+        write(f"--- {name} of {out.work_id} ({len(data)} bytes{cut}) ---\n".encode())
+        write(data)
+        if data and not data.endswith(b"\n"):
+            write(b"\n")
+    if raw is not None:
+        raw.flush()
+    return EXIT_OK
+
+
 def cmd_joblog(args: argparse.Namespace) -> int:
     """One line per work item: status, tries, last failure, start, duration, rank, host and
     what it runs (GNU parallel's --joblog); read-only, safe beside a running master."""

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 import orjson
 
 from .. import processes
+from .capture import ChildSide, item_key
 from .context import run_items
 from .usage import Meter
 
@@ -39,7 +40,7 @@ FLUSH_SECONDS = 0.02
 
 def child_main(argv: list[str]) -> int:
     """The child: load the function, then answer items until the worker closes the pipe."""
-    rfd, wfd, progress_fd, limit, parent = (int(a) for a in argv)
+    rfd, wfd, progress_fd, limit, parent, page_fd = (int(a) for a in argv)
     if not processes.die_with_parent(parent) and os.getppid() != parent:
         return 1  # the worker is gone already
     # The batch system's signals are the worker's to handle: it finishes or kills this item.
@@ -74,6 +75,7 @@ def child_main(argv: list[str]) -> int:
     mode, max_result = setup["mode"], setup["max"]
     progress = mmap.mmap(progress_fd, PROGRESS.size)
     meter = Meter("child")
+    capture = ChildSide(page_fd)
     send(b"S")
     while True:
         try:
@@ -83,12 +85,14 @@ def child_main(argv: list[str]) -> int:
 
         def started(index: int, number: int = job["job"]) -> None:
             progress[: PROGRESS.size] = PROGRESS.pack(number, index, meter.cpu0)
+            capture.start(item_key(number, index))
 
         beat = functools.partial(send, b"B")
         lease = float(job["lease"])
         for o in run_items(
             fn, mode, job["items"], job["deadline"], lease, beat, max_result, started, meter
         ):
+            capture.end()  # (what it wrote is read by the worker before its outcome arrives)
             cost = pack(b"C", orjson.dumps(o.cost))  # (before its outcome: the same item's)
             if o.raw is not None:
                 held.add(cost + pack(b"R", o.raw))

@@ -50,6 +50,7 @@ import orjson
 
 from .. import processes
 from ..errors import IsolationError
+from .capture import Relay, item_key
 from .child import PROGRESS, unpack
 from .context import CHILD_MARKER, ItemOutcome
 from .usage import cost, peak_of
@@ -94,57 +95,6 @@ runpy.run_module("durable_dispatch.mpi.isolation", run_name="__main__", alter_sy
 """
 
 
-class _Relay:
-    """The children's standard output and error, copied by two threads of the worker to its
-    own (file descriptors 1 and 2), so that no child, and nothing a child starts, holds the
-    rank's own output. ``mpiexec`` ends once every rank's output is closed: a process an item
-    left running, holding the rank's output and re-parented to init when its worker was
-    SIGKILLed, kept the whole job from ending (the torture harness found it). Such a process
-    now holds only this pipe, whose reader died with the worker."""
-
-    def __init__(self) -> None:
-        self.fds: list[int] = []  # the write ends the children get
-        self._threads: list[threading.Thread] = []
-        for target in (1, 2):
-            r, w = os.pipe()
-            self.fds.append(w)
-            t = threading.Thread(
-                target=self._copy, args=(r, target), name="child-output", daemon=True
-            )
-            t.start()
-            self._threads.append(t)
-
-    @staticmethod
-    def _copy(source: int, target: int) -> None:
-        out = open(target, "wb", buffering=0, closefd=False)  # noqa: SIM115 - the rank's own
-        try:
-            while chunk := os.read(source, 65536):
-                view = memoryview(chunk)
-                while view:
-                    try:
-                        view = view[out.write(view) or 0 :]
-                    except BrokenPipeError:
-                        view = view[:0]  # nobody reads the rank's output: drop it
-        except OSError:
-            pass
-        finally:
-            os.close(source)
-            out.close()
-
-    def close(self, timeout: float = 1.0) -> None:
-        """Close the write ends; wait (at most ``timeout``) for what was written to be copied
-        (a process that still holds a write end keeps its thread alive, which is a daemon)."""
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.fds = []
-        end = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, end - time.monotonic()))
-
-
 class _StartKilled(IsolationError):
     """A signal killed the child before it said it was up: the start is tried again, as that
     says nothing about the work function (a load that fails says ``X``, or exits non-zero)."""
@@ -153,7 +103,7 @@ class _StartKilled(IsolationError):
 class _Child:
     """One running child: its process, its two pipe ends."""
 
-    def __init__(self, setup: bytes, memory_limit: int | None, output: _Relay) -> None:
+    def __init__(self, setup: bytes, memory_limit: int | None, output: Relay) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         # Which item the child is running (job number, index), written by the child before
@@ -164,13 +114,14 @@ class _Child:
         self.progress = mmap.mmap(progress, PROGRESS.size)
         argv = [sys.executable, "-c", _BOOTSTRAP, str(to_child_r)]
         argv += [str(from_child_w), str(progress), str(memory_limit or 0), str(os.getpid())]
+        argv.append(str(output.page_fd))  # (which item its output belongs to: .capture)
         try:
             # Started and counted live under the lock: a sweep of another session's thread
             # (which holds it) never sees this child unaccounted for and kills it as a leftover.
             with _live_lock:
                 self.proc = subprocess.Popen(
                     argv,
-                    pass_fds=(to_child_r, from_child_w, progress),
+                    pass_fds=(to_child_r, from_child_w, progress, output.page_fd),
                     stdin=subprocess.DEVNULL,
                     stdout=output.fds[0],
                     stderr=output.fds[1],
@@ -358,7 +309,7 @@ class IsolatedRunner:
         self._subreaper = subreaper  # then the orphans of its items are its children
         if subreaper:
             processes.become_subreaper()
-        self._output = _Relay()
+        self._output = Relay()
         self._child: _Child | None = None
         try:
             self._child = self._new_child()
@@ -399,6 +350,7 @@ class IsolatedRunner:
         left = 0.0 if deadline is None else deadline - time.monotonic()
         margin = min(0.5, max(0.02, 0.05 * left))
         out: list[ItemOutcome | None] = [None] * len(items)
+        self._output.forget()  # (what a dispatch before left is nobody's now)
         own = len(items) > 1 and any(item.get("timeout") is not None for item in items)
         while todo := [i for i, o in enumerate(out) if o is None]:
             self._job += 1
@@ -414,6 +366,9 @@ class IsolatedRunner:
                         job, index = child.running()
                         crashed = todo[index] if job == self._job else todo[answered]
                         out[crashed] = self._died(child, items[crashed])
+                        out[crashed].output = self._last_output(  # type: ignore[union-attr]
+                            job, index if job == self._job else answered
+                        )
                         if report is not None:
                             report(crashed, out[crashed])  # type: ignore[arg-type]
                         break  # the rest (unanswered, or not yet sent back) go to a new child
@@ -439,6 +394,8 @@ class IsolatedRunner:
                                 spent,
                             )
                         spent = None
+                        said = self._output.take(item_key(self._job, answered))
+                        out[todo[answered]].output = said  # type: ignore[union-attr]
                         if report is not None:
                             report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
                         answered += 1
@@ -455,6 +412,7 @@ class IsolatedRunner:
                         out[late] = ItemOutcome(
                             None, "timeout", why + "; its processes were killed", cost=spent
                         )
+                        out[late].output = self._last_output(self._job, running)  # type: ignore[union-attr]
                         if report is not None:
                             report(late, out[late])  # type: ignore[arg-type]
                         break  # the rest (not answered yet) go to a new child
@@ -464,6 +422,9 @@ class IsolatedRunner:
                     wid = items[todo[index] if job == self._job else todo[answered]]["work_id"]
                     why = f"{wid}: deadline passed; its processes were killed"
                     whole = ItemOutcome(None, "timeout", why, cost=spent, about=wid)
+                    whole.output = self._last_output(
+                        self._job, index if job == self._job else answered
+                    )
                     return [o for o in out if o is not None], whole
                 if stop := tick():
                     if stop is CANCEL_REQUESTED:  # an operator cancelled the dispatch (O1)
@@ -571,6 +532,12 @@ class IsolatedRunner:
         if self._child is not None:
             self._child.kill()
             self._child = None
+
+    def _last_output(self, job: int, index: int) -> dict[str, Any] | None:
+        """The tails of the item a child was running when it died or was killed, once the
+        worker has read what it wrote (see :mod:`.capture`)."""
+        self._output.settle()
+        return self._output.take(item_key(job, index))
 
     def _kill_costing(self, child: _Child) -> dict[str, Any]:
         """Kill the child (at a timeout) and say what the item it ran cost: its peak read

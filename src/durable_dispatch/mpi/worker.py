@@ -34,6 +34,7 @@ from .. import processes
 from ..errors import UsageError
 from . import guard
 from . import protocol as P
+from .capture import output_entry
 from .context import CHILD_MARKER, MAX_RESULT_BYTES, ItemOutcome, WorkContext, run_items
 from .isolation import CANCEL_REQUESTED, CancelRequested, IsolatedRunner, StopRequested
 from .launchcheck import require_workers
@@ -46,6 +47,7 @@ log = logging.getLogger("durable_dispatch.mpi")
 _REASON_MAX = 2000  # characters of a failure's reason sent to the master
 _TRACEBACK_MAX = 16000  # characters of its traceback (its last lines)
 _ROOM = 64 << 10  # bytes of a RESULT kept for its envelope and error entries
+_OUTPUT_ROOM = 4 << 20  # bytes of a RESULT its items' outputs may take, at most
 #: When no item of a dispatch has finished for this long, the outcomes the worker holds are
 #: sent ahead of the dispatch's RESULT (see :class:`_Ahead`; only for dispatches the master
 #: marks ``ahead``: those ``batch="auto"`` sized). Items of such a dispatch finish much closer
@@ -196,16 +198,22 @@ def result_message(
     an ``errors`` entry with kind and reason for each item that failed; or, for a dispatch that
     failed as a whole, ``{"token", "error", "kind"}``. Results that would take the message over
     its bound become ``result-too-large`` errors. ``ids``: the items' work IDs, in order: each
-    item's cost goes in ``costs`` (by work ID; see :mod:`.protocol`)."""
+    item's cost goes in ``costs`` and what it wrote (with isolation) in ``outputs``, by work ID
+    (see :mod:`.protocol`); outputs past :data:`_OUTPUT_ROOM` bytes are left out, logged."""
     if whole is not None:
         reason = (whole.reason or "")[:_REASON_MAX]
         body: dict[str, Any] = {"token": token, "error": reason, "kind": whole.kind}
-        if whole.cost is not None and whole.about is not None:
-            body["costs"] = {whole.about: whole.cost}
+        if type(whole.about) is str:
+            if whole.cost is not None:
+                body["costs"] = {whole.about: whole.cost}
+            if whole.output is not None and (said := output_entry(whole.output)):
+                body["outputs"] = {whole.about: said}
         return orjson.dumps(body)
     parts: list[bytes] = []
     errors: dict[str, dict[str, Any]] = {}
     room = P.MAX_MESSAGE - _ROOM
+    outputs = _outputs(ids, outcomes) if ids is not None else b""
+    room -= len(outputs)
     for i, o in enumerate(outcomes):
         if o.raw is not None and len(o.raw) > room:
             o = ItemOutcome(
@@ -232,10 +240,34 @@ def result_message(
     if errors:
         raw += b',"errors":' + orjson.dumps(errors)
     if ids is not None:
-        costs = {w: o.cost for w, o in zip(ids, outcomes, strict=True) if o.cost is not None}
+        costs = {
+            w: o.cost
+            for w, o in zip(ids, outcomes, strict=True)
+            if o.cost is not None and type(w) is str
+        }
         if costs:
             raw += b',"costs":' + orjson.dumps(costs)
+    if outputs:
+        raw += b',"outputs":' + outputs
     return raw + b"}"
+
+
+def _outputs(ids: list[Any], outcomes: list[ItemOutcome]) -> bytes:
+    """The ``outputs`` member of a RESULT (empty when no item wrote anything)."""
+    said: dict[Any, bytes] = {}
+    left = _OUTPUT_ROOM
+    for w, o in zip(ids, outcomes, strict=True):
+        if o.output is None or type(w) is not str or (entry := output_entry(o.output)) is None:
+            continue
+        raw = orjson.dumps(entry)
+        if len(raw) > left:
+            log.warning("worker: the output of %s is not kept: the RESULT has no room left", w)
+            continue
+        said[w] = raw
+        left -= len(raw)
+    if not said:
+        return b""
+    return b"{" + b",".join(orjson.dumps(w) + b":" + r for w, r in said.items()) + b"}"
 
 
 class _Ahead:

@@ -1,10 +1,12 @@
-"""What each attempt cost (CPU seconds, peak memory), from the worker to the joblog and the report,
-through a reopen and a compaction (issue 62, "Per attempt, what it cost").
+"""What each attempt cost (CPU seconds, peak memory) and what each isolated item wrote, from the
+worker to the joblog, the report and ``durable-dispatch output``, through a reopen and a
+compaction (issue 62: "Per attempt, what it cost" and "Each item's output").
 
 The mpiexec runs (tests/children/cost_campaign.py, one worker, items in order in one child):
 an item that burns 0.3 s of its own CPU clock and touches 96 MiB, a small one after it in the
 same child, one that crashes with SIGSEGV after 0.3 s of CPU and 160 MiB, one killed at its own
-timeout while it spins on 64 MiB; and the same without isolation (marked in-process). CPU
+timeout while it spins on 64 MiB, one that prints 1 MiB, one whose first attempt prints and
+raises; and the same without isolation (marked in-process). CPU
 figures are compared with CPU time the item itself measured (``time.process_time``), never with
 wall time, so a loaded machine changes nothing.
 """
@@ -49,10 +51,13 @@ def _campaign(state: Path, mode: str) -> Any:
     return res
 
 
+_LOG: dict[str, str] = {}  # the isolated campaign's job log (mpiexec's standard output)
+
+
 @pytest.fixture(scope="module")
 def isolated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     state = tmp_path_factory.mktemp("costs") / "state"
-    _campaign(state, "isolate")
+    _LOG["stdout"] = _campaign(state, "isolate").stdout
     return state
 
 
@@ -170,3 +175,98 @@ def test_the_master_keeps_a_current_results_costs_only_and_only_well_formed_ones
     )
     assert rows["b"].cpu_seconds is None and rows["b"].cost_measured is None
     assert rows["c"].status == "pending" and rows["c"].cost_measured == "child-ended"
+
+
+# ------------------------------------------------------------------------ each item's output
+LOUD = b"head-of-loud\n" + b"".join(
+    f"{i:07d}".encode() + b"o" * 1016 + b"\n" for i in range(1024)
+) + b"tail-of-loud\n"
+
+
+def test_an_isolated_items_output_is_kept_bounded_and_printed_by_the_output_command(
+    isolated: Path,
+) -> None:
+    from durable_dispatch.views.output import read_output
+
+    out = read_output(isolated, "loud")
+    assert len(LOUD) > 1 << 20
+    assert out.stdout == LOUD[-(64 << 10) :]  # its last 64 KiB, exactly
+    assert out.stdout_dropped == len(LOUD) - (64 << 10)
+    assert out.stderr == b"loud's error line\n" and out.stderr_dropped == 0
+    code, text, _ = cli("output", str(isolated), "loud")
+    assert code == 0
+    head_out = f"--- stdout of loud (65536 bytes; {len(LOUD) - 65536} earlier bytes not kept) ---"
+    assert text.startswith(head_out + "\n")
+    assert text.index("tail-of-loud\n--- stderr of loud (18 bytes) ---\nloud's error line\n")
+    code, text, _ = cli("output", str(isolated), "loud", "--json")
+    assert code == 0 and json.loads(text)["stderr"] == "loud's error line\n"
+    # the job's log still has all of it (the worker copies its children's output, as before)
+    assert "head-of-loud" in _LOG["stdout"] and "tail-of-loud" in _LOG["stdout"]
+
+
+def test_a_crashed_or_killed_items_output_is_kept_too(isolated: Path) -> None:
+    from durable_dispatch.views.output import read_output
+
+    assert read_output(isolated, "segv").stderr == b"segv is about to crash\n"
+    assert read_output(isolated, "spin").stdout == b"spin starts spinning\n"
+
+
+def test_the_output_command_says_why_an_item_has_no_output_and_exits_non_zero(
+    isolated: Path, tmp_path: Path
+) -> None:
+    code, _, err = cli("output", str(isolated), "no-such-item")
+    assert code == 2 and "'no-such-item' is no work item" in err
+    code, _, err = cli("output", str(isolated), "burn")
+    assert code == 1 and "wrote nothing" in err
+    state = tmp_path / "state"
+    _campaign(state, "inprocess")
+    code, _, err = cli("output", str(state), "loud")
+    assert code == 1 and "ran without isolation" in err and "worker's standard output" in err
+    code, _, err = cli("output", str(tmp_path / "nowhere"), "loud")
+    assert code == 2
+
+
+def test_each_items_newest_output_survives_a_reopen_and_compaction_drops_older_attempts(
+    isolated: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from durable_dispatch.campaign.statedir import OUTPUTS_JOURNAL
+    from durable_dispatch.storage.journal import read_journal
+    from durable_dispatch.views.output import read_output
+
+    state = tmp_path / "state"
+    shutil.copytree(isolated, state)
+
+    def records() -> list[str]:
+        return [r.payload["work_id"] for r in read_journal(state / OUTPUTS_JOURNAL)]
+
+    assert records().count("twice") == 2  # both attempts printed
+    assert read_output(state, "twice").stdout == b"second attempt of twice\n"
+    with CampaignState.open(state, ranks=(1,)):
+        pass  # a reopen
+    assert read_output(state, "twice").stdout == b"second attempt of twice\n"
+    loud = read_output(state, "loud")
+    compact_state(state)
+    assert sorted(records()) == ["loud", "segv", "spin", "twice"]  # the newest of each
+    assert read_output(state, "twice").stdout == b"second attempt of twice\n"
+    assert read_output(state, "loud") == loud
+
+
+def test_an_outputs_record_that_breaks_its_schema_is_a_corruption_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    from durable_dispatch.campaign.statedir import OUTPUTS_JOURNAL
+    from durable_dispatch.errors import JournalCorruptError
+    from durable_dispatch.storage import Journal
+    from durable_dispatch.views.output import read_output
+
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=(1,)) as st:
+        st.submit([WorkItem("a", 1)])
+    with Journal.open(d / OUTPUTS_JOURNAL, sync="always") as j:
+        j.append({"work_id": "a", "token": "e1-1", "ts": 1.0, "stdout": 5})
+    with pytest.raises(JournalCorruptError, match="stdout"):
+        read_output(d, "a")
+    code, _, err = cli("output", str(d), "a")
+    assert code == 1 and "stdout" in err
