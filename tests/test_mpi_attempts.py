@@ -178,9 +178,11 @@ def test_the_master_keeps_a_current_results_costs_only_and_only_well_formed_ones
 
 
 # ------------------------------------------------------------------------ each item's output
-LOUD = b"head-of-loud\n" + b"".join(
-    f"{i:07d}".encode() + b"o" * 1016 + b"\n" for i in range(1024)
-) + b"tail-of-loud\n"
+LOUD = (
+    b"head-of-loud\n"
+    + b"".join(f"{i:07d}".encode() + b"o" * 1016 + b"\n" for i in range(1024))
+    + b"tail-of-loud\n"
+)
 
 
 def test_an_isolated_items_output_is_kept_bounded_and_printed_by_the_output_command(
@@ -270,3 +272,32 @@ def test_an_outputs_record_that_breaks_its_schema_is_a_corruption_not_a_crash(
         read_output(d, "a")
     code, _, err = cli("output", str(d), "a")
     assert code == 1 and "stdout" in err
+
+
+def test_a_multi_item_dispatch_keeps_each_items_cost_in_its_one_record(tmp_path: Path) -> None:
+    from durable_dispatch.campaign.statedir import STATE_JOURNAL
+    from durable_dispatch.storage.journal import read_journal
+
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=(1,)) as st:
+        st.submit([WorkItem(w, i) for i, w in enumerate("abc")])
+        s = st.next_send(0.0, 3)
+        assert s is not None and len(s.items) == 3
+        st.sent(s.token, 0.0)
+        costs = {
+            "a": {"cpu": 0.5, "rss": 7 * MIB, "by": "child"},
+            "c": {"cpu": 0.25, "rss": None, "by": "child"},
+        }
+        st.note_usage(s.rank, str(s.token), costs)
+        st.on_results(s.rank, str(s.token), [1, 2, 3], 0.0)
+        st.on_ready(s.rank, str(s.token), 0.0)
+        st.tick(0.0)
+    recs = [r.payload for r in read_journal(d / STATE_JOURNAL)]
+    committed = next(p for p in recs if p.get("event") == "committed")
+    assert committed["costs"] == [costs["a"], None, costs["c"]]
+    rows = _rows(d)
+    assert (rows["a"].cpu_seconds, rows["a"].max_rss) == (0.5, 7 * MIB)
+    assert rows["b"].cpu_seconds is None
+    assert (rows["c"].cpu_seconds, rows["c"].max_rss) == (0.25, None)
+    slow = report_series(d)["slowest"]
+    assert slow[0]["cpu_seconds"] == 0.75 and slow[0]["max_rss"] == 7 * MIB

@@ -367,7 +367,7 @@ class IsolatedRunner:
                         crashed = todo[index] if job == self._job else todo[answered]
                         out[crashed] = self._died(child, items[crashed])
                         out[crashed].output = self._last_output(  # type: ignore[union-attr]
-                            job, index if job == self._job else answered
+                            self._job, index if job == self._job else answered
                         )
                         if report is not None:
                             report(crashed, out[crashed])  # type: ignore[arg-type]
