@@ -94,8 +94,8 @@ class Delivery:
     #: work ID -> (journal seq, result) of each memory-only commit of an item that may be a
     #: dependency, until an fsync covers its record (dependencies.py)
     _held_results: dict[str, tuple[int, Any]]
-    #: wire token -> work ID -> what that attempt cost, until its outcome is journaled
-    _costs: dict[str, dict[str, Any]]
+    #: token -> work ID -> what that attempt cost, until its outcome is journaled
+    _costs: dict[Token, dict[str, Any]]
 
     #: While the commit callback runs: True when an fsync covers the commit being delivered,
     #: False for a memory-only commit (the journal is degraded). See :data:`OnCommit`.
@@ -215,16 +215,16 @@ class Delivery:
             rec["cost"] = cost
         self.journal.append(rec)
 
-    def _cost_of(self, token: Any, work_id: str) -> dict[str, Any] | None:
+    def _cost_of(self, token: Token | None, work_id: str) -> dict[str, Any] | None:
         """What the attempt of ``work_id`` under ``token`` cost (:meth:`note_usage`), taken."""
         if not self._costs or token is None:
             return None
-        costs = self._costs.get(str(token))
+        costs = self._costs.get(token)
         if costs is None:
             return None
         c: dict[str, Any] | None = costs.pop(work_id, None)
         if not costs:
-            del self._costs[str(token)]
+            del self._costs[token]
         return c
 
     # ------------------------------------------------------------ the commits
@@ -243,7 +243,7 @@ class Delivery:
             wids, results = tuple([c.work_id for c in commits]), tuple([c.result for c in commits])
         ev = Committed(first.token, first.rank, wids, results, time.time())
         rec = ev.encode()
-        costs = self._costs.get(str(first.token)) if self._costs else None
+        costs = self._costs.get(first.token) if self._costs and first.token else None
         if costs:  # what each attempt cost (note_usage): informational, replay ignores it
             if len(wids) == 1:
                 if (c := costs.get(wids[0])) is not None:
@@ -266,7 +266,7 @@ class Delivery:
             for w in wids:
                 costs.pop(w, None)
             if not costs:
-                del self._costs[str(first.token)]
+                del self._costs[first.token]
         if self._has_after:  # G4: keep what a dependent needs (dependencies.py)
             self._note_commits(commits)
         self._pending_commits.append(_PendingCommit(r.seq, first.token, commits, on_commit))

@@ -24,16 +24,21 @@ log = logging.getLogger("durable_dispatch.state")
 _COSTS_HELD = 4096  # dispatches whose costs wait for their items' outcomes, at most
 
 
-def _cost(c: Any) -> dict[str, Any] | None:
-    """A worker's cost entry as a record keeps it (``schema.is_cost``), or None."""
-    if type(c) is not dict:
-        return None
-    cpu, rss, by = c.get("cpu"), c.get("rss"), c.get("by")
-    if not (cpu is None or type(cpu) in (int, float)) or not (rss is None or type(rss) is int):
-        return None
-    if type(by) is not str:
-        return None
-    return {"cpu": cpu, "rss": rss, "by": by[:32]}
+_NUMBER = frozenset((int, float, type(None)))
+_INT = frozenset((int, type(None)))
+
+
+def _is_cost(c: Any) -> bool:
+    """True for a worker's cost entry a record may keep as it is (``schema.is_cost``, and
+    nothing more: three members, a short ``by``)."""
+    return (
+        type(c) is dict
+        and len(c) == 3
+        and type(c.get("cpu")) in _NUMBER
+        and type(c.get("rss")) in _INT
+        and type(by := c.get("by")) is str
+        and len(by) <= 32
+    )
 
 
 class LoopCalls:
@@ -44,7 +49,7 @@ class LoopCalls:
     journal: Journal
     _epoch_seq: int | None
     _hosts: dict[int, str]
-    _costs: dict[str, dict[str, Any]]
+    _costs: dict[Token, dict[str, Any]]
     _outputs: Outputs | None
     _lock: Any
     directory: str
@@ -123,23 +128,32 @@ class LoopCalls:
         isolation): appended to the outputs journal now (:mod:`.outputs`: written in the
         background, never waited for). A RESULT that is not current is ignored, as are entries
         that are not costs or outputs (a worker's word, checked before it is kept)."""
-        if not self.core.runs(rank, token):
+        t = self.core.current_token(rank, token)
+        if t is None:
             return
         if type(outputs) is dict:
             ts = time.time()
             for w, entry in outputs.items():
-                if type(w) is str and (rec := output_record(w, str(token), entry, ts)):
+                if type(w) is str and (rec := output_record(w, str(t), entry, ts)):
                     if self._outputs is None:
                         self._outputs = Outputs(self.directory, self._lock.claim)
                     self._outputs.append(rec)
         if type(costs) is not dict:
             return
-        clean = {w: k for w, c in costs.items() if type(w) is str and (k := _cost(c)) is not None}
+        if len(costs) == 1:  # (batch 1: the usual RESULT, no copy)
+            ((w, c),) = costs.items()
+            clean = costs if type(w) is str and _is_cost(c) else None
+        else:
+            clean = {w: c for w, c in costs.items() if type(w) is str and _is_cost(c)}
         if clean:
             held = self._costs
+            got = held.get(t)
+            if got is not None:
+                got.update(clean)
+                return
             if len(held) > _COSTS_HELD:  # (a token whose items never ended: dropped, oldest)
                 del held[next(iter(held))]
-            held.setdefault(str(token), {}).update(clean)
+            held[t] = clean
 
     def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
         """A HEARTBEAT from ``rank``; see :meth:`Dispatcher.on_heartbeat`."""

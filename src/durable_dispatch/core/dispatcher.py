@@ -250,11 +250,11 @@ class Dispatcher(Rollbacks, Views):
         """The shell wrote the snapshot a :class:`PersistSnapshot` asked for."""
         self._snapshot_required = None
 
-    def runs(self, rank: int, token: object) -> bool:
-        """True when ``rank`` runs a dispatch under the wire ``token`` now (its RESULT would be
-        current); a question only, nothing counted."""
+    def current_token(self, rank: int, token: object) -> Token | None:
+        """The token of the dispatch ``rank`` runs under the wire ``token`` now (its RESULT
+        would be current), or None; a question only, nothing counted."""
         tx = self._open.get(token) if type(token) is str else None
-        return tx is not None and tx.rank == rank
+        return tx.token if tx is not None and tx.rank == rank else None
 
     # -------------------------------------------------------------- messages
     def _resolve(self, rank: int, token: object, message: str) -> Transaction | list[Decision]:
