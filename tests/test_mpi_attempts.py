@@ -35,6 +35,20 @@ CAMPAIGN = Path(__file__).parent / "children" / "cost_campaign.py"
 MIB = 1 << 20
 
 
+def _can_reset_the_peak() -> bool:
+    """Linux lets a process reset its peak resident size (``/proc/self/clear_refs``); where it
+    does not, an item's peak is not measured (null), which the memory tests then check."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+PEAK = _can_reset_the_peak()
+
+
 def cli(*args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -70,10 +84,13 @@ def test_each_isolated_attempt_reports_its_own_cpu_and_peak_memory(isolated: Pat
     burn, small = rows["burn"], rows["small"]
     assert burn.cost_measured == small.cost_measured == "child"
     assert burn.cpu_seconds is not None and burn.cpu_seconds >= 0.3  # its own CPU clock's 0.3 s
+    assert small.cpu_seconds is not None and small.cpu_seconds < burn.cpu_seconds
+    if not PEAK:
+        assert burn.max_rss is None and small.max_rss is None
+        return
     assert burn.max_rss is not None and burn.max_rss >= 96 * MIB
     # the next item in the same child: its own peak, not the child's high-water mark
     assert small.max_rss is not None and small.max_rss < burn.max_rss - 64 * MIB
-    assert small.cpu_seconds is not None and small.cpu_seconds < burn.cpu_seconds
 
 
 def test_a_child_killed_by_a_signal_still_reports_what_its_item_cost(isolated: Path) -> None:
@@ -87,7 +104,8 @@ def test_a_child_killed_by_a_signal_still_reports_what_its_item_cost(isolated: P
     spin = rows["spin"]  # killed at its own timeout: its peak read before the kill
     assert spin.last_failure_kind == "timeout" and spin.cost_measured == "child-ended"
     assert spin.cpu_seconds is not None and spin.cpu_seconds > 0
-    assert spin.max_rss is not None and 64 * MIB <= spin.max_rss < 160 * MIB
+    if PEAK:
+        assert spin.max_rss is not None and 64 * MIB <= spin.max_rss < 160 * MIB
 
 
 def test_the_costs_survive_a_reopen_and_a_compaction_and_show_in_table_and_report(
@@ -110,7 +128,8 @@ def test_the_costs_survive_a_reopen_and_a_compaction_and_show_in_table_and_repor
     assert code == 0 and "cpu s" in table.splitlines()[0] and "peak MiB" in table.splitlines()[0]
     burn = next(x for x in table.splitlines() if x.startswith("burn "))
     assert f"{after['burn']['cpu_seconds']:.2f}" in burn
-    assert f"{after['burn']['max_rss'] / MIB:.1f}" in burn
+    if PEAK:
+        assert f"{after['burn']['max_rss'] / MIB:.1f}" in burn
     rows = [json.loads(x) for x in cli("joblog", str(state), "--jsonl")[1].splitlines()]
     assert {r["work_id"]: r["max_rss"] for r in rows} == {w: a["max_rss"] for w, a in after.items()}
     series = report_series(isolated)  # (before compaction: every attempt's dispatch is there)
@@ -128,7 +147,8 @@ def test_without_isolation_the_worker_measures_itself_and_says_so(tmp_path: Path
     rows = _rows(state)
     assert {r.cost_measured for r in rows.values()} == {"in-process"}
     assert rows["burn"].cpu_seconds is not None and rows["burn"].cpu_seconds >= 0.3
-    assert rows["burn"].max_rss is not None and rows["burn"].max_rss >= 96 * MIB
+    if PEAK:
+        assert rows["burn"].max_rss is not None and rows["burn"].max_rss >= 96 * MIB
     code, table, _ = cli("joblog", str(state))
     assert code == 0
     burn = next(x for x in table.splitlines() if x.startswith("burn "))

@@ -265,6 +265,6 @@ def cmd_joblog(args: argparse.Namespace) -> int:
     if in_process:
         print(
             "* measured in the worker's own process (isolate=False): other threads of the "
-            "worker count too"
+            "worker count too, and the peak is the worker's high-water mark so far"
         )
     return EXIT_OK

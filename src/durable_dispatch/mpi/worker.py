@@ -144,7 +144,7 @@ class _InProcessRunner:
         threading.Thread(target=self._thread, name="durable-dispatch-work", daemon=True).start()
 
     def _thread(self) -> None:
-        meter = Meter("in-process")  # (this process: other threads count too)
+        meter = Meter("in-process", per_item=False)  # (this process: other threads count too)
         while True:
             items, deadline, lease, box, finished = self.jobs.get()
             beat = functools.partial(self.beats.put, 1)

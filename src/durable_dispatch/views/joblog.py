@@ -61,7 +61,8 @@ class JobRow:
         cost_measured: how those two were measured: ``child`` (in the isolated child, around
             the item), ``child-ended`` (the child died or was killed in the item: ``wait4``'s
             figures), ``in-process`` (in the worker's own process, ``isolate=False``: other
-            threads count too), or None (see :mod:`durable_dispatch.mpi.usage`).
+            threads count too, and the peak is the worker's high-water mark so far), or None
+            (see :mod:`durable_dispatch.mpi.usage`).
     """
 
     work_id: str

@@ -556,7 +556,8 @@ def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str
         ),
         '<p class="legend">CPU seconds (user + system) and peak resident memory of the process '
         "that ran the attempt's items, as its worker measured them: in the isolated child, or "
-        "(marked *) in the worker's own process, where its other threads count too.</p>",
+        "(marked *) in the worker's own process, where its other threads count too and the "
+        "peak is the worker's high-water mark so far.</p>",
     ]
     style = (
         "body{font-family:sans-serif;margin:24px;color:#222;max-width:1800px}"
