@@ -83,6 +83,15 @@ def output_entry(said: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
+def _waiting(fd: int, n: bytearray) -> bool:
+    """True when bytes wait in the pipe ``fd`` is an end of (``n``: a 4-byte scratch)."""
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, n, True)
+    except OSError:
+        return False
+    return n != b"\0\0\0\0"
+
+
 class _Tail:
     """The last :data:`TAIL_BYTES` of a stream, and how many bytes before them were dropped."""
 
@@ -161,9 +170,16 @@ class Relay:
             os.close(source)
             out.close()
 
+    @property
+    def holds(self) -> bool:
+        """True when some item's tails are kept (read without the lock: a hint)."""
+        return bool(self._tails)
+
     def take(self, key: int) -> dict[str, Any] | None:
         """The tails of item ``key`` (forgotten here): ``{"stdout": bytes, "stderr": bytes,
         "dropped": [stdout's, stderr's]}``, or None when it wrote nothing."""
+        if not self._tails:  # (the usual item: nothing written, no lock taken)
+            return None
         with self._lock:
             tails = self._tails.pop(key, None)
         if tails is None:
@@ -213,6 +229,7 @@ class ChildSide:
         self.page = mmap.mmap(page_fd, _PAGE)
         os.close(page_fd)
         self._watch = (os.dup(1), os.dup(2))  # (the relay's pipes, whatever fd 1 becomes)
+        self._count = bytearray(4)  # (FIONREAD's answer, written in place)
         try:
             import ctypes
 
@@ -234,9 +251,11 @@ class ChildSide:
                 pass
         if self._fflush is not None:
             self._fflush(None)  # what C code wrote with stdio
-        page, (out, err) = self.page, self._watch
+        page, (out, err), n = self.page, self._watch, self._count
         end = 0.0
-        while _unread(out) or page[_FLAG] or _unread(err) or page[_FLAG + 1]:
+        while (
+            _waiting(out, n) or page[_FLAG] or _waiting(err, n) or page[_FLAG + 1]
+        ):  # (the relay still has bytes to read, or is between a read and its bookkeeping)
             now = time.monotonic()
             if not end:
                 end = now + SETTLE_SECONDS

@@ -28,12 +28,14 @@ from .capture import ChildSide, item_key
 from .context import run_items
 from .usage import Meter
 
-__all__ = ["child_main", "pack", "unpack", "PROGRESS", "FLUSH_SECONDS"]
+__all__ = ["child_main", "pack", "unpack", "PROGRESS", "COST", "FLUSH_SECONDS"]
 
 #: The shared page's layout: the job number and the index of the item the child runs, and the
 #: child's CPU seconds when that item started (so the worker can tell what an item that died
 #: cost from ``wait4``'s figure for the whole child).
 PROGRESS = struct.Struct("=qqd")
+#: A ``C`` entry's body: an item's CPU seconds and its peak resident bytes (-1: not measured).
+COST = struct.Struct("=dq")
 #: The child sends what it has at least this often, and after each job.
 FLUSH_SECONDS = 0.02
 
@@ -89,11 +91,14 @@ def child_main(argv: list[str]) -> int:
 
         beat = functools.partial(send, b"B")
         lease = float(job["lease"])
+        meter.rebase()
         for o in run_items(
             fn, mode, job["items"], job["deadline"], lease, beat, max_result, started, meter
         ):
             capture.end()  # (what it wrote is read by the worker before its outcome arrives)
-            cost = pack(b"C", orjson.dumps(o.cost))  # (before its outcome: the same item's)
+            spent = o.cost or {}  # (before its outcome: the same item's; -1: no peak)
+            rss = spent.get("rss")
+            cost = pack(b"C", COST.pack(spent.get("cpu") or 0.0, -1 if rss is None else rss))
             if o.raw is not None:
                 held.add(cost + pack(b"R", o.raw))
             else:

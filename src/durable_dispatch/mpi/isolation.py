@@ -24,7 +24,7 @@ Frames on the two pipes (``multiprocessing.connection`` framing): the worker sen
 set-up, then one JSON frame per dispatch (``{"job", "items", "deadline", "lease"}``); the child
 answers ``S`` (ready) or ``X`` + reason (cannot start) once; then ``B`` for each heartbeat, and
 frames of entries (a tag, a 4-byte length, a body), two entries per item in order: ``C`` + its
-cost (:mod:`.usage`), then ``R`` + result JSON or ``E`` + ``{"kind", "reason"}``. Before each
+cost (:data:`.child.COST`; see :mod:`.usage`), then ``R`` + result JSON or ``E`` + ``{"kind", "reason"}``. Before each
 item the child writes the job number, the item's index and its own CPU time into a shared page
 (a ``memfd``), so the worker knows which item a crash belongs to even when the results of the
 items before it were not sent yet, and what that item cost (``wait4``'s figure for the child,
@@ -51,7 +51,7 @@ import orjson
 from .. import processes
 from ..errors import IsolationError
 from .capture import Relay, item_key
-from .child import PROGRESS, unpack
+from .child import COST, PROGRESS, unpack
 from .context import CHILD_MARKER, ItemOutcome
 from .usage import cost, peak_of
 
@@ -374,7 +374,8 @@ class IsolatedRunner:
                         break  # the rest (unanswered, or not yet sent back) go to a new child
                     for tag, body in unpack(frame):
                         if tag == b"C":  # the next outcome's cost
-                            spent = orjson.loads(body)
+                            cpu, rss = COST.unpack(body)
+                            spent = cost(cpu, None if rss < 0 else rss, "child")
                             continue
                         if tag == b"B":
                             beat()
@@ -394,8 +395,9 @@ class IsolatedRunner:
                                 spent,
                             )
                         spent = None
-                        said = self._output.take(item_key(self._job, answered))
-                        out[todo[answered]].output = said  # type: ignore[union-attr]
+                        if self._output.holds:  # (else nothing was written: no call)
+                            said = self._output.take(item_key(self._job, answered))
+                            out[todo[answered]].output = said  # type: ignore[union-attr]
                         if report is not None:
                             report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
                         answered += 1

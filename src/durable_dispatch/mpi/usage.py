@@ -66,11 +66,24 @@ def cpu_seconds() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
+_RSS = b"VmRSS:"
+
+
 class Meter:
-    """Measures this process around each item: :meth:`start` before it, :meth:`stop` after.
-    With ``per_item`` (the isolated child) the peak is the item's own (a few microseconds: a
-    write and a read of ``/proc/self``); without, it is the process's high-water mark
-    (``ru_maxrss``, the in-process worker's: ``getrusage`` only)."""
+    """Measures this process around each item: :meth:`rebase` when a dispatch arrives,
+    :meth:`start` before each item, :meth:`stop` after it. Two ``getrusage`` calls an item: an
+    item's figures start where the one before it ended, so they include the library's own
+    bookkeeping between the two (microseconds); the first item of a dispatch starts at
+    :meth:`rebase`.
+
+    With ``per_item`` (the isolated child) the peak is the item's own: reset before it (a write
+    to ``/proc/self/clear_refs``), read after it (``VmHWM``). Both (a few microseconds) are
+    skipped for an item that touched no new page (no page fault, ``getrusage``'s counts) when
+    none was touched since the last read either and the peak then was the size then: the
+    process cannot have grown, and the item's peak is that size (``VmRSS`` at the last read:
+    an upper bound, exact unless it shrank). Without
+    ``per_item`` (the in-process worker: ``getrusage`` only, a few hundred nanoseconds) the peak
+    is the process's high-water mark (``ru_maxrss``)."""
 
     def __init__(self, by: str, *, per_item: bool = True) -> None:
         self.by = by
@@ -78,6 +91,13 @@ class Meter:
         self._clear: int | None = None
         self._status: int | None = None
         self._per_item = per_item
+        self._faults0 = -1  # page faults when the item started
+        self._read_at = -2  # page faults when the status was last read
+        self._rss: int | None = None  # the resident size at that read
+        self._reset = True  # the peak must be reset before the next item
+        self._cpu_at = 0.0  # the CPU time and page faults at the last rebase or stop
+        self._faults_at = -1
+        self.rebase()
         if not per_item:
             return
         try:
@@ -87,29 +107,51 @@ class Meter:
             self.close()
 
     def start(self) -> None:
-        """An item starts: reset the peak, note the CPU time."""
-        if self._clear is not None:
+        """An item starts: reset the peak if it may be above the size now (see the class)."""
+        self.cpu0 = self._cpu_at
+        self._faults0 = faults = self._faults_at
+        if self._clear is not None and (self._reset or faults != self._read_at):
             try:
                 os.write(self._clear, b"5")  # the peak resident size restarts from now
             except OSError:
                 self.close()
-        self.cpu0 = cpu_seconds()
+
+    def rebase(self) -> None:
+        """A dispatch arrived: its first item's figures start now."""
+        s = resource.getrusage(resource.RUSAGE_SELF)
+        c = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self._cpu_at = s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+        self._faults_at = s.ru_minflt + s.ru_majflt
 
     def stop(self) -> dict[str, Any]:
         """The item ended: its cost."""
+        s = resource.getrusage(resource.RUSAGE_SELF)
+        c = resource.getrusage(resource.RUSAGE_CHILDREN)
+        now = s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+        cpu = now - self.cpu0
+        self._cpu_at = now
+        self._faults_at = faults = s.ru_minflt + s.ru_majflt
         if not self._per_item:
-            s = resource.getrusage(resource.RUSAGE_SELF)
-            c = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime - self.cpu0
             return cost(cpu, s.ru_maxrss * 1024, self.by)
-        cpu = cpu_seconds() - self.cpu0
-        rss = None
-        if self._status is not None:
+        if self._status is None:
+            return cost(cpu, None, self.by)
+        if faults == self._faults0 == self._read_at and self._rss is not None:
+            return cost(cpu, self._rss, self.by)  # (no page touched since the last read)
+        try:
+            status = os.pread(self._status, 4096, 0)
+        except OSError:
+            return cost(cpu, None, self.by)
+        rss, at = None, status.find(_RSS)
+        if at >= 0:
             try:
-                rss = _hwm(os.pread(self._status, 4096, 0))
-            except OSError:
+                rss = int(status[at + len(_RSS) : status.find(b"kB", at)]) * 1024
+            except ValueError:
                 rss = None
-        return cost(cpu, rss, self.by)
+        hwm = _hwm(status)
+        self._rss = rss
+        self._read_at = faults
+        self._reset = hwm != rss  # (it grew and shrank: the next item starts from a reset)
+        return cost(cpu, hwm, self.by)
 
     def close(self) -> None:
         """Stop measuring the peak (the CPU time is still measured)."""

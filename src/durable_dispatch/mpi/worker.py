@@ -148,6 +148,7 @@ class _InProcessRunner:
         while True:
             items, deadline, lease, box, finished = self.jobs.get()
             beat = functools.partial(self.beats.put, 1)
+            meter.rebase()
             for o in run_items(
                 self.fn, self.mode, items, deadline, lease, beat, self.max_result, meter=meter
             ):
