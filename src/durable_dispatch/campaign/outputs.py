@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import DurableDispatchError, JournalCorruptError
+from ..errors import DurableDispatchError, JournalCorruptError, RecordTooLargeError
 from ..schema import Invalid, check_output_record
 from ..storage import Journal
 from ..storage.journal import read_journal
@@ -87,6 +87,8 @@ class Outputs:
                     directory_claim=self._claim,
                 )
             self._journal.append(dict(rec))
+        except RecordTooLargeError as e:  # (this one only: the next may fit)
+            log.warning("the output of %s is not kept: %s", rec.get("work_id"), e)
         except (DurableDispatchError, OSError) as e:
             self._failed = True
             log.warning("the items' outputs are not kept from now on (%s): %s", self._path, e)

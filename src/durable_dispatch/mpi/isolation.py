@@ -24,11 +24,11 @@ Frames on the two pipes (``multiprocessing.connection`` framing): the worker sen
 set-up, then one JSON frame per dispatch (``{"job", "items", "deadline", "lease"}``); the child
 answers ``S`` (ready) or ``X`` + reason (cannot start) once; then ``B`` for each heartbeat, and
 frames of entries (a tag, a 4-byte length, a body), two entries per item in order: ``C`` + its
-cost (:data:`.child.COST`; see :mod:`.usage`), then ``R`` + result JSON or ``E`` + ``{"kind", "reason"}``. Before each
-item the child writes the job number, the item's index and its own CPU time into a shared page
-(a ``memfd``), so the worker knows which item a crash belongs to even when the results of the
-items before it were not sent yet, and what that item cost (``wait4``'s figure for the child,
-less its CPU time when the item started).
+cost (:data:`.child.COST`; see :mod:`.usage`), then ``R`` + result JSON or ``E`` + ``{"kind",
+"reason"}``. Before each item the child writes the job number, the item's index and its own
+CPU time into a shared page (a ``memfd``), so the worker knows which item a crash belongs to
+even when the results of the items before it were not sent yet, and what that item cost
+(``wait4``'s figure for the child, less its CPU time when the item started).
 """
 
 from __future__ import annotations
