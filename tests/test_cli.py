@@ -223,6 +223,7 @@ def test_every_command_has_help_and_docs() -> None:
         "inspect",
         "joblog",
         "launch",
+        "output",
         "report",
         "results",
         "retry",

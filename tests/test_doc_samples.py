@@ -46,6 +46,10 @@ PAGES = [
 #: sample name -> the test that produces and compares it ("file.py::function")
 SAMPLES = {
     "cli-error-json": "test_doc_samples.py::test_the_error_object_sample",
+    "cli-output": (
+        "test_mpi_attempts.py::"
+        "test_an_isolated_items_output_is_kept_bounded_and_printed_by_the_output_command"
+    ),
     "stats-running": "test_doc_samples.py::test_the_stats_samples_of_a_running_campaign",
     "stats-allocation": "test_doc_samples.py::test_the_stats_samples_of_a_running_campaign",
     "watch-json": "test_doc_samples.py::test_the_stats_samples_of_a_running_campaign",

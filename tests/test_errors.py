@@ -24,6 +24,7 @@ SAMPLES = [
     E.NotDurableError("nd", path="/s", op="write", errno=errno.EIO, pending=7),
     E.LockHeldError("held", path="/s/j.jsonl.lock"),
     E.NoMasterError("none", path="/s"),
+    E.NoOutputError("no output kept", work_id="w-1", path="/s"),
     E.ProtocolError("bad msg", rank=3, reason="not JSON"),
     E.CampaignMismatchError("other campaign", path="/s", recorded="a.py", given="b.py"),
 ]

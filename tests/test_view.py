@@ -455,6 +455,9 @@ def test_the_joblog_lists_every_item_with_its_tries_failure_start_and_rank(
         "call",
         "signal",
         "traceback",
+        "cpu_seconds",
+        "max_rss",
+        "cost_measured",
     }
     assert all(r["host"] is None for r in rows)  # (no worker here named its host)
     assert all(r["traceback"] is None for r in rows)  # (timeouts: no function raised)

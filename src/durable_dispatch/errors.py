@@ -39,6 +39,7 @@ __all__ = [
     "NotDurableError",
     "LockHeldError",
     "NoMasterError",
+    "NoOutputError",
     "ProtocolError",
     "TaskFailed",
     "DependencyFailed",
@@ -413,6 +414,38 @@ class NoMasterError(UsageError):
 
     def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None) -> None:
         super().__init__(message, path=_fmt_path(path))
+
+    @property
+    def path(self) -> str | None:
+        """The state directory."""
+        return self._facts.get("path")
+
+
+class NoOutputError(DurableDispatchError):
+    """``durable-dispatch output`` found no kept output for a work item of the campaign, and says
+    why: it ran without isolation (its prints went to the worker's standard output, the job's
+    log), it has not run yet, its run printed nothing, or the outputs journal holds none for it
+    (an earlier version, or a disk that refused it). An ID the campaign does not know is a
+    :class:`UsageError` instead.
+
+    Attributes:
+        work_id: the item.
+        path: the state directory.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        work_id: str | None = None,
+        path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(message, work_id=work_id, path=_fmt_path(path))
+
+    @property
+    def work_id(self) -> str | None:
+        """The item."""
+        return self._facts.get("work_id")
 
     @property
     def path(self) -> str | None:

@@ -36,6 +36,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "kill_group",
@@ -306,13 +307,16 @@ def kill_descendants(root: int | None = None) -> list[int]:
     return _kill_below([root], include_roots=False)
 
 
-def kill_trees(roots: list[int]) -> list[int]:
+def kill_trees(roots: list[int], reaped: dict[int, tuple[int, Any]] | None = None) -> list[int]:
     """SIGKILL each of ``roots`` and every descendant of them, and reap those that are this
-    process's children; returns the pids killed."""
-    return _kill_below(roots, include_roots=True)
+    process's children; returns the pids killed. ``reaped`` (optional) receives, by pid, the
+    wait status and the ``resource`` usage (``os.wait4``'s) of each process reaped."""
+    return _kill_below(roots, include_roots=True, reaped=reaped)
 
 
-def _kill_below(roots: list[int], *, include_roots: bool) -> list[int]:
+def _kill_below(
+    roots: list[int], *, include_roots: bool, reaped: dict[int, tuple[int, Any]] | None = None
+) -> list[int]:
     parents = _parents()
     below: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
@@ -339,11 +343,13 @@ def _kill_below(roots: list[int], *, include_roots: bool) -> list[int]:
         left = []
         for pid in mine:
             try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
+                done, status, usage = os.wait4(pid, os.WNOHANG)
             except (ChildProcessError, OSError):
                 continue  # reaped elsewhere (a Popen object of its own)
             if done == 0:
                 left.append(pid)
+            elif reaped is not None:
+                reaped[pid] = (status, usage)
         mine = left
         if not mine or time.monotonic() > end:
             break

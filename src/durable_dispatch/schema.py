@@ -40,6 +40,8 @@ __all__ = [
     "check_state_snapshot",
     "check_submission_record",
     "is_work_item",
+    "is_cost",
+    "check_output_record",
 ]
 
 Check = Callable[[Any], bool]
@@ -82,6 +84,22 @@ def is_str_or_none(v: Any) -> bool:
 def is_int_or_none(v: Any) -> bool:
     """True for an int or None."""
     return v is None or type(v) is int
+
+
+def is_cost(v: Any) -> bool:
+    """True for what an attempt cost as a record keeps it: ``{"cpu": seconds or null, "rss":
+    bytes or null, "by": how it was measured}`` (more members allowed)."""
+    return (
+        type(v) is dict
+        and is_num_or_none(v.get("cpu"))
+        and is_int_or_none(v.get("rss"))
+        and type(v.get("by")) is str
+    )
+
+
+def is_cost_or_none(v: Any) -> bool:
+    """True for a cost (:func:`is_cost`) or None."""
+    return v is None or is_cost(v)
 
 
 def list_of(check: Check) -> Check:
@@ -141,6 +159,8 @@ _WHY: dict[Check, str] = {
     is_int_or_none: "not an integer or null",
     _item: "not a work item (an object with a string work_id)",
     _in_flight: "not an in-flight entry (token, rank, work)",
+    is_cost: "not a cost (an object with cpu, rss and by)",
+    is_cost_or_none: "not a cost (an object with cpu, rss and by) or null",
 }
 
 
@@ -173,10 +193,39 @@ _DEFER_EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
             "inputs": lambda v: type(v) is list,
             "self_contained": lambda v: type(v) is bool,
             "traceback": is_str_or_none,
+            "cost": is_cost,
         },
     ),
     "resolved": ({"work_id": is_str}, {"how": is_str_or_none}),
 }
+
+
+_OUTPUT: tuple[dict[str, Check], dict[str, Check]] = (
+    {"work_id": is_str},
+    {
+        "token": is_str_or_none,
+        "ts": is_num_or_none,
+        "stdout": is_str,
+        "stderr": is_str,
+        "stdout_b64": is_str,
+        "stderr_b64": is_str,
+        "stdout_dropped": is_int,
+        "stderr_dropped": is_int,
+    },
+)
+
+
+def check_output_record(p: Any) -> None:
+    """Check one record of the outputs journal (``outputs.jsonl``): an item's ``work_id``, its
+    dispatch's ``token``, ``ts``, and for each stream its text (``stdout``) or bytes in base64
+    (``stdout_b64``) and how many bytes before them were dropped (``stdout_dropped``).
+
+    Raises:
+        Invalid: naming the first member that is missing or of the wrong type.
+    """
+    if type(p) is not dict:
+        raise Invalid("(record)", "not an object")
+    check_members(p, *_OUTPUT)
 
 
 def check_defer_record(p: Any) -> None:

@@ -19,6 +19,7 @@ from ..errors import StorageError
 from ..storage import DeferJournal, Journal
 from ..storage.format import Header, new_salt
 from ..storage.scan import RawBatch
+from .outputs import compact_outputs
 from .replay import (
     Stored,
     _decoded,
@@ -256,7 +257,8 @@ def compact_state(
     projection), not the journal's size. Committed results are never dropped (U6): before (2)
     every committed record not moved yet is appended to the results journal (``results.jsonl``)
     with its sequence number, and fsynced; a compaction interrupted after that moves nothing
-    twice.
+    twice. Then the outputs journal (``outputs.jsonl``) is rewritten with each item's newest
+    output only (:func:`~.outputs.compact_outputs`).
 
     The journal is read once: the open's verifying scan hands each run of records to the fold
     (``Journal.open(visit=...)``); only if the open had to repair damage first are the records
@@ -308,6 +310,7 @@ def compact_state(
             }
             gen = snaps.save(body)
             j.replace_contents([], first_seq=last + 1)
+        compact_outputs(d)  # each item's newest output only (outputs.py)
         after_size = os.path.getsize(jpath)
         return CompactReport(jpath, before, 0, size, after_size, gen, False)
 

@@ -94,6 +94,8 @@ class Delivery:
     #: work ID -> (journal seq, result) of each memory-only commit of an item that may be a
     #: dependency, until an fsync covers its record (dependencies.py)
     _held_results: dict[str, tuple[int, Any]]
+    #: token -> work ID -> what that attempt cost, until its outcome is journaled
+    _costs: dict[Token, dict[str, Any]]
 
     #: While the commit callback runs: True when an fsync covers the commit being delivered,
     #: False for a memory-only commit (the journal is degraded). See :data:`OnCommit`.
@@ -170,10 +172,11 @@ class Delivery:
                     refused += self._journal_commits(group, on_commit)
                     group = []
             elif isinstance(d, Requeue):
-                self._journal_event_of(d)
+                self._journal_event_of(d, self._cost_of(d.token, d.work_id))
             elif isinstance(d, Defer):
                 w = d.work
-                self._journal_event_of(d)
+                cost = self._cost_of(d.token, w.work_id)
+                self._journal_event_of(d, cost)
                 try:
                     rec = self.defer.defer(
                         w.work_id,
@@ -184,6 +187,7 @@ class Delivery:
                         inputs=w.inputs,
                         self_contained=w.self_contained,
                         traceback=d.traceback,
+                        cost=cost,
                     )
                     persisted = rec.persisted
                 except StorageDegradedError:
@@ -198,15 +202,30 @@ class Delivery:
                 self._save_snapshot(d.reason)
         return refused
 
-    def _journal_event_of(self, d: Decision) -> None:
+    def _journal_event_of(self, d: Decision, cost: dict[str, Any] | None = None) -> None:
         """Journal the event the core applied to its ledger for decision ``d`` (one encoding:
         replay decodes it into the same ledger change), with the wall-clock time it happened
-        (``ts``: informational, for ``durable-dispatch report``; replay ignores it)."""
+        (``ts``: informational, for ``durable-dispatch report``; replay ignores it) and what
+        the attempt cost, when its worker said (``cost``: informational too)."""
         ev = of_decision(d)  # (a Send's own event: the one the core applied)
         assert ev is not None, d
         rec = ev.encode()
         rec["ts"] = time.time()
+        if cost is not None:
+            rec["cost"] = cost
         self.journal.append(rec)
+
+    def _cost_of(self, token: Token | None, work_id: str) -> dict[str, Any] | None:
+        """What the attempt of ``work_id`` under ``token`` cost (:meth:`note_usage`), taken."""
+        if not self._costs or token is None:
+            return None
+        costs = self._costs.get(token)
+        if costs is None:
+            return None
+        c: dict[str, Any] | None = costs.pop(work_id, None)
+        if not costs:
+            del self._costs[token]
+        return c
 
     # ------------------------------------------------------------ the commits
     def _journal_commits(
@@ -223,8 +242,16 @@ class Delivery:
         else:
             wids, results = tuple([c.work_id for c in commits]), tuple([c.result for c in commits])
         ev = Committed(first.token, first.rank, wids, results, time.time())
+        rec = ev.encode()
+        costs = self._costs.get(first.token) if self._costs and first.token else None
+        if costs:  # what each attempt cost (note_usage): informational, replay ignores it
+            if len(wids) == 1:
+                if (c := costs.get(wids[0])) is not None:
+                    rec["cost"] = c
+            else:
+                rec["costs"] = [costs.get(w) for w in wids]
         try:
-            r = self.journal.append(ev.encode())
+            r = self.journal.append(rec)
         except RecordTooLargeError as e:
             if len(commits) > 1:
                 half = len(commits) // 2
@@ -235,6 +262,11 @@ class Delivery:
                 return self._refuse_part(first, str(e))
             log.error("result of %s cannot be journaled: %s", first.work_id, e)
             return self.core.commit_refused(first.token, first.work_id, f"result too large: {e}")
+        if costs:
+            for w in wids:
+                costs.pop(w, None)
+            if not costs:
+                del self._costs[first.token]
         if self._has_after:  # G4: keep what a dependent needs (dependencies.py)
             self._note_commits(commits)
         self._pending_commits.append(_PendingCommit(r.seq, first.token, commits, on_commit))

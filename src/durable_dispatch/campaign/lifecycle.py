@@ -194,6 +194,9 @@ def close_state(st: Any) -> None:
     """:meth:`CampaignState.close <durable_dispatch.campaign.state.CampaignState.close>`'s work:
     the last deliveries, the snapshot, the journals, the lock."""
     waited: BaseException | None = None
+    if st._outputs is not None:  # (never raises: the outputs are diagnostics, see outputs.py)
+        st._outputs.close()
+        st._outputs = None
     if st._dir_sync is not None:  # (its thread ends before the journals close)
         waited = st._dir_sync.wait()  # an interrupt: raised once all is closed
         st._dir_sync = None

@@ -69,11 +69,13 @@ from ..storage import fs as _fs
 from ..storage import resources as _resources
 from ..storage.background import BackgroundSaver
 from ..storage.background import Beside as _Beside
+from ..tokens import Token
 from ..values import Refused, all_plain, stored
 from .delivery import Delivery, OnCommit, _PendingCommit
 from .dependencies import Dependencies
 from .lifecycle import close_state, open_state
 from .loop import LoopCalls
+from .outputs import Outputs
 from .replay import (
     paused_gc,
     release_frozen,
@@ -190,6 +192,8 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck_since: float | None = None  # since when every live worker is parked
         self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
+        self._costs: dict[Token, dict[str, Any]] = {}  # token -> work ID -> cost (note_usage)
+        self._outputs: Outputs | None = None  # the items' outputs, opened at the first
         #: the sequence number of this run's epoch record until it is durable (next_send)
         self._epoch_seq: int | None = None
         self._dep_results: dict[str, list[Any]] = {}  # G4: see dependencies.py

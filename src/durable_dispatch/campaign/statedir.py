@@ -38,6 +38,8 @@ __all__ = [
     "LOCK_NAME",
     "RESULTS_JOURNAL",
     "RESULT_RECORD_BYTES",
+    "OUTPUTS_JOURNAL",
+    "OUTPUT_RECORD_BYTES",
     "is_state_dir",
 ]
 
@@ -57,6 +59,10 @@ LOCK_NAME = "master.lock"
 #: A results journal record's bound: a committed record and its sequence number, with room for
 #: a state journal opened with a larger ``max_record_bytes``.
 RESULT_RECORD_BYTES = 16 << 20
+#: The outputs journal: each item's output, with isolation (:mod:`.outputs`).
+OUTPUTS_JOURNAL = "outputs.jsonl"
+#: An outputs journal record's bound: an item's two 64 KiB tails, escaped as JSON text.
+OUTPUT_RECORD_BYTES = 1 << 20
 #: The results journal's file name in a state directory.
 RESULTS_JOURNAL = "results.jsonl"
 

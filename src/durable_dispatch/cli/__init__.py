@@ -20,6 +20,7 @@ from ._common import EXIT_FINDING, EXIT_OK, EXIT_USAGE, HelpFormatter, _error, _
 from .inspection import (
     cmd_inspect,
     cmd_joblog,
+    cmd_output,
     cmd_report,
     cmd_results,
     cmd_stats,
@@ -120,6 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["committed", "deferred", "cancelled", "pending", "waiting", "in flight"],
         help="only items with this status (repeat for several)",
     )
+    sp = add(
+        "output",
+        cmd_output,
+        "what a work item wrote to its standard output and error, as an isolating worker "
+        "kept it (the last 64 KiB of each, of its newest attempt that wrote anything): "
+        "stdout, then stderr, each under a label; exit 1 when none is kept for the item (it "
+        "says why: without isolation its prints went to the worker's standard output), 2 for "
+        "an ID the campaign does not know; read-only",
+        "durable-dispatch output state/ w-17",
+    )
+    sp.add_argument("state_dir", help="a state directory")
+    sp.add_argument("work_id", help="the work item's ID (as the joblog shows it, whole)")
     sp = add(
         "stats",
         cmd_stats,

@@ -164,6 +164,54 @@ def cmd_results(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_output(args: argparse.Namespace) -> int:
+    """What an item wrote (with isolation): its standard output, then its standard error, each
+    under a label; exit 1 when none is kept (the error says why), 2 for an unknown ID."""
+    import base64
+
+    from ..views.output import read_output
+
+    _need_state_dir(args.state_dir)
+    out = read_output(args.state_dir, args.work_id)
+    if args.json:
+        _print(
+            {
+                "work_id": out.work_id,
+                "token": out.token,
+                "ts": out.ts,
+                "stdout": out.stdout.decode("utf-8", "replace"),
+                "stderr": out.stderr.decode("utf-8", "replace"),
+                "stdout_b64": base64.b64encode(out.stdout).decode("ascii"),
+                "stderr_b64": base64.b64encode(out.stderr).decode("ascii"),
+                "stdout_dropped": out.stdout_dropped,
+                "stderr_dropped": out.stderr_dropped,
+            },
+            True,
+        )
+        return EXIT_OK
+    raw = getattr(sys.stdout, "buffer", None)  # (the bytes as written, where there are any)
+
+    def write(b: bytes) -> None:
+        if raw is not None:
+            raw.write(b)
+        else:
+            sys.stdout.write(b.decode("utf-8", "replace"))
+
+    sys.stdout.flush()
+    for name, data, dropped in (
+        ("stdout", out.stdout, out.stdout_dropped),
+        ("stderr", out.stderr, out.stderr_dropped),
+    ):
+        cut = f"; {dropped} earlier bytes not kept" if dropped else ""
+        write(f"--- {name} of {out.work_id} ({len(data)} bytes{cut}) ---\n".encode())
+        write(data)
+        if data and not data.endswith(b"\n"):
+            write(b"\n")
+    if raw is not None:
+        raw.flush()
+    return EXIT_OK
+
+
 def cmd_joblog(args: argparse.Namespace) -> int:
     """One line per work item: status, tries, last failure, start, duration, rank, host and
     what it runs (GNU parallel's --joblog); read-only, safe beside a running master."""
@@ -190,11 +238,16 @@ def cmd_joblog(args: argparse.Namespace) -> int:
 
     head = (
         f"{'work ID':<24} {'status':<9} {'tries':>5} {'started':>8} {'seconds':>8} {'rank':>4} "
-        f"{'host':<16} {'signal':<7}"
+        f"{'host':<16} {'signal':<7} {'cpu s':>8} {'peak MiB':>8}"
     )
     print(f"{head}  last failure / call")  # (long work IDs shortened here; --json has them)
     n = 0
+    in_process = False
     for r in rows:
+        mark = "*" if r.cost_measured == "in-process" else ""
+        in_process = in_process or bool(mark)
+        cpu = f"{r.cpu_seconds:.2f}{mark}" if r.cpu_seconds is not None else "-"
+        peak = f"{r.max_rss / (1 << 20):.1f}{mark}" if r.max_rss is not None else "-"
         secs = f"{r.seconds:.2f}" if r.seconds is not None else "-"
         fail = f"{r.last_failure_kind}: {r.last_failure}" if r.last_failure_kind else ""
         tail = fail or (r.call or "")
@@ -204,9 +257,14 @@ def cmd_joblog(args: argparse.Namespace) -> int:
         wid = r.work_id if len(r.work_id) <= 24 else r.work_id[:11] + "~" + r.work_id[-12:]
         print(
             f"{wid:<24} {r.status:<9} {r.tries:>5} {when(r.started):>8} {secs:>8} "
-            f"{rank:>4} {host:<16} {r.signal or '-':<7}  {tail}"
+            f"{rank:>4} {host:<16} {r.signal or '-':<7} {cpu:>8} {peak:>8}  {tail}"
         )
         n += 1
     if not n:
         print("(none)")
+    if in_process:
+        print(
+            "* measured in the worker's own process (isolate=False): other threads of the "
+            "worker count too, and the peak is the worker's high-water mark so far"
+        )
     return EXIT_OK

@@ -250,6 +250,12 @@ class Dispatcher(Rollbacks, Views):
         """The shell wrote the snapshot a :class:`PersistSnapshot` asked for."""
         self._snapshot_required = None
 
+    def current_token(self, rank: int, token: object) -> Token | None:
+        """The token of the dispatch ``rank`` runs under the wire ``token`` now (its RESULT
+        would be current), or None; a question only, nothing counted."""
+        tx = self._open.get(token) if type(token) is str else None
+        return tx.token if tx is not None and tx.rank == rank else None
+
     # -------------------------------------------------------------- messages
     def _resolve(self, rank: int, token: object, message: str) -> Transaction | list[Decision]:
         """The one token resolver: the transaction ``rank`` currently runs under the wire

@@ -26,6 +26,11 @@ event (``"event"``)    what it records
                        was applied, with its outcome: replay skips a command ID it holds
 =====================  ==================================================================
 
+A ``committed``, ``requeued`` or ``deferred`` record may carry what its attempt cost (``cost``;
+a ``committed`` record of several items ``costs``, one per item or null; see
+:mod:`durable_dispatch.mpi.usage`), for the joblog and the report: the shell adds it to the
+record, the ledger ignores it, and a journal without it reads.
+
 :func:`decode` checks a record against its event's schema (S11, :func:`check_event`) and raises
 :class:`~durable_dispatch.schema.Invalid` when it does not match; an event of a later version is
 ``None`` (forward compatibility: the fold ignores it).
@@ -42,6 +47,8 @@ from ..schema import (
     Invalid,
     check_members,
     is_bool,
+    is_cost,
+    is_cost_or_none,
     is_int,
     is_int_or_none,
     is_num_or_none,
@@ -233,7 +240,12 @@ class Committed(_Event):
     the ledger keeps the work IDs, the results store keeps the results)."""
 
     NAME: ClassVar[str] = "committed"
-    OPTIONAL: ClassVar[Mapping[str, Check]] = {"token": is_str_or_none, "rank": is_int}
+    OPTIONAL: ClassVar[Mapping[str, Check]] = {
+        "token": is_str_or_none,
+        "rank": is_int,
+        "cost": is_cost,
+        "costs": list_of(is_cost_or_none),
+    }
 
     token: Token | None
     rank: int | None
@@ -293,6 +305,7 @@ class Requeued(_Event):
         "source": is_str_or_none,
         "split": is_bool,
         "traceback": is_str_or_none,
+        "cost": is_cost,
     }
 
     work_id: str
@@ -361,6 +374,7 @@ class Deferred(_Event):
     OPTIONAL: ClassVar[Mapping[str, Check]] = {
         "last_error": is_str_or_none,
         "traceback": is_str_or_none,
+        "cost": is_cost,
     }
 
     work_id: str

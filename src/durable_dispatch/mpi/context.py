@@ -83,13 +83,19 @@ class ItemOutcome:
     :mod:`durable_dispatch.values`), or a failure ``kind`` and ``reason``; ``final``: the
     failure is deterministic (a result that cannot be stored as given), so the master does not
     retry it; ``traceback``: the last :data:`TRACEBACK_LINES` lines of the traceback of a
-    function that raised."""
+    function that raised; ``cost``: what the item cost (see :mod:`.usage`), or None;
+    ``output``: with isolation, the tails of what the item wrote to its standard output and
+    error (see :mod:`.capture`), or None; ``about``: for the failure of a whole dispatch, the
+    work ID of the item it happened in (its ``cost`` and ``output`` are that item's)."""
 
     raw: bytes | None
     kind: str | None = None
     reason: str | None = None
     final: bool = False
     traceback: str | None = None
+    cost: dict[str, Any] | None = None
+    output: dict[str, Any] | None = None
+    about: str | None = None
 
 
 def traceback_text(e: BaseException) -> str:
@@ -139,11 +145,15 @@ def run_items(
     beat: Callable[[], None],
     max_result: int,
     started: Callable[[int], None] | None = None,
+    meter: Any = None,
 ) -> Iterator[ItemOutcome]:
     """Run a dispatch's items in order (see :func:`call_work_function`), yielding each outcome;
     the items share the dispatch's deadline, which each one's heartbeats push for the next.
-    ``started(index)`` is called before each item."""
+    ``started(index)`` is called before each item; ``meter`` (a :class:`~.usage.Meter`)
+    measures each item's cost, kept in its outcome."""
     for index, item in enumerate(items):
+        if meter is not None:
+            meter.start()
         if started is not None:
             started(index)
         ctx = WorkContext(
@@ -152,5 +162,8 @@ def run_items(
         deps = item.get("dependencies")
         if type(deps) is dict:
             ctx.dependencies = {k: restore(v) for k, v in deps.items()}
-        yield call_work_function(fn, mode, restore(item.get("payload")), ctx, max_result)
+        o = call_work_function(fn, mode, restore(item.get("payload")), ctx, max_result)
+        if meter is not None:
+            o.cost = meter.stop()
+        yield o
         deadline = ctx.deadline

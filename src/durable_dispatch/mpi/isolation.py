@@ -23,21 +23,21 @@ costs a restart, never the rank.
 Frames on the two pipes (``multiprocessing.connection`` framing): the worker sends the pickled
 set-up, then one JSON frame per dispatch (``{"job", "items", "deadline", "lease"}``); the child
 answers ``S`` (ready) or ``X`` + reason (cannot start) once; then ``B`` for each heartbeat, and
-frames of entries (a tag, a 4-byte length, a body), one entry per item in order: ``R`` + result
-JSON or ``E`` + ``{"kind", "reason"}``. Before each item the child writes the job number and the
-item's index into a shared page (a ``memfd``), so the worker knows which item a crash belongs to
-even when the results of the items before it were not sent yet.
+frames of entries (a tag, a 4-byte length, a body), two entries per item in order: ``C`` + its
+cost (:data:`.child.COST`; see :mod:`.usage`), then ``R`` + result JSON or ``E`` + ``{"kind",
+"reason"}``. Before each item the child writes the job number, the item's index and its own
+CPU time into a shared page (a ``memfd``), so the worker knows which item a crash belongs to
+even when the results of the items before it were not sent yet, and what that item cost
+(``wait4``'s figure for the child, less its CPU time when the item started).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import mmap
 import os
 import pickle
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -50,7 +50,10 @@ import orjson
 
 from .. import processes
 from ..errors import IsolationError
-from .context import CHILD_MARKER, ItemOutcome, run_items
+from .capture import Relay, item_key
+from .child import COST, PROGRESS, unpack
+from .context import CHILD_MARKER, ItemOutcome
+from .usage import cost, peak_of
 
 __all__ = ["IsolatedRunner", "IsolationError", "CHILD_MARKER", "child_environment"]
 
@@ -58,8 +61,6 @@ log = logging.getLogger("durable_dispatch.mpi")
 _LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDI_", "HYDRA_", "MPI_LOCAL")
 _START_TIMEOUT = 120.0
 _START_ATTEMPTS = 3  # starts in a row a signal may kill before the worker gives up
-_PROGRESS = struct.Struct("=qq")  # the job number and the index of the item the child runs
-_FLUSH_SECONDS = 0.02  # the child sends what it has at least this often, and after each job
 
 
 def child_environment(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -94,57 +95,6 @@ runpy.run_module("durable_dispatch.mpi.isolation", run_name="__main__", alter_sy
 """
 
 
-class _Relay:
-    """The children's standard output and error, copied by two threads of the worker to its
-    own (file descriptors 1 and 2), so that no child, and nothing a child starts, holds the
-    rank's own output. ``mpiexec`` ends once every rank's output is closed: a process an item
-    left running, holding the rank's output and re-parented to init when its worker was
-    SIGKILLed, kept the whole job from ending (the torture harness found it). Such a process
-    now holds only this pipe, whose reader died with the worker."""
-
-    def __init__(self) -> None:
-        self.fds: list[int] = []  # the write ends the children get
-        self._threads: list[threading.Thread] = []
-        for target in (1, 2):
-            r, w = os.pipe()
-            self.fds.append(w)
-            t = threading.Thread(
-                target=self._copy, args=(r, target), name="child-output", daemon=True
-            )
-            t.start()
-            self._threads.append(t)
-
-    @staticmethod
-    def _copy(source: int, target: int) -> None:
-        out = open(target, "wb", buffering=0, closefd=False)  # noqa: SIM115 - the rank's own
-        try:
-            while chunk := os.read(source, 65536):
-                view = memoryview(chunk)
-                while view:
-                    try:
-                        view = view[out.write(view) or 0 :]
-                    except BrokenPipeError:
-                        view = view[:0]  # nobody reads the rank's output: drop it
-        except OSError:
-            pass
-        finally:
-            os.close(source)
-            out.close()
-
-    def close(self, timeout: float = 1.0) -> None:
-        """Close the write ends; wait (at most ``timeout``) for what was written to be copied
-        (a process that still holds a write end keeps its thread alive, which is a daemon)."""
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.fds = []
-        end = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, end - time.monotonic()))
-
-
 class _StartKilled(IsolationError):
     """A signal killed the child before it said it was up: the start is tried again, as that
     says nothing about the work function (a load that fails says ``X``, or exits non-zero)."""
@@ -153,24 +103,25 @@ class _StartKilled(IsolationError):
 class _Child:
     """One running child: its process, its two pipe ends."""
 
-    def __init__(self, setup: bytes, memory_limit: int | None, output: _Relay) -> None:
+    def __init__(self, setup: bytes, memory_limit: int | None, output: Relay) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         # Which item the child is running (job number, index), written by the child before
         # each item: no syscall per item, and a crash is still charged to the right item.
         progress = os.memfd_create("durable-dispatch-progress")
         with os.fdopen(progress, "r+b", closefd=False) as page:  # memory, not storage
-            page.truncate(_PROGRESS.size)
-        self.progress = mmap.mmap(progress, _PROGRESS.size)
+            page.truncate(PROGRESS.size)
+        self.progress = mmap.mmap(progress, PROGRESS.size)
         argv = [sys.executable, "-c", _BOOTSTRAP, str(to_child_r)]
         argv += [str(from_child_w), str(progress), str(memory_limit or 0), str(os.getpid())]
+        argv.append(str(output.page_fd))  # (which item its output belongs to: .capture)
         try:
             # Started and counted live under the lock: a sweep of another session's thread
             # (which holds it) never sees this child unaccounted for and kills it as a leftover.
             with _live_lock:
                 self.proc = subprocess.Popen(
                     argv,
-                    pass_fds=(to_child_r, from_child_w, progress),
+                    pass_fds=(to_child_r, from_child_w, progress, output.page_fd),
                     stdin=subprocess.DEVNULL,
                     stdout=output.fds[0],
                     stderr=output.fds[1],
@@ -179,6 +130,10 @@ class _Child:
                 )
                 _live.add(self.proc.pid)
                 processes.reap_group(self.proc.pid)  # killed with it if the worker dies first
+            # the peak memory the kernel carries over from this worker into the child's (exec
+            # keeps the old one's): a child's own peak, after it died, counts only above it
+            self.floor = peak_of(os.getpid()) or 0
+            self.ended: tuple[int, Any] | None = None  # (status, rusage) once reaped here
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -234,7 +189,11 @@ class _Child:
         child stuck in the kernel is left to die later). Beside another session's child (an
         executor's calls next to another's) it kills its own tree only."""
         pid = self.proc.pid
-        processes.kill_trees([pid])  # its descendants, while they are still below it
+        reaped: dict[int, tuple[int, Any]] = {}
+        processes.kill_trees([pid], reaped)  # its descendants, while they are still below it
+        if pid in reaped:  # (its rusage: what an item it died in cost)
+            self.ended = reaped[pid]
+            self.proc.returncode = os.waitstatus_to_exitcode(reaped[pid][0])
         processes.kill_group(pid)
         try:
             self.proc.wait(timeout=processes.REAP_SECONDS)
@@ -249,8 +208,47 @@ class _Child:
 
     def running(self) -> tuple[int, int]:
         """``(job, index)`` the child last said it started."""
-        job, index = _PROGRESS.unpack(self.progress[: _PROGRESS.size])
+        job, index, _cpu = PROGRESS.unpack(self.progress[: PROGRESS.size])
         return int(job), int(index)
+
+    def reap(self, timeout: float) -> int | None:
+        """Wait (at most ``timeout``) for the child to end and reap it with ``wait4``, keeping
+        its rusage in :attr:`ended`; its exit code, or None when it is still alive."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                pid, status, ru = os.wait4(self.proc.pid, os.WNOHANG)
+            except ChildProcessError:  # (reaped already)
+                return self.proc.returncode
+            if pid:
+                self.ended = (status, ru)
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                return self.proc.returncode
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.005)
+
+    def page(self) -> tuple[int, int, float]:
+        """``(job, index, CPU seconds at its start)`` the child last said it started."""
+        job, index, cpu0 = PROGRESS.unpack(self.progress[: PROGRESS.size])
+        return int(job), int(index), float(cpu0)
+
+    def ended_cost(
+        self, job: int, page: tuple[int, int, float], peak: int | None = None
+    ) -> dict[str, Any]:
+        """The cost of the item of ``job`` the child was running when it ended (a crash or a
+        kill; see :mod:`.usage`), once reaped: ``wait4``'s CPU time less the child's at the
+        item's start (``page``, read before the kill); ``peak`` (read before a kill), else
+        ``wait4``'s peak when it is the child's own."""
+        started, index, cpu0 = page
+        cpu = None
+        if self.ended is not None:
+            ru = self.ended[1]
+            if started == job and index >= 0:
+                cpu = ru.ru_utime + ru.ru_stime - cpu0
+            if peak is None and ru.ru_maxrss * 1024 > self.floor:
+                peak = ru.ru_maxrss * 1024
+        return cost(cpu, peak, "child-ended")
 
     def close(self) -> None:
         for c in (self.send, self.recv):
@@ -311,7 +309,7 @@ class IsolatedRunner:
         self._subreaper = subreaper  # then the orphans of its items are its children
         if subreaper:
             processes.become_subreaper()
-        self._output = _Relay()
+        self._output = Relay()
         self._child: _Child | None = None
         try:
             self._child = self._new_child()
@@ -352,11 +350,13 @@ class IsolatedRunner:
         left = 0.0 if deadline is None else deadline - time.monotonic()
         margin = min(0.5, max(0.02, 0.05 * left))
         out: list[ItemOutcome | None] = [None] * len(items)
+        self._output.forget()  # (what a dispatch before left is nobody's now)
         own = len(items) > 1 and any(item.get("timeout") is not None for item in items)
         while todo := [i for i, o in enumerate(out) if o is None]:
             self._job += 1
             child, deadline = self._send([items[i] for i in todo], deadline, lease, beat)
             answered = 0
+            spent = None  # the cost of the next outcome (a ``C`` entry precedes it)
             running, since = -1, time.monotonic()  # the item the child runs, from when
             while answered < len(todo):
                 if child.recv.poll(0.001):
@@ -366,17 +366,24 @@ class IsolatedRunner:
                         job, index = child.running()
                         crashed = todo[index] if job == self._job else todo[answered]
                         out[crashed] = self._died(child, items[crashed])
+                        out[crashed].output = self._last_output(  # type: ignore[union-attr]
+                            self._job, index if job == self._job else answered
+                        )
                         if report is not None:
                             report(crashed, out[crashed])  # type: ignore[arg-type]
                         break  # the rest (unanswered, or not yet sent back) go to a new child
-                    for tag, body in _unpack(frame):
+                    for tag, body in unpack(frame):
+                        if tag == b"C":  # the next outcome's cost
+                            cpu, rss = COST.unpack(body)
+                            spent = cost(cpu, None if rss < 0 else rss, "child")
+                            continue
                         if tag == b"B":
                             beat()
                             if deadline is not None:
                                 deadline = max(deadline, time.monotonic() + lease)
                             continue
                         if tag == b"R":
-                            out[todo[answered]] = ItemOutcome(body)
+                            out[todo[answered]] = ItemOutcome(body, cost=spent)
                         else:
                             failure = orjson.loads(body)
                             out[todo[answered]] = ItemOutcome(
@@ -385,7 +392,12 @@ class IsolatedRunner:
                                 failure["reason"],
                                 failure.get("final") is True,
                                 failure.get("traceback"),
+                                spent,
                             )
+                        spent = None
+                        if self._output.holds:  # (else nothing was written: no call)
+                            said = self._output.take(item_key(self._job, answered))
+                            out[todo[answered]].output = said  # type: ignore[union-attr]
                         if report is not None:
                             report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
                         answered += 1
@@ -397,20 +409,25 @@ class IsolatedRunner:
                     limit = items[todo[running]].get("timeout") if running >= 0 else None
                     if limit is not None and time.monotonic() >= since + limit:
                         late = todo[running]
-                        self._kill()
+                        spent = self._kill_costing(child)
                         why = f"{items[late]['work_id']}: its own timeout ({limit:g} s) passed"
                         out[late] = ItemOutcome(
-                            None, "timeout", why + "; its processes were killed"
+                            None, "timeout", why + "; its processes were killed", cost=spent
                         )
+                        out[late].output = self._last_output(self._job, running)  # type: ignore[union-attr]
                         if report is not None:
                             report(late, out[late])  # type: ignore[arg-type]
                         break  # the rest (not answered yet) go to a new child
                 if deadline is not None and time.monotonic() >= deadline - margin:
                     job, index = child.running()
-                    self._kill()
+                    spent = self._kill_costing(child)
                     wid = items[todo[index] if job == self._job else todo[answered]]["work_id"]
                     why = f"{wid}: deadline passed; its processes were killed"
-                    return [o for o in out if o is not None], ItemOutcome(None, "timeout", why)
+                    whole = ItemOutcome(None, "timeout", why, cost=spent, about=wid)
+                    whole.output = self._last_output(
+                        self._job, index if job == self._job else answered
+                    )
+                    return [o for o in out if o is not None], whole
                 if stop := tick():
                     if stop is CANCEL_REQUESTED:  # an operator cancelled the dispatch (O1)
                         self._kill()
@@ -518,11 +535,24 @@ class IsolatedRunner:
             self._child.kill()
             self._child = None
 
+    def _last_output(self, job: int, index: int) -> dict[str, Any] | None:
+        """The tails of the item a child was running when it died or was killed, once the
+        worker has read what it wrote (see :mod:`.capture`)."""
+        self._output.settle()
+        return self._output.take(item_key(job, index))
+
+    def _kill_costing(self, child: _Child) -> dict[str, Any]:
+        """Kill the child (at a timeout) and say what the item it ran cost: its peak read
+        just before the kill, its CPU time from ``wait4`` (see :mod:`.usage`)."""
+        peak = peak_of(child.proc.pid)  # (reset when the item started)
+        page = child.page()
+        self._kill()
+        return child.ended_cost(self._job, page, peak)
+
     def _died(self, child: _Child, item: dict[str, Any]) -> ItemOutcome:
-        try:
-            code: int | None = child.proc.wait(timeout=processes.REAP_SECONDS)
-        except subprocess.TimeoutExpired:
-            code = None  # alive, but it closed its end of the pipe: of no use any more
+        # alive (None), but it closed its end of the pipe: of no use any more
+        code = child.reap(processes.REAP_SECONDS)
+        page = child.page()
         self._kill()
         if code is None:
             why = "closed its pipe to the worker (it was killed)"
@@ -530,7 +560,8 @@ class IsolatedRunner:
             why = f"killed by {_signal_name(code)}"
         else:
             why = f"exited with code {code}"
-        return ItemOutcome(None, "crash", f"{item['work_id']}: the work function's process {why}")
+        why = f"{item['work_id']}: the work function's process {why}"
+        return ItemOutcome(None, "crash", why, cost=child.ended_cost(self._job, page))
 
     def close(self) -> None:
         """Kill the child and every descendant (on STOP and when the worker ends), then copy
@@ -564,122 +595,7 @@ class CancelRequested(Exception):
 CANCEL_REQUESTED: Any = type("CancelRequestedMark", (), {"__repr__": lambda s: "CANCEL"})()
 
 
-# ---------------------------------------------------------------------------- the child side
-def _child_main(argv: list[str]) -> int:
-    """The child: load the function, then answer items until the worker closes the pipe."""
-    rfd, wfd, progress_fd, limit, parent = (int(a) for a in argv)
-    if not processes.die_with_parent(parent) and os.getppid() != parent:
-        return 1  # the worker is gone already
-    # The batch system's signals are the worker's to handle: it finishes or kills this item.
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(s, lambda *_: None)  # a handler, not SIG_IGN: programs run get defaults
-    inbox, out = Connection(rfd, writable=False), Connection(wfd, readable=False)
-    lock = threading.Lock()
+if __name__ == "__main__":  # the child (see _BOOTSTRAP): its side is in .child
+    from .child import child_main
 
-    def send(data: bytes) -> None:
-        with lock:
-            out.send_bytes(data)
-
-    try:
-        setup = pickle.loads(inbox.recv_bytes())
-        if not setup.get("mpi"):
-            import mpi4py
-
-            mpi4py.rc.initialize = False  # a script that touches MPI at import fails fast
-            mpi4py.rc.finalize = False
-        import multiprocessing.spawn
-
-        multiprocessing.spawn.prepare(setup["prepare"])
-        fn = pickle.loads(setup["fn"])
-    except BaseException as e:  # noqa: BLE001 - reported to the worker, which raises it
-        send(b"X" + f"loading it failed with {type(e).__name__}: {e}".encode())
-        return 1
-    held = _Held(send)  # (its thread's stack is mapped before the memory limit applies)
-    if limit > 0:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    mode, max_result = setup["mode"], setup["max"]
-    progress = mmap.mmap(progress_fd, _PROGRESS.size)
-    send(b"S")
-    while True:
-        try:
-            job = orjson.loads(inbox.recv_bytes())
-        except EOFError:
-            return 0
-
-        def started(index: int, number: int = job["job"]) -> None:
-            progress[: _PROGRESS.size] = _PROGRESS.pack(number, index)
-
-        beat = functools.partial(send, b"B")
-        lease = float(job["lease"])
-        for o in run_items(
-            fn, mode, job["items"], job["deadline"], lease, beat, max_result, started
-        ):
-            if o.raw is not None:
-                held.add(_pack(b"R", o.raw))
-            else:
-                failed = {"kind": o.kind, "reason": o.reason, "final": o.final}
-                if o.traceback:
-                    failed["traceback"] = o.traceback
-                held.add(_pack(b"E", orjson.dumps(failed)))
-        held.flush()
-
-
-class _Held:
-    """The outcomes the child has not sent yet: sent together after the last item of a job,
-    once they are :data:`_FLUSH_SECONDS` old after an item, and by a thread of their own once
-    they are that old while the next item still runs (so an outcome never waits for a slow
-    item after it)."""
-
-    def __init__(self, send: Callable[[bytes], None]) -> None:
-        self._send = send
-        self._lock = threading.Lock()
-        self._entries: list[bytes] = []
-        self._since = 0.0  # when the oldest entry was added
-        threading.Thread(target=self._watch, name="outcomes", daemon=True).start()
-
-    def add(self, entry: bytes) -> None:
-        with self._lock:
-            if not self._entries:
-                self._since = time.monotonic()
-            self._entries.append(entry)
-            if time.monotonic() - self._since >= _FLUSH_SECONDS:
-                self._flush()
-
-    def flush(self) -> None:
-        with self._lock:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._entries:
-            self._send(b"".join(self._entries))
-            self._entries.clear()
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(_FLUSH_SECONDS)
-            with self._lock:
-                if self._entries and time.monotonic() - self._since >= _FLUSH_SECONDS:
-                    self._flush()
-
-
-def _pack(tag: bytes, body: bytes) -> bytes:
-    """One entry of a frame: its tag, its length, its body."""
-    return tag + len(body).to_bytes(4, "little") + body
-
-
-def _unpack(frame: bytes) -> list[tuple[bytes, bytes]]:
-    """The entries of a frame the child sent (a heartbeat is the bare frame ``B``)."""
-    if frame == b"B":
-        return [(b"B", b"")]
-    out, at = [], 0
-    while at < len(frame):
-        n = int.from_bytes(frame[at + 1 : at + 5], "little")
-        out.append((frame[at : at + 1], frame[at + 5 : at + 5 + n]))
-        at += 5 + n
-    return out
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))
+    sys.exit(child_main(sys.argv[1:]))

@@ -353,6 +353,8 @@ def run_master(
                     if error is not None and ft:
                         _check_failures(link, state, lost, now)
                 # 3. RESULT (the items a worker sent ahead first: they precede its RESULT)
+                for rank, token, costs, said in inbox.usage:  # (kept with the attempts)
+                    state.note_usage(rank, token, costs, said)
                 for rank, token, ids, values, errors in inbox.parts:
                     state.on_part(rank, token, ids, values, now, errors=errors)
                 for rank, token, values, errors, failure in inbox.results:

@@ -26,6 +26,13 @@ RESULT ``{"token", "error", "kind"}`` reports that the whole dispatch failed (``
 ``timeout`` when an isolating worker killed it at its deadline; without ``kind`` it counts as a
 malformed RESULT).
 
+A RESULT (a part of one too, and a whole dispatch's failure) may carry ``costs``: by work ID,
+what the item's attempt cost, ``{"cpu", "rss", "by"}`` (see :mod:`.usage`); the master keeps
+it with the attempt when the RESULT is current; and, from an isolating worker, ``outputs``: by
+work ID, the tails of what the item wrote (see :func:`.capture.output_entry`), which the master
+appends to the outputs journal. A RESULT without them (a worker of an earlier version) is as
+good.
+
 A worker's first READY (``token`` null) names its host (``"host"``: ``socket.gethostname()``);
 the master journals it once per rank per run, for the joblog. A READY without it (a worker of an
 earlier version) is as good: its rank's host is unknown.
@@ -163,6 +170,8 @@ class Inbox:
             items of a dispatch (the arguments of ``on_part``); a rank's parts come before its
             RESULT for the same dispatch, so the loop hands them over first.
         hosts: ``(rank, host)`` of each READY that named its host (a worker's first).
+        usage: ``(rank, token, costs, outputs)`` of each RESULT (or part) that carried
+            ``costs`` or ``outputs`` (the arguments of ``note_usage``; before its RESULT).
     """
 
     readies: list[tuple[int, Any]] = field(default_factory=list)
@@ -171,6 +180,7 @@ class Inbox:
     gone: list[tuple[int, str]] = field(default_factory=list)
     parts: list[tuple[int, Any, Any, Any, Any]] = field(default_factory=list)
     hosts: list[tuple[int, str]] = field(default_factory=list)
+    usage: list[tuple[int, Any, Any, Any]] = field(default_factory=list)
 
 
 def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
@@ -187,6 +197,8 @@ def sort(messages: Iterable[tuple[int, int, bytes | bytearray]]) -> Inbox:
         elif tag == HEARTBEAT:
             inbox.beats.append((src, token))
         elif tag == RESULT:
+            if body is not None and ("costs" in body or "outputs" in body):
+                inbox.usage.append((src, token, body.get("costs"), body.get("outputs")))
             if body is not None and "ids" in body:  # some items' outcomes, sent ahead
                 values, errors, failure = read_result(body, why)
                 ids = body["ids"] if failure is None else None

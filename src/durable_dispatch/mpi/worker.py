@@ -34,10 +34,12 @@ from .. import processes
 from ..errors import UsageError
 from . import guard
 from . import protocol as P
+from .capture import output_entry
 from .context import CHILD_MARKER, MAX_RESULT_BYTES, ItemOutcome, WorkContext, run_items
 from .isolation import CANCEL_REQUESTED, CancelRequested, IsolatedRunner, StopRequested
 from .launchcheck import require_workers
 from .signals import CaughtSignals
+from .usage import Meter
 
 __all__ = ["run_worker", "WorkContext"]
 
@@ -45,6 +47,7 @@ log = logging.getLogger("durable_dispatch.mpi")
 _REASON_MAX = 2000  # characters of a failure's reason sent to the master
 _TRACEBACK_MAX = 16000  # characters of its traceback (its last lines)
 _ROOM = 64 << 10  # bytes of a RESULT kept for its envelope and error entries
+_OUTPUT_ROOM = 4 << 20  # bytes of a RESULT its items' outputs may take, at most
 #: When no item of a dispatch has finished for this long, the outcomes the worker holds are
 #: sent ahead of the dispatch's RESULT (see :class:`_Ahead`; only for dispatches the master
 #: marks ``ahead``: those ``batch="auto"`` sized). Items of such a dispatch finish much closer
@@ -141,10 +144,14 @@ class _InProcessRunner:
         threading.Thread(target=self._thread, name="durable-dispatch-work", daemon=True).start()
 
     def _thread(self) -> None:
+        meter = Meter("in-process", per_item=False)  # (this process: other threads count too)
         while True:
             items, deadline, lease, box, finished = self.jobs.get()
             beat = functools.partial(self.beats.put, 1)
-            for o in run_items(self.fn, self.mode, items, deadline, lease, beat, self.max_result):
+            meter.rebase()
+            for o in run_items(
+                self.fn, self.mode, items, deadline, lease, beat, self.max_result, meter=meter
+            ):
                 box.append(o)  # (the worker's thread reads it as it grows)
             finished.set()
 
@@ -182,17 +189,32 @@ class _InProcessRunner:
         pass
 
 
-def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome | None) -> bytes:
+def result_message(
+    token: Any,
+    outcomes: list[ItemOutcome],
+    whole: ItemOutcome | None,
+    ids: list[Any] | None = None,
+) -> bytes:
     """The RESULT for a dispatch: one entry per item (its result JSON spliced in as it came) and
     an ``errors`` entry with kind and reason for each item that failed; or, for a dispatch that
     failed as a whole, ``{"token", "error", "kind"}``. Results that would take the message over
-    its bound become ``result-too-large`` errors."""
+    its bound become ``result-too-large`` errors. ``ids``: the items' work IDs, in order: each
+    item's cost goes in ``costs`` and what it wrote (with isolation) in ``outputs``, by work ID
+    (see :mod:`.protocol`); outputs past :data:`_OUTPUT_ROOM` bytes are left out, logged."""
     if whole is not None:
         reason = (whole.reason or "")[:_REASON_MAX]
-        return orjson.dumps({"token": token, "error": reason, "kind": whole.kind})
+        body: dict[str, Any] = {"token": token, "error": reason, "kind": whole.kind}
+        if type(whole.about) is str:
+            if whole.cost is not None:
+                body["costs"] = {whole.about: whole.cost}
+            if whole.output is not None and (said := output_entry(whole.output)):
+                body["outputs"] = {whole.about: said}
+        return orjson.dumps(body)
     parts: list[bytes] = []
     errors: dict[str, dict[str, Any]] = {}
     room = P.MAX_MESSAGE - _ROOM
+    outputs = _outputs(ids, outcomes) if ids is not None else b""
+    room -= len(outputs)
     for i, o in enumerate(outcomes):
         if o.raw is not None and len(o.raw) > room:
             o = ItemOutcome(
@@ -215,10 +237,38 @@ def result_message(token: Any, outcomes: list[ItemOutcome], whole: ItemOutcome |
         else:
             parts.append(o.raw)
             room -= len(o.raw)
-    body = b'{"token":' + orjson.dumps(token) + b',"results":[' + b",".join(parts) + b"]"
+    raw = b'{"token":' + orjson.dumps(token) + b',"results":[' + b",".join(parts) + b"]"
     if errors:
-        body += b',"errors":' + orjson.dumps(errors)
-    return body + b"}"
+        raw += b',"errors":' + orjson.dumps(errors)
+    if ids is not None:
+        costs = {
+            w: o.cost
+            for w, o in zip(ids, outcomes, strict=True)
+            if o.cost is not None and type(w) is str
+        }
+        if costs:
+            raw += b',"costs":' + orjson.dumps(costs)
+    if outputs:
+        raw += b',"outputs":' + outputs
+    return raw + b"}"
+
+
+def _outputs(ids: list[Any], outcomes: list[ItemOutcome]) -> bytes:
+    """The ``outputs`` member of a RESULT (empty when no item wrote anything)."""
+    said: dict[Any, bytes] = {}
+    left = _OUTPUT_ROOM
+    for w, o in zip(ids, outcomes, strict=True):
+        if o.output is None or type(w) is not str or (entry := output_entry(o.output)) is None:
+            continue
+        raw = orjson.dumps(entry)
+        if len(raw) > left:
+            log.warning("worker: the output of %s is not kept: the RESULT has no room left", w)
+            continue
+        said[w] = raw
+        left -= len(raw)
+    if not said:
+        return b""
+    return b"{" + b",".join(orjson.dumps(w) + b":" + r for w, r in said.items()) + b"}"
 
 
 class _Ahead:
@@ -258,7 +308,7 @@ class _Ahead:
         ):
             order = sorted(held)
             ids = [self.items[i].get("work_id") for i in order]
-            raw = result_message(self.token, [held[i] for i in order], None)
+            raw = result_message(self.token, [held[i] for i in order], None, ids)
             self.link.send(P.RESULT, b'{"ids":' + orjson.dumps(ids) + b"," + raw[1:])
             self.sent.update(order)
             held.clear()
@@ -268,6 +318,10 @@ class _Ahead:
         if not self.sent:
             return outcomes
         return [o for i, o in enumerate(outcomes) if i not in self.sent]
+
+    def rest_ids(self) -> list[Any]:
+        """The work IDs of the items not sent ahead, in order."""
+        return [w.get("work_id") for i, w in enumerate(self.items) if i not in self.sent]
 
 
 class WorkerHooks:
@@ -459,9 +513,10 @@ def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: Worker
             link.send(P.READY, P.encode({"token": token}))
             continue
         done += len(items)
+        ids = [w.get("work_id") for w in items]
         if ahead is not None and whole is None:
-            outcomes = ahead.rest(outcomes)
-        raw = hooks.result(token, result_message(token, outcomes, whole))
+            outcomes, ids = ahead.rest(outcomes), ahead.rest_ids()
+        raw = hooks.result(token, result_message(token, outcomes, whole, ids))
         if raw is not None:
             link.send(P.RESULT, raw)
         runner.prepare()  # a killed or crashed child is restarted before READY, not in an item

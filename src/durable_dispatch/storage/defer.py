@@ -323,6 +323,7 @@ class DeferJournal:
         inputs: tuple[str, ...] | list[str] = (),
         self_contained: bool = False,
         traceback: str | None = None,
+        cost: dict[str, Any] | None = None,
     ) -> DeferReceipt:
         """Record that ``work_id`` is deferred; returns whether that record is on disk.
 
@@ -347,6 +348,8 @@ class DeferJournal:
         }
         if traceback is not None:  # the last failure's, when the function raised
             payload["traceback"] = traceback
+        if cost is not None:  # what the last failed attempt cost (the joblog's)
+            payload["cost"] = cost
         r = self.journal.append(payload)
         persisted = r.durable
         if not persisted and self.journal.sync != "always" and self.journal.health.ok:

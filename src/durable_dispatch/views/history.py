@@ -38,7 +38,9 @@ class Attempt:
     ``end`` (None while in flight) with ``outcome``: :data:`COMMITTED`, a failure kind
     (``timeout``, ``crash``, ``error`` ...), ``batch split``, :data:`INTERRUPTED` or
     :data:`IN_FLIGHT`; ``error`` is the failure's text; ``host`` the host its rank named in
-    that run's first READY (None: not recorded, as by a version before the joblog's host)."""
+    that run's first READY (None: not recorded, as by a version before the joblog's host);
+    ``costs`` what each item's attempt cost, by work ID, when its worker said (``{"cpu", "rss",
+    "by"}``, see :mod:`durable_dispatch.mpi.usage`; None: nothing said)."""
 
     work_ids: tuple[str, ...]
     rank: int | None
@@ -51,6 +53,7 @@ class Attempt:
     open_items: int = 0
     failed: str | None = None
     host: str | None = None
+    costs: dict[str, dict[str, Any]] | None = None
 
     def seconds(self, now: float) -> float | None:
         """How long it ran (until ``now`` while in flight), or None without a start time."""
@@ -136,6 +139,21 @@ def _ids(p: Mapping[str, Any]) -> tuple[str, ...]:
     return (str(p["work_id"]),) if "work_id" in p else ()
 
 
+def _note_costs(att: Attempt, p: Mapping[str, Any], ids: tuple[str, ...]) -> None:
+    """Keep the costs a ``committed``, ``requeued`` or ``deferred`` record carries in ``att``."""
+    cost = p.get("cost")
+    many = p.get("costs")
+    if isinstance(cost, dict) and len(ids) == 1:
+        found = {ids[0]: cost}
+    elif isinstance(many, list):
+        found = {w: c for w, c in zip(ids, many, strict=False) if isinstance(c, dict)}
+    else:
+        return
+    if att.costs is None:
+        att.costs = {}
+    att.costs.update(found)
+
+
 def _epoch_of(token: Any) -> int | None:
     if isinstance(token, str) and token.startswith("e") and "-" in token:
         head = token[1:].split("-", 1)[0]
@@ -206,7 +224,8 @@ class _Builder:
             if rank is not None and rank in self.parked:
                 self.h.parks.append((rank, self.parked.pop(rank), ts))
         elif kind == "committed":
-            ids = tuple(w for w in _ids(p) if w not in self.done)
+            every = _ids(p)
+            ids = tuple(w for w in every if w not in self.done)
             self.done.update(ids)
             if ids:
                 self.h.commits.append((ts, len(ids)))
@@ -223,6 +242,7 @@ class _Builder:
                     self.h.last[w] = att
             for w in ids:
                 self.h.item[w] = (COMMITTED, None, ts)
+            _note_costs(att, p, every)
             self._close(att, len(ids), ts, COMMITTED, None)
         elif kind in ("requeued", "deferred"):
             w = str(p.get("work_id"))
@@ -243,6 +263,7 @@ class _Builder:
             failed = self.open.get(str(token))
             if failed is not None and w in failed.work_ids:
                 att = failed
+                _note_costs(att, p, (w,))
                 if self.h.last.get(w) is att:
                     self.h.item[w] = (why, error, ts)
                 if source in ("watchdog-timeout", "send-failure") and att.rank is not None:

@@ -55,6 +55,14 @@ class JobRow:
         traceback: the traceback of its last failure when its function raised (the last
             lines, as the worker kept them), or None: from the defer journal, else from the
             state journal's records not yet compacted.
+        cpu_seconds: the CPU seconds (user + system) its newest attempt took, or None when not
+            measured (a worker of an earlier version, or no record of the attempt left).
+        max_rss: the peak resident memory of its newest attempt in bytes, or None.
+        cost_measured: how those two were measured: ``child`` (in the isolated child, around
+            the item), ``child-ended`` (the child died or was killed in the item: ``wait4``'s
+            figures), ``in-process`` (in the worker's own process, ``isolate=False``: other
+            threads count too, and the peak is the worker's high-water mark so far), or None
+            (see :mod:`durable_dispatch.mpi.usage`).
     """
 
     work_id: str
@@ -69,6 +77,9 @@ class JobRow:
     call: str | None
     signal: str | None = None
     traceback: str | None = None
+    cpu_seconds: float | None = None
+    max_rss: int | None = None
+    cost_measured: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, in the order above."""
@@ -100,15 +111,18 @@ def _payloads(d: str) -> dict[str, Any]:
     return out
 
 
-def _tracebacks(d: str) -> dict[str, str | None]:
+def _tracebacks(d: str, costs: dict[str, Any] | None = None) -> dict[str, str | None]:
     """Work ID -> the traceback of its last failure (None when that failure had none): the
     defer journal's live deferrals (which compaction keeps), then the state journal's
-    ``requeued`` and ``deferred`` records, newer, where compaction has not folded them."""
+    ``requeued`` and ``deferred`` records, newer, where compaction has not folded them.
+    ``costs`` receives, by work ID, what a live deferral's last attempt cost."""
     out: dict[str, str | None] = {}
 
     def note(p: Any) -> None:
         tb = p.get("traceback")
         out[p["work_id"]] = tb if isinstance(tb, str) else None
+        if costs is not None and isinstance(p.get("cost"), dict):
+            costs[p["work_id"]] = p["cost"]
 
     path = os.path.join(d, DEFAULT_DEFER_NAME)
     if os.path.exists(path):
@@ -158,7 +172,8 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
     led, running = sv.projection, sv.master_running
     h = read_history(d, now=t, running=running)
     stored = _payloads(d)
-    tracebacks = _tracebacks(d)
+    deferred_costs: dict[str, Any] = {}
+    tracebacks = _tracebacks(d, deferred_costs)
     for wid in led.ids.ids:
         if wid is None:
             continue
@@ -180,6 +195,10 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
         tries += 1 if status in ("committed", "in flight") else 0
         att = h.last.get(wid)
         payload = stored[wid] if wid in stored else _ledger_payload(led, wid)
+        cost = att.costs.get(wid) if att is not None and att.costs else None
+        if cost is None and status == "deferred":  # (its attempt compacted: the defer record)
+            cost = deferred_costs.get(wid)
+        cost = cost or {}
         yield JobRow(
             wid,
             status,
@@ -193,7 +212,14 @@ def read_joblog(state_dir: str | os.PathLike[str], *, now: float | None = None) 
             _call_text(payload),
             _signal(kinds[-1] if kinds else None, led.last_error.get(wid)),
             tracebacks.get(wid) if kinds else None,
+            _num(cost.get("cpu")),
+            rss if type(rss := cost.get("rss")) is int else None,
+            by if isinstance(by := cost.get("by"), str) else None,
         )
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if type(v) in (int, float) else None
 
 
 _SIGNAL = re.compile(r"\b(SIG[A-Z]{2,}[0-9]*)\b")

@@ -61,7 +61,10 @@ def report_series(directory: str | os.PathLike[str], *, now: float | None = None
     "items", "attempts", "deferred", "work_ids"`` (the first 8), ``"more"``, ``"example":
     {"work_id", "payload", "error"}}``), ``deferred_items`` (each deferred item once, as in
     ``failures``), ``slowest`` (the 10 longest attempts, in flight and failed ones included:
-    ``{"work_id", "seconds", "rank", "host", "outcome"}``; ``host`` None when not recorded).
+    ``{"work_id", "seconds", "rank", "host", "outcome", "cpu_seconds", "max_rss",
+    "cost_measured"}``; ``host`` None when not recorded; the last three: what the attempt cost,
+    its items' CPU seconds summed and their largest peak memory in bytes, and how that was
+    measured (``child``, ``child-ended``, ``in-process``: see the joblog), None when not said).
     """
     from ..campaign.admin import view_state
     from .view import view_of_state
@@ -308,6 +311,10 @@ def _slowest(h: History, n: int = 10) -> list[dict[str, Any]]:
     out = []
     for s, a in rows[:n]:
         ids = a.work_ids
+        costs = list((a.costs or {}).values())
+        cpus = [c["cpu"] for c in costs if type(c.get("cpu")) in (int, float)]
+        peaks = [c["rss"] for c in costs if type(c.get("rss")) is int]
+        ways = sorted({c["by"] for c in costs if isinstance(c.get("by"), str)})
         out.append(
             {
                 "work_id": ids[0] + (f" (+{len(ids) - 1})" if len(ids) > 1 else ""),
@@ -315,9 +322,22 @@ def _slowest(h: History, n: int = 10) -> list[dict[str, Any]]:
                 "rank": a.rank,
                 "host": a.host,
                 "outcome": a.outcome,
+                "cpu_seconds": round(sum(cpus), 3) if cpus else None,
+                "max_rss": max(peaks) if peaks else None,
+                "cost_measured": ", ".join(ways) if ways else None,
             }
         )
     return out
+
+
+def _cost_cells(r: Mapping[str, Any]) -> list[str]:
+    """The slowest attempts' CPU and peak memory cells; ``*``: measured in-process."""
+    mark = "*" if r.get("cost_measured") == "in-process" else ""
+    cpu, rss = r.get("cpu_seconds"), r.get("max_rss")
+    return [
+        f"{cpu:.2f}{mark}" if cpu is not None else "-",
+        f"{rss / (1 << 20):.1f}{mark}" if rss is not None else "-",
+    ]
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], total: int, empty: str) -> str:
@@ -468,8 +488,8 @@ def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str
         ]
         for r in deferred[:_TABLE_MAX]
     ]
-    slow_rows = [[r["work_id"], f"{r['seconds']:.3f}", r["rank"], r["host"] or "-", r["outcome"]]
-                 for r in series["slowest"]]  # fmt: skip
+    slow_rows = [[r["work_id"], f"{r['seconds']:.3f}", r["rank"], r["host"] or "-", r["outcome"],
+                  *_cost_cells(r)] for r in series["slowest"]]  # fmt: skip
     axis_note = (
         '<p class="legend">Time axis: elapsed time since the first run started '
         f"({html.escape(_when(series['start']))}); grey bands: no master running.</p>"
@@ -529,8 +549,15 @@ def render_report(series: Mapping[str, Any], title: str, where: str = "") -> str
         "<h2>The slowest attempts (each row one dispatch attempt: from its send to its end; "
         "in flight ones until now)</h2>",
         _table(
-            ["work ID", "seconds", "rank", "host", "outcome"], slow_rows, len(slow_rows), "None."
+            ["work ID", "seconds", "rank", "host", "outcome", "CPU seconds", "peak memory MiB"],
+            slow_rows,
+            len(slow_rows),
+            "None.",
         ),
+        '<p class="legend">CPU seconds (user + system) and peak resident memory of the process '
+        "that ran the attempt's items, as its worker measured them: in the isolated child, or "
+        "(marked *) in the worker's own process, where its other threads count too and the "
+        "peak is the worker's high-water mark so far.</p>",
     ]
     style = (
         "body{font-family:sans-serif;margin:24px;color:#222;max-width:1800px}"

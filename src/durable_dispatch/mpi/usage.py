@@ -1,0 +1,164 @@
+"""What an item cost: the CPU seconds and the peak memory of the process that ran it.
+
+A cost travels with an item's outcome to the master, which keeps it with the attempt (the
+``cost`` member of the state journal's ``committed``, ``requeued`` and ``deferred`` records; the
+joblog and the report show it). It is ``{"cpu": seconds, "rss": bytes or null, "by": how}``:
+
+- ``"child"``: measured in the isolated child around the item: the CPU time (user + system) of
+  the child's threads and of the processes the item started and waited for, and the child's peak
+  resident memory during the item. The child runs many items, so the kernel's own peak
+  (``ru_maxrss``) would be a high-water mark over all of them, and it even starts at the worker's
+  size (Linux carries it over through ``exec``): instead the peak is reset before each item
+  (``/proc/self/clear_refs``) and read after it (``VmHWM``). Where that cannot be done (not
+  Linux) the peak is null.
+- ``"child-ended"``: the child died or was killed during the item (a crash, a timeout): its CPU
+  time is what ``wait4`` reports for the whole child less what it had used when the item
+  started; its peak is read just before a timeout's kill, and for a crash it is ``wait4``'s
+  high-water mark of the child's life when that is above what the kernel carried over from the
+  worker, else null.
+- ``"in-process"``: measured in the worker's own process (``isolate=False``), with
+  ``getrusage`` only (a few hundred nanoseconds: the worker's loop pays it per item): its CPU
+  time during the item, other threads included (the worker's own loop, a library's threads),
+  and the worker's peak resident memory so far (``ru_maxrss``: a high-water mark of the whole
+  worker, not of the item).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Any
+
+__all__ = ["Meter", "cost", "peak_of"]
+
+_HWM = b"VmHWM:"
+
+
+def cost(cpu: float | None, rss: int | None, by: str) -> dict[str, Any]:
+    """A cost as it travels and is kept (see the module docs)."""
+    return {"cpu": None if cpu is None else round(max(0.0, cpu), 6), "rss": rss, "by": by}
+
+
+def _hwm(status: bytes) -> int | None:
+    at = status.find(_HWM)
+    if at < 0:
+        return None
+    end = status.find(b"kB", at)
+    try:
+        return int(status[at + len(_HWM) : end]) * 1024
+    except ValueError:
+        return None
+
+
+def peak_of(pid: int) -> int | None:
+    """The peak resident memory of process ``pid`` in bytes since it last reset it, or None."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return _hwm(f.read())
+    except OSError:
+        return None
+
+
+def cpu_seconds() -> float:
+    """This process's CPU time (user + system) and that of the children it waited for."""
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+_RSS = b"VmRSS:"
+
+
+class Meter:
+    """Measures this process around each item: :meth:`rebase` when a dispatch arrives,
+    :meth:`start` before each item, :meth:`stop` after it. Two ``getrusage`` calls an item: an
+    item's figures start where the one before it ended, so they include the library's own
+    bookkeeping between the two (microseconds); the first item of a dispatch starts at
+    :meth:`rebase`.
+
+    With ``per_item`` (the isolated child) the peak is the item's own: reset before it (a write
+    to ``/proc/self/clear_refs``), read after it (``VmHWM``). Both (a few microseconds) are
+    skipped for an item that touched no new page (no page fault, ``getrusage``'s counts) when
+    none was touched since the last read either and the peak then was the size then: the
+    process cannot have grown, and the item's peak is that size (``VmRSS`` at the last read:
+    an upper bound, exact unless it shrank). Without
+    ``per_item`` (the in-process worker: ``getrusage`` only, a few hundred nanoseconds) the peak
+    is the process's high-water mark (``ru_maxrss``)."""
+
+    def __init__(self, by: str, *, per_item: bool = True) -> None:
+        self.by = by
+        self.cpu0 = 0.0  # the CPU time when the item started
+        self._clear: int | None = None
+        self._status: int | None = None
+        self._per_item = per_item
+        self._faults0 = -1  # page faults when the item started
+        self._read_at = -2  # page faults when the status was last read
+        self._rss: int | None = None  # the resident size at that read
+        self._reset = True  # the peak must be reset before the next item
+        self._cpu_at = 0.0  # the CPU time and page faults at the last rebase or stop
+        self._faults_at = -1
+        self.rebase()
+        if not per_item:
+            return
+        try:
+            self._clear = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+            self._status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.close()
+
+    def start(self) -> None:
+        """An item starts: reset the peak if it may be above the size now (see the class)."""
+        self.cpu0 = self._cpu_at
+        self._faults0 = faults = self._faults_at
+        if self._clear is not None and (self._reset or faults != self._read_at):
+            try:
+                os.write(self._clear, b"5")  # the peak resident size restarts from now
+            except OSError:
+                self.close()
+
+    def rebase(self) -> None:
+        """A dispatch arrived: its first item's figures start now."""
+        s = resource.getrusage(resource.RUSAGE_SELF)
+        c = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self._cpu_at = s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+        self._faults_at = s.ru_minflt + s.ru_majflt
+
+    def stop(self) -> dict[str, Any]:
+        """The item ended: its cost."""
+        s = resource.getrusage(resource.RUSAGE_SELF)
+        c = resource.getrusage(resource.RUSAGE_CHILDREN)
+        now = s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+        cpu = now - self.cpu0
+        self._cpu_at = now
+        self._faults_at = faults = s.ru_minflt + s.ru_majflt
+        if not self._per_item:
+            return cost(cpu, s.ru_maxrss * 1024, self.by)
+        if self._status is None:
+            return cost(cpu, None, self.by)
+        if faults == self._faults0 == self._read_at and self._rss is not None:
+            return cost(cpu, self._rss, self.by)  # (no page touched since the last read)
+        try:
+            status = os.pread(self._status, 4096, 0)
+        except OSError:
+            return cost(cpu, None, self.by)
+        rss, at = None, status.find(_RSS)
+        if at >= 0:
+            try:
+                rss = int(status[at + len(_RSS) : status.find(b"kB", at)]) * 1024
+            except ValueError:
+                rss = None
+        hwm = _hwm(status)
+        self._rss = rss
+        self._read_at = faults
+        self._reset = hwm != rss  # (it grew and shrank: the next item starts from a reset)
+        return cost(cpu, hwm, self.by)
+
+    def close(self) -> None:
+        """Stop measuring the peak (the CPU time is still measured)."""
+        for fd in (self._clear, self._status):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._clear = self._status = None
