@@ -50,6 +50,18 @@ def work(payload: dict[str, Any], ctx: WorkContext) -> Any:
             time.sleep(0.05)
     if what == "big":
         return "x" * 5000
+    if what == "print":
+        print("p" * 200_000, flush=True)
+        return "printed"
+    if what == "no-flush":  # a user's own write-only stream in place of stdout (no flush)
+
+        class Logger:
+            def write(self, text: str) -> int:
+                return len(text)
+
+        sys.stdout = Logger()  # type: ignore[assignment]
+        print("to the logger")
+        return "done"
     return {
         "pid": os.getpid(),
         "work_id": ctx.work_id,
@@ -510,3 +522,47 @@ def test_two_sessions_starting_and_killing_children_side_by_side_never_kill_each
     assert outcomes and all(o.kind is None for o in outcomes), [
         (o.kind, o.reason) for o in outcomes if o.kind is not None
     ]
+
+
+def test_a_users_stdout_without_flush_does_not_turn_a_finished_item_into_a_crash(
+    runner: Any,
+) -> None:
+    """The child flushes the item's streams when it ends (so that its kept output is whole): a
+    ``sys.stdout`` the user replaced with a write-only object (no ``flush``) is not an error
+    of the item, which finished: its result comes back, and the next item runs in that child."""
+    import orjson
+
+    outcome, _ = _run(runner, _item("w1", do="no-flush"))
+    assert outcome.kind is None and orjson.loads(outcome.raw) == "done", outcome
+    after, _ = _run(runner, _item("w2"))
+    assert after.kind is None, after
+
+
+def test_a_worker_output_that_refuses_writes_does_not_break_its_children(tmp_path: Path) -> None:
+    """The worker copies its children's output to its own (the job's log); when that refuses
+    a write (a full disk: ``/dev/full`` here), the chunk is dropped and the copying goes on:
+    the next items' prints still work (the relay had ended on the first error, and every
+    later print of the child failed on a closed pipe) and their output is still kept."""
+    script = (
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_isolation import work\n"
+        "from durable_dispatch.mpi.isolation import IsolatedRunner\n"
+        "r = IsolatedRunner(work, 'context', 4096, None, subreaper=False)\n"
+        "for w in ('w1', 'w2', 'w3'):\n"
+        "    o = r.run_item({'work_id': w, 'attempt': 0, 'payload': {'do': 'print'}},\n"
+        "                   time.monotonic() + 60, 60.0, lambda: False, lambda: None)\n"
+        "    kept = len((o.output or {}).get('stdout', b''))\n"
+        "    print(w, o.kind, o.raw, kept, file=sys.stderr, flush=True)\n"
+        "r.close()\n"
+    )
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(
+            [sys.executable, "-c", script], stdout=full, stderr=subprocess.PIPE, text=True,
+            timeout=120,
+        )  # fmt: skip
+    lines = [ln.split() for ln in res.stderr.splitlines() if ln.startswith("w")]
+    assert [ln[:3] for ln in lines] == [
+        [w, "None", "b'\"printed\"'"] for w in ("w1", "w2", "w3")
+    ], res.stderr[-3000:]
+    assert all(int(ln[3]) == 64 << 10 for ln in lines), lines  # each item's last 64 KiB kept

@@ -119,3 +119,27 @@ def test_a_work_message_names_the_own_timeout_of_each_item_that_has_one() -> Non
     assert orjson.loads(P.work_message(one))["items"] == [
         {"work_id": "alone", "payload": 4, "attempt": 0}
     ]
+
+
+def test_a_results_costs_and_outputs_never_take_it_over_its_bound_nor_displace_a_result() -> None:
+    """A batch of 2,000 items whose results nearly fill the RESULT, each with its cost and some
+    output: the message stays within its bound (a RESULT over it is refused as malformed and
+    the whole batch's results are lost), every result that fit without costs and outputs is
+    still there, and the outputs take only the room the results left."""
+    n = 2000
+    cost = {"cpu": 0.125, "rss": 21 << 20, "by": "child"}
+    said = {"stdout": b"x" * 4000, "stderr": b"", "dropped": (0, 0)}
+    each = (P.MAX_MESSAGE - (64 << 10)) // n - 8  # the results alone fit, with a little to spare
+    outcomes = [
+        ItemOutcome(b'"' + b"r" * (each - 2) + b'"', cost=cost, output=said) for _ in range(n)
+    ]
+    ids = [f"item-{i:06d}" for i in range(n)]
+    raw = result_message("e1-4", outcomes, None, ids)
+    assert len(raw) <= P.MAX_MESSAGE, len(raw) - P.MAX_MESSAGE
+    msg = orjson.loads(raw)
+    assert all(r is not None for r in msg["results"]), msg.get("errors", {}).get("0")
+    line = {"stdout": b"y" * 100, "stderr": b"", "dropped": (0, 0)}
+    small = [ItemOutcome(b"1", cost=cost, output=line) for _ in range(n)]
+    msg = orjson.loads(result_message("e1-5", small, None, ids))  # room enough: all kept
+    assert len(msg["costs"]) == n and msg["costs"]["item-000007"] == cost
+    assert len(msg["outputs"]) == n

@@ -162,8 +162,8 @@ class Relay:
                 while view:
                     try:
                         view = view[out.write(view) or 0 :]
-                    except BrokenPipeError:
-                        view = view[:0]  # nobody reads the rank's output: drop it
+                    except OSError:  # nobody reads the rank's output, or its file is full or
+                        view = view[:0]  # failing: drop this chunk, keep relaying (and keeping)
         except (OSError, ValueError):
             pass
         finally:
@@ -247,8 +247,8 @@ class ChildSide:
             try:
                 if stream is not None:
                     stream.flush()
-            except (OSError, ValueError):
-                pass
+            except Exception:  # noqa: BLE001 - a user's stream (no flush, a closed file): the
+                pass  # item's outcome is what counts
         if self._fflush is not None:
             self._fflush(None)  # what C code wrote with stdio
         page, (out, err), n = self.page, self._watch, self._count

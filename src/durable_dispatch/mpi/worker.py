@@ -213,8 +213,6 @@ def result_message(
     parts: list[bytes] = []
     errors: dict[str, dict[str, Any]] = {}
     room = P.MAX_MESSAGE - _ROOM
-    outputs = _outputs(ids, outcomes) if ids is not None else b""
-    room -= len(outputs)
     for i, o in enumerate(outcomes):
         if o.raw is not None and len(o.raw) > room:
             o = ItemOutcome(
@@ -240,32 +238,48 @@ def result_message(
     raw = b'{"token":' + orjson.dumps(token) + b',"results":[' + b",".join(parts) + b"]"
     if errors:
         raw += b',"errors":' + orjson.dumps(errors)
-    if ids is not None:
-        costs = {
-            w: o.cost
-            for w, o in zip(ids, outcomes, strict=True)
-            if o.cost is not None and type(w) is str
-        }
-        if costs:
-            raw += b',"costs":' + orjson.dumps(costs)
+    # What the items cost and wrote: diagnostics, in the room the results left (never in
+    # place of a result, never over the message's bound).
+    costs = _costs(ids, outcomes) if ids is not None else b""
+    if costs and len(costs) + 16 > room:
+        log.warning("worker: the items' costs are not kept: the RESULT has no room left")
+    elif costs:
+        raw += b',"costs":' + costs
+        room -= len(costs) + 16
+    outputs = _outputs(ids, outcomes, room) if ids is not None else b""
     if outputs:
         raw += b',"outputs":' + outputs
     return raw + b"}"
 
 
-def _outputs(ids: list[Any], outcomes: list[ItemOutcome]) -> bytes:
-    """The ``outputs`` member of a RESULT (empty when no item wrote anything)."""
+def _costs(ids: list[Any], outcomes: list[ItemOutcome]) -> bytes:
+    """The ``costs`` member of a RESULT (empty when no item's cost was measured)."""
+    c = {w: o.cost for w, o in zip(ids, outcomes, strict=True) if o.cost is not None}
+    return orjson.dumps({w: v for w, v in c.items() if type(w) is str}) if c else b""
+
+
+def _outputs(ids: list[Any], outcomes: list[ItemOutcome], room: int) -> bytes:
+    """The ``outputs`` member of a RESULT (empty when no item wrote anything), in at most
+    :data:`_OUTPUT_ROOM` bytes and ``room``, what the results left."""
     said: dict[Any, bytes] = {}
-    left = _OUTPUT_ROOM
+    left = min(_OUTPUT_ROOM, room - 64)  # (64: the member's name and its braces)
+    dropped: list[str] = []
     for w, o in zip(ids, outcomes, strict=True):
         if o.output is None or type(w) is not str or (entry := output_entry(o.output)) is None:
             continue
         raw = orjson.dumps(entry)
-        if len(raw) > left:
-            log.warning("worker: the output of %s is not kept: the RESULT has no room left", w)
+        if len(raw) + len(w) + 4 > left:
+            dropped.append(w)
             continue
         said[w] = raw
-        left -= len(raw)
+        left -= len(raw) + len(w) + 4  # (the ID, its quotes, the colon and the comma)
+    if dropped:  # one line a RESULT, not one an item
+        log.warning(
+            "worker: the output of %d items (%s%s) is not kept: the RESULT has no room left",
+            len(dropped),
+            ", ".join(dropped[:3]),
+            ", ..." if len(dropped) > 3 else "",
+        )
     if not said:
         return b""
     return b"{" + b",".join(orjson.dumps(w) + b":" + r for w, r in said.items()) + b"}"
