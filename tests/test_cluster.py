@@ -226,15 +226,26 @@ class Case:
     def commits(self) -> int:
         return self.timeline[-1][1] if self.timeline else 0
 
-    def wait_commits(self, n: int, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_commits(
+        self, n: int, timeout: float = 240, run: subprocess.Popen[str] | None = None
+    ) -> None:
+        """Until ``n`` commits were seen; fails (saying what the runs printed) after
+        ``timeout`` or once ``run`` (a run of this host, not a Slurm job) ended short of them."""
+        start = time.monotonic()
+        why = f"after {timeout:.0f}s"
+        while time.monotonic() < start + timeout:
             if self.commits() >= n:
                 return
+            if run is not None and run.poll() is not None:
+                time.sleep(1.0)  # (the watch's last sample)
+                if self.commits() >= n:
+                    return
+                why = f"when its run ended ({run.returncode}) at {time.monotonic() - start:.0f}s"
+                break
             time.sleep(0.2)
         last = self.timeline[-1][0] - self.started if self.timeline else None
         pytest.fail(
-            f"{self.name}: {self.commits()} commits after {timeout:.0f}s (waited for {n}); "
+            f"{self.name}: {self.commits()} commits {why} (waited for {n}); "
             f"{len(self.timeline)} samples, the last at +{last}s; failed samples "
             f"{self.errors[-5:]}; ranks {self.ranks()}; the runs' output:\n{self.output()[-6000:]}"
         )
@@ -620,9 +631,40 @@ def test_the_masters_node_killed_under_slurm_is_requeued_and_taken_over(
 CAMPAIGN_ENV = ["DD_TEST_ITEMS", "DD_TEST_CASE", "DD_TEST_RUN", "DD_TEST_WATCHDOG"]
 
 
+def box_serves(hosts: list[str], where: Path, tries: int = 3) -> None:
+    """Wait until ``mpiexec --host`` starts its daemons on every node of ``hosts`` and they
+    report back: right after the box restarted a node (the case before killed it), the first
+    launch there could fail with "A daemon failed to report back" (CI saw it once: the case's
+    run ended at once with 2 of 3 nodes, resumable, and the case waited for commits in vain)."""
+    where.mkdir(exist_ok=True)
+    (where / "hello.py").write_text(HELLO)
+    want = f"HOSTS {2 * len(hosts)} {','.join(sorted(hosts))}"
+    out = ""
+    for _ in range(tries):
+        cmd = [*agent_command(2 * len(hosts), hosts, ulfm=False, env=[]), sys.executable]
+        proc = subprocess.Popen(
+            [*cmd, "hello.py"], cwd=where, env=job_env(uuid.uuid4().hex),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            out, _ = proc.communicate()
+        if proc.returncode == 0 and want in out:
+            return
+        time.sleep(2.0)
+    pytest.fail(
+        f"the box's nodes {hosts} do not all serve mpiexec after {tries} tries: {out[-2000:]}"
+    )
+
+
 def start_run(case: Case, hosts: list[str], run: int, **env: str) -> subprocess.Popen[str]:
     """``durable-dispatch launch -- mpiexec --host HOSTS --with-ft ulfm python campaign.py``
-    from this host (the login node), 2 ranks a node, in a session of its own."""
+    from this host (the login node), 2 ranks a node, in a session of its own; a case's first
+    run once the box serves on every node of ``hosts``."""
+    if run == 0:
+        box_serves(hosts, case.dir / "probe")
     cmd = [
         f"{_bin()}/durable-dispatch", "launch", "--state-dir", "state", "--",
         *agent_command(2 * len(hosts), hosts, ulfm=True, env=CAMPAIGN_ENV),
@@ -676,7 +718,7 @@ def test_a_worker_node_killed_without_slurm_never_ends_done_with_work_left(
     case = new_case(tmp_path, "node-host", ITEMS)
     proc = start_run(case, NODES, 0)
     try:
-        case.wait_commits(KILL_AT)
+        case.wait_commits(KILL_AT, run=proc)
         box("kill-node", "3")
         case.mark_fault("ddnode3 killed")
         codes = resume_until_done(case, end_run(case, proc), NODES[:2])
@@ -703,7 +745,7 @@ def test_a_worker_nodes_link_cut_past_the_watchdog_without_slurm(
     case = new_case(tmp_path, "cut-host", 500)  # about 20 s of work left at the heal
     proc = start_run(case, NODES, 0, DD_TEST_WATCHDOG="8")
     try:
-        case.wait_commits(KILL_AT)
+        case.wait_commits(KILL_AT, run=proc)
         box("cut", "3")
         case.mark_fault("ddnode3 cut for 25 s")
         time.sleep(25)
@@ -740,10 +782,10 @@ def test_a_campaign_that_finishes_while_a_node_is_cut_off_ends_0(
     case = new_case(tmp_path, "cut-finish", ITEMS)
     proc = start_run(case, NODES, 0, DD_TEST_WATCHDOG="8")
     try:
-        case.wait_commits(KILL_AT)
+        case.wait_commits(KILL_AT, run=proc)
         box("cut", "3")
         case.mark_fault("ddnode3 cut until every item was committed")
-        case.wait_commits(ITEMS)
+        case.wait_commits(ITEMS, run=proc)
         time.sleep(5)  # the master ends meanwhile (it lingers 2 s for the parked ranks)
         box("heal", "3")
         code = end_run(case, proc)
@@ -768,7 +810,7 @@ def test_the_masters_node_killed_without_slurm_is_resumed_by_the_next_run(
     case = new_case(tmp_path, "master-host", ITEMS)
     proc = start_run(case, NODES, 0)
     try:
-        case.wait_commits(KILL_AT)
+        case.wait_commits(KILL_AT, run=proc)
         box("kill-node", "1")
         case.mark_fault("ddnode1 (the master's) killed")
         first = end_run(case, proc)

@@ -35,11 +35,18 @@ def test_compare_against_head_prints_a_ratio_per_figure_and_leaves_no_worktree()
         timeout=600,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    rows = {line.split()[0]: line.split() for line in res.stdout.splitlines()[2:]}
+    lines = res.stdout.splitlines()
+    cut = next(i for i, x in enumerate(lines) if x.startswith("the master's CPU per task"))
+    rows = {line.split()[0]: line.split() for line in lines[2:cut]}
     assert sorted(rows) == ["ceiling-1", "mpi-1"], res.stdout
     for row in rows.values():
         base, new, ratio = (float(x.replace(",", "")) for x in row[1:4])
         assert base > 0 and new > 0 and abs(ratio - new / base) < 0.01 and len(row) == 6
+    # then the master's CPU per task, for the figures under mpiexec only
+    cpu = {line.split()[0]: line.split() for line in lines[cut + 3 :]}
+    assert sorted(cpu) == ["mpi-1"], res.stdout
+    base, new, ratio = (float(x) for x in cpu["mpi-1"][1:4])
+    assert base > 0 and new > 0 and abs(ratio - base / new) < 0.01
     after = subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True
     ).stdout

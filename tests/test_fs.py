@@ -8,6 +8,10 @@ from pathlib import Path
 import durable_dispatch
 
 PRIMITIVES = {"write", "fsync", "fdatasync", "replace", "rename", "ftruncate"}
+#: Writes that are not storage, each with why: they never touch a file of a state directory.
+NOT_STORAGE = {
+    "mpi/usage.py os.write": "of '5' to /proc/self/clear_refs: resets the process's peak size",
+}
 
 
 def test_only_the_seam_writes_syncs_or_renames() -> None:
@@ -26,7 +30,8 @@ def test_only_the_seam_writes_syncs_or_renames() -> None:
                 and isinstance(node.value, ast.Name)
                 and node.value.id == "os"
             ):
-                offenders.append(f"{path.relative_to(root)}:{node.lineno} os.{node.attr}")
+                if f"{path.relative_to(root)} os.{node.attr}" not in NOT_STORAGE:
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno} os.{node.attr}")
     assert not offenders, offenders
 
 

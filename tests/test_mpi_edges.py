@@ -233,7 +233,9 @@ def test_a_paused_worker_still_times_out_and_comes_back(tmp_path: Path) -> None:
     core = _paused_campaign(tmp_path, "steady", "worker")
     assert core["dispatch_watchdog_timeouts"] >= 1, core
     assert core["watchdog_worker_recoveries"] >= 1, core
-    assert core["master_pauses"] == 0, core
+    # The worker's 7 s stop is not taken for the master's own pause: a pause the master saw of
+    # itself (a loaded machine descheduled it) is its own, far shorter than the worker's stop.
+    assert core["master_pauses"] == 0 or core["master_paused_seconds"] < 3.5, core
 
 
 def test_a_paused_isolated_child_is_killed_at_its_deadline(tmp_path: Path) -> None:

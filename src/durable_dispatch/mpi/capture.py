@@ -122,7 +122,8 @@ class Relay:
         self._reads: list[int] = []
         self._threads: list[threading.Thread] = []
         self.page_fd = os.memfd_create("durable-dispatch-output")
-        os.ftruncate(self.page_fd, _PAGE)
+        with os.fdopen(self.page_fd, "r+b", closefd=False) as page:  # memory, not storage
+            page.truncate(_PAGE)
         self.page = mmap.mmap(self.page_fd, _PAGE)
         self._lock = threading.Lock()
         self._tails: dict[int, tuple[_Tail, _Tail]] = {}
