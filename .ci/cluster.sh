@@ -237,8 +237,14 @@ start() {
     local seen
     # (srun's own words, "queued and waiting for resources" while a finished job's nodes are
     # released, go to stderr: only the names on stdout are compared)
-    seen=$(cd / && timeout 60 srun -N "$N" -n "$N" -t 1 hostname 2>"$RUN/srun-check.err" \
-        | sort -u | paste -sd,)
+    # (a node whose slurmd just started may refuse the first step, "Communication connection
+    # failure": asked again, 3 times at most)
+    for _ in 1 2 3; do
+        seen=$(cd / && timeout 60 srun -N "$N" -n "$N" -t 1 hostname 2>"$RUN/srun-check.err" \
+            | sort -u | paste -sd,)
+        [ "$seen" = "$names" ] && break
+        sleep 3
+    done
     [ "$seen" = "$names" ] \
         || die "srun -N $N hostname printed '$seen', not '$names' ($(tail -3 "$RUN/srun-check.err" | paste -sd' '))"
     echo "cluster: up ($N nodes $names on $BR $NET.0/24, SLURM_CONF=$CONF)"
