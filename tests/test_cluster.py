@@ -698,6 +698,24 @@ def run_output(case: Case) -> str:
     return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(case.dir.glob("run-*")))
 
 
+#: What PRRTE prints when it ends a job for a daemon it lost (or whose launch agent died).
+RUNTIME_ENDED = re.compile(
+    r"A daemon failed to report back|PRTE has lost communication with a remote daemon"
+)
+
+
+def sleep_watching(proc: subprocess.Popen[str], seconds: float) -> float | None:
+    """Sleep ``seconds``; when ``proc`` ended meanwhile, the time (``time.time()``) it was
+    first seen ended, else None."""
+    ended = None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ended is None and proc.poll() is not None:
+            ended = time.time()
+        time.sleep(0.2)
+    return ended
+
+
 def resume_until_done(case: Case, first: int, hosts: list[str]) -> list[int]:
     """The exit statuses of the first run and of each next submission (as a user resubmits a
     resumable stop), on ``hosts``, until one exits other than 3 (at most 3 more runs)."""
@@ -741,7 +759,8 @@ def test_a_worker_nodes_link_cut_past_the_watchdog_without_slurm(
     """``mpiexec --host``, ULFM, node 3's link cut for 25 s (the watchdog at 8 s) and healed
     while work is left: the items in flight there are taken back and run elsewhere, the late
     results refused, the node's ranks serve again or stay parked, and the campaign finishes in
-    the same run: exit 0, every item once, none deferred."""
+    the same run: exit 0, every item once, none deferred. Where PRRTE itself ends the job for
+    the cut node's daemon (it printed so), the run stops resumable (3) and the next finishes."""
     for again in (False, True):
         case = new_case(tmp_path, "cut-host" + ("-again" if again else ""), 500)  # (about 20 s
         proc = start_run(case, NODES, 0, DD_TEST_WATCHDOG="8")  # of work left at the heal)
@@ -759,14 +778,26 @@ def test_a_worker_nodes_link_cut_past_the_watchdog_without_slurm(
     try:
         box("cut", "3")
         case.mark_fault("ddnode3 cut for 25 s")
-        time.sleep(25)
+        ended = sleep_watching(proc, 25)
         box("heal", "3")
         if case.commits() >= case.items:  # (a faster machine: the case needs more items)
             pytest.fail(f"{case.name}: the campaign finished before the link healed")
-        codes = resume_until_done(case, end_run(case, proc), NODES[:2])
+        first = end_run(case, proc)
+        if ended is not None:  # (when it ended, not when the case looked)
+            case.ends[-1] = (ended, first)
+        codes = resume_until_done(case, first, NODES[:2])
         case.stop_watching()
         line = case.report()
-        assert codes == [0], f"exits {codes}; {line}\n{run_output(case)}"
+        runtime = RUNTIME_ENDED.search((case.dir / "run-0.out").read_text(errors="replace"))
+        if codes == [3, 0] and runtime is not None:
+            # PRRTE ended the job itself (CI, twice: its launch agent for ddnode3 killed by a
+            # signal, "A daemon failed to report back ... Daemon exit status: 0"). The promise
+            # for a launcher that ends the job is a resumable stop and a next run that
+            # finishes; the rest of the checks are the same.
+            print(f"\nCLUSTER-CASE {case.name}: the runtime ended the job "
+                  f"({runtime.group(0)!r}): resumable, the next run finished")
+        else:
+            assert codes == [0], f"exits {codes}; {line}\n{run_output(case)}"
         every_item_once(case, line)
         nothing_left(case)
     finally:
