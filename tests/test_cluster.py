@@ -794,8 +794,10 @@ def test_a_worker_nodes_link_cut_past_the_watchdog_without_slurm(
             # signal, "A daemon failed to report back ... Daemon exit status: 0"). The promise
             # for a launcher that ends the job is a resumable stop and a next run that
             # finishes; the rest of the checks are the same.
-            print(f"\nCLUSTER-CASE {case.name}: the runtime ended the job "
-                  f"({runtime.group(0)!r}): resumable, the next run finished")
+            print(
+                f"\nCLUSTER-CASE {case.name}: the runtime ended the job "
+                f"({runtime.group(0)!r}): resumable, the next run finished"
+            )
         else:
             assert codes == [0], f"exits {codes}; {line}\n{run_output(case)}"
         every_item_once(case, line)
