@@ -276,6 +276,24 @@ def test_launch_exits_0_only_when_the_state_directory_says_the_campaign_finished
         os.environ["PATH"] = old
 
 
+def test_launch_waits_for_a_master_that_opens_the_state_directory_as_the_job_ends(
+    tmp_path: Path,
+) -> None:
+    """Seen on the cluster in a box: PRRTE lost a node as the job started and mpiexec exited 0
+    while the master (on another rank's node) was still starting; it opened the state
+    directory 0.1 s later and was killed. ``launch`` read "no campaign" at once, exited 2 and
+    did not requeue: the job ended with every item left. A master that opens the directory
+    as the job ends is a master that died: exit 3."""
+    from durable_dispatch.cli.launch import campaign_outcome
+
+    state = tmp_path / "state"
+    script = _STATE.format(tests=str(Path(__file__).parent))
+    straggler = subprocess.list2cmdline([sys.executable, "-c", script, "died", str(state)])
+    cmd = ["sh", "-c", f"(sleep 1; {straggler}) >/dev/null 2>&1 & exit 0"]
+    assert launch(cmd, env={}, state_dir=state) == 3
+    assert campaign_outcome(state) == "died"
+
+
 def test_launch_passes_one_sigusr1_per_request_on(tmp_path: Path) -> None:
     """SIGTERM, SIGUSR1 and SIGINT within the window (a time limit, srun's copy, a trap) reach
     the command as one SIGUSR1; the command's resumable exit is the launcher's."""

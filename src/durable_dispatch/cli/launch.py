@@ -27,7 +27,11 @@ campaign.py`` (or ``-- srun --mpi=pmix python campaign.py``), and needs no ``tra
   resumable stop: exit 3, requeued as above. So is a master that died without closing the
   state directory, whatever the status. A master that closed it with work left and an exit
   status of 1 or 2 (an exception in the campaign script, a usage error) keeps that status: a
-  bug is not requeued.
+  bug is not requeued. A launcher may end before its ranks do (Open MPI's runtime tearing down
+  a job that lost a node as it started): while the directory holds no campaign yet, ``launch``
+  looks again for up to :data:`SETTLE_SECONDS`, so a master that opened it as the job ended
+  counts as one that died. A directory that still holds none after that ends with 2 (a wrong
+  ``--state-dir``): not requeued.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Any
 __all__ = [
     "RESUMABLE",
     "HOLD_SECONDS",
+    "SETTLE_SECONDS",
     "launch",
     "requeue_command",
     "job_fields",
@@ -57,6 +62,9 @@ RESUMABLE = 3
 #: A request that arrives sooner than this after the launch is passed on only then: Slurm's
 #: ``--signal`` can come seconds into a job, before the ranks are up to catch it.
 HOLD_SECONDS = 10.0
+#: How long ``launch --state-dir`` looks again at a state directory that holds no campaign
+#: once the launcher ended (its master may still have been starting: see the module docs).
+SETTLE_SECONDS = 10.0
 
 
 def requeue_command(env: Mapping[str, str]) -> list[str] | None:
@@ -234,6 +242,10 @@ def launch(
         code = resumable
     if state_dir is not None:  # the record, not the launcher, says whether work is left
         outcome = campaign_outcome(state_dir)
+        settle = time.monotonic() + SETTLE_SECONDS
+        while outcome == "none" and time.monotonic() < settle:  # (a master still starting)
+            time.sleep(0.25)
+            outcome = campaign_outcome(state_dir)
         code = _resumable_by_outcome(code, outcome, resumable, os.path.basename(argv[0]))
     if code == resumable and requeue:
         cmd = requeue_command(env)
