@@ -505,9 +505,18 @@ def _retry(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied:
             state.journal.append(encode(RequeuedDeferred(wid)))
             if wid in state.defer:
                 state.defer.resolve(wid, "requeued")
+    # G4: an item put back to wait for a dependency that is itself deferred or cancelled (and
+    # was not retried with it) is deferred again at once, naming it, as the next open would
+    for wid in [w for w, what in result.items() if what == "requeued" and w in led.waiting]:
+        item = led.items.get(wid)
+        for dep in dict.fromkeys(item.after if item is not None else ()):
+            why = "deferred" if dep in led.deferred else "cancelled" if dep in led.cancelled else ""
+            if why and wid in led.waiting:
+                state._apply(core.ended_without_commit(dep, why), state._on_commit)
+                result[wid] = f"deferred again: its dependency {dep!r} is {why} (retry it too)"
     n = sum(1 for w in result.values() if w == "requeued")
     left = {w: why for w, why in result.items() if why != "requeued"}
-    if n:
+    if n or any(why.startswith("deferred again") for why in left.values()):
         state._save_snapshot(f"retry command {cmd.id}")
     out = base | {
         "work_ids": result,

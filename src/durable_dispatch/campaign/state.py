@@ -90,6 +90,12 @@ __all__ = ["CampaignState", "CampaignStats", "OnCommit"]
 
 log = logging.getLogger("durable_dispatch.state")
 
+
+class _JournalBehind(Exception):
+    """A snapshot's journal records are not on disk (the journal runs from memory): the
+    snapshot is not published (not an OSError: the snapshot store's own health is fine)."""
+
+
 #: The master publishes its statistics (``master-stats.*.snap``) at most this often, from
 #: ``tick``, so that ``durable-dispatch stats`` and ``watch`` show current figures with their age.
 STATS_SECONDS = 2.0
@@ -103,7 +109,7 @@ class CampaignStats:
         core: the dispatch core's statistics, as a dict.
         epoch: this master run's epoch.
         commits_in_memory: commits accepted while the journal was degraded (not yet durable).
-        snapshot_failures: snapshots the disk refused.
+        snapshot_failures: snapshots not saved (the disk refused, or the journal ran from memory).
         replayed_records: journal records replayed at start.
         duplicate_commits_in_journal: second commits of a work ID found (and ignored) at replay.
         journal_health, snapshot_health, defer_health, submissions_health: storage health
@@ -446,12 +452,21 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
                 "stats": self.statistics().as_dict(),
                 "ts": time.time(),
             }
+
             # The snapshot folds the journal through ``seq``: it is renamed into place only once
-            # an fsync covers ``seq``, which the group commit runs while it is written (issue 49)
-            self.snapshots.save(
-                body, before_publish=(lambda: self._durable(seq)) if seq >= 0 else None
-            )
-        except StorageDegradedError as e:
+            # an fsync covers ``seq``, which the group commit runs while it is written (issue 49),
+            # and never while a record through ``seq`` is memory-only: a crash would lose the
+            # journal's records the snapshot claims to fold, and the next master would write its
+            # own under their numbers, which a replay from this snapshot would then pass over.
+            def covered() -> None:
+                if not self._durable(seq):
+                    raise _JournalBehind(
+                        f"the journal's records through {seq} are not on disk "
+                        f"({self.journal.path} runs from memory)"
+                    )
+
+            self.snapshots.save(body, before_publish=covered if seq >= 0 else None)
+        except (StorageDegradedError, _JournalBehind) as e:
             self._snapshot_failures += 1
             log.error("snapshot (%s) not saved: %s", reason, e)
             ok = False
