@@ -129,6 +129,13 @@ def _ulfm_skip() -> pytest.MarkDecorator | None:
     return pytest.mark.skip(reason=why)
 
 
+# First of every plugin's: xdist's worker names each test by its group from the xdist_group
+# markers added here (``--dist loadgroup``), in a hook of its own that ran before this one
+# (pytest loads this conftest before xdist registers its worker): the groups were never
+# formed, and the cluster and Slurm tests ran on both processes at once, one case killing or
+# cutting a node under another's job. ``-m`` selects after this too (the tiers added here).
+# pytest 9.2 ignores those names altogether: pyproject.toml keeps pytest below it.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ulfm_items = [
         i

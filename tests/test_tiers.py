@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from durable_dispatch.mpi.launcher import mpiexec_command
@@ -55,3 +57,41 @@ def test_the_tiers_of_the_collected_suite(request: Any) -> None:
         name = item.nodeid
         if "test_crash_consistency.py" in name or "test_mpi_edges.py" in name:
             assert item.get_closest_marker("slow") is not None, name
+
+
+_WHERE = """
+import os
+import pytest
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    groups = [g for g in ("cluster", "slurm") if item.get_closest_marker(g)]
+    if worker and groups:
+        with open(os.environ["DD_WHERE"], "a") as f:
+            f.write(worker + " " + groups[0] + "\\n")
+"""
+
+
+def test_a_group_that_must_not_overlap_runs_on_one_process(tmp_path: Any) -> None:
+    """Under ``-n 2`` (CI's first pass) every cluster test runs on one process, and every
+    Slurm test on one. They did not: this conftest's hook named the groups after xdist's own
+    hook had read them, and pytest 9.2 ignores the names xdist gives (pytest-dev/pytest-xdist
+    #1386); the cluster cases ran on both processes at once, one killing or cutting a node
+    under another's job. Planned, not run (``--setup-plan``)."""
+    (tmp_path / "where_plugin.py").write_text(_WHERE)
+    where = tmp_path / "where.txt"
+    files = ["tests/test_cluster.py", "tests/test_slurm.py", "tests/test_tiers.py"]
+    env = {**os.environ, "DD_WHERE": str(where), "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "-p", "where_plugin", "-p", "no:randomly",
+         "-p", "no:cacheprovider", "--setup-plan", "-q", *files],
+        cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True, timeout=240,
+        check=False,
+    )  # fmt: skip
+    assert r.returncode in (0, 5), r.stdout[-3000:] + r.stderr[-3000:]
+    ran: dict[str, set[str]] = {}
+    for line in where.read_text().splitlines():
+        worker, group = line.split()
+        ran.setdefault(group, set()).add(worker)
+    assert set(ran) == {"cluster", "slurm"}, ran
+    assert all(len(w) == 1 for w in ran.values()), ran
