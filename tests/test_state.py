@@ -1488,3 +1488,33 @@ def test_a_submit_to_a_closed_state_freezes_nothing(
     with pytest.raises(Exception):  # noqa: B017 - whatever a closed journal raises
         state.submit([WorkItem("late")])
     assert gc.get_freeze_count() == 0 and not replay._holders
+
+
+def test_a_result_that_fits_a_record_only_without_its_cost_is_kept(tmp_path: Path) -> None:
+    """What an attempt cost rides in its commit's record (issue 62); a result that fits the
+    record bound alone but not beside its cost was refused (retried, then deferred as
+    "result too large"): the result is the user's, the cost the library's. It is kept, its
+    cost left out."""
+    import time
+
+    from durable_dispatch.core.events import Committed
+
+    bound = 2048
+    cost = {"cpu": 0.25, "rss": 123456789, "by": "in-process"}  # (about 55 bytes in a record)
+    with _open(
+        tmp_path, ranks=(1,), retry=RetryPolicy(0), journal_options={"max_record_bytes": bound}
+    ) as s:
+        s.submit(ITEMS[:1])
+        core = s.core
+        x = s.next_send(0.0, 1)
+        assert x is not None
+        s._apply(core.mark_dispatched(x.token, 0.0))
+        w0 = x.items[0].work_id
+        empty = Committed(x.token, 1, (w0,), ({"r": ""},), time.time()).encode()
+        size = bound - 20 - len(orjson.dumps(empty))  # fits alone, not with the cost
+        s.note_usage(1, str(x.token), {w0: cost})
+        s._apply(core.on_results(1, str(x.token), [{"r": "a" * size}], 0.0), lambda c: None)
+        s._complete_commits(wait=True)
+        assert core.committed() == {w0} and not core.deferred()
+    with _open(tmp_path) as s2:
+        assert s2.core.committed() == {w0}

@@ -251,7 +251,15 @@ class Delivery:
             else:
                 rec["costs"] = [costs.get(w) for w in wids]
         try:
-            r = self.journal.append(rec)
+            try:
+                r = self.journal.append(rec)
+            except RecordTooLargeError:
+                if len(commits) > 1 or rec.pop("cost", None) is None:
+                    raise  # (several: split below, each half with its costs)
+                # what it cost is the library's word, the result the user's: a record that
+                # holds the result without it keeps the result (its cost reads blank)
+                log.warning("commit of %s recorded without its cost (too large)", first.work_id)
+                r = self.journal.append(rec)
         except RecordTooLargeError as e:
             if len(commits) > 1:
                 half = len(commits) // 2
