@@ -198,6 +198,7 @@ def launch(
             finished, 3 when a launcher ended the job early or the master died), not only
             ``argv``'s status. Without it, ``argv``'s status is all ``launch`` knows.
     """
+    from ..mpi.launcher import remove_stale_session_dirs
     from ..mpi.signals import DRAIN_SIGNALS, CaughtSignals
 
     env = os.environ if env is None else env
@@ -205,6 +206,7 @@ def launch(
         from ..errors import UsageError
 
         raise UsageError("launch needs a command: durable-dispatch launch -- mpiexec ...")
+    remove_stale_session_dirs(env.get("TMPDIR"))  # (a killed mpiexec's: see the function)
     forwarded: list[int] = []
 
     def forward(proc: subprocess.Popen[Any], signum: int) -> None:

@@ -16,7 +16,9 @@ A killed ``mpiexec`` (Open MPI's ``prterun``) cannot remove its session director
 ``$TMPDIR/ompi.<pid>``, which holds the PMIx server's rendezvous files named after that pid. A
 later ``prterun`` that is given the same pid finds them and dies at once with "The PMIx server's
 listener thread failed to start" (exit 213; openpmix issue 4022, fixed in openpmix 7 by pull
-request 4046). So :func:`kill_session` removes the directory of the ``mpiexec`` it killed.
+request 4046). So :func:`kill_session` removes the directory of the ``mpiexec`` it killed, and
+:func:`run_mpiexec` and ``durable-dispatch launch`` remove, before they start one, every such
+directory an ``mpiexec`` killed by anything else left (:func:`remove_stale_session_dirs`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = [
     "kill_session",
     "session_dirs",
     "remove_session_dir",
+    "remove_stale_session_dirs",
     "remove_stale_shm",
     "launch_env",
     "JOB_MARK",
@@ -194,6 +197,7 @@ def run_mpiexec(
     """Run an ``mpiexec`` command line in its own session (in ``cwd``, if given); kill the
     session after ``timeout``."""
     job_env = launch_env(env, quiet=quiet)
+    remove_stale_session_dirs(job_env.get("TMPDIR"))
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
@@ -305,6 +309,45 @@ def remove_session_dir(pid: int) -> None:
             continue
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
             shutil.rmtree(d, ignore_errors=True)
+
+
+def remove_stale_session_dirs(tmpdir: str | None = None) -> list[Path]:
+    """Remove the session directories (:func:`session_dirs`) that killed ``mpiexec`` processes
+    of this user on this host left: a SIGKILLed one (a job's time limit, the OOM killer, a
+    test) cannot remove its own, and a later ``mpiexec`` given the same pid cannot start (see
+    the module docs). Only a real directory this user owns, whose pid is no live process here,
+    and whose PMIx files name this host (``pmix.<host>.tool...``: a ``/tmp`` shared between
+    hosts keeps another host's, whose pid says nothing here), under ``tmpdir`` (the
+    ``TMPDIR`` the ``mpiexec`` will have; this process's by default) and ``/tmp``. Returns the
+    directories removed."""
+    if not os.path.isdir("/proc/self"):
+        return []  # (no /proc: whether a pid is alive cannot be told)
+    host = os.uname().nodename
+    tool = f"pmix.{host}.tool"
+    me = os.getuid()
+    out: list[Path] = []
+    for base in sorted({tmpdir or os.environ.get("TMPDIR") or "/tmp", "/tmp"}):
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            if not name.startswith("ompi.") or not name[5:].isdigit():
+                continue
+            if os.path.exists(f"/proc/{name[5:]}"):
+                continue  # alive (perhaps another user's, another process by now: left alone)
+            d = Path(base) / name
+            try:
+                st = d.lstat()
+                inside = os.listdir(d)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+                continue
+            if any(n == tool or n.startswith(tool + ".") for n in inside):
+                shutil.rmtree(d, ignore_errors=True)
+                out.append(d)
+    return out
 
 
 def pids_in_session(sid: int) -> list[int]:
