@@ -292,11 +292,16 @@ def _remember_job(sid: int) -> None:
             _JOBS[sid] = mark
 
 
+def _session_bases(tmpdir: str | None = None) -> list[str]:
+    """Where Open MPI 5's ``mpiexec`` puts session directories: ``tmpdir`` (its ``TMPDIR``;
+    this process's by default) and ``/tmp``."""
+    return sorted({tmpdir or os.environ.get("TMPDIR") or "/tmp", "/tmp"})
+
+
 def session_dirs(pid: int) -> list[Path]:
     """Where an Open MPI 5 ``mpiexec`` of process ``pid`` keeps its session directory
     (``ompi.<pid>`` under ``$TMPDIR`` or ``/tmp``), whether or not it exists."""
-    bases = {os.environ.get("TMPDIR") or "/tmp", "/tmp"}
-    return [Path(b) / f"ompi.{pid}" for b in sorted(bases)]
+    return [Path(b) / f"ompi.{pid}" for b in _session_bases()]
 
 
 def remove_session_dir(pid: int) -> None:
@@ -326,7 +331,7 @@ def remove_stale_session_dirs(tmpdir: str | None = None) -> list[Path]:
     tool = f"pmix.{host}.tool"
     me = os.getuid()
     out: list[Path] = []
-    for base in sorted({tmpdir or os.environ.get("TMPDIR") or "/tmp", "/tmp"}):
+    for base in _session_bases(tmpdir):
         try:
             names = os.listdir(base)
         except OSError:
