@@ -584,10 +584,11 @@ def fault_in_a_slurm_job(
                 f"{case.name}: {case.commits()} commits before the fault (waited for {KILL_AT}); "
                 f"job {case.job} {case.states}; its output:\n{case.output()[-6000:]}"
             )
-        # The box lost a node as the job started (seen in full runs here, right after the case
-        # before killed ddnode3 and the box restarted it), before the fault: not the case under
-        # test. The job ended for good (its master never opened the state directory, which
-        # launch cannot tell from a wrong --state-dir); the case runs once more, said here.
+        # The box lost a node as the job started, before the fault: not the case under test
+        # (seen while the cluster cases ran on both test processes at once, one killing a node
+        # under another's job; tests/test_tiers.py now checks they do not). The job ended for
+        # good (its master never opened the state directory, which launch cannot tell from a
+        # wrong --state-dir); the case runs once more, said here.
         print(f"\nCLUSTER-CASE {case.name}: before the fault, {lost.group(0)!r}: once more")
         case.stop_watching()
         case = new_case(case.dir.parent, case.name + "-again", case.items)
@@ -674,9 +675,9 @@ CAMPAIGN_ENV = ["DD_TEST_ITEMS", "DD_TEST_CASE", "DD_TEST_RUN", "DD_TEST_WATCHDO
 
 def box_serves(hosts: list[str], where: Path, tries: int = 3) -> None:
     """Wait until ``mpiexec --host`` starts its daemons on every node of ``hosts`` and they
-    report back: right after the box restarted a node (the case before killed it), the first
-    launch there could fail with "A daemon failed to report back" (CI saw it once: the case's
-    run ended at once with 2 of 3 nodes, resumable, and the case waited for commits in vain)."""
+    report back (CI once saw a case's first launch fail with "A daemon failed to report back",
+    while the cluster cases ran on both test processes at once; a cheap check before each case
+    that the box serves)."""
     where.mkdir(exist_ok=True)
     (where / "hello.py").write_text(HELLO)
     want = f"HOSTS {2 * len(hosts)} {','.join(sorted(hosts))}"
@@ -803,9 +804,9 @@ def test_a_worker_nodes_link_cut_past_the_watchdog_without_slurm(
         lost = re.search(r"master: rank \d+ failed.*", run_output(case))
         if lost is None or again:
             break
-        # The box lost a node before the fault was made (in CI and in a full run here, after the
-        # case before killed ddnode3 and the box restarted it): not the case under test. The
-        # library did its part (the rank rolled back); the case runs once more, said here.
+        # The box lost a node before the fault was made (in CI, while the cluster cases ran on
+        # both test processes at once, one killing a node under another's job): not the case
+        # under test. The library did its part (the rank rolled back); it runs once more, said.
         print(f"\nCLUSTER-CASE {case.name}: before the fault, {lost.group(0)!r}: once more")
         case.stop_watching()
         os.killpg(proc.pid, 9)
@@ -826,9 +827,10 @@ def test_a_worker_nodes_link_cut_past_the_watchdog_without_slurm(
         runtime = RUNTIME_ENDED.search((case.dir / "run-0.out").read_text(errors="replace"))
         if codes == [3, 0] and runtime is not None:
             # PRRTE ended the job itself (CI, twice: its launch agent for ddnode3 killed by a
-            # signal, "A daemon failed to report back ... Daemon exit status: 0"). The promise
-            # for a launcher that ends the job is a resumable stop and a next run that
-            # finishes; the rest of the checks are the same.
+            # signal, "A daemon failed to report back ... Daemon exit status: 0": the other test
+            # process's kill-node, while the cluster cases ran side by side). The promise for a
+            # launcher that ends the job is a resumable stop and a next run that finishes; the
+            # rest of the checks are the same.
             print(
                 f"\nCLUSTER-CASE {case.name}: the runtime ended the job "
                 f"({runtime.group(0)!r}): resumable, the next run finished"
