@@ -129,13 +129,19 @@ def _cli(*argv: str) -> str:
     return out.getvalue()
 
 
+def _jsonl(out: str) -> list[str]:
+    """The lines of JSON Lines output: split at "\\n" only (``str.splitlines`` also splits at
+    U+0085 and U+2028, which a JSON string may hold as they are)."""
+    return [x for x in out.split("\n") if x]
+
+
 def _roundtrips(state: Path, wid: str, want: Any) -> None:
     """``wid``'s result is ``want`` through read_results, the CLI's JSON, and after a
     compaction through both again."""
     for _ in range(2):
         got = {r.work_id: r.result for r in read_results(state)}
         assert same(got[wid], want), (got[wid], want)
-        rows = [json.loads(x) for x in _cli("results", str(state), "--jsonl").splitlines()]
+        rows = [json.loads(x) for x in _jsonl(_cli("results", str(state), "--jsonl"))]
         assert same(next(r["result"] for r in rows if r["work_id"] == wid), want)
         listed = json.loads(_cli("results", str(state), "--json"))
         assert same(next(r["result"] for r in listed if r["work_id"] == wid), want)
@@ -323,7 +329,7 @@ def test_results_carry_their_payloads_from_every_source_and_after_compaction(
         for wid, payload in want.items():
             assert same(rows[wid].payload, payload), (wid, rows[wid].payload)
             assert rows[wid].result == "done"
-        lines = _cli("results", str(state), "--with-payload", "--jsonl").splitlines()
+        lines = _jsonl(_cli("results", str(state), "--with-payload", "--jsonl"))
         shown = {r["work_id"]: r for r in map(json.loads, lines)}
         assert all(same(shown[w]["payload"], p) for w, p in want.items())
         assert list(shown["cli"])[:3] == ["work_id", "result", "payload"]
@@ -472,15 +478,11 @@ def _check_traceback(state: Path, wid: str, where: str) -> None:
     shown = _cli("deferred", "show", str(state), wid)
     assert "traceback (its last failure)" in shown and "    ValueError: diverged" in shown
     assert json.loads(_cli("deferred", "show", str(state), wid, "--json"))["traceback"] == tb
-    rows = {
-        r["work_id"]: r for r in map(json.loads, _cli("joblog", str(state), "--jsonl").splitlines())
-    }
+    rows = {r["work_id"]: r for r in map(json.loads, _jsonl(_cli("joblog", str(state), "--jsonl")))}
     assert rows[wid]["traceback"] == tb
     assert all(r["traceback"] is None for w, r in rows.items() if w != wid)
     _cli("compact", str(state))  # compaction keeps it (the defer journal holds it)
-    rows = {
-        r["work_id"]: r for r in map(json.loads, _cli("joblog", str(state), "--jsonl").splitlines())
-    }
+    rows = {r["work_id"]: r for r in map(json.loads, _jsonl(_cli("joblog", str(state), "--jsonl")))}
     assert rows[wid]["traceback"] == tb
 
 

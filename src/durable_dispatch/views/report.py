@@ -322,7 +322,7 @@ def _slowest(h: History, n: int = 10) -> list[dict[str, Any]]:
                 "rank": a.rank,
                 "host": a.host,
                 "outcome": a.outcome,
-                "cpu_seconds": round(sum(cpus), 3) if cpus else None,
+                "cpu_seconds": sum(cpus) if cpus else None,  # (unrounded: as the joblog shows)
                 "max_rss": max(peaks) if peaks else None,
                 "cost_measured": ", ".join(ways) if ways else None,
             }
