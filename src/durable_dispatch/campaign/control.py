@@ -509,11 +509,11 @@ def _retry(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied:
     # was not retried with it) is deferred again at once, naming it, as the next open would
     for wid in [w for w, what in result.items() if what == "requeued" and w in led.waiting]:
         item = led.items.get(wid)
-        for dep in dict.fromkeys(item.after if item is not None else ()):
-            why = "deferred" if dep in led.deferred else "cancelled" if dep in led.cancelled else ""
-            if why and wid in led.waiting:
-                state._apply(core.ended_without_commit(dep, why), state._on_commit)
-                result[wid] = f"deferred again: its dependency {dep!r} is {why} (retry it too)"
+        ended = [d for d in item.after if d in led.deferred or d in led.cancelled] if item else []
+        if ended:
+            why = "deferred" if ended[0] in led.deferred else "cancelled"
+            state._defer_behind_ended(ended[:1])
+            result[wid] = f"deferred again: its dependency {ended[0]!r} is {why} (retry it too)"
     n = sum(1 for w in result.values() if w == "requeued")
     left = {w: why for w, why in result.items() if why != "requeued"}
     if n or any(why.startswith("deferred again") for why in left.values()):

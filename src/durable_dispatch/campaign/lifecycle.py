@@ -160,10 +160,8 @@ def open_state(
         st._apply(restarts)
     # G4: a crash between a dependency's deferral and its dependents' left them waiting
     # (or an operator's cancel and its dependents', O1)
-    for wid in [w for w in core.ledger.deferred if core.ledger.dependents.get(w)]:
-        st._apply(core.ended_without_commit(wid))
-    for wid in [w for w in core.ledger.cancelled if core.ledger.dependents.get(w)]:
-        st._apply(core.ended_without_commit(wid, "cancelled"))
+    led = core.ledger
+    st._defer_behind_ended([w for w in (*led.deferred, *led.cancelled) if led.dependents.get(w)])
     st._load_dependency_results()
     if restarts:
         st._save_snapshot(f"start of epoch {epoch}")

@@ -330,13 +330,19 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
             raise
         self._announce(new, first, digests)
         if self._has_after:  # G4: a new item that names a deferred or cancelled item is
-            led = self.core.ledger  # deferred too, at once, naming it
-            for dep in {d: None for w in new for d in w.after}:
-                if dep in led.deferred:
-                    self._apply(self.core.ended_without_commit(dep))
-                elif dep in led.cancelled:
-                    self._apply(self.core.ended_without_commit(dep, "cancelled"))
+            self._defer_behind_ended({d: None for w in new for d in w.after})  # deferred too
         return len(new)
+
+    def _defer_behind_ended(self, deps: Iterable[str]) -> None:
+        """G4, the one place: every item waiting for one of ``deps`` that ended without a
+        commit (deferred or cancelled) is deferred at once, naming it (a new item, an item an
+        operator retried, the open's repair after a crash)."""
+        led = self.core.ledger
+        for dep in deps:
+            if dep in led.deferred:
+                self._apply(self.core.ended_without_commit(dep))
+            elif dep in led.cancelled:
+                self._apply(self.core.ended_without_commit(dep, "cancelled"))
 
     def _refuse_changed(self, again: list[WorkItem], new: list[WorkItem], digests: bytes) -> None:
         """U11: each of ``again`` (a known work ID, or one named earlier in the same call) must
