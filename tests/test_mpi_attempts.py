@@ -324,3 +324,102 @@ def test_a_multi_item_dispatch_keeps_each_items_cost_in_its_one_record(tmp_path:
     assert (rows["c"].cpu_seconds, rows["c"].max_rss) == (0.25, None)
     slow = report_series(d)["slowest"]
     assert slow[0]["cpu_seconds"] == 0.75 and slow[0]["max_rss"] == 7 * MIB
+
+
+def _dispatch_of_three(st: CampaignState) -> Any:
+    st.submit([WorkItem(w, i) for i, w in enumerate("abc")])
+    s = st.next_send(0.0, 3)
+    assert s is not None and len(s.items) == 3
+    st.sent(s.token, 0.0)
+    return s
+
+
+def _committed_records(d: Path) -> list[dict[str, Any]]:
+    from durable_dispatch.campaign.statedir import STATE_JOURNAL
+    from durable_dispatch.storage.journal import read_journal
+
+    recs = [r.payload for r in read_journal(d / STATE_JOURNAL)]
+    return [p for p in recs if p.get("event") == "committed"]
+
+
+def test_a_dispatch_measured_alike_keeps_its_costs_as_the_table_the_worker_sent(
+    tmp_path: Path,
+) -> None:
+    """Several items measured the same way come as a table (one column each, in the order of
+    ``ids``); a record of exactly those items keeps the columns as they came (no dict an
+    item), and every reader sees each item's cost, after a reopen and a compaction too."""
+    d = tmp_path / "state"
+    table = {"ids": ["a", "b", "c"], "cpu": [0.5, 0.0, 1.25], "rss": [7 * MIB, None, 9 * MIB]}
+    with CampaignState.open(d, ranks=(1,)) as st:
+        s = _dispatch_of_three(st)
+        st.note_usage(s.rank, str(s.token), {**table, "by": "in-process"})
+        st.on_results(s.rank, str(s.token), [1, 2, 3], 0.0)
+        st.on_ready(s.rank, str(s.token), 0.0)
+        st.tick(0.0)
+    (committed,) = _committed_records(d)
+    assert "costs" not in committed
+    columns = {"cpu": table["cpu"], "rss": table["rss"], "by": "in-process"}
+    assert committed["cost_table"] == columns
+    with CampaignState.open(d, ranks=(1,)):
+        pass  # a reopen reads the record (its schema knows the table)
+    compact_state(d)
+    rows = _rows(d)
+    assert [(rows[w].cpu_seconds, rows[w].max_rss) for w in "abc"] == [
+        (0.5, 7 * MIB),
+        (0.0, None),
+        (1.25, 9 * MIB),
+    ]
+    assert {rows[w].cost_measured for w in "abc"} == {"in-process"}
+    assert report_series(d)["slowest"][0]["cpu_seconds"] == 1.75
+
+
+def test_a_table_whose_items_do_not_all_commit_together_is_kept_item_by_item(
+    tmp_path: Path,
+) -> None:
+    """One item of a tabled dispatch fails: its requeue carries its own cost, the commit of
+    the others carries theirs item by item (the columns are not the record's items)."""
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=(1,)) as st:
+        s = _dispatch_of_three(st)
+        costs = {"ids": ["a", "b", "c"], "cpu": [0.5, 2.0, 0.25], "rss": [1, 2, 3], "by": "x"}
+        st.note_usage(s.rank, str(s.token), costs)
+        st.on_results(s.rank, str(s.token), [1, None, 3], 0.0, errors={1: "boom"})
+        st.on_ready(s.rank, str(s.token), 0.0)
+        st.tick(0.0)
+    (committed,) = _committed_records(d)
+    assert "cost_table" not in committed
+    assert committed["costs"] == [
+        {"cpu": 0.5, "rss": 1, "by": "x"},
+        {"cpu": 0.25, "rss": 3, "by": "x"},
+    ]
+    rows = _rows(d)
+    assert rows["b"].status == "pending" and rows["b"].cpu_seconds == 2.0
+    assert (rows["a"].cpu_seconds, rows["c"].cpu_seconds) == (0.5, 0.25)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ids": ["a", "b", "c"], "cpu": [0.5, 1.0], "rss": [1, 2, 3], "by": "x"},  # short
+        {"ids": ["a", "b", "c"], "cpu": [0.5, True, 1.0], "rss": [1, 2, 3], "by": "x"},
+        {"ids": ["a", "b", "c"], "cpu": [0.5, "1", 1.0], "rss": [1, 2, 3], "by": "x"},
+        {"ids": ["a", "b", "c"], "cpu": [0.5, 0.5, 1.0], "rss": [1, 2.5, 3], "by": "x"},
+        {"ids": ["a", 2, "c"], "cpu": [0.5, 0.5, 1.0], "rss": [1, 2, 3], "by": "x"},
+        {"ids": ["a", "a", "c"], "cpu": [0.5, 0.5, 1.0], "rss": [1, 2, 3], "by": "x"},
+        {"ids": ["a", "b", "c"], "cpu": [0.5, 0.5, 1.0], "rss": [1, 2, 3], "by": "x" * 33},
+        {"ids": ["a", "b", "c"], "cpu": [0.5, 0.5, 1.0], "rss": [1, 2, 3], "by": None},
+        {"ids": ["a", "b", "c"], "cpu": [0.5, 0.5, 1.0], "rss": [1, 2, 3], "by": "x", "y": 1},
+        {"ids": [], "cpu": [], "rss": [], "by": "x"},
+    ],
+)
+def test_a_malformed_table_of_costs_is_dropped_whole(tmp_path: Path, bad: dict[str, Any]) -> None:
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=(1,)) as st:
+        s = _dispatch_of_three(st)
+        st.note_usage(s.rank, str(s.token), bad)
+        st.on_results(s.rank, str(s.token), [1, 2, 3], 0.0)
+        st.on_ready(s.rank, str(s.token), 0.0)
+        st.tick(0.0)
+    (committed,) = _committed_records(d)
+    assert "cost_table" not in committed and "costs" not in committed
+    assert all(r.cpu_seconds is None for r in _rows(d).values())

@@ -121,6 +121,30 @@ def test_a_work_message_names_the_own_timeout_of_each_item_that_has_one() -> Non
     ]
 
 
+def test_a_results_costs_are_a_table_when_its_items_were_measured_alike() -> None:
+    """Several items, each measured, all the same way: one column each, in the order of
+    ``ids`` (the master keeps it as it comes); one item, or items measured differently or
+    not at all, by work ID."""
+    child = {"cpu": 0.5, "rss": 3, "by": "child"}
+    ended = {"cpu": 0.25, "rss": None, "by": "child-ended"}
+
+    def costs(*cs: dict[str, Any] | None) -> Any:
+        outcomes = [ItemOutcome(b"1", cost=c) for c in cs]
+        ids = [f"w{i}" for i in range(len(cs))]
+        return orjson.loads(result_message("e1-1", outcomes, None, ids)).get("costs")
+
+    assert costs(child, {**child, "cpu": 1.5}) == {
+        "ids": ["w0", "w1"],
+        "cpu": [0.5, 1.5],
+        "rss": [3, 3],
+        "by": "child",
+    }
+    assert costs(child) == {"w0": child}
+    assert costs(child, ended) == {"w0": child, "w1": ended}
+    assert costs(child, None) == {"w0": child}
+    assert costs(None, None) is None
+
+
 def test_a_results_costs_and_outputs_never_take_it_over_its_bound_nor_displace_a_result() -> None:
     """A batch of 2,000 items whose results nearly fill the RESULT, each with its cost and some
     output: the message stays within its bound (a RESULT over it is refused as malformed and
@@ -141,5 +165,6 @@ def test_a_results_costs_and_outputs_never_take_it_over_its_bound_nor_displace_a
     line = {"stdout": b"y" * 100, "stderr": b"", "dropped": (0, 0)}
     small = [ItemOutcome(b"1", cost=cost, output=line) for _ in range(n)]
     msg = orjson.loads(result_message("e1-5", small, None, ids))  # room enough: all kept
-    assert len(msg["costs"]) == n and msg["costs"]["item-000007"] == cost
+    table = msg["costs"]  # (several items measured alike: one column each, campaign/costs.py)
+    assert table == {"ids": ids, "cpu": [0.125] * n, "rss": [21 << 20] * n, "by": "child"}
     assert len(msg["outputs"]) == n

@@ -41,6 +41,7 @@ __all__ = [
     "check_submission_record",
     "is_work_item",
     "is_cost",
+    "is_cost_table",
     "check_output_record",
 ]
 
@@ -94,6 +95,22 @@ def is_cost(v: Any) -> bool:
         and is_num_or_none(v.get("cpu"))
         and is_int_or_none(v.get("rss"))
         and type(v.get("by")) is str
+    )
+
+
+def is_cost_table(v: Any) -> bool:
+    """True for the costs of a record's items measured alike, in columns (``cost_table``):
+    ``{"cpu": [seconds or null ...], "rss": [bytes or null ...], "by": how}``, one entry per
+    item in the order of the record's work IDs."""
+    if type(v) is not dict or type(v.get("by")) is not str:
+        return False
+    cpu, rss = v.get("cpu"), v.get("rss")
+    return (
+        type(cpu) is list
+        and type(rss) is list
+        and len(cpu) == len(rss)
+        and all(map(is_num_or_none, cpu))
+        and all(map(is_int_or_none, rss))
     )
 
 

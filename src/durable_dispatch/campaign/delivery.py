@@ -33,6 +33,7 @@ from ..errors import NotDurableError, RecordTooLargeError, StorageDegradedError,
 from ..storage import DeferJournal, Journal
 from ..tokens import Token
 from ..values import restore
+from .costs import CostTable
 from .logs import log_decisions
 from .results import read_results
 
@@ -95,7 +96,7 @@ class Delivery:
     #: dependency, until an fsync covers its record (dependencies.py)
     _held_results: dict[str, tuple[int, Any]]
     #: token -> work ID -> what that attempt cost, until its outcome is journaled
-    _costs: dict[Token, dict[str, Any]]
+    _costs: dict[Token, dict[str, Any] | CostTable]
 
     #: While the commit callback runs: True when an fsync covers the commit being delivered,
     #: False for a memory-only commit (the journal is degraded). See :data:`OnCommit`.
@@ -246,10 +247,13 @@ class Delivery:
         ev = Committed(first.token, first.rank, wids, results, time.time())
         rec = ev.encode()
         costs = self._costs.get(first.token) if self._costs and first.token else None
+        table = None
         if costs:  # what each attempt cost (note_usage): informational, replay ignores it
             if len(wids) == 1:
                 if (c := costs.get(wids[0])) is not None:
                     rec["cost"] = c
+            elif type(costs) is CostTable and (table := costs.columns_for(wids)) is not None:
+                rec["cost_table"] = table  # (the worker's columns as they came: costs.py)
             else:
                 rec["costs"] = [costs.get(w) for w in wids]
         try:
@@ -273,9 +277,10 @@ class Delivery:
             log.error("result of %s cannot be journaled: %s", first.work_id, e)
             return self.core.commit_refused(first.token, first.work_id, f"result too large: {e}")
         if costs:
-            for w in wids:
-                costs.pop(w, None)
-            if not costs:
+            if table is None:
+                for w in wids:
+                    costs.pop(w, None)
+            if table is not None or not costs:
                 del self._costs[first.token]
         if self._has_after:  # G4: keep what a dependent needs (dependencies.py)
             self._note_commits(commits)

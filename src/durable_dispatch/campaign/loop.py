@@ -16,29 +16,13 @@ from ..core.events import WorkerHost, encode
 from ..core.ranks import RankState
 from ..storage import Journal
 from ..tokens import Token
+from .costs import CostTable, cost_entries
 from .outputs import Outputs, output_record
 
 __all__ = ["LoopCalls"]
 
 log = logging.getLogger("durable_dispatch.state")
 _COSTS_HELD = 4096  # dispatches whose costs wait for their items' outcomes, at most
-
-
-_NUMBER = frozenset((int, float, type(None)))
-_INT = frozenset((int, type(None)))
-
-
-def _is_cost(c: Any) -> bool:
-    """True for a worker's cost entry a record may keep as it is (``schema.is_cost``, and
-    nothing more: three members, a short ``by``)."""
-    return (
-        type(c) is dict
-        and len(c) == 3
-        and type(c.get("cpu")) in _NUMBER
-        and type(c.get("rss")) in _INT
-        and type(by := c.get("by")) is str
-        and len(by) <= 32
-    )
 
 
 class LoopCalls:
@@ -49,7 +33,7 @@ class LoopCalls:
     journal: Journal
     _epoch_seq: int | None
     _hosts: dict[int, str]
-    _costs: dict[Token, dict[str, Any]]
+    _costs: dict[Token, dict[str, Any] | CostTable]
     _outputs: Outputs | None
     _lock: Any
     directory: str
@@ -124,9 +108,10 @@ class LoopCalls:
         self.journal.append(encode(WorkerHost(rank, host, time.time())))
 
     def note_usage(self, rank: int, token: object, costs: Any, outputs: Any = None) -> None:
-        """What the items of ``rank``'s current dispatch ``token`` cost, by work ID (a RESULT's
-        ``costs``; see :mod:`durable_dispatch.mpi.usage`): held until each item's outcome is
-        journaled, which then carries it (``cost``); and what they wrote (``outputs``, with
+        """What the items of ``rank``'s current dispatch ``token`` cost (a RESULT's ``costs``,
+        by work ID or as a table: :mod:`.costs`; see :mod:`durable_dispatch.mpi.usage`): held
+        until each item's outcome is journaled, which then carries it (``cost``, or for a
+        dispatch's commit ``costs`` or ``cost_table``); and what they wrote (``outputs``, with
         isolation): appended to the outputs journal now (:mod:`.outputs`: written in the
         background, never waited for). A RESULT that is not current is ignored, as are entries
         that are not costs or outputs (a worker's word, checked before it is kept)."""
@@ -140,22 +125,18 @@ class LoopCalls:
                     if self._outputs is None:
                         self._outputs = Outputs(self.directory, self._lock.claim)
                     self._outputs.append(rec)
-        if type(costs) is not dict:
+        if type(costs) is not dict or not (clean := cost_entries(costs)):
             return
-        if len(costs) == 1:  # (batch 1: the usual RESULT, no copy)
-            ((w, c),) = costs.items()
-            clean = costs if type(w) is str and _is_cost(c) else None
-        else:
-            clean = {w: c for w, c in costs.items() if type(w) is str and _is_cost(c)}
-        if clean:
-            held = self._costs
-            got = held.get(t)
-            if got is not None:
-                got.update(clean)
-                return
-            if len(held) > _COSTS_HELD:  # (a token whose items never ended: dropped, oldest)
-                del held[next(iter(held))]
-            held[t] = clean
+        held = self._costs
+        got = held.get(t)
+        if got is not None:  # (parts of one dispatch: one by work ID)
+            merged = dict(got.items())
+            merged.update(clean.items())
+            held[t] = merged
+            return
+        if len(held) > _COSTS_HELD:  # (a token whose items never ended: dropped, oldest)
+            del held[next(iter(held))]
+        held[t] = clean
 
     def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
         """A HEARTBEAT from ``rank``; see :meth:`Dispatcher.on_heartbeat`."""

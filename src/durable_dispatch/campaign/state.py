@@ -71,6 +71,7 @@ from ..storage.background import BackgroundSaver
 from ..storage.background import Beside as _Beside
 from ..tokens import Token
 from ..values import Refused, all_plain, stored
+from .costs import CostTable
 from .delivery import Delivery, OnCommit, _PendingCommit
 from .dependencies import Dependencies
 from .lifecycle import close_state, open_state
@@ -198,7 +199,8 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck_since: float | None = None  # since when every live worker is parked
         self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
-        self._costs: dict[Token, dict[str, Any]] = {}  # token -> work ID -> cost (note_usage)
+        # token -> work ID -> cost, or a table (note_usage; costs.py)
+        self._costs: dict[Token, dict[str, Any] | CostTable] = {}
         self._outputs: Outputs | None = None  # the items' outputs, opened at the first
         #: the sequence number of this run's epoch record until it is durable (next_send)
         self._epoch_seq: int | None = None

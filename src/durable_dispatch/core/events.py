@@ -49,6 +49,7 @@ from ..schema import (
     is_bool,
     is_cost,
     is_cost_or_none,
+    is_cost_table,
     is_int,
     is_int_or_none,
     is_num_or_none,
@@ -245,6 +246,7 @@ class Committed(_Event):
         "rank": is_int,
         "cost": is_cost,
         "costs": list_of(is_cost_or_none),
+        "cost_table": is_cost_table,
     }
 
     token: Token | None

@@ -253,8 +253,23 @@ def result_message(
 
 
 def _costs(ids: list[Any], outcomes: list[ItemOutcome]) -> bytes:
-    """The ``costs`` member of a RESULT (empty when no item's cost was measured)."""
-    c = {w: o.cost for w, o in zip(ids, outcomes, strict=True) if o.cost is not None}
+    """The ``costs`` member of a RESULT (empty when no item's cost was measured): a table of
+    columns when there are several items, all measured and alike (the master keeps it as it
+    comes, see :mod:`durable_dispatch.campaign.costs`), else by work ID."""
+    cs = [o.cost for o in outcomes]
+    alike = [c for c in cs if c is not None]
+    if 1 < len(alike) == len(cs) == len(ids):
+        by = alike[0]["by"]
+        if all(c["by"] == by for c in alike) and all(type(w) is str for w in ids):
+            return orjson.dumps(
+                {
+                    "ids": ids,
+                    "cpu": [c["cpu"] for c in alike],
+                    "rss": [c["rss"] for c in alike],
+                    "by": by,
+                }
+            )
+    c = {w: o for w, o in zip(ids, cs, strict=True) if o is not None}
     return orjson.dumps({w: v for w, v in c.items() if type(w) is str}) if c else b""
 
 

@@ -143,8 +143,15 @@ def _note_costs(att: Attempt, p: Mapping[str, Any], ids: tuple[str, ...]) -> Non
     """Keep the costs a ``committed``, ``requeued`` or ``deferred`` record carries in ``att``."""
     cost = p.get("cost")
     many = p.get("costs")
+    table = p.get("cost_table")
     if isinstance(cost, dict) and len(ids) == 1:
         found = {ids[0]: cost}
+    elif isinstance(table, dict):  # (columns in the order of the record's work IDs)
+        by = table.get("by")
+        found = {
+            w: {"cpu": c, "rss": r, "by": by}
+            for w, c, r in zip(ids, table.get("cpu") or (), table.get("rss") or (), strict=False)
+        }
     elif isinstance(many, list):
         found = {w: c for w, c in zip(ids, many, strict=False) if isinstance(c, dict)}
     else:
