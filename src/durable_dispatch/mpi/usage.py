@@ -29,7 +29,7 @@ import os
 import resource
 from typing import Any
 
-__all__ = ["Meter", "cost", "peak_of"]
+__all__ = ["InProcessMeter", "Meter", "cost", "peak_of"]
 
 _HWM = b"VmHWM:"
 
@@ -70,27 +70,24 @@ _RSS = b"VmRSS:"
 
 
 class Meter:
-    """Measures this process around each item: :meth:`rebase` when a dispatch arrives,
+    """Measures the isolated child around each item: :meth:`rebase` when a dispatch arrives,
     :meth:`start` before each item, :meth:`stop` after it. Two ``getrusage`` calls an item: an
     item's figures start where the one before it ended, so they include the library's own
     bookkeeping between the two (microseconds); the first item of a dispatch starts at
     :meth:`rebase`.
 
-    With ``per_item`` (the isolated child) the peak is the item's own: reset before it (a write
-    to ``/proc/self/clear_refs``), read after it (``VmHWM``). Both (a few microseconds) are
-    skipped for an item that touched no new page (no page fault, ``getrusage``'s counts) when
-    none was touched since the last read either and the peak then was the size then: the
-    process cannot have grown, and the item's peak is that size (``VmRSS`` at the last read:
-    an upper bound, exact unless it shrank). Without
-    ``per_item`` (the in-process worker: ``getrusage`` only, a few hundred nanoseconds) the peak
-    is the process's high-water mark (``ru_maxrss``)."""
+    The peak is the item's own: reset before it (a write to ``/proc/self/clear_refs``), read
+    after it (``VmHWM``). Both (a few microseconds) are skipped for an item that touched no new
+    page (no page fault, ``getrusage``'s counts) when none was touched since the last read
+    either and the peak then was the size then: the process cannot have grown, and the item's
+    peak is that size (``VmRSS`` at the last read: an upper bound, exact unless it shrank).
+    The worker's own process is measured by :class:`InProcessMeter`."""
 
-    def __init__(self, by: str, *, per_item: bool = True) -> None:
+    def __init__(self, by: str) -> None:
         self.by = by
         self.cpu0 = 0.0  # the CPU time when the item started
         self._clear: int | None = None
         self._status: int | None = None
-        self._per_item = per_item
         self._faults0 = -1  # page faults when the item started
         self._read_at = -2  # page faults when the status was last read
         self._rss: int | None = None  # the resident size at that read
@@ -98,8 +95,6 @@ class Meter:
         self._cpu_at = 0.0  # the CPU time and page faults at the last rebase or stop
         self._faults_at = -1
         self.rebase()
-        if not per_item:
-            return
         try:
             self._clear = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
             self._status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
@@ -131,8 +126,6 @@ class Meter:
         cpu = now - self.cpu0
         self._cpu_at = now
         self._faults_at = faults = s.ru_minflt + s.ru_majflt
-        if not self._per_item:
-            return cost(cpu, s.ru_maxrss * 1024, self.by)
         if self._status is None:
             return cost(cpu, None, self.by)
         if faults == self._faults0 == self._read_at and self._rss is not None:
@@ -162,3 +155,40 @@ class Meter:
                 except OSError:
                     pass
         self._clear = self._status = None
+
+
+_getrusage, _SELF, _CHILDREN = resource.getrusage, resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN
+
+
+class InProcessMeter:
+    """Measures the worker's own process around each item (``isolate=False``, ``by``
+    ``"in-process"``), with :class:`Meter`'s calls (:meth:`rebase`, :meth:`start`,
+    :meth:`stop`): two ``getrusage`` calls an item and nothing else (the worker's loop pays it
+    per item: about 1 us, where a campaign's items may take a few), the CPU time of the
+    process (its other threads too) and of the children it waited for, and its high-water
+    mark (``ru_maxrss``)."""
+
+    __slots__ = ("by", "cpu0", "_cpu_at")
+
+    def __init__(self, by: str = "in-process") -> None:
+        self.by = by
+        self.cpu0 = 0.0  # the CPU time when the item started
+        self._cpu_at = 0.0  # the CPU time at the last rebase or stop
+        self.rebase()
+
+    def rebase(self) -> None:
+        """A dispatch arrived: its first item's figures start now."""
+        s, c = _getrusage(_SELF), _getrusage(_CHILDREN)
+        self._cpu_at = s[0] + s[1] + c[0] + c[1]  # (ru_utime, ru_stime)
+
+    def start(self) -> None:
+        """An item starts (where the one before it ended)."""
+        self.cpu0 = self._cpu_at
+
+    def stop(self) -> dict[str, Any]:
+        """The item ended: its cost (:func:`cost`'s form, built here: once an item)."""
+        s, c = _getrusage(_SELF), _getrusage(_CHILDREN)
+        now = s[0] + s[1] + c[0] + c[1]
+        cpu = now - self.cpu0
+        self._cpu_at = now
+        return {"cpu": round(cpu, 6) if cpu > 0 else 0.0, "rss": s[2] * 1024, "by": self.by}

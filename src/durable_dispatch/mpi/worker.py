@@ -39,7 +39,7 @@ from .context import CHILD_MARKER, MAX_RESULT_BYTES, ItemOutcome, WorkContext, r
 from .isolation import CANCEL_REQUESTED, CancelRequested, IsolatedRunner, StopRequested
 from .launchcheck import require_workers
 from .signals import CaughtSignals
-from .usage import Meter
+from .usage import InProcessMeter
 
 __all__ = ["run_worker", "WorkContext"]
 
@@ -144,7 +144,7 @@ class _InProcessRunner:
         threading.Thread(target=self._thread, name="durable-dispatch-work", daemon=True).start()
 
     def _thread(self) -> None:
-        meter = Meter("in-process", per_item=False)  # (this process: other threads count too)
+        meter = InProcessMeter()  # (this process: other threads count too)
         while True:
             items, deadline, lease, box, finished = self.jobs.get()
             beat = functools.partial(self.beats.put, 1)
