@@ -30,10 +30,10 @@ A RESULT (a part of one too, and a whole dispatch's failure) may carry ``costs``
 what the item's attempt cost, ``{"cpu", "rss", "by"}`` (see :mod:`.usage`), or, for several
 items all measured the same way, a table ``{"ids", "cpu", "rss", "by"}`` with one column entry
 per item in the order of ``ids`` (see :mod:`durable_dispatch.campaign.costs`); the master
-keeps it with the attempt when the RESULT is current; and, from an isolating worker, ``outputs``: by
-work ID, the tails of what the item wrote (see :func:`.capture.output_entry`), which the master
-appends to the outputs journal. A RESULT without them (a worker of an earlier version) is as
-good.
+keeps it with the attempt when the RESULT is current; and, from an isolating worker,
+``outputs``: by work ID, the tails of what the item wrote (see
+:func:`.capture.output_entry`), which the master appends to the outputs journal. A RESULT
+without them (a worker of an earlier version) is as good.
 
 A worker's first READY (``token`` null) names its host (``"host"``: ``socket.gethostname()``);
 the master journals it once per rank per run, for the joblog. A READY without it (a worker of an
