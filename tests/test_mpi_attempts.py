@@ -27,7 +27,9 @@ from durable_dispatch import WorkItem
 from durable_dispatch.campaign.admin import compact_state
 from durable_dispatch.campaign.state import CampaignState
 from durable_dispatch.cli import main
+from durable_dispatch.core.events import check_event
 from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec
+from durable_dispatch.schema import Invalid
 from durable_dispatch.views.joblog import read_joblog
 from durable_dispatch.views.report import render_report, report_series
 
@@ -360,8 +362,10 @@ def test_a_dispatch_measured_alike_keeps_its_costs_as_the_table_the_worker_sent(
     assert "costs" not in committed
     columns = {"cpu": table["cpu"], "rss": table["rss"], "by": "in-process"}
     assert committed["cost_table"] == columns
-    with CampaignState.open(d, ranks=(1,)):
-        pass  # a reopen reads the record (its schema knows the table)
+    check_event(committed)  # what every read of the journal checks: the table passes ...
+    for bad in ({**columns, "cpu": [0.5, "x", 1.0]}, {**columns, "rss": [1]}, {"cpu": []}):
+        with pytest.raises(Invalid, match="cost_table"):  # ... a malformed one does not
+            check_event({**committed, "cost_table": bad})
     compact_state(d)
     rows = _rows(d)
     assert [(rows[w].cpu_seconds, rows[w].max_rss) for w in "abc"] == [
@@ -397,6 +401,59 @@ def test_a_table_whose_items_do_not_all_commit_together_is_kept_item_by_item(
     assert (rows["a"].cpu_seconds, rows["c"].cpu_seconds) == (0.5, 0.25)
 
 
+def test_a_tabled_record_too_large_for_one_record_is_split_with_each_items_cost(
+    tmp_path: Path,
+) -> None:
+    """The commit of a dispatch whose costs came as a table does not fit one record: each half
+    is written with its items' costs, none lost, none on the wrong item."""
+    d = tmp_path / "state"
+    big = "r" * 700
+    with CampaignState.open(d, ranks=(1,), journal_options={"max_record_bytes": 2048}) as st:
+        st.submit([WorkItem(w, i) for i, w in enumerate("abcd")])
+        s = st.next_send(0.0, 4)
+        assert s is not None and len(s.items) == 4
+        st.sent(s.token, 0.0)
+        table = {"ids": list("abcd"), "cpu": [0.5, 1.5, 2.5, 3.5], "rss": [1, 2, 3, 4], "by": "x"}
+        st.note_usage(s.rank, str(s.token), table)
+        st.on_results(s.rank, str(s.token), [big] * 4, 0.0)
+        st.on_ready(s.rank, str(s.token), 0.0)
+        st.tick(0.0)
+    records = _committed_records(d)
+    assert len(records) > 1 and all("cost_table" not in r for r in records)
+    kept = {w: c for r in records for w, c in zip(r["work_ids"], r["costs"], strict=True)}
+    assert kept == {
+        w: {"cpu": c, "rss": r, "by": "x"}
+        for w, c, r in zip("abcd", [0.5, 1.5, 2.5, 3.5], [1, 2, 3, 4], strict=True)
+    }
+    rows = _rows(d)
+    assert [rows[w].cpu_seconds for w in "abcd"] == [0.5, 1.5, 2.5, 3.5]
+
+
+def test_a_part_sent_ahead_and_its_result_each_keep_their_items_costs(tmp_path: Path) -> None:
+    """A part sent ahead and the dispatch's RESULT, read in one turn: both tables are noted
+    before either is applied, and each item's record carries its own cost."""
+    d = tmp_path / "state"
+    with CampaignState.open(d, ranks=(1,)) as st:
+        st.submit([WorkItem(w, i) for i, w in enumerate("abcd")])
+        s = st.next_send(0.0, 4)
+        assert s is not None and len(s.items) == 4
+        st.sent(s.token, 0.0)
+        wire = str(s.token)
+        st.note_usage(
+            s.rank, wire, {"ids": ["a", "b"], "cpu": [1.0, 2.0], "rss": [1, 2], "by": "x"}
+        )
+        st.note_usage(
+            s.rank, wire, {"ids": ["c", "d"], "cpu": [3.0, 4.0], "rss": [3, 4], "by": "x"}
+        )
+        st.on_part(s.rank, wire, ["a", "b"], [0, 1], 0.0, errors=None)
+        st.on_results(s.rank, wire, [2, 3], 0.0)
+        st.on_ready(s.rank, wire, 0.0)
+        st.tick(0.0)
+    rows = _rows(d)
+    assert [rows[w].cpu_seconds for w in "abcd"] == [1.0, 2.0, 3.0, 4.0]
+    assert [rows[w].status for w in "abcd"] == ["committed"] * 4
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -409,7 +466,6 @@ def test_a_table_whose_items_do_not_all_commit_together_is_kept_item_by_item(
         {"ids": ["a", "b", "c"], "cpu": [0.5, 0.5, 1.0], "rss": [1, 2, 3], "by": "x" * 33},
         {"ids": ["a", "b", "c"], "cpu": [0.5, 0.5, 1.0], "rss": [1, 2, 3], "by": None},
         {"ids": ["a", "b", "c"], "cpu": [0.5, 0.5, 1.0], "rss": [1, 2, 3], "by": "x", "y": 1},
-        {"ids": [], "cpu": [], "rss": [], "by": "x"},
     ],
 )
 def test_a_malformed_table_of_costs_is_dropped_whole(tmp_path: Path, bad: dict[str, Any]) -> None:
