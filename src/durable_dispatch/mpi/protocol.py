@@ -33,7 +33,9 @@ per item in the order of ``ids`` (see :mod:`durable_dispatch.campaign.costs`); t
 keeps it with the attempt when the RESULT is current; and, from an isolating worker,
 ``outputs``: by work ID, the tails of what the item wrote (see
 :func:`.capture.output_entry`), which the master appends to the outputs journal. A RESULT
-without them (a worker of an earlier version) is as good.
+without them (a worker of an earlier version) is as good; a master of an earlier version
+that keeps costs reads them by work ID only, and keeps none of a table's (its items' costs
+read blank).
 
 A worker's first READY (``token`` null) names its host (``"host"``: ``socket.gethostname()``);
 the master journals it once per rank per run, for the joblog. A READY without it (a worker of an

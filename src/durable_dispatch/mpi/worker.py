@@ -430,8 +430,9 @@ def run_worker(
             script fails it with :class:`IsolationError`.
 
     Raises:
-        UsageError: ``heartbeat`` with ``context``; ``memory_limit`` without ``isolate``; called
-            inside an isolated child (the script runs its MPI part at import).
+        UsageError: ``heartbeat`` with ``context``; ``memory_limit`` without ``isolate``; a
+            ``memory_limit``, ``max_result_bytes`` or ``poll`` out of range; called inside an
+            isolated child (the script runs its MPI part at import).
         IsolationError: ``isolate=True`` and the child cannot load ``fn`` (raised before this
             worker says READY, so the job ends at once with the reason).
     """
@@ -476,6 +477,8 @@ def _run(
         raise UsageError(f"memory_limit must be a positive number of bytes, got {memory_limit!r}")
     if type(max_result) is not int or max_result <= 0:
         raise UsageError(f"max_result_bytes must be a positive integer, got {max_result!r}")
+    if type(poll) not in (int, float) or not poll >= 0:  # (NaN too)
+        raise UsageError(f"poll must be a number of seconds, 0 or more, got {poll!r}")
     from mpi4py import MPI
 
     link = _Link(comm or MPI.COMM_WORLD, MPI)
