@@ -305,10 +305,7 @@ def test_a_multi_item_dispatch_keeps_each_items_cost_in_its_one_record(tmp_path:
 
     d = tmp_path / "state"
     with CampaignState.open(d, ranks=(1,)) as st:
-        st.submit([WorkItem(w, i) for i, w in enumerate("abc")])
-        s = st.next_send(0.0, 3)
-        assert s is not None and len(s.items) == 3
-        st.sent(s.token, 0.0)
+        s = _dispatch_of(st)
         costs = {
             "a": {"cpu": 0.5, "rss": 7 * MIB, "by": "child"},
             "c": {"cpu": 0.25, "rss": None, "by": "child"},
@@ -328,10 +325,11 @@ def test_a_multi_item_dispatch_keeps_each_items_cost_in_its_one_record(tmp_path:
     assert slow[0]["cpu_seconds"] == 0.75 and slow[0]["max_rss"] == 7 * MIB
 
 
-def _dispatch_of_three(st: CampaignState) -> Any:
-    st.submit([WorkItem(w, i) for i, w in enumerate("abc")])
-    s = st.next_send(0.0, 3)
-    assert s is not None and len(s.items) == 3
+def _dispatch_of(st: CampaignState, ids: str = "abc") -> Any:
+    """Submit one item per letter of ``ids`` and send them all in one dispatch."""
+    st.submit([WorkItem(w, i) for i, w in enumerate(ids)])
+    s = st.next_send(0.0, len(ids))
+    assert s is not None and len(s.items) == len(ids)
     st.sent(s.token, 0.0)
     return s
 
@@ -353,7 +351,7 @@ def test_a_dispatch_measured_alike_keeps_its_costs_as_the_table_the_worker_sent(
     d = tmp_path / "state"
     table = {"ids": ["a", "b", "c"], "cpu": [0.5, 0.0, 1.25], "rss": [7 * MIB, None, 9 * MIB]}
     with CampaignState.open(d, ranks=(1,)) as st:
-        s = _dispatch_of_three(st)
+        s = _dispatch_of(st)
         st.note_usage(s.rank, str(s.token), {**table, "by": "in-process"})
         st.on_results(s.rank, str(s.token), [1, 2, 3], 0.0)
         st.on_ready(s.rank, str(s.token), 0.0)
@@ -384,7 +382,7 @@ def test_a_table_whose_items_do_not_all_commit_together_is_kept_item_by_item(
     the others carries theirs item by item (the columns are not the record's items)."""
     d = tmp_path / "state"
     with CampaignState.open(d, ranks=(1,)) as st:
-        s = _dispatch_of_three(st)
+        s = _dispatch_of(st)
         costs = {"ids": ["a", "b", "c"], "cpu": [0.5, 2.0, 0.25], "rss": [1, 2, 3], "by": "x"}
         st.note_usage(s.rank, str(s.token), costs)
         st.on_results(s.rank, str(s.token), [1, None, 3], 0.0, errors={1: "boom"})
@@ -409,10 +407,7 @@ def test_a_tabled_record_too_large_for_one_record_is_split_with_each_items_cost(
     d = tmp_path / "state"
     big = "r" * 700
     with CampaignState.open(d, ranks=(1,), journal_options={"max_record_bytes": 2048}) as st:
-        st.submit([WorkItem(w, i) for i, w in enumerate("abcd")])
-        s = st.next_send(0.0, 4)
-        assert s is not None and len(s.items) == 4
-        st.sent(s.token, 0.0)
+        s = _dispatch_of(st, "abcd")
         table = {"ids": list("abcd"), "cpu": [0.5, 1.5, 2.5, 3.5], "rss": [1, 2, 3, 4], "by": "x"}
         st.note_usage(s.rank, str(s.token), table)
         st.on_results(s.rank, str(s.token), [big] * 4, 0.0)
@@ -434,10 +429,7 @@ def test_a_part_sent_ahead_and_its_result_each_keep_their_items_costs(tmp_path: 
     before either is applied, and each item's record carries its own cost."""
     d = tmp_path / "state"
     with CampaignState.open(d, ranks=(1,)) as st:
-        st.submit([WorkItem(w, i) for i, w in enumerate("abcd")])
-        s = st.next_send(0.0, 4)
-        assert s is not None and len(s.items) == 4
-        st.sent(s.token, 0.0)
+        s = _dispatch_of(st, "abcd")
         wire = str(s.token)
         st.note_usage(
             s.rank, wire, {"ids": ["a", "b"], "cpu": [1.0, 2.0], "rss": [1, 2], "by": "x"}
@@ -471,7 +463,7 @@ def test_a_part_sent_ahead_and_its_result_each_keep_their_items_costs(tmp_path: 
 def test_a_malformed_table_of_costs_is_dropped_whole(tmp_path: Path, bad: dict[str, Any]) -> None:
     d = tmp_path / "state"
     with CampaignState.open(d, ranks=(1,)) as st:
-        s = _dispatch_of_three(st)
+        s = _dispatch_of(st)
         st.note_usage(s.rank, str(s.token), bad)
         st.on_results(s.rank, str(s.token), [1, 2, 3], 0.0)
         st.on_ready(s.rank, str(s.token), 0.0)
