@@ -288,8 +288,8 @@ def _costs(ids: list[Any], outcomes: list[ItemOutcome]) -> bytes:
                     "by": by,
                 }
             )
-    c = {w: o for w, o in zip(ids, cs, strict=True) if o is not None}
-    return orjson.dumps({w: v for w, v in c.items() if type(w) is str}) if c else b""
+    c = {w: o for w, o in zip(ids, cs, strict=True) if o is not None and type(w) is str}
+    return orjson.dumps(c) if c else b""
 
 
 def _outputs(ids: list[Any], outcomes: list[ItemOutcome], room: int) -> bytes:
