@@ -124,6 +124,27 @@ def test_stale_shm_files_of_dead_ranks_are_removed(tmp_path: Path) -> None:
     )
 
 
+def test_a_stale_shm_file_whose_pid_was_given_again_is_removed(tmp_path: Path) -> None:
+    """CI's Intel MPI pass: 5 of 16 ranks died of a segfault in MPI_Init. A killed rank's
+    '<pid>:0:0' file outlived it, and was kept while another process had that pid; a rank that
+    later got the pid found it (reproduced here with a small pid_max: segfaults in MPI_Init and
+    'OFI EP enable failed'). A file last modified before the process now holding its pid
+    started cannot be that process's."""
+    import subprocess
+
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        own = tmp_path / f"{later.pid}:0:0"
+        own.write_bytes(b"")  # made while it runs: perhaps its own
+        assert launcher.remove_stale_shm(tmp_path) == []
+        os.utime(own, (1e9, 1e9))  # 2001: long before it started
+        assert launcher.remove_stale_shm(tmp_path) == [own.name]
+        assert not own.exists()
+    finally:
+        later.kill()
+        later.wait()
+
+
 def _stale_session_dir(base: Path, pid: int, host: str) -> Path:
     """What a SIGKILLed Open MPI 5 mpiexec of pid ``pid`` on ``host`` leaves (its PMIx
     rendezvous files)."""

@@ -198,7 +198,7 @@ def launch(
             finished, 3 when a launcher ended the job early or the master died), not only
             ``argv``'s status. Without it, ``argv``'s status is all ``launch`` knows.
     """
-    from ..mpi.launcher import remove_stale_session_dirs
+    from ..mpi.launcher import remove_stale_session_dirs, remove_stale_shm
     from ..mpi.signals import DRAIN_SIGNALS, CaughtSignals
 
     env = os.environ if env is None else env
@@ -207,6 +207,7 @@ def launch(
 
         raise UsageError("launch needs a command: durable-dispatch launch -- mpiexec ...")
     remove_stale_session_dirs(env.get("TMPDIR"))  # (a killed mpiexec's: see the function)
+    remove_stale_shm()  # (killed MPICH and Intel MPI ranks': see the function)
     forwarded: list[int] = []
 
     def forward(proc: subprocess.Popen[Any], signum: int) -> None:

@@ -29,6 +29,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -198,6 +199,7 @@ def run_mpiexec(
     session after ``timeout``."""
     job_env = launch_env(env, quiet=quiet)
     remove_stale_session_dirs(job_env.get("TMPDIR"))
+    remove_stale_shm()  # (left by ranks killed outside this module: their pids come again)
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
@@ -221,10 +223,13 @@ def run_mpiexec(
 
 def remove_stale_shm(shm: Path = Path("/dev/shm")) -> list[str]:
     """Remove the shared-memory files that libfabric's shm provider (MPICH's and Intel MPI's
-    ``ch4:ofi``) names after a rank's pid (``<pid>:<n>:<n>``, 16 MiB each) whose process is
-    gone: a rank killed by a signal leaves its file behind, and a later rank that gets the
-    same pid fails ``MPI_Init`` with "OFI EP enable failed ... Device or resource busy"
-    (seen here under Intel MPI after a few hundred killed ranks). Returns the names removed."""
+    ``ch4:ofi``) names after a rank's pid (``<pid>:<n>:<n>``, 16 MiB each) and that no live
+    rank owns: a rank killed by a signal leaves its file behind, and a later rank that gets the
+    same pid fails ``MPI_Init`` with "OFI EP enable failed ... Device or resource busy" or dies
+    of a segfault in it, and so may the ranks that talk to it (both seen here under Intel MPI,
+    with the pids of killed ranks given again). A file is stale when no process has its pid,
+    or when the process that has it now started after the file was last modified (the pid was
+    given again: that process cannot have made it). Returns the names removed."""
     out: list[str] = []
     try:
         names = [e.name for e in shm.iterdir()]
@@ -234,14 +239,40 @@ def remove_stale_shm(shm: Path = Path("/dev/shm")) -> list[str]:
         pid, *rest = name.split(":")
         if len(rest) != 2 or not (pid + "".join(rest)).isdigit():
             continue
-        if Path(f"/proc/{pid}").exists():
-            continue  # its rank is alive (perhaps of a job still running)
+        started = _process_start(int(pid))
+        if started is not None:
+            try:
+                modified = (shm / name).stat().st_mtime
+            except OSError:
+                continue
+            if modified > started - _START_SLACK:
+                continue  # its rank's (perhaps of a job still running)
+        elif Path(f"/proc/{pid}").exists():
+            continue  # alive, its start unknown: left alone
         try:
             (shm / name).unlink()
             out.append(name)
         except OSError:
             pass
     return out
+
+
+#: how long before a process's start a file must have been modified to be surely not its
+#: (the start is known to a clock tick; the two clocks it is read with may drift a little)
+_START_SLACK = 1.0
+
+
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since the epoch (to a clock tick), or None when
+    no such process is alive or its ``/proc/<pid>/stat`` cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            after_name = f.read().rsplit(b")", 1)[1].split()
+        ticks = int(after_name[19])  # (field 22, starttime: clock ticks after boot)
+    except (OSError, IndexError, ValueError):
+        return None
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - age
 
 
 def kill_session(proc: subprocess.Popen[Any]) -> None:
