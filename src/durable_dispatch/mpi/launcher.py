@@ -257,9 +257,10 @@ def remove_stale_shm(shm: Path = Path("/dev/shm")) -> list[str]:
     return out
 
 
-#: how long before a process's start a file must have been modified to be surely not its
-#: (the start is known to a clock tick; the two clocks it is read with may drift a little)
-_START_SLACK = 1.0
+#: how long before a process's start a file must have been modified to be surely not its:
+#: the start is known to a clock tick, read against the wall clock now, which a time service
+#: may have stepped since the file was modified (a pid comes again only after the others)
+_START_SLACK = 10.0
 
 
 def _process_start(pid: int) -> float | None:
