@@ -149,22 +149,22 @@ def ceiling_without_mpi(n: int, workers: int, batch: int) -> float:
         gc.collect()
         t = time.perf_counter()
         for r in range(1, workers + 1):
-            st._apply(core.on_ready(r, None, time.monotonic()))
+            st.persist(core.on_ready(r, None, time.monotonic()))
         while not core.done:
             now = time.monotonic()
             sends = []
             while (s := st.next_send(now, batch)) is not None:
-                st._apply(core.mark_dispatched(s.token, time.monotonic()))
+                st.persist(core.mark_dispatched(s.token, time.monotonic()))
                 sends.append(s)
             for s in sends:  # each worker answers at once: RESULT, then READY
                 values = [w.payload for w in s.items]
-                st._apply(core.on_results(s.rank, str(s.token), values, now))
-            st._complete_commits()
+                st.persist(core.on_results(s.rank, str(s.token), values, now))
+            st.deliver()
             for s in sends:
-                st._apply(core.on_ready(s.rank, str(s.token), now))
-            st._apply(core.join_invalid(now))
-            st._apply(core.sweep(time.monotonic()))
-        st._complete_commits(wait=True)
+                st.persist(core.on_ready(s.rank, str(s.token), now))
+            st.persist(core.join_invalid(now))
+            st.persist(core.sweep(time.monotonic()))
+        st.deliver(wait=True)
         el = time.perf_counter() - t
         st.close()
         return n / el

@@ -78,7 +78,7 @@ def per_task_us(ranks: int, batch: int, tasks: int) -> float:
                     break
             for s in sends:
                 st.on_results(s.rank, str(s.token), [w.payload for w in s.items], now)
-            st._complete_commits(wait=True)
+            st.deliver(wait=True)
             for s in sends:
                 st.on_ready(s.rank, str(s.token), now)
             st.tick(now)
@@ -250,7 +250,7 @@ def end_to_end(n: int) -> int:
                 sends.append(s)
             for s in sends:
                 st.on_results(s.rank, str(s.token), [None] * len(s.items), now)
-            st._complete_commits(wait=True)
+            st.deliver(wait=True)
             for s in sends:
                 st.on_ready(s.rank, str(s.token), now)
                 done += len(s.items)
@@ -363,7 +363,7 @@ def queue_point(queued: int, batch: int, tasks: int) -> dict[str, float]:
                         break
                 for s in sends:
                     st.on_results(s.rank, str(s.token), [w.payload for w in s.items], now)
-                st._complete_commits(wait=True)
+                st.deliver(wait=True)
                 for s in sends:
                     st.on_ready(s.rank, str(s.token), now)
                 st.tick(now)

@@ -46,7 +46,8 @@ def master(link: Transport, state_dir: str, items: Iterable[WorkItem], on_commit
                 state.sent(s.token, state.now(), error)  # the deadline starts now
             for rank, token, values, errors, failure in inbox.results:  # 3. RESULT: a
                 state.on_results(rank, token, values, now, errors=errors, failure=failure)
-            state.tick(state.now(), drained=len(msgs) < LIMIT)  # 4. deliver, join; 5. sweep
+            state.tick(state.now(), drained=len(msgs) < LIMIT)  # 4. close, join; 5. sweep
+            state.deliver()  # 6. the delivery point: your callbacks run here, and only here
         done = state.done
     link.stop(ranks, P.encode({}), P.STOP, timeout=10.0)  # close() delivered every commit
     # --8<-- [end:loop]

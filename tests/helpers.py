@@ -66,7 +66,7 @@ def fake_campaign(
     batch: int = 1,
 ) -> float:
     """Run a campaign to the end over a fake transport, through the facade only (the calls a
-    hand-written master makes: next_send, sent, on_results, on_ready, tick): each WORK is
+    hand-written master makes: next_send, sent, on_results, on_ready, tick, deliver): each WORK is
     answered in the same turn.
 
     ``behave(send) -> "ok" | "silent" | "malformed" | "partial"`` picks each worker's behaviour
@@ -113,7 +113,8 @@ def fake_campaign(
         for rank, token in readies:
             state.on_ready(rank, token, now)
         now += 1.0
-        state.tick(now)  # deliver what an fsync covers, join invalid results, sweep
+        state.tick(now)  # close what an fsync covers, join invalid results, sweep
+        state.deliver()  # the delivery point: the callbacks
     raise AssertionError("campaign did not finish")
 
 

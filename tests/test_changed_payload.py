@@ -52,7 +52,7 @@ def _commit_some(state: Path, items: list[WorkItem], k: int) -> None:
             st.on_results(s.rank, str(s.token), [{"y": 0}], 0.0)
             st.tick(0.0)
             st.on_ready(s.rank, str(s.token), 0.0)
-        st._complete_commits(wait=True)
+        st.deliver(wait=True)
 
 
 def test_the_error_is_a_usage_error_that_pickles_with_its_work_id() -> None:
@@ -77,7 +77,7 @@ def test_submit_refuses_a_known_id_with_another_payload_and_adds_nothing(
             st.sent(s.token, 0.0)
             if where == "committed":
                 st.on_results(s.rank, str(s.token), [1], 0.0)
-                st._complete_commits(wait=True)
+                st.deliver(wait=True)
             elif where == "deferred":
                 st.on_results(s.rank, str(s.token), None, 0.0, failure="boom")
                 st.on_ready(s.rank, str(s.token), 0.0)

@@ -24,7 +24,7 @@ def _run_one(st: CampaignState, *, fail: bool = False) -> None:
         st.on_results(s.rank, str(s.token), None, 0.0, failure="boom")
     else:
         st.on_results(s.rank, str(s.token), [s.items[0].payload], 0.0)
-    st._complete_commits(wait=True)
+    st.deliver(wait=True)
     st.on_ready(s.rank, str(s.token), 0.0)
     st.tick(0.0)
 

@@ -191,7 +191,7 @@ def test_the_waiting_set_is_in_the_compact_snapshot_and_reloads_exactly(tmp_path
     state = tmp_path / "s"
     with CampaignState.open(state) as st:
         st.submit([WorkItem(f"c{i}", i, after=(f"c{i - 1}",) if i else ()) for i in range(50)])
-        st._save_snapshot("test")
+        st.save_snapshot("test")
         compact = st.core.ledger.to_compact()
         assert compact["waiting"] == [[1, 50]]
         before = st.core.ledger.to_snapshot()

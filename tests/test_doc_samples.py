@@ -368,9 +368,9 @@ def quick(monkeypatch: Any, tmp_path: Path) -> Path:
     """Run from ``tmp_path`` (the pages' commands name ``state/``), with the master publishing
     its statistics and reading its control directory every 20 ms instead of every 2 s and 0.5 s
     (how often, not what: the samples are the same)."""
-    from durable_dispatch.campaign import control, state
+    from durable_dispatch.campaign import control, publication
 
-    monkeypatch.setattr(state, "STATS_SECONDS", 0.02)
+    monkeypatch.setattr(publication, "STATS_SECONDS", 0.02)
     monkeypatch.setattr(control, "POLL_SECONDS", 0.02)
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -448,8 +448,8 @@ from durable_dispatch.mpi import run_master
 from durable_dispatch.testing import LocalWorkers
 sys.path.insert(0, sys.argv[2])
 from test_doc_samples import HungAfter, _fails_once
-import durable_dispatch.campaign.state as state
-state.STATS_SECONDS = 0.02  # its statistics every 20 ms instead of 2 s (the quick fixture's)
+import durable_dispatch.campaign.publication as publication
+publication.STATS_SECONDS = 0.02  # its statistics every 20 ms instead of 2 s (the quick fixture's)
 
 items = [WorkItem(f"demo-{i:04d}", {"seed": i}) for i in range(200)]
 comm = LocalWorkers(_fails_once, 3, context=True, answer=HungAfter(39))

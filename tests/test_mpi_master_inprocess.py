@@ -257,7 +257,7 @@ def test_a_draining_turn_counts_the_work_in_flight_without_mapping_it(
         assert stopping.draining
         st.on_results(s.rank, str(s.token), [1], 2.0)
         st.on_ready(s.rank, str(s.token), 2.0)
-        st._complete_commits(wait=True)
+        st.deliver(wait=True)
         assert stopping.reason(2.0, st, [signal.SIGTERM], 2.0) == "signal"  # nothing left
     finally:
         monkeypatch.undo()
@@ -275,20 +275,20 @@ class _WithdrawingFeed(Feed):
     def attach(self, state: CampaignState) -> None:
         super().attach(state)
         state.on_dispatch = lambda s: self.sent.update(w.work_id for w in s.items)
-        save = state._save_snapshot
+        save = state.save_snapshot
 
         def counted(reason: str = "") -> bool:
             self.snapshots_while_withdrawn += state.core.ledger.withdrawn is not None
             return save(reason)
 
-        state._save_snapshot = counted  # type: ignore[method-assign]
+        state.save_snapshot = counted  # type: ignore[method-assign]
 
     def refill(self) -> None:
         if not self.exhausted:
             self.state.submit(self.items)
             self.exhausted = True
         elif self.withdrawn < 0 and self.sent:
-            self.withdrawn = self.state.core.ledger.withdraw(keep=self.sent)
+            self.withdrawn = self.state.withdraw(keep=self.sent)
 
 
 def test_work_a_feed_withdraws_ends_the_run_pending_and_a_later_run_does_it(

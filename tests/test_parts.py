@@ -114,7 +114,7 @@ def test_a_part_is_durable_before_its_callback_and_replay_agrees(tmp_path: Path)
         st.sent(s.token, 0.0)
         st.on_part(1, str(s.token), ["w0", "w1"], [{"v": 0}, {"v": 1}], 0.1, errors=None)
         st.tick(0.2)
-        st._complete_commits(wait=True)
+        st.deliver(wait=True)
         assert seen == [("w0", {"v": 0}), ("w1", {"v": 1})]
         st.tick(100.0)  # the last item is late: only it goes back
         assert list(st.core.ledger.frontier) == ["w2"]

@@ -117,7 +117,7 @@ class Reopen(RuleBasedStateMachine):
             self.n += 1
             self.st.on_results(s.rank, str(s.token), [{"n": self.n}], 0.0)
         self.st.on_ready(s.rank, str(s.token), 0.0)
-        self.st._complete_commits(wait=True)
+        self.st.deliver(wait=True)
         self.st.tick(0.0)
 
     def _command(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +189,7 @@ class Reopen(RuleBasedStateMachine):
 
     @rule()
     def snapshot(self) -> None:
-        self.st._save_snapshot("test")
+        self.st.save_snapshot("test")
 
     @precondition(lambda self: not self.refusing)
     @rule()
@@ -243,7 +243,7 @@ class Reopen(RuleBasedStateMachine):
     @invariant()
     def a_snapshot_rebuilds_what_is_in_memory(self) -> None:
         """The ledger loaded from its own snapshot (either form) has every relation."""
-        pending = {c.work_id for p in self.st._pending_commits for c in p.commits}
+        pending = self.st.committing()
         live = _relations(self.led, pending)
         assert _relations(Ledger.from_snapshot(self.led.to_snapshot(pending))) == live
         by_index = {
@@ -263,7 +263,7 @@ class Reopen(RuleBasedStateMachine):
         if not self._durable_now():
             return
         disk = view_state(self.d).projection
-        pending = {c.work_id for p in self.st._pending_commits for c in p.commits}
+        pending = self.st.committing()
         assert _relations(disk) == _relations(self.led, pending)
 
     @invariant()

@@ -245,7 +245,7 @@ def _failing_campaign(d: Path) -> None:
             why = fail(w)
             if why is None:
                 s.on_results(x.rank, str(x.token), [w.payload], 0.0)
-                s._complete_commits(wait=True)
+                s.deliver(wait=True)
             else:
                 s.on_results(x.rank, str(x.token), None, 0.0, failure=why)
             s.on_ready(x.rank, str(x.token), 0.0)

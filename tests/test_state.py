@@ -139,22 +139,22 @@ def test_replay_equals_live_state_random(tmp_path_factory: Any, ops: list[str]) 
             if op in ("send", "send3"):
                 x = s.next_send(now, 3 if op == "send3" else 1)
                 if x is not None:
-                    s._apply(core.mark_dispatched(x.token, now))
+                    s.persist(core.mark_dispatched(x.token, now))
                     sent.append(x)
             elif op in ("ok", "partial", "malformed") and sent:
                 x = sent[-1]
                 values = None if op == "malformed" else [1] * len(x.items)
                 errors = {0: "raised"} if op == "partial" else None
-                s._apply(core.on_results(x.rank, str(x.token), values, now, errors=errors))
-                s._complete_commits(wait=True)  # the delivery point (R1)
+                s.persist(core.on_results(x.rank, str(x.token), values, now, errors=errors))
+                s.deliver(wait=True)  # the delivery point (R1)
             elif op == "ready" and sent:
                 x = sent.pop()
-                s._apply(core.on_ready(x.rank, str(x.token), now))
-                s._apply(core.join_invalid(now))
+                s.persist(core.on_ready(x.rank, str(x.token), now))
+                s.persist(core.join_invalid(now))
             elif op == "sweep":
-                s._apply(core.sweep(now))
+                s.persist(core.sweep(now))
             elif op == "snapshot":
-                s._save_snapshot("test")
+                s.save_snapshot("test")
             else:
                 now += 7.0
             live = s.core.snapshot()
@@ -170,8 +170,8 @@ def test_restart_rolls_back_in_flight_without_charging_and_rejects_old_epoch(
     a = s.next_send(0.0)
     b = s.next_send(0.0)
     assert a is not None and b is not None
-    s._apply(s.core.mark_dispatched(a.token, 0.0))
-    s._apply(s.core.mark_dispatched(b.token, 0.0))
+    s.persist(s.core.mark_dispatched(a.token, 0.0))
+    s.persist(s.core.mark_dispatched(b.token, 0.0))
     s.journal.sync_now()
     # Simulate the master dying: no final snapshot, just let go of the files.
     s.journal.close()
@@ -366,7 +366,7 @@ def test_open_replays_the_journal_in_the_open_scan(
     s.submit(WorkItem(f"w{i}") for i in range(200))
     fake_campaign(s)
     # The master "dies" here: everything is durable, but no final snapshot is written.
-    s._complete_commits(wait=True)
+    s.deliver(wait=True)
     s.journal.close()
     s.submissions.close()
     s.defer.close()
@@ -568,15 +568,15 @@ def test_a_snapshot_is_not_renamed_into_place_when_the_claim_was_lost_during_its
         before = sorted(os.listdir(d))
         gen = max(int(n[len(OWNER_PREFIX) :]) for n in before if n.startswith(OWNER_PREFIX))
         s.journal.sync_now()  # (so the wait returns at once, without the journal's own check)
-        wait = s._durable
+        wait = s.wait_durable
 
         def taken_over(seq: int) -> bool:
             (d / f"{OWNER_PREFIX}{gen + 1}").write_bytes(b"{}")
             return wait(seq)
 
-        s._durable = taken_over  # type: ignore[method-assign]
+        s.wait_durable = taken_over  # type: ignore[method-assign]
         with pytest.raises(LockHeldError):
-            s._save_snapshot("a test")
+            s.save_snapshot("a test")
         after = sorted(os.listdir(d))
         assert store.generations() == SnapshotStore(d, name=SNAPSHOT_NAME).generations()
         assert [n for n in after if n not in before] == [f"{OWNER_PREFIX}{gen + 1}"]
@@ -617,10 +617,10 @@ def test_a_snapshot_is_renamed_into_place_only_once_the_journal_it_folds_is_dura
         assert s.journal.durable_seq < last
         store = SnapshotStore(d, name=SNAPSHOT_NAME)
         before = set(store.generations())
-        wait = s._durable
+        wait = s.wait_durable
         seen: list[set[int]] = []  # the generations on disk when the snapshot waits
-        s._durable = lambda seq: seen.append(set(store.generations())) or wait(seq)  # type: ignore[method-assign]
-        s._save_snapshot("a test")
+        s.wait_durable = lambda seq: seen.append(set(store.generations())) or wait(seq)  # type: ignore[method-assign]
+        s.save_snapshot("a test")
         assert seen == [before] and s.journal.durable_seq >= last
         (gen,) = set(store.generations()) - before
         snap = store.load()
@@ -645,16 +645,16 @@ def test_a_snapshot_during_a_group_commit_keeps_the_journaled_commits(
         good = s.next_send(0.0, batch)
         bad = s.next_send(0.0, batch)
         assert good is not None and bad is not None
-        s._apply(core.mark_dispatched(good.token, 0.0))
-        s._apply(core.mark_dispatched(bad.token, 0.0))
+        s.persist(core.mark_dispatched(good.token, 0.0))
+        s.persist(core.mark_dispatched(bad.token, 0.0))
         values = [1] * len(good.items)
-        s._apply(core.on_results(good.rank, str(good.token), values, 0.0))
-        s._apply(core.on_results(bad.rank, str(bad.token), None, 0.0, failure="garbled"))
-        s._apply(core.on_ready(bad.rank, str(bad.token), 0.0))
+        s.persist(core.on_results(good.rank, str(good.token), values, 0.0))
+        s.persist(core.on_results(bad.rank, str(bad.token), None, 0.0, failure="garbled"))
+        s.persist(core.on_ready(bad.rank, str(bad.token), 0.0))
         # The rollback writes its snapshot while the commit is still in progress (journaled, not
         # delivered); the commit is delivered right after it, and a crash may come before any
         # later snapshot: the disk as that crash leaves it.
-        s._apply(core.join_invalid(0.0))
+        s.persist(core.join_invalid(0.0))
         shutil.copytree(live, tmp_path / "crashed")
     with _open(tmp_path / "crashed") as s2:
         assert {w.work_id for w in good.items} <= s2.core.committed()
@@ -674,12 +674,13 @@ def test_commits_too_large_for_one_record_are_split_and_an_oversized_result_is_r
         core = s.core
         x = s.next_send(0.0, 3)
         assert x is not None and len(x.items) == 3
-        s._apply(core.mark_dispatched(x.token, 0.0))
+        s.persist(core.mark_dispatched(x.token, 0.0))
         values = [{"r": "a" * 900}, {"r": "b" * 3000}, {"r": "c" * 900}]
+        s.redeliver(lambda wid, _result: acked.append(wid))  # (the callback of what follows)
         before = s.journal.next_seq
-        s._apply(core.on_results(1, str(x.token), values, 0.0), lambda c: acked.append(c.work_id))
-        s._complete_commits(wait=True)  # the delivery point (R1)
-        s._apply(core.on_ready(1, str(x.token), 0.0))
+        s.persist(core.on_results(1, str(x.token), values, 0.0))
+        s.deliver(wait=True)  # the delivery point (R1)
+        s.persist(core.on_ready(1, str(x.token), 0.0))
         w0, w1, w2 = (w.work_id for w in x.items)
         assert sorted(acked) == sorted([w0, w2])
         assert core.committed() == {w0, w2} and set(core.deferred()) == {w1}
@@ -917,7 +918,7 @@ def test_forged_records_in_a_state_directory_open_or_are_typed_corruption(
 
 
 def test_the_facade_loop_of_the_readme_runs_a_campaign_with_faults(tmp_path: Path) -> None:
-    """Issue 16: the shell paired every core call with state._apply(...) and had to remember
+    """Issue 16: the shell paired every core call with state.persist(...) and had to remember
     complete_commits(); the README's loop now calls only the facade. Silent, malformed and
     partial workers all recover; every item commits once and the callback sees each once."""
     import time
@@ -963,7 +964,7 @@ def test_the_facade_loop_of_the_readme_runs_a_campaign_with_faults(tmp_path: Pat
             now += 1.0
             state.tick(now)
             time.sleep(0.001)  # a real loop waits for messages; the group commit's fsync runs
-        state._complete_commits(wait=True)
+        state.deliver(wait=True)
     assert sorted(seen) == [f"w{i:02d}" for i in range(30)]  # each delivered once
     p = view_state(tmp_path).projection
     assert len(p.committed) == 30 and p.duplicate_commits == 0
@@ -999,7 +1000,7 @@ def test_snapshots_name_items_by_index_and_a_reopen_equals_live(tmp_path: Path) 
     s.submit(items)
     with pytest.raises(AssertionError, match="did not finish"):  # stopped part way
         fake_campaign(s, max_turns=40, behave=_some_fail)  # rollbacks: S8 snapshots
-    s._save_snapshot("test")
+    s.save_snapshot("test")
     live = s.core.snapshot()
     state = _newest_state(tmp_path)
     assert state["form"] == 2 and state["size"] == 3000
@@ -1063,7 +1064,7 @@ def test_items_stored_before_a_crash_are_submitted_at_the_next_open(
     def crash(*a: Any, **k: Any) -> None:
         raise KeyboardInterrupt("the master dies")
 
-    monkeypatch.setattr(s, "_announce", crash)
+    monkeypatch.setattr(s._admission, "_announce", crash)  # (the part that announces)
     with pytest.raises(KeyboardInterrupt):
         s.submit(ITEMS[3:])
     _die(s)
@@ -1087,7 +1088,7 @@ def test_a_store_that_is_not_durable_keeps_submissions_in_the_journal(tmp_path: 
         faults.fail("fsync", errno.EIO, path=f"*{SUBMISSIONS}")
         s.submit(items[5:])
         assert s.statistics().submissions_health["state"] == "DEGRADED"
-        assert s._save_snapshot("test") is False
+        assert s.save_snapshot("test") is False
         assert s.statistics().snapshot_failures == 1
     recs = [r.payload for r in s.journal.records() if r.payload["event"] == "submitted"]
     assert [(r["first"], len(r["items"])) for r in recs[1:]] == [(5, 512), (517, 183)]
@@ -1231,10 +1232,10 @@ def test_a_deferral_the_defer_journal_lost_is_recorded_again_at_the_next_open(
         f.fail("write", errno.ENOSPC, path=f"{tmp_path}/.dispatch_protocol_deferred.jsonl*")
         x = s.next_send(0.0)
         assert x is not None
-        s._apply(s.core.mark_dispatched(x.token, 0.0))
-        s._apply(s.core.on_results(1, str(x.token), [None], 0.0, errors={0: "boom"}))
-        s._apply(s.core.on_ready(1, str(x.token), 0.0))
-        s._apply(s.core.join_invalid(0.0))
+        s.persist(s.core.mark_dispatched(x.token, 0.0))
+        s.persist(s.core.on_results(1, str(x.token), [None], 0.0, errors={0: "boom"}))
+        s.persist(s.core.on_ready(1, str(x.token), 0.0))
+        s.persist(s.core.join_invalid(0.0))
         assert set(s.core.deferred()) == {"w0"} and "w0" in s.defer
         with pytest.raises(NotDurableError):
             s.close()
@@ -1323,9 +1324,9 @@ def test_children_submitted_by_the_close_s_last_delivery_are_not_left_frozen(
     state = CampaignState.open(tmp_path / "s", ranks=[1], on_commit=children)
     state.submit([WorkItem("a")])
     assert gc.get_freeze_count() == 0
-    real = state._complete_commits
+    real = state.deliver
     # the commit's fsync has not come back before the close: only the close delivers it
-    monkeypatch.setattr(state, "_complete_commits", lambda wait=False: wait and real(wait=True))
+    monkeypatch.setattr(state, "deliver", lambda wait=False: wait and real(wait=True))
     send = state.next_send(0.0, 1)
     assert send is not None
     state.sent(send.token, 0.0)
@@ -1508,13 +1509,13 @@ def test_a_result_that_fits_a_record_only_without_its_cost_is_kept(tmp_path: Pat
         core = s.core
         x = s.next_send(0.0, 1)
         assert x is not None
-        s._apply(core.mark_dispatched(x.token, 0.0))
+        s.persist(core.mark_dispatched(x.token, 0.0))
         w0 = x.items[0].work_id
         empty = Committed(x.token, 1, (w0,), ({"r": ""},), time.time()).encode()
         size = bound - 20 - len(orjson.dumps(empty))  # fits alone, not with the cost
         s.note_usage(1, str(x.token), {w0: cost})
-        s._apply(core.on_results(1, str(x.token), [{"r": "a" * size}], 0.0), lambda c: None)
-        s._complete_commits(wait=True)
+        s.persist(core.on_results(1, str(x.token), [{"r": "a" * size}], 0.0))
+        s.deliver(wait=True)
         assert core.committed() == {w0} and not core.deferred()
     with _open(tmp_path) as s2:
         assert s2.core.committed() == {w0}

@@ -605,7 +605,7 @@ def test_stats_on_a_futures_state_directory_says_the_total_is_so_far_and_gives_n
                 assert x is not None
                 s.sent(x.token, time.time())
                 s.on_results(1, str(x.token), [x.items[0].payload], time.time())
-                s._complete_commits(wait=True)
+                s.deliver(wait=True)
                 s.on_ready(1, str(x.token), time.time())
                 s.tick(time.time())
             time.sleep(0.01)  # (a rate needs the statistics to be younger than the start)

@@ -45,9 +45,9 @@ import secrets
 import socket
 import stat
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -57,8 +57,33 @@ from ..errors import ChangedPayloadError, DurableDispatchError, UsageError
 from ..storage import fs as _fs
 
 if TYPE_CHECKING:
+    from ..core import Decision, Dispatcher
+    from ..storage import DeferJournal, Journal
     from ..tokens import Token
-    from .delivery import Delivery as CampaignState  # (state.py imports this module)
+
+
+class Steered(Protocol):
+    """What applying a command needs of a campaign's state (the facade,
+    :class:`~durable_dispatch.campaign.state.CampaignState`, which imports this module)."""
+
+    directory: str
+    core: Dispatcher
+    journal: Journal
+    defer: DeferJournal
+    on_cancel: Callable[[str], None] | None
+
+    def submit(self, items: Iterable[WorkItem]) -> int: ...
+
+    def persist(self, decisions: Iterable[Decision]) -> list[Decision]: ...
+
+    def notify(self, hook: Callable[[Any], None], arg: Any) -> None: ...
+
+    def wait_durable(self, seq: int) -> bool: ...
+
+    def defer_behind_ended(self, deps: Iterable[str]) -> None: ...
+
+    def save_snapshot(self, reason: str = "") -> bool: ...
+
 
 __all__ = [
     "CONTROL_DIR",
@@ -377,14 +402,14 @@ class Inbox:
 
 
 # ----------------------------------------------------------------------------- applying
-def apply_waiting(state: CampaignState, *, running: bool) -> list[Applied]:
+def apply_waiting(state: Steered, *, running: bool) -> list[Applied]:
     """Apply every command waiting in ``state``'s directory (at an open: ``running`` False,
     so a ``drain`` has nothing to drain)."""
     inbox = Inbox(state.directory)
     return [apply_command(state, c, running=running) for c in inbox.read_all()]
 
 
-def apply_command(state: CampaignState, cmd: Command, *, running: bool = True) -> Applied:
+def apply_command(state: Steered, cmd: Command, *, running: bool = True) -> Applied:
     """Apply ``cmd`` to the open campaign ``state`` once, journal its outcome durably, then
     acknowledge it and remove its file (see the module docs for the order).
 
@@ -399,7 +424,7 @@ def apply_command(state: CampaignState, cmd: Command, *, running: bool = True) -
         ev = CommandApplied(cmd.id, cmd.op, done.outcome)
         r = state.journal.append(encode(ev))
         led.apply(ev)
-        if not state._durable(r.seq):
+        if not state.wait_durable(r.seq):
             # Not durable: no acknowledgement (the file stays; the next master applies it
             # again, with no second effect) and the outcome says so if it is read.
             log.error("control: command %s applied, but the journal is not durable", cmd.id)
@@ -429,7 +454,7 @@ def _ids(cmd: Command) -> list[str]:
     return ids
 
 
-def _apply(state: CampaignState, cmd: Command, running: bool) -> Applied:
+def _apply(state: Steered, cmd: Command, running: bool) -> Applied:
     base: dict[str, Any] = {"id": cmd.id, "op": cmd.op, "ok": True}
     try:
         if cmd.op == "cancel":
@@ -455,7 +480,7 @@ def _apply(state: CampaignState, cmd: Command, running: bool) -> Applied:
         return Applied(cmd, base | {"ok": False, "message": str(e)})
 
 
-def _cancel(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied:
+def _cancel(state: Steered, cmd: Command, base: dict[str, Any]) -> Applied:
     core, led = state.core, state.core.ledger
     result: dict[str, str] = {}
     done = Applied(cmd, base)
@@ -467,16 +492,16 @@ def _cancel(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied
             state.journal.append(encode(Cancelled(wid, cmd.id)) | {"ts": time.time()})
             if was_deferred and wid in state.defer:
                 state.defer.resolve(wid, "cancelled")
-            state._apply(decisions, state._on_commit)
+            state.persist(decisions)
             if stop is not None:
                 done.stop.append(stop)
             if state.on_cancel is not None:  # (a face that waits on items: futures; told at
-                state._notices.append((state.on_cancel, wid))  # the delivery point, R1)
+                state.notify(state.on_cancel, wid)  # the delivery point, R1)
             # G4: the dependents of a cancelled item are deferred (kind "dependency"),
             # transitively; after the cancel's own record, so a replay finds them in order (and
             # the open's repair defers them if a crash came between), and after the hook, so a
             # dependent future's failure names the cancelled one's as its cause
-            state._apply(state.core.ended_without_commit(wid, "cancelled"), state._on_commit)
+            state.persist(state.core.ended_without_commit(wid, "cancelled"))
     n = sum(1 for w in result.values() if w.startswith("cancelled"))
     left = {w: why for w, why in result.items() if not why.startswith("cancelled")}
     done.outcome |= {
@@ -488,7 +513,7 @@ def _cancel(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied
     return done
 
 
-def _retry(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied:
+def _retry(state: Steered, cmd: Command, base: dict[str, Any]) -> Applied:
     core, led = state.core, state.core.ledger
     ids = _ids(cmd)
     sets = cmd.args.get("sets") or (["deferred", "cancelled"] if cmd.args.get("all") else [])
@@ -512,12 +537,12 @@ def _retry(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied:
         ended = [d for d in item.after if d in led.deferred or d in led.cancelled] if item else []
         if ended:
             why = "deferred" if ended[0] in led.deferred else "cancelled"
-            state._defer_behind_ended(ended[:1])
+            state.defer_behind_ended(ended[:1])
             result[wid] = f"deferred again: its dependency {ended[0]!r} is {why} (retry it too)"
     n = sum(1 for w in result.values() if w == "requeued")
     left = {w: why for w, why in result.items() if why != "requeued"}
     if n or any(why.startswith("deferred again") for why in left.values()):
-        state._save_snapshot(f"retry command {cmd.id}")
+        state.save_snapshot(f"retry command {cmd.id}")
     out = base | {
         "work_ids": result,
         "requeued": n,
@@ -527,7 +552,7 @@ def _retry(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied:
     return Applied(cmd, out)
 
 
-def _submit(state: CampaignState, cmd: Command, base: dict[str, Any]) -> Applied:
+def _submit(state: Steered, cmd: Command, base: dict[str, Any]) -> Applied:
     raw = cmd.args.get("items", [])
     if not isinstance(raw, list):
         raise UsageError("items must be a list")

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from ..core import Commit, Decision, Dispatcher, Send, WorkItem
+from ..core import Commit, Dispatcher, Send, WorkItem
 from .results import stored_results
 from .statedir import RESULT_RECORD_BYTES
 
-__all__ = ["Dependencies", "DEPENDENCIES_BYTES"]
+__all__ = ["DependencyResults", "DEPENDENCIES_BYTES"]
 
 log = logging.getLogger("durable_dispatch.state")
 
@@ -46,41 +46,39 @@ def items_after(v: Any) -> Any:
     return v.get("after") if t is dict else ()
 
 
-class Dependencies:
-    """The results of dependencies, for :class:`~durable_dispatch.campaign.state.CampaignState`."""
+class DependencyResults:
+    """The committed results that open items name in ``after``, held for their WORK messages
+    (see the module docs). Owned by the campaign's facade; it decides nothing: an item whose
+    dependencies' results are too large is returned to the facade to defer."""
 
-    core: Dispatcher
-    directory: str
-    #: dependency work ID -> [its committed result, how many open items may still need it]
-    _dep_results: dict[str, list[Any]]
-    #: True once any item with ``after`` was seen (no cost otherwise)
-    _has_after: bool
-    #: work IDs whose dependencies' size was checked (each is checked once)
-    _sized: set[str]
-    _pending_commits: list[Any]
-    _held_results: dict[str, tuple[int, Any]]
+    def __init__(self, core: Dispatcher, directory: str) -> None:
+        self._core = core
+        self._directory = directory
+        #: dependency work ID -> [its committed result, how many open items may still need it]
+        self._results: dict[str, list[Any]] = {}
+        #: True once any item with ``after`` was seen (no cost otherwise)
+        self.has_after = False
+        #: work IDs whose dependencies' size was checked (each is checked once)
+        self._sized: set[str] = set()
+        #: work ID -> (journal seq, result) of each memory-only commit, until an fsync covers
+        #: its record: a dependent dispatched meanwhile gets it from here, not from the disk
+        self._held: dict[str, tuple[int, Any]] = {}
 
-    if TYPE_CHECKING:  # provided by CampaignState / Delivery
-
-        def _apply(self, decisions: Iterable[Decision], *a: Any, **k: Any) -> list[Decision]: ...
-
-    def _load_dependency_results(self) -> None:
+    def load(self) -> None:
         """At open: the results of the committed work IDs that open items name in ``after``
         (one pass over the results; nothing when no item names any)."""
-        self._dep_results = {}
-        led = self.core.ledger
+        self._results = {}
+        led = self._core.ledger
         items = led.items
         refs: dict[str, int] = {}
-        by = items._by  # (the stored forms: an item with ``after`` is stored as a dict)
+        by = items.stored_forms  # (an item with ``after`` is stored as a dict)
         if not len(led.committed):  # no result to load: only whether any item has after
-            self._has_after = bool(led.waiting) or any(
+            self.has_after = bool(led.waiting) or any(
                 v is not None and (type(v) is not list or len(v) == 3) and items_after(v)
-                for v in by
+                for v in by()
             )
             return
-        for v in by:
-            if v is None:
-                continue
+        for v in by():
             t = type(v)
             if t is list:
                 after = v[2] if len(v) == 3 else ()
@@ -89,19 +87,21 @@ class Dependencies:
             for dep in after or ():
                 refs[dep] = refs.get(dep, 0) + 1
             if after:
-                self._has_after = True
+                self.has_after = True
         committed = led.committed
         wanted = {d for d in refs if d in committed} if len(committed) else set()
         if not wanted:
             return
-        for r in stored_results(self.directory, wanted):
-            self._dep_results[r.work_id] = [r.result, refs[r.work_id]]
+        for r in stored_results(self._directory, wanted):
+            self._results[r.work_id] = [r.result, refs[r.work_id]]
 
-    def _note_commits(self, commits: Iterable[Commit]) -> None:
+    def note_commits(self, commits: Iterable[Commit]) -> None:
         """Commits being journaled: keep the result of each that an item waits for, and count
         down the results each committed dependent needed."""
-        led = self.core.ledger
-        dependents, items, cache = led.dependents, led.items, self._dep_results
+        if not self.has_after:
+            return
+        led = self._core.ledger
+        dependents, items, cache = led.dependents, led.items, self._results
         for c in commits:
             wid = c.work_id
             if wid in dependents:
@@ -112,7 +112,7 @@ class Dependencies:
                 self._sized.discard(wid)
 
     def _forget_results(self, after: Iterable[str]) -> None:
-        cache = self._dep_results
+        cache = self._results
         for dep in dict.fromkeys(after):
             held = cache.get(dep)
             if held is not None:
@@ -123,7 +123,7 @@ class Dependencies:
     def dependencies_of(self, send: Send) -> dict[str, dict[str, Any]] | None:
         """The committed results of the ``after`` IDs of each item of ``send`` that has any, by
         the item's work ID (None when none has: the usual WORK message)."""
-        if not self._has_after:
+        if not self.has_after:
             return None
         out: dict[str, dict[str, Any]] = {}
         for w in send.items:
@@ -132,24 +132,40 @@ class Dependencies:
         return out or None
 
     def _results_for(self, after: Iterable[str]) -> dict[str, Any]:
-        cache = self._dep_results
+        cache = self._results
         missing = [d for d in dict.fromkeys(after) if d not in cache]
-        if missing and self._held_results:  # memory-only commits: their results are here
-            held = self._held_results
+        if missing and self._held:  # memory-only commits: their results are here
+            held = self._held
             for d in [d for d in missing if d in held]:
                 cache[d] = [held[d][1], 1]
             missing = [d for d in missing if d not in cache]
         if missing:  # submitted after its dependency committed (a Feed, a later run): read
-            for r in stored_results(self.directory, missing):
+            for r in stored_results(self._directory, missing):
                 cache[r.work_id] = [r.result, 1]
         return {d: cache[d][0] for d in dict.fromkeys(after) if d in cache}
 
-    def _check_dependency_sizes(self, max_items: int) -> None:
-        """Defer (kind ``"dependency"``) each item at the head of the frontier whose
-        dependencies' results are too large for its WORK message, before it is dispatched."""
-        if not self._has_after:
-            return
-        led = self.core.ledger
+    def hold(self, seq: int, commits: Iterable[Commit]) -> None:
+        """Keep the results of memory-only commits (the journal degraded) until an fsync covers
+        their record (:meth:`forget_durable`)."""
+        held = self._held
+        for c in commits:
+            held[c.work_id] = (seq, c.result)
+
+    def forget_durable(self, durable: int) -> None:
+        """The journal is durable through ``durable``: the results held for commits up to it
+        are on disk."""
+        held = self._held
+        for wid in [w for w, (seq, _) in held.items() if seq <= durable]:
+            del held[wid]
+
+    def too_large(self, max_items: int) -> list[tuple[str, str]]:
+        """Each item at the head of the frontier whose dependencies' results are too large for
+        its WORK message, with why (each item is checked once): the facade defers them (kind
+        ``"dependency"``) before they are dispatched."""
+        out: list[tuple[str, str]] = []
+        if not self.has_after:
+            return out
+        led = self._core.ledger
         for wid in led.frontier.first(max_items):
             item = led.items[wid]
             if not item.after or wid in self._sized:
@@ -162,14 +178,5 @@ class Dependencies:
                     f"{DEPENDENCIES_BYTES} for an item's inputs"
                 )
                 log.error("%s: %s", wid, error)
-                self._apply(self.core.defer_for_dependency(wid, error))
-
-    def settle_waiting(self) -> int:
-        """Once nothing else can run (nothing pending or in flight, every commit delivered, the
-        work source exhausted), defer every waiting item: it waits for a work ID never
-        submitted, deferred, or in a cycle (kind ``"dependency"``, G4). Returns how many.
-        Nothing while a commit waits for its delivery (it may release them)."""
-        if self._pending_commits or not self.core.ledger.waiting:
-            return 0
-        out = self._apply(self.core.defer_unreachable())
-        return len(out)
+                out.append((wid, error))
+        return out

@@ -1,33 +1,33 @@
-"""A campaign state's open and close: :meth:`CampaignState.open
-<durable_dispatch.campaign.state.CampaignState.open>` and :meth:`CampaignState.close
-<durable_dispatch.campaign.state.CampaignState.close>` do their work here (the state
-directory's lock, the snapshot's load and the journals' replay, the new epoch, the rollbacks
-and the commands that wait; at the close the last deliveries, the snapshot, the journals and
-the lock). See :mod:`durable_dispatch.campaign.state` for the theory of operation.
+"""A campaign state's parts opened from a state directory: the directory's lock, the snapshot's
+load and the journals' replay, the core restored with the rollbacks the last run left, the defer
+journal repaired (:func:`open_parts`); and the helpers of the close (:func:`close_each`,
+:func:`closing_error`). :meth:`CampaignState.open
+<durable_dispatch.campaign.state.CampaignState.open>` composes the facade from what
+:func:`open_parts` returns. See :mod:`durable_dispatch.campaign.state` for the theory of operation.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..core import Dispatcher, RetryPolicy, WatchdogConfig
-from ..core.events import EpochStarted, encode
+from ..core import Decision, Dispatcher, RetryPolicy, WatchdogConfig
 from ..core.ledger import Ledger
 from ..errors import NotDurableError, StorageDegradedError
 from ..storage import DeferJournal, Journal
 from ..storage import fs as _fs
-from ..storage import resources as _resources
 from ..storage.background import Beside as _Beside
 from ..storage.defer import DEFAULT_DEFER_NAME
 from .admin import (
     _reconcile_store,
 )
-from .delivery import OnCommit
+from .checkpoint import Checkpoints
+from .publication import Publisher
+from .recorder import record_deferral
 from .replay import (
     _holders,
     _load_snapshot,
@@ -40,13 +40,25 @@ from .statedir import (
     _take_master_lock,
 )
 
-__all__ = ["open_state", "close_state"]
+__all__ = ["Opened", "open_parts", "adopt_frozen", "close_each", "closing_error"]
 
 log = logging.getLogger("durable_dispatch.state")
 
 
-def open_state(
-    cls: Any,
+@dataclass
+class Opened:
+    """What :func:`open_parts` opened: the facade's constructor arguments (``parts``), the
+    rollbacks to persist before the first dispatch, the directory fsync running beside, and the
+    object that holds what the open froze until the state does (:func:`adopt_frozen`)."""
+
+    directory: str
+    parts: dict[str, Any]
+    restarts: list[Decision]
+    dir_sync: _Beside[bool] | None
+    holder: object
+
+
+def open_parts(
     directory: str | os.PathLike[str],
     *,
     sync: str,
@@ -54,12 +66,12 @@ def open_state(
     retry: RetryPolicy | None,
     ranks: Iterable[int],
     starting: bool,
-    on_commit: OnCommit | None,
     keep_snapshots: int,
     journal_options: Mapping[str, Any] | None,
-) -> Any:
-    """:meth:`CampaignState.open <durable_dispatch.campaign.state.CampaignState.open>`'s work
-    (see its docs)."""
+) -> Opened:
+    """Open the state directory's parts for :meth:`CampaignState.open
+    <durable_dispatch.campaign.state.CampaignState.open>` (see its docs); on an error nothing is
+    left open or locked."""
     d = os.fspath(directory)
     lock = _take_master_lock(d, create=True)
     journal: Journal | None = None
@@ -135,123 +147,80 @@ def open_state(
     # A snapshot of an earlier version has no delivery point: what it folded counts as
     # delivered (its callback ran before that version's snapshot), the journal after it not.
     delivered = int(base.get("delivered_seq", base.get("journal_seq", -1)))
-    st = cls(
-        d,
-        lock=lock,
-        journal=journal,
-        submissions=store,
-        stored=covered,
-        snapshots=snapshots,
-        defer=defer,
-        core=core,
-        replayed=n,
-        dups=proj.duplicate_commits,
-        delivered=max(delivered, proj.delivered),
-    )
-    st._dir_sync = dir_sync
-    if id(opening) in _holders:  # what the reopen froze: the state holds it now
-        _holders.discard(id(opening))
-        _holders.add(id(st))
-    # The epoch is durable before the first dispatch leaves (next_send), not before the
-    # open returns: its fsync runs in the group commit meanwhile, beside the submission's
-    # (issue 49). A crash before it loses only an epoch that no token carried yet.
-    st._epoch_seq = journal.append(encode(EpochStarted(epoch, time.time()))).seq
-    if restarts:  # S8: the rollbacks are folded before the first dispatch
-        st._apply(restarts)
-    # G4: a crash between a dependency's deferral and its dependents' left them waiting
-    # (or an operator's cancel and its dependents', O1)
-    led = core.ledger
-    st._defer_behind_ended([w for w in (*led.deferred, *led.cancelled) if led.dependents.get(w)])
-    st._load_dependency_results()
-    if restarts:
-        st._save_snapshot(f"start of epoch {epoch}")
-    # else no snapshot: nothing was rolled back, and the journal holds the epoch (issue 49:
-    # it cost two fsyncs and a directory scan at every open, a fresh one included)
-    _resources.register(st)
-    try:  # O1: the operator's commands that wait (``durable-dispatch cancel`` ...), once
-        from .control import CONTROL_DIR, apply_waiting
-
-        # (none when the claim's listing had no control directory: one lookup less on a
-        # slow mount; a command written since is applied by the running loop's next look)
-        names = lock.claim.listing
-        if names is None or CONTROL_DIR in names:
-            st.applied_at_open = apply_waiting(st, running=False)
-    except BaseException:
-        st.close()
-        raise
-    if on_commit is not None:
-        try:
-            st.redeliver(on_commit)
-        except BaseException:
-            st.close()
-            raise
-    return st
+    parts = {
+        "lock": lock,
+        "journal": journal,
+        "submissions": store,
+        "stored": covered,
+        "snapshots": snapshots,
+        "defer": defer,
+        "core": core,
+        "replayed": n,
+        "duplicates": proj.duplicate_commits,
+        "delivered": max(delivered, proj.delivered),
+    }
+    return Opened(d, parts, list(restarts), dir_sync, opening)
 
 
-def close_state(st: Any) -> None:
-    """:meth:`CampaignState.close <durable_dispatch.campaign.state.CampaignState.close>`'s work:
-    the last deliveries, the snapshot, the journals, the lock."""
-    waited: BaseException | None = None
-    if st._outputs is not None:  # (never raises: the outputs are diagnostics, see outputs.py)
-        st._outputs.close()
-        st._outputs = None
-    if st._dir_sync is not None:  # (its thread ends before the journals close)
-        waited = st._dir_sync.wait()  # an interrupt: raised once all is closed
-        st._dir_sync = None
-    if not _fs.reaches(st._filesystem) and not _fs.comes_back(st._filesystem):
-        # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
-        # themselves; a snapshot or a lock release would reach the real filesystem).
-        log.warning("state %s: its filesystem is gone; closed without writing", st.directory)
-        st._publisher.close()
-        st.journal.close()
-        st.submissions.close()
-        st.defer.close()
-        _resources.disown_lock(st._lock)
-        return
-    failed: list[BaseException] = [waited] if waited is not None else []
+def adopt_frozen(holder: object, state: object) -> None:
+    """What the open's bulk build froze under ``holder`` is held by ``state`` from now on (it
+    is released when the state closes)."""
+    if id(holder) in _holders:
+        _holders.discard(id(holder))
+        _holders.add(id(state))
+
+
+def close_writing(
+    last: Callable[[], object],
+    publication: Publisher,
+    checkpoints: Checkpoints,
+    claim: Any,
+    journal: Journal,
+    others: tuple[Journal | DeferJournal, ...],
+) -> list[BaseException]:
+    """A campaign state's close on a filesystem that answers: its ``last`` deliveries, then the
+    snapshot, with the statistics, the owner record's release (``claim``) and the ``others``
+    journals closing beside it, then the state ``journal``; returns what closing the
+    journals raised. Every journal is closed whatever fails (the deliveries included)."""
+    failed: list[BaseException] = []
     beside: _Beside[list[BaseException]] | None = None
     try:
+        last()
+        # issue 49: the last statistics are written by their thread while the snapshot is
+        # written and fsynced here (a display: no order between the two); again here,
+        # after that thread ended, if the snapshot failed (a figure changed)
+        failures = checkpoints.failures
+        handed = publication.hand_over(running=False)
+        # and the owner record's release is written and fsynced beside it too (it is
+        # renamed into place only once the journals are closed, S13)
+        prepare = _Beside(claim.prepare_release, "owner-release")
+        # and the submissions store and the defer journal close beside it: nothing writes
+        # them after the last delivery (which submitted its children)
+        beside = _Beside(lambda: close_each(others), "close-journals")
         try:
-            st._complete_commits(wait=True)
-            st._mark_delivered(now=True)
-            # issue 49: the last statistics are written by their thread while the snapshot
-            # is written and fsynced here (a display: no order between the two); again
-            # here, after that thread ended, if the snapshot failed (a figure changed)
-            failures = st._snapshot_failures
-            handed = st._publisher.submit(st._statistics_body(running=False))
-            # and the owner record's release is written and fsynced beside it too (it is
-            # renamed into place only once the journals are closed, S13)
-            prepare = _Beside(st._lock.claim.prepare_release, "owner-release")
-            # and the submissions store and the defer journal close beside it: nothing
-            # writes them after the last delivery (which submitted its children)
-            beside = _Beside(lambda: _close_each((st.submissions, st.defer)), "close-journals")
-            try:
-                st._save_snapshot("close")
-            finally:
-                interrupted = prepare.wait()
-            if interrupted is not None:
-                raise interrupted
-            if handed and st._snapshot_failures == failures:
-                st._publisher.close()
-            else:
-                st.publish_statistics(running=False, force=True)
+            checkpoints.save("close")
         finally:
-            # whatever failed above: each journal is closed, no writer lock is left held
-            if beside is None:
-                failed += _close_each((st.journal, st.submissions, st.defer))
-            else:
-                failed += _close_each((st.journal,))
-                interrupted = beside.wait()  # (S13: the owner's release only after them)
-                if interrupted is not None:
-                    failed.insert(0, interrupted)
-                failed += beside.value or []
+            interrupted = prepare.wait()
+        if interrupted is not None:
+            raise interrupted
+        if handed and checkpoints.failures == failures:
+            publication.close()
+        else:
+            publication.publish(running=False, force=True)
     finally:
-        st._lock.release()
-        if failed:
-            raise _closing_error(failed)
+        # whatever failed above: each journal is closed, no writer lock is left held
+        if beside is None:
+            failed += close_each((journal, *others))
+        else:
+            failed += close_each((journal,))
+            interrupted = beside.wait()  # (S13: the owner's release only after them)
+            if interrupted is not None:
+                failed.insert(0, interrupted)
+            failed += beside.value or []
+    return failed
 
 
-def _close_each(journals: Iterable[Journal | DeferJournal]) -> list[BaseException]:
+def close_each(journals: Iterable[Journal | DeferJournal]) -> list[BaseException]:
     """Close each of ``journals`` whatever the others do; what each close raised."""
     failed: list[BaseException] = []
     for journal in journals:
@@ -282,7 +251,7 @@ def _done(beside: _Beside[bool]) -> bool:
     return beside.error is None and bool(beside.value)
 
 
-def _closing_error(failed: list[BaseException]) -> BaseException:
+def closing_error(failed: list[BaseException]) -> BaseException:
     """What :meth:`CampaignState.close` raises when closing its journals failed: an error other
     than :class:`NotDurableError` as it was; else one :class:`NotDurableError` naming every
     journal with records held only in memory, the one holding most first (its ``path``;
@@ -316,14 +285,12 @@ def _record_lost_deferrals(defer: DeferJournal, ledger: Ledger) -> int:
         return 0
     lost = [(wid, w) for wid, w in ledger.deferred.items() if wid not in defer]
     for wid, w in lost:
-        defer.defer(
-            wid,
-            w.to_json(),
+        record_deferral(
+            defer,
+            w,
             attempts=ledger.attempts.get(wid, 0),
             kinds=ledger.kinds.get(wid, ()),
             last_error=ledger.last_error.get(wid),
-            inputs=w.inputs,
-            self_contained=w.self_contained,
         )
     if lost:
         log.warning("recorded %d deferred item(s) the defer journal had lost", len(lost))

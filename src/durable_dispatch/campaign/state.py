@@ -1,31 +1,27 @@
 """Durable campaign state: snapshot + journal replay, crash-safe rollback, master restart.
 
-Theory of operation. A state directory holds a :class:`~durable_dispatch.storage.SnapshotStore`
-(``campaign.<generation>.snap``), the state journal ``events.jsonl``, the submissions store
-``submissions.jsonl`` (every submitted item's payload, once, by dense index), the defer journal
-``.dispatch_protocol_deferred.jsonl`` and the master lock ``master.lock``. The campaign's
-durable state is a *projection*: frontier order, in-flight dispatches, committed work IDs,
-deferred items and retry counts, the core's :class:`~durable_dispatch.core.ledger.Ledger`. Every
-decision of the core that changes it is journaled as a small event (``submitted``,
-``dispatched``, ``committed``, ``requeued``, ``deferred``, ``epoch``) *before* the shell acts on
-it; a snapshot folds the projection up to a journal sequence number, in the compact form
-(:meth:`Ledger.to_compact`: indices and runs, no payload, so its cost does not grow with the
-campaign, S8). Loading = the submissions store + newest valid snapshot + replay of the journal
-records after it.
+Theory of operation. A state directory holds the snapshots (``campaign.<generation>.snap``), the
+state journal ``events.jsonl``, the submissions store ``submissions.jsonl`` (every item's payload,
+once, by dense index), the defer journal and the master lock. The durable state is a projection
+(the core's :class:`~durable_dispatch.core.ledger.Ledger`): every decision of the core that
+changes it is journaled as a small event *before* the shell acts on it; a snapshot folds it up
+to a journal sequence number in a compact form whose cost does not grow with the campaign.
+Loading = the submissions store + the newest valid snapshot + the journal records after it.
 
-The module is split by job: replay (the projection, the fold, the snapshot loader) is in
-``replay.py``; offline operations (view, compact, requeue, drop) are in ``admin.py``; the
-submissions store is ``submissions.py``; persisting the core's decisions and delivering the
-commits (U6, G1) is ``delivery.py``, a part of :class:`CampaignState`; this module is the live
-campaign.
-:class:`CampaignState` is also the facade the master loop calls, one method per thing that
-happened (:meth:`~CampaignState.on_ready`, ``on_results``, ``sent``, ``tick`` ...): each asks the
-core and persists what it decided.
+The campaign is parts with one job each, composed by :class:`CampaignState`, the facade the
+master's loop calls (one method per thing that happened: :meth:`~CampaignState.on_ready`,
+``on_results``, ``sent``, ``tick`` ...; each asks the core and persists what it decided):
+``admission.py`` checks and adds submitted items; ``recorder.py`` persists the core's decisions
+before the shell acts; ``delivery.py`` queues what the user must hear until the delivery point,
+:meth:`CampaignState.deliver`, the one place user code runs; ``dependencies.py`` holds the
+results that waiting items need; ``lifecycle.py`` opens the journals and the snapshot. Replay
+(the projection, the fold, the snapshot loader) is in ``replay.py``; offline operations (view,
+compact, requeue, drop) in ``admin.py``. docs/explanation/architecture.md draws them.
 
 Durability contract.
 
 * A commit is journaled, and an fsync covers it (under ``always``/``batch``), before the
-  delivery point (:meth:`CampaignState.tick`) closes the work ID in the core and then reports it
+  core closes the work ID and the delivery point (:meth:`CampaignState.deliver`) reports it
   to the caller's callback: a work ID is committed once *in the durable record*. Execution
   stays at-least-once: a worker may run an item again after a crash or a timeout; only one
   commit is ever recorded.
@@ -41,50 +37,38 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from operator import attrgetter
+from collections.abc import Callable, Collection, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from ..core import (
-    Commit,
+    Decision,
     Defer,
     Dispatcher,
+    PersistSnapshot,
     RetryPolicy,
     Send,
     WatchdogConfig,
     WorkItem,
 )
-from ..core.events import Submitted, encode
-from ..core.indexed import DIGEST_BYTES, payload_digests
-from ..errors import (
-    ChangedPayloadError,
-    RecordEncodeError,
-    RecordTooLargeError,
-    StorageDegradedError,
-    UsageError,
-)
+from ..core.events import EpochStarted, WorkerHost, encode
+from ..core.ranks import RankState
+from ..errors import NotDurableError
 from ..storage import DeferJournal, Journal, SnapshotStore
 from ..storage import fs as _fs
 from ..storage import resources as _resources
-from ..storage.background import BackgroundSaver
 from ..storage.background import Beside as _Beside
 from ..tokens import Token
-from ..values import Refused, all_plain, stored
-from .costs import CostTable
-from .delivery import Delivery, OnCommit, _PendingCommit
-from .dependencies import Dependencies
-from .lifecycle import close_state, open_state
-from .loop import LoopCalls
+from .admission import Admission
+from .checkpoint import Checkpoints
+from .delivery import Deliveries, OnCommit, spawned
+from .dependencies import DependencyResults
+from .lifecycle import adopt_frozen, close_writing, closing_error, open_parts
 from .outputs import Outputs
-from .replay import (
-    paused_gc,
-    release_frozen,
-)
-from .statedir import (
-    LIVE_STATS_NAME,
-    SUBMIT_CHUNK,
-)
+from .publication import CampaignStats, Publisher
+from .recorder import Recorder
+from .replay import paused_gc, release_frozen
+from .stuck import Stuck
 from .submissions import SubmissionStore
 
 __all__ = ["CampaignState", "CampaignStats", "OnCommit"]
@@ -92,125 +76,99 @@ __all__ = ["CampaignState", "CampaignStats", "OnCommit"]
 log = logging.getLogger("durable_dispatch.state")
 
 
-class _JournalBehind(Exception):
-    """A snapshot's journal records are not on disk (the journal runs from memory): the
-    snapshot is not published (not an OSError: the snapshot store's own health is fine)."""
-
-
-#: The master publishes its statistics (``master-stats.*.snap``) at most this often, from
-#: ``tick``, so that ``durable-dispatch stats`` and ``watch`` show current figures with their age.
-STATS_SECONDS = 2.0
-
-
-@dataclass(frozen=True)
-class CampaignStats:
-    """An immutable snapshot of the campaign's counters: the core's, plus storage's.
-
-    Attributes:
-        core: the dispatch core's statistics, as a dict.
-        epoch: this master run's epoch.
-        commits_in_memory: commits accepted while the journal was degraded (not yet durable).
-        snapshot_failures: snapshots not saved (the disk refused, or the journal ran from memory).
-        replayed_records: journal records replayed at start.
-        duplicate_commits_in_journal: second commits of a work ID found (and ignored) at replay.
-        journal_health, snapshot_health, defer_health, submissions_health: storage health
-            as dicts.
-        storage_stalls: fsyncs of this process that took longer than the stall bound
-            (``storage.fs.STALL_SECONDS``), ended and ongoing (``storage.fs.stall_report``).
-    """
-
-    core: Mapping[str, Any]
-    epoch: int
-    commits_in_memory: int
-    snapshot_failures: int
-    replayed_records: int
-    duplicate_commits_in_journal: int
-    journal_health: Mapping[str, Any]
-    snapshot_health: Mapping[str, Any]
-    defer_health: Mapping[str, Any]
-    submissions_health: Mapping[str, Any] = field(default_factory=dict)
-    storage_stalls: Mapping[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(self).items()}
-
-
-class CampaignState(LoopCalls, Delivery, Dependencies):
+class CampaignState:
     """A campaign's durable state in one directory, driving a :class:`Dispatcher`.
 
-    Open with :meth:`open`; use as a context manager or call :meth:`close`.
+    Open with :meth:`open`; use as a context manager or call :meth:`close`. The master's loop
+    calls one method per thing that happened (:meth:`on_ready`, :meth:`on_results`,
+    :meth:`sent`, :meth:`tick` ...): each asks the core and persists what it decided. None of
+    them runs user code: they queue what the user must hear, and :meth:`deliver` runs it.
     """
 
-    def __init__(self, directory: str, **kw: Any) -> None:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        lock: Any,
+        journal: Journal,
+        submissions: Journal,
+        stored: int,
+        snapshots: SnapshotStore,
+        defer: DeferJournal,
+        core: Dispatcher,
+        replayed: int,
+        duplicates: int,
+        delivered: int,
+    ) -> None:
         self.directory = directory
-        self._lock = kw["lock"]
-        self.journal: Journal = kw["journal"]
+        self._lock = lock
+        self.journal = journal
         #: the submissions store (``submissions.jsonl``): every item's payload, once
-        self.submissions: Journal = kw["submissions"]
-        self._store = SubmissionStore(self.submissions, kw["stored"])
-        self.snapshots: SnapshotStore = kw["snapshots"]
-        self.defer: DeferJournal = kw["defer"]
-        self.core: Dispatcher = kw["core"]
-        self._replayed: int = kw["replayed"]
-        self._dups: int = kw["dups"]
-        self._commits_in_memory: list[int] = []
-        # one entry per ``committed`` record; the records of one dispatch are next to each other
-        # (several only when one would be too big)
-        self._pending_commits: list[_PendingCommit] = []
-        self._snapshot_failures = 0
+        self.submissions = submissions
+        self._store = SubmissionStore(submissions, stored)
+        self.snapshots = snapshots
+        self.defer = defer
+        self.core = core
+        self._replayed = replayed
+        self._dups = duplicates
         self._closed = False
         self._filesystem = _fs.filesystem()
-        # U6: every commit journaled up to this sequence number was handed to the callback
-        # (which returned). Kept in each snapshot body and, between snapshots, in ``delivered``
-        # events at most every DELIVERY_MARK_SECONDS.
-        self._delivered: int = kw["delivered"]
-        self._delivered_marked = self._delivered
-        self._delivered_at = time.monotonic()
-        self._callback_failed = False
-        self._notices: list[tuple[Callable[[Any], None], Any]] = []  # for the delivery point
-        self._held_results: dict[str, tuple[int, Any]] = {}  # memory-only commits' (G4)
-        self._on_commit: Callable[[Commit], None] | None = None  # the facade's callback
-        #: called with each :class:`Defer` once the defer journal took it (or kept it in
-        #: memory): the item's retries are spent (the futures executor fails its future)
-        self.on_defer: Callable[[Defer], None] | None = None
-        #: called with the work ID of each item an operator cancelled (``durable-dispatch
-        #: cancel``), once its ``cancelled`` record is journaled (the futures executor
-        #: fails its future)
-        self.on_cancel: Callable[[str], None] | None = None
-        #: called with each :class:`Send` of :meth:`next_send` once it is journaled, before
-        #: the shell sends it: its items are running (the futures executor marks their futures
-        #: running then, and not before, so the calls not sent yet can still be cancelled)
-        self.on_dispatch: Callable[[Send], None] | None = None
-        # a display, not state: atomic, not fsynced (issue 49; readers take damage as "none")
-        self._live = SnapshotStore(
+        self._dependencies = DependencyResults(core, directory)
+        self._deliveries = Deliveries(
+            journal,
+            core,
             directory,
-            name=LIVE_STATS_NAME,
-            keep=2,
-            durable=False,
-            directory_claim=self._lock.claim,
+            delivered,
+            dependencies=self._dependencies,
+            defer=defer,
+            persist=lambda decisions: self.persist(decisions),
         )
-        self._publisher = BackgroundSaver(self._live)  # off the master's thread (issue 49)
-        self._live_at = -STATS_SECONDS  # monotonic time of the last publication
-        self._opened_at = time.time()
+        self._admission = Admission(journal, self._store, core, self._dependencies)
+        self._recorder = Recorder(
+            journal,
+            defer,
+            core,
+            self._deliveries,
+            self._dependencies,
+            outputs=lambda: Outputs(directory, lock.claim),
+            save_snapshot=lambda reason: self.save_snapshot(reason),
+            deferred=self._deferred,
+        )
+        #: called with each :class:`Defer` once the defer journal took it: its retries are spent
+        self.on_defer: Callable[[Defer], None] | None = None
+        #: called with the work ID of each item an operator cancelled, once it is journaled
+        self.on_cancel: Callable[[str], None] | None = None
+        #: called with each :class:`Send` of :meth:`next_send` once it is journaled and sent
+        self.on_dispatch: Callable[[Send], None] | None = None
+        #: called with ``(rank, host)`` when a worker's first READY said where it runs: it is up
+        self.on_worker_up: Callable[[int, str], None] | None = None
+        #: called with ``(rank, error)`` when a worker said it failed and ends (GONE)
+        self.on_worker_gone: Callable[[int, str], None] | None = None
+        #: called at the end of every :meth:`deliver` while the state is open, after the queued
+        #: hooks: a work source's refill, a progress report (``run_master`` adds them)
+        self.every_turn: list[Callable[[], None]] = []
+        self._publication = Publisher(
+            directory, lock.claim, statistics=self.statistics, allocation=lambda: self.allocation
+        )
+        self._checkpoints = Checkpoints(
+            snapshots,
+            journal,
+            self._store,
+            core,
+            self._deliveries,
+            statistics=self.statistics,
+            wait_durable=lambda seq: self.wait_durable(seq),
+        )
         #: the allocation's end as the master reads it (``mpi.allocation``), published with
         #: the statistics: a callable returning ``{"ends_at", "started", "source"}``, or None
         self.allocation: Callable[[], dict[str, Any]] | None = None
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
-        self._stuck_since: float | None = None  # since when every live worker is parked
+        self._stuck = Stuck(core)
         self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
-        # token -> work ID -> cost, or a table (note_usage; costs.py)
-        self._costs: dict[Token, dict[str, Any] | CostTable] = {}
-        self._outputs: Outputs | None = None  # the items' outputs, opened at the first
-        #: the sequence number of this run's epoch record until it is durable (next_send)
-        self._epoch_seq: int | None = None
-        self._dep_results: dict[str, list[Any]] = {}  # G4: see dependencies.py
-        self._has_after = False
-        self._sized: set[str] = set()
+        self._epoch_seq: int | None = None  # this run's epoch record, until it is durable
         #: the operator commands this open applied (``control.Applied``)
         self.applied_at_open: list[Any] = []
-        #: the directory fsync of the journals the open created, running beside (issue 49)
-        self._dir_sync: _Beside[bool] | None = None
+        self._dir_sync: _Beside[bool] | None = None  # the open's directory fsync, beside
 
     @classmethod
     def open(
@@ -228,17 +186,13 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
     ) -> CampaignState:
         """Open (creating if needed) a state directory and start a new master epoch.
 
-        ``on_commit(work_id, result)`` is the callback of every commit (see :meth:`redeliver`,
-        which this calls before returning: the commits a crash or a failed callback kept from
-        it are delivered first, so each commit is delivered at least once). It may return work
-        items, the children of that result: they are submitted durably before the commit counts
-        as delivered, and known work IDs are skipped, so each child is submitted once however
-        often the callback runs.
-        It is called once a commit is journaled durably, or, while the journal is degraded (a
-        disk fault), at once for a memory-only commit: a callback with a parameter named
-        ``durable`` is told which (``durable=False``: lost if the process ends before the
-        journal is restored, and then delivered again on the next run; see
-        :data:`~durable_dispatch.campaign.delivery.OnCommit`).
+        ``on_commit(work_id, result)`` is the callback of every commit. The commits a crash or
+        a failed callback kept from it are queued first, and handed to it at the first
+        :meth:`deliver` (so each commit is delivered at least once). It may return work items,
+        the children of that result: they are submitted durably before the commit counts as
+        delivered, and known work IDs are skipped, so each child is submitted once however
+        often the callback runs. See :data:`~durable_dispatch.campaign.delivery.OnCommit` for
+        memory-only commits (a disk fault) and the ``durable`` parameter.
 
         ``ranks`` are the workers; with ``starting`` each gets work only after its first READY
         without a token (what ``run_worker`` sends once it is up), so a worker's start-up is
@@ -254,19 +208,60 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
                 full filesystem, a link at the lock's path): nothing was read or changed.
             JournalCorruptError, SnapshotCorruptError, StorageError: see the storage layer.
         """
-        st: CampaignState = open_state(
-            cls,
+        opened = open_parts(
             directory,
             sync=sync,
             watchdog=watchdog,
             retry=retry,
             ranks=ranks,
             starting=starting,
-            on_commit=on_commit,
             keep_snapshots=keep_snapshots,
             journal_options=journal_options,
         )
+        st = cls(opened.directory, **opened.parts)
+        st._dir_sync = opened.dir_sync
+        adopt_frozen(opened.holder, st)
+        try:
+            st._begin(opened.restarts, on_commit)
+        except BaseException:
+            st.close()
+            raise
         return st
+
+    def _begin(self, restarts: list[Decision], on_commit: OnCommit | None) -> None:
+        """The open's last steps: the new epoch, the rollbacks, the repairs, the operator's
+        commands that wait, and the redelivery queued."""
+        core = self.core
+        epoch = core.epoch
+        # The epoch is durable before the first dispatch leaves (next_send), not before the
+        # open returns: its fsync runs in the group commit meanwhile, beside the submission's
+        # (issue 49). A crash before it loses only an epoch that no token carried yet.
+        self._epoch_seq = self.journal.append(encode(EpochStarted(epoch, time.time()))).seq
+        if restarts:  # S8: the rollbacks are folded before the first dispatch
+            self.persist(restarts)
+        # G4: a crash between a dependency's deferral and its dependents' left them waiting
+        # (or an operator's cancel and its dependents', O1)
+        led = core.ledger
+        self.defer_behind_ended(
+            [w for w in (*led.deferred, *led.cancelled) if led.dependents.get(w)]
+        )
+        self._dependencies.load()
+        if restarts:
+            self.save_snapshot(f"start of epoch {epoch}")
+        # else no snapshot: nothing was rolled back, and the journal holds the epoch (issue 49:
+        # it cost two fsyncs and a directory scan at every open, a fresh one included)
+        _resources.register(self)
+        # O1: the operator's commands that wait (``durable-dispatch cancel`` ...), once (none
+        # when the claim's listing had no control directory: one lookup less on a slow mount;
+        # a command written since is applied by the running loop's next look)
+        from .control import CONTROL_DIR, apply_waiting
+
+        names = self._lock.claim.listing
+        if names is None or CONTROL_DIR in names:
+            self.applied_at_open = apply_waiting(self, running=False)
+        if on_commit is not None:  # U6: what the last run did not deliver, first
+            self._deliveries.set_callback(on_commit, self._spawn)
+            self._deliveries.redeliver(self.journal.next_seq - 1)
 
     # ------------------------------------------------------------------ input
     def submit(self, items: Iterable[WorkItem]) -> int:
@@ -279,7 +274,7 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
         leaves items the next open submits (they were durable).
 
         The items are built with the cyclic collector paused and then frozen (see
-        ``paused_gc`` and docs/performance.md), so no collection walks the queue again.
+        docs/performance.md), so no collection walks the queue again.
 
         Raises:
             ChangedPayloadError: a known work ID, or one named twice in ``items``, with another
@@ -294,202 +289,315 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
                 added, it and those after it were not.
         """
         with paused_gc(self) as block:
-            block.items = self._submit(items)
-            return block.items
+            new = self._admission.submit(items)
+            if new and self._dependencies.has_after:
+                # G4: a new item that names a deferred or cancelled item is deferred too
+                self.defer_behind_ended({d: None for w in new for d in w.after})
+            block.items = len(new)
+            return len(new)
 
-    def _submit(self, items: Iterable[WorkItem]) -> int:
-        new: list[WorkItem] = []
-        again: list[WorkItem] = []  # known work IDs, and work IDs twice in this call
-        seen: set[str] = set()
-        known = self.core.ledger.ids.index
-        for i in items:
-            if not isinstance(i, WorkItem) or type(i.work_id) is not str:
-                raise UsageError(f"expected a WorkItem with a str work_id, got {i!r}")
-            if type(i.priority) is not int:
-                raise UsageError(f"{i.work_id!r}: priority must be an int, got {i.priority!r}")
-            if i.after:
-                i = _checked_after(i)
-                self._has_after = True
-            wid = i.work_id
-            if wid not in known and wid not in seen:
-                new.append(i)
-                seen.add(wid)
-            else:
-                again.append(i)
-        new, again = _exact(new), _exact(again)  # U15: before anything is added
-        digests = _digests(new)
-        if again:
-            self._refuse_changed(again, new, digests)  # U11: before anything is added
-        if not new:
-            return 0
-        first = self._store.stored
-        try:
-            self._store.store(new, first, digests)
-        except RecordTooLargeError:
-            done = self._store.stored - first
-            if done:
-                self._announce(new[:done], first, digests[: done * DIGEST_BYTES])
-            raise
-        self._announce(new, first, digests)
-        if self._has_after:  # G4: a new item that names a deferred or cancelled item is
-            self._defer_behind_ended({d: None for w in new for d in w.after})  # deferred too
-        return len(new)
-
-    def _defer_behind_ended(self, deps: Iterable[str]) -> None:
-        """G4, the one place: every item waiting for one of ``deps`` that ended without a
-        commit (deferred or cancelled) is deferred at once, naming it (a new item, an item an
-        operator retried, the open's repair after a crash)."""
+    def defer_behind_ended(self, deps: Iterable[str]) -> None:
+        """Defer at once every item waiting for one of ``deps`` that ended without a commit
+        (deferred or cancelled), naming it: a new item, an item an operator retried, the open's
+        repair after a crash."""
         led = self.core.ledger
         for dep in deps:
             if dep in led.deferred:
-                self._apply(self.core.ended_without_commit(dep))
+                self.persist(self.core.ended_without_commit(dep))
             elif dep in led.cancelled:
-                self._apply(self.core.ended_without_commit(dep, "cancelled"))
+                self.persist(self.core.ended_without_commit(dep, "cancelled"))
 
-    def _refuse_changed(self, again: list[WorkItem], new: list[WorkItem], digests: bytes) -> None:
-        """U11: each of ``again`` (a known work ID, or one named earlier in the same call) must
-        name the payload and the ``after`` it named before (the ``after`` of a committed item
-        is not kept: it ran, what it waited for is moot); the first that does not is refused.
+    def withdraw(self, *, keep: Collection[str] = ()) -> int:
+        """Withdraw every pending item from this run but those named in ``keep``, in memory
+        only: the run ends without them and puts them back at its end (they stay pending in the
+        state directory, and a later run does them). Returns how many."""
+        return self.core.ledger.withdraw(keep=keep)
+
+    def withdraw_item(self, work_id: str) -> list[str]:
+        """Withdraw ``work_id`` and what waits for it (see :meth:`withdraw`); returns those."""
+        led = self.core.ledger
+        deps = list(led.waiting_dependents(work_id))
+        led.withdraw_item(work_id)
+        for d in deps:
+            led.withdraw_item(d)
+        return deps
+
+    def put_back(self, work_id: str) -> None:
+        """Return a withdrawn item to this run's frontier."""
+        self.core.ledger.put_back(work_id)
+
+    # ------------------------------------------------------------ persist
+    def persist(self, decisions: Iterable[Decision]) -> list[Decision]:
+        """Persist the core's ``decisions`` before the shell acts on them (a commit journaled
+        and queued for the delivery point, a requeue, a deferral, a snapshot); returns them.
+        No user code runs here."""
+        return self._recorder.apply(decisions)
+
+    def notify(self, hook: Callable[[Any], None], arg: Any) -> None:
+        """Queue ``hook(arg)`` for the delivery point (:meth:`deliver`)."""
+        self._deliveries.notify(hook, arg)
+
+    def wait_durable(self, seq: int) -> bool:
+        """Wait until an fsync covers journal record ``seq``; False if the journal holds it in
+        memory only (a disk fault)."""
+        try:
+            self.journal.wait_durable(seq)
+            return True
+        except NotDurableError:
+            return False
+
+    def _deferred(self, d: Defer) -> None:
+        """The recorder journaled deferral ``d``: ``on_defer`` hears it at the delivery point."""
+        if self.on_defer is not None:
+            self._deliveries.notify(self.on_defer, d)
+
+    def _spawn(self, parent: str, children: Any) -> None:
+        """G1: the work items a callback returned for ``parent``'s commit, submitted durably
+        before the delivery point may pass that commit; known work IDs are skipped, so a
+        callback run again after a crash submits nothing twice."""
+        items = spawned(parent, children)
+        if items:
+            self.submit(items)
+
+    # ------------------------------------------------------------ the loop's calls
+    # One call per thing that happened: each asks the core and persists what it decided, so a
+    # loop built on these cannot forget a persist step (run_master is built on them).
+    def next_send(self, now: float, max_items: int = 1) -> Send | None:
+        """The next dispatch of up to ``max_items`` items, journaled (persist before you send),
+        or None.
+
+        Writes any snapshot the core requires first (one after a rollback). The first waits for
+        this run's epoch record to be durable: a token of an epoch a crash could forget would
+        be the token of another dispatch after the restart, which starts the same epoch again.
+        """
+        if self._epoch_seq is not None:
+            self.wait_durable(self._epoch_seq)
+            self._epoch_seq = None
+        if self._dependencies.has_after:  # (no item names an ``after``: nothing to check)
+            for wid, error in self._dependencies.too_large(max_items):
+                self.persist(self.core.defer_for_dependency(wid, error))
+        while True:
+            d = self.core.reserve(now, max_items)
+            if isinstance(d, PersistSnapshot):
+                self.save_snapshot(d.reason)
+                continue
+            if d is not None:
+                self._recorder.record_send(d)
+                if self.on_dispatch is not None:
+                    self._deliveries.notify(self.on_dispatch, d)
+            return d
+
+    def dependencies_of(self, send: Send) -> dict[str, dict[str, Any]] | None:
+        """The committed results of the ``after`` IDs of each item of ``send`` that has any, by
+        the item's work ID (None when none has: the usual WORK message)."""
+        return self._dependencies.dependencies_of(send)
+
+    def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
+        """A READY from ``rank``; see :meth:`Dispatcher.on_ready`."""
+        return self.persist(self.core.on_ready(rank, token, now))
+
+    def note_host(self, rank: int, host: str) -> None:
+        """Worker ``rank`` runs on ``host`` (its first READY said so): journaled once per rank
+        per run (a ``host`` event, for the joblog's host column), and ``on_worker_up`` told at
+        the delivery point. The record goes with the journal's next flush (the loop does not
+        wait for it): a crash before it loses only the name, and the rank's dispatches,
+        journaled after it, cannot become durable without it (one journal, in order)."""
+        self.core.note_host(rank, host)  # its failure domain
+        if self.on_worker_up is not None:
+            self._deliveries.notify(partial(self.on_worker_up, rank), host)
+        if self._hosts.get(rank) == host:
+            return
+        self._hosts[rank] = host
+        self.journal.append(encode(WorkerHost(rank, host, time.time())))
+
+    def note_usage(self, rank: int, token: object, costs: Any, outputs: Any = None) -> None:
+        """What the items of ``rank``'s current dispatch ``token`` cost (a RESULT's ``costs``,
+        by work ID or as a table: :mod:`.costs`; see :mod:`durable_dispatch.mpi.usage`): held
+        until each item's outcome is journaled, which then carries it (``cost``, or for a
+        dispatch's commit ``costs`` or ``cost_table``); and what they wrote (``outputs``, with
+        isolation): appended to the outputs journal now (:mod:`.outputs`: written in the
+        background, never waited for). A RESULT that is not current is ignored, as are entries
+        that are not costs or outputs (a worker's word, checked before it is kept)."""
+        t = self.core.current_token(rank, token)
+        if t is not None:
+            self._recorder.note_usage(t, costs, outputs)
+
+    def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
+        """A HEARTBEAT from ``rank``; see :meth:`Dispatcher.on_heartbeat`."""
+        return self.persist(self.core.on_heartbeat(rank, token, now))
+
+    def on_results(
+        self,
+        rank: int,
+        token: object,
+        results: Any,
+        now: float,
+        *,
+        errors: Any = None,
+        failure: Any = None,
+    ) -> list[Decision]:
+        """A RESULT from ``rank`` (see :meth:`Dispatcher.on_results`): ``errors`` names the items
+        the worker could not do, ``failure`` why the whole dispatch failed. Its commits are
+        journaled at once and delivered once durable (:meth:`deliver`), so the loop goes on."""
+        out = self.core.on_results(rank, token, results, now, errors=errors, failure=failure)
+        return self.persist(out)
+
+    def on_part(
+        self, rank: int, token: object, work_ids: Any, results: Any, now: float, *, errors: Any
+    ) -> list[Decision]:
+        """A partial RESULT from ``rank`` (see :meth:`Dispatcher.on_part`): the outcomes of some
+        items of a dispatch that still runs. Their commits are journaled at once and delivered
+        once durable, as :meth:`on_results`' are."""
+        return self.persist(self.core.on_part(rank, token, work_ids, results, now, errors=errors))
+
+    def sent(self, token: Token, now: float, error: str | None = None) -> list[Decision]:
+        """The WORK send of :meth:`next_send`'s dispatch returned (``error`` None) or failed."""
+        if error is None:
+            return self.persist(self.core.mark_dispatched(token, now))
+        return self.persist(self.core.send_failed(token, now, error))
+
+    def rank_lost(self, rank: int, now: float, error: str = "rank lost") -> list[Decision]:
+        """``rank`` failed (ULFM); see :meth:`Dispatcher.rank_lost`."""
+        return self.persist(self.core.rank_lost(rank, now, error))
+
+    def ranks_lost(self, ranks: list[int], now: float, error: str = "rank lost") -> list[Decision]:
+        """``ranks`` failed together (ULFM: one check found them); see
+        :meth:`Dispatcher.ranks_lost` (a node that lost several charges its items nothing)."""
+        return self.persist(self.core.ranks_lost(ranks, now, error))
+
+    def on_gone(self, rank: int, error: str, now: float) -> list[Decision]:
+        """``rank`` said it failed and ends (GONE): its dispatch is rolled back and the rank
+        dropped, as for a lost rank (not when lost or unknown already); ``on_worker_gone``."""
+        if self.on_worker_gone is not None:
+            self._deliveries.notify(partial(self.on_worker_gone, rank), error)
+        if self.core.rank_state(rank) in (None, RankState.LOST):
+            return []
+        log.error("worker %d failed and is gone: %s", rank, error)
+        why = f"worker failed: {error}"[:2000]  # its own error, not its node's
+        return self.persist(self.core.rank_lost(rank, now, why, domain=False))
+
+    def now(self) -> float:
+        """The master's clock for this turn: ``time.monotonic()`` as the core's observed clock
+        counts it (a pause of the master is not held against the workers)."""
+        return self.core.clock.observe(time.monotonic())
+
+    @property
+    def done(self) -> bool:
+        """True when every work item is committed or deferred and everything queued for the
+        user was delivered: the loop's condition (``while not state.done``)."""
+        return self.core.done and self._deliveries.idle
+
+    def stop_reason(self, now: float, *, grace: float) -> str | None:
+        """Why the campaign cannot go on although work remains, or None: ``"no workers left"``,
+        or ``"every worker parked"`` (none sent its exact READY for ``grace`` seconds of
+        ``now``). Logs the reason; the state directory resumes."""
+        return self._stuck.reason(now, grace)
+
+    def settle_waiting(self) -> int:
+        """Once nothing else can run (nothing pending or in flight, every commit delivered, the
+        work source exhausted), defer every waiting item: it waits for a work ID never
+        submitted, deferred, or in a cycle (kind ``"dependency"``). Returns how many. Nothing
+        while a commit waits for its delivery (it may release them)."""
+        if self._deliveries.pending or not self.core.ledger.waiting:
+            return 0
+        return len(self.persist(self.core.defer_unreachable()))
+
+    def tick(self, now: float, *, drained: bool = True) -> list[Decision]:
+        """The end of a turn, the library's part: close the commits an fsync now covers (what
+        they release is persisted; their callbacks wait for :meth:`deliver`), roll back every
+        READY that came without a valid RESULT, and sweep the watchdog.
+
+        ``drained``: the turn's receive found every message that had arrived (it returned
+        fewer than its limit). After a pause of the master, deadlines are judged only once a
+        turn drained (a paused master suspects no worker). A degraded journal is retried here
+        too, with a back-off (0.5 s, doubling to 30 s).
+        """
+        if drained:
+            self.core.clock.drained()
+        self._deliveries.settle()
+        out = self.persist(self.core.join_invalid(now))
+        out += self.persist(self.core.sweep(now))
+        if not self.journal.health.ok and now >= self._restore_at:
+            if self.try_restore():
+                self._restore_backoff = 0.5
+            else:
+                self._restore_at = now + self._restore_backoff
+                self._restore_backoff = min(self._restore_backoff * 2, 30.0)
+        self.publish_statistics()
+        return out
+
+    # ------------------------------------------------------------ the delivery point
+    def deliver(self, *, wait: bool = False) -> int:
+        """The delivery point: the one place where user code runs. Returns how many commits it
+        handed to the callback.
+
+        First the library's part: the commits an fsync now covers are closed in the core (a
+        commit releases what waits for it) and what follows is persisted. Then, on that
+        consistent state and with no structure of the library being walked, the user's part,
+        in this order: the commits the last run did not deliver (after an open), each closed
+        commit to ``on_commit`` (in commit order), the queued notices in the order they
+        happened (``on_defer``, ``on_cancel``, ``on_dispatch``, ``on_worker_up``,
+        ``on_worker_gone``), and then, while the state is open, each of :attr:`every_turn`.
+        What a hook does (children, a submit, a cancel) is input to the next step; the
+        delivery point passes a commit once its callback returned and its children are
+        submitted.
+
+        With ``wait=True`` it first waits for the newest journaled commit to be durable. While
+        the journal is degraded, commits are delivered as memory-only commits (counted in
+        ``statistics().commits_in_memory``) so the campaign goes on.
+        """
+        self._deliveries.settle(wait=wait)
+        n = self._deliveries.run()
+        if self.every_turn and not self._closed:
+            for hook in tuple(self.every_turn):
+                hook()
+        return n
+
+    def redeliver(self, on_commit: OnCommit | None) -> int:
+        """Make ``on_commit(work_id, result)`` the callback of every later commit, and hand it
+        every commit after the delivery point again, in commit order (at least once), through
+        :meth:`deliver`. :meth:`open` with ``on_commit`` queues the same redelivery for the
+        first :meth:`deliver`. Returns how many results :meth:`deliver` handed over.
+
+        A commit is redelivered when the master crashed after it was durable but before its
+        callback returned, or when the callback raised: make the callback idempotent by work ID
+        (an upsert keyed by work ID; see ``docs/state-format.md``).
 
         Raises:
-            ChangedPayloadError: naming that work ID.
+            UsageError: the callback returned something else than None or work items.
         """
-        led = self.core.ledger
-        ids, n = led.ids, DIGEST_BYTES
-        mine: dict[str, bytes] | None = None  # this call's new items' digests, when needed
-        theirs = _digests(again)
-        for j, item in enumerate(again):
-            wid = item.work_id
-            if wid in ids.index:
-                was = ids.digest_of(wid)
-                if was is None and wid in led.items:  # a state written before digests
-                    was = _digests([led.items[wid]])
-            else:
-                if mine is None:
-                    mine = {w.work_id: digests[k * n : k * n + n] for k, w in enumerate(new)}
-                was = mine[wid]
-            if was is not None and was != (now := theirs[j * n : j * n + n]):
-                st = self.core.status(wid) if wid in ids.index else None
-                where = st.name.lower().replace("_", " ") if st else "earlier in this submission"
-                raise ChangedPayloadError(
-                    f"work ID {wid!r} is known ({where}) "
-                    f"with another payload (digest {was.hex()}, this one {now.hex()}): a work ID "
-                    "names one payload; give the changed item a new work ID (one that digests "
-                    "its payload, say) or start a new state directory",
-                    work_id=wid,
-                )
-            if wid in ids.index:
-                before = led.items.after_of(wid) if wid in led.items else None
-            else:
-                before = next(w.after for w in new if w.work_id == wid)
-            if before is not None and set(before) != set(item.after):
-                st = self.core.status(wid) if wid in ids.index else None
-                where = st.name.lower().replace("_", " ") if st else "earlier in this submission"
-                raise ChangedPayloadError(
-                    f"work ID {wid!r} is known ({where}) with another after "
-                    f"({sorted(before)}, this one {sorted(item.after)}): a work ID names one "
-                    "item, its dependencies included; give the changed item a new work ID or "
-                    "start a new state directory",
-                    work_id=wid,
-                )
+        self._deliveries.set_callback(on_commit, self._spawn)
+        self._deliveries.redeliver(self.journal.next_seq - 1)
+        return self.deliver()
 
-    def _announce(self, items: list[WorkItem], first: int, digests: bytes) -> None:
-        """Journal the submission of the stored ``items`` and hand them to the core (with
-        their payload ``digests``). The records name the items by index once the store is
-        durable; if the store cannot be made durable (a disk fault), they carry the items
-        themselves."""
-        stored = self._store.durable()
-        for k in range(0, len(items), SUBMIT_CHUNK):
-            chunk = tuple(items[k : k + SUBMIT_CHUNK])
-            self.journal.append(encode(Submitted(chunk, first + k, stored=stored)))
-        self.core.ledger.ids.set_digests(first, digests)  # (so the core computes none)
-        self.core.submit(items, first=first, checked=True)
+    def committing(self) -> set[str]:
+        """The work IDs whose commit is journaled and not yet closed in the core (its fsync
+        runs): committed as a replay of the journal counts them."""
+        return self._deliveries.committing()
+
+    @property
+    def delivered_seq(self) -> int:
+        """The delivery point: every commit journaled up to this sequence number was handed to
+        the callback, which returned."""
+        return self._deliveries.delivered_seq
+
+    @property
+    def commit_durable(self) -> bool:
+        """While the commit callback runs: True when an fsync covers the commit being
+        delivered, False for a memory-only commit (the journal is degraded)."""
+        return self._deliveries.commit_durable
 
     def publish_statistics(self, *, running: bool = True, force: bool = False) -> bool:
         """Write the statistics for readers (``durable-dispatch stats`` and ``watch``), at most
-        every :data:`STATS_SECONDS` unless ``force``: one small atomic file, so a reader beside
-        the master sees current figures and how old they are. The file is written by a thread
-        of its own: the master's loop never waits for its fsync (a shared filesystem that
-        stalls for a minute stalls only that thread). ``force`` (at close) writes it here, once
-        that thread finished. Returns True when written or handed over; a disk that refuses is
-        not an error (the campaign goes on)."""
-        t = time.monotonic()
-        if not force and t - self._live_at < STATS_SECONDS:
-            return False
-        self._live_at = t
-        body = self._statistics_body(running)
-        if not force:
-            return self._publisher.submit(body)
-        self._publisher.close()
-        try:
-            self._live.save(body)
-        except StorageDegradedError as e:
-            log.warning("statistics not published: %s", e)
-            return False
-        return True
+        every :data:`~.publication.STATS_SECONDS` unless ``force``, off the master's thread
+        (:class:`~.publication.Publisher`). True when written or handed over."""
+        return self._publication.publish(running=running, force=force)
 
-    def _statistics_body(self, running: bool) -> dict[str, Any]:
-        """What the statistics file holds (see :meth:`publish_statistics`)."""
-        return {
-            "ts": time.time(),
-            "running": running,
-            "pid": os.getpid(),
-            "host": os.uname().nodename,
-            "started": self._opened_at,
-            "stats": self.statistics().as_dict(),
-        } | ({"allocation": self.allocation()} if self.allocation is not None else {})
-
-    def _save_snapshot(self, reason: str = "") -> bool:
-        """Write the projection atomically; tells the core it is persisted. False if the disk
-        refused (the state stays in memory and in the journal; the campaign goes on)."""
-        seq = self.journal.next_seq - 1
-        ok = True
-        try:
-            if not self._store.durable():
-                # A compact snapshot names items by index: without the store on disk it would
-                # name what a crash could lose. The journal still holds every event.
-                raise StorageDegradedError(
-                    "the submissions store is not durable",
-                    path=self.submissions.path,
-                    op="fsync",
-                )
-            body = {
-                "journal_seq": seq,
-                "delivered_seq": self._delivered,
-                "state": self._projection(),
-                "stats": self.statistics().as_dict(),
-                "ts": time.time(),
-            }
-
-            # The snapshot folds the journal through ``seq``: it is renamed into place only once
-            # an fsync covers ``seq``, which the group commit runs while it is written (issue 49),
-            # and never while a record through ``seq`` is memory-only: a crash would lose the
-            # journal's records the snapshot claims to fold, and the next master would write its
-            # own under their numbers, which a replay from this snapshot would then pass over.
-            def covered() -> None:
-                if not self._durable(seq):
-                    raise _JournalBehind(
-                        f"the journal's records through {seq} are not on disk "
-                        f"({self.journal.path} runs from memory)"
-                    )
-
-            self.snapshots.save(body, before_publish=covered if seq >= 0 else None)
-        except (StorageDegradedError, _JournalBehind) as e:
-            self._snapshot_failures += 1
-            log.error("snapshot (%s) not saved: %s", reason, e)
-            ok = False
-        self.core.snapshot_persisted()
-        return ok
-
-    def _projection(self) -> dict[str, Any]:
-        """The durable state through the journal's last record: the core's snapshot, with the
-        commits already journaled but not yet delivered (a group commit in progress) counted as
-        committed, as a replay of the journal would count them. Without this, a snapshot taken
-        between a commit's record and its delivery would fold that record in as in flight, and a
-        restart would run the work again and record a second commit."""
-        done = {c.work_id for p in self._pending_commits for c in p.commits}
-        assert self._store.stored >= len(self.core.ledger.ids), "the store covers every index"
-        return self.core.ledger.to_compact(done)
+    def save_snapshot(self, reason: str = "") -> bool:
+        """Write the campaign's state atomically as a snapshot (``reason`` is logged if it
+        fails); tells the core it is persisted. False if the disk refused (the state stays in
+        memory and in the journal; the campaign goes on)."""
+        return self._checkpoints.save(reason)
 
     def try_restore(self) -> bool:
         """Try to make memory-only records durable again (submissions store, journal, defer
@@ -500,10 +608,8 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
         if ok:
             self.journal.sync_now()
             durable = self.journal.durable_seq
-            self._commits_in_memory = [s for s in self._commits_in_memory if s > durable]
-            held = self._held_results
-            for wid in [w for w, (seq, _) in held.items() if seq <= durable]:
-                del held[wid]
+            self._deliveries.forget_in_memory(durable)
+            self._dependencies.forget_durable(durable)
         before = self.defer.statistics().in_memory
         ok2 = self.defer.try_restore()
         moved = before - self.defer.statistics().in_memory
@@ -517,8 +623,8 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
         return CampaignStats(
             core=self.core.statistics().as_dict(),
             epoch=self.core.epoch,
-            commits_in_memory=len(self._commits_in_memory),
-            snapshot_failures=self._snapshot_failures,
+            commits_in_memory=self._deliveries.in_memory,
+            snapshot_failures=self._checkpoints.failures,
             replayed_records=self._replayed,
             duplicate_commits_in_journal=self._dups,
             journal_health=self.journal.health.as_dict(),
@@ -530,7 +636,8 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
 
     # ---------------------------------------------------------------- closing
     def close(self) -> None:
-        """Save a final snapshot, close the journals and release the master lock."""
+        """Deliver what is left, save a final snapshot, close the journals and release the
+        master lock."""
         if self._closed:
             return
         self._closed = True
@@ -544,7 +651,39 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
 
     def _close(self) -> None:
         """:meth:`close`'s work: the last deliveries, the snapshot, the journals, the lock."""
-        close_state(self)
+        waited: BaseException | None = None
+        self._recorder.close()  # (never raises: the outputs are diagnostics)
+        if self._dir_sync is not None:  # (its thread ends before the journals close)
+            waited = self._dir_sync.wait()  # an interrupt: raised once all is closed
+            self._dir_sync = None
+        if not _fs.reaches(self._filesystem) and not _fs.comes_back(self._filesystem):
+            # Opened on a fake filesystem that is gone: touch nothing (the journals abandon
+            # themselves; a snapshot or a lock release would reach the real filesystem).
+            log.warning("state %s: its filesystem is gone; closed without writing", self.directory)
+            self._publication.close()
+            for j in (self.journal, self.submissions, self.defer):
+                j.close()
+            _resources.disown_lock(self._lock)
+            return
+        failed: list[BaseException] = [waited] if waited is not None else []
+        try:
+            failed += close_writing(
+                self._last_deliveries,
+                self._publication,
+                self._checkpoints,
+                self._lock.claim,
+                self.journal,
+                (self.submissions, self.defer),
+            )
+        finally:
+            self._lock.release()
+            if failed:
+                raise closing_error(failed)
+
+    def _last_deliveries(self) -> None:
+        """The close's deliveries: everything journaled, once durable, and the delivery point."""
+        self.deliver(wait=True)
+        self._deliveries.mark(now=True)
 
     @property
     def closed(self) -> bool:
@@ -559,64 +698,3 @@ class CampaignState(LoopCalls, Delivery, Dependencies):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_payload_of = attrgetter("payload")
-
-
-def _digests(items: list[WorkItem]) -> bytes:
-    """The payload digests of ``items`` (:func:`payload_digests`).
-
-    Raises:
-        RecordEncodeError: a payload is not JSON (naming its work ID); nothing was added.
-    """
-    try:
-        return payload_digests(map(_payload_of, items))
-    except TypeError:
-        for w in items:
-            try:
-                payload_digests((w.payload,))
-            except TypeError as e:
-                raise RecordEncodeError(
-                    f"work item {w.work_id!r}: its payload cannot be encoded as JSON: {e}"
-                ) from None
-        raise
-
-
-def _exact(items: list[WorkItem]) -> list[WorkItem]:
-    """``items`` with each payload in its stored form (:mod:`durable_dispatch.values`): the same
-    list when every payload is plain JSON (one C-level pass), else a list where the items whose
-    payload needed a stored form (NaN, a numpy scalar) are copies holding it.
-
-    Raises:
-        RecordEncodeError: a payload cannot be stored as given, naming the work ID, the path
-            inside the payload and the value.
-    """
-    if not items or all_plain([w.payload for w in items]):
-        return items
-    out = []
-    for w in items:
-        try:
-            p = stored(w.payload)
-        except Refused as e:
-            raise RecordEncodeError(
-                f"work item {w.work_id!r}: its payload {e} (nothing of this submission was added)",
-                work_id=w.work_id,
-                path=e.path,
-            ) from None
-        out.append(w if p is w.payload else replace(w, payload=p))
-    return out
-
-
-def _checked_after(item: WorkItem) -> WorkItem:
-    """``item`` with its ``after`` as a tuple of work IDs (a list is taken as given).
-
-    Raises:
-        UsageError: ``after`` is a string (a common slip for ``[id]``) or names a non-string.
-    """
-    after = item.after
-    if isinstance(after, str) or not all(type(a) is str for a in after):
-        raise UsageError(
-            f"{item.work_id!r}: after must be a list or tuple of work IDs (strings), got {after!r}"
-        )
-    return item if type(after) is tuple else replace(item, after=tuple(after))

@@ -391,6 +391,11 @@ class Items(MutableMapping[str, WorkItem]):
             if v is not None:
                 yield ids[i]  # type: ignore[misc]
 
+    def stored_forms(self) -> Iterator[Any]:
+        """Each open item as it is kept: a work item, or the submissions store's form of one not
+        used yet (no work item is built: a reopen of millions reads them without one each)."""
+        return (v for v in self._by if v is not None)
+
     def __repr__(self) -> str:
         return f"<Items of {self._n} open work IDs>"
 

@@ -79,24 +79,22 @@ class _CallFeed(Feed):
             state.on_defer = self.deferred
             state.on_cancel = self.cancelled
             state.on_dispatch = self.dispatched
-            gone, note_host = state.on_gone, state.note_host
-
-            def on_gone(rank: int, error: str, now: float) -> Any:
-                self.gone.append(error)  # why a worker ended (the executor's error names it)
-                self._up(rank)
-                return gone(rank, error, now)
-
-            def on_host(rank: int, host: str) -> None:  # a worker's first READY: it is up
-                self._up(rank)
-                note_host(rank, host)
-
-            state.on_gone = on_gone  # type: ignore[method-assign]
-            state.note_host = on_host  # type: ignore[method-assign]
+            state.on_worker_up = self._host
+            state.on_worker_gone = self._gone
         except BaseException as e:
             ex._error = e  # before the constructor wakes: it raises this
             raise
         finally:
             ex._bound.set()
+
+    def _host(self, rank: int, host: str) -> None:
+        """``on_worker_up``: a worker's first READY (it is up)."""
+        self._up(rank)
+
+    def _gone(self, rank: int, error: str) -> None:
+        """``on_worker_gone``: a worker said it failed and ends; the executor's error names why."""
+        self.gone.append(error)
+        self._up(rank)
 
     def _up(self, rank: int) -> None:
         """Worker ``rank`` is up (its first READY: an isolated child started) or gone; once
@@ -134,7 +132,7 @@ class _CallFeed(Feed):
                         self._fail_dependent(wid, dep)
                         continue
                     self.unrun.discard(wid)
-                    ledger.put_back(wid)
+                    self.state.put_back(wid)
                 if not ledger.known(wid):  # (else an earlier run's call, pending)
                     self.local.append(item)
                     self.queued.add(item.work_id)
@@ -186,7 +184,7 @@ class _CallFeed(Feed):
         one in the frontier (or waiting for a dependency) is withdrawn from this run (it stays
         pending in the state directory, as :meth:`_withdraw`'s calls do), and the calls that
         wait for it fail with DependencyFailed."""
-        dropped, waiting, ledger = self.ex._dropped, self.waiting, self.state.core.ledger
+        dropped, waiting = self.ex._dropped, self.waiting
         while dropped:
             wid = dropped.popleft()
             futs = waiting.get(wid)
@@ -203,10 +201,7 @@ class _CallFeed(Feed):
             if wid in self.queued:
                 continue  # not in the frontier yet: refill leaves it out
             del waiting[wid]
-            deps = ledger.waiting_dependents(wid)
-            ledger.withdraw_item(wid)
-            for d in deps:
-                ledger.withdraw_item(d)
+            for d in self.state.withdraw_item(wid):
                 self._fail_dependent(d, wid)
 
     def _fail_dependent(self, wid: str, dep: str) -> None:
@@ -232,7 +227,7 @@ class _CallFeed(Feed):
         sent and retried since stay in the frontier: their futures are running."""
         self.withdrew = True
         sent = self.sent
-        self.state.core.ledger.withdraw(keep=sent)
+        self.state.withdraw(keep=sent)
         for wid in [w for w in self.waiting if w not in sent]:
             for f in self.waiting.pop(wid):
                 _cancel(f)
@@ -292,23 +287,34 @@ class _CallFeed(Feed):
             ex._resolve(f, wid, result)
 
     def deferred(self, d: Defer) -> None:
-        """``on_defer``: the item's retries are spent; fail its futures."""
-        wid = d.work.work_id
+        """``on_defer``: the item's retries are spent; fail its futures, and those of the items
+        deferred for it earlier that its retry had brought back (found first, then failed: no
+        future's callback runs while the ledger's structures are walked)."""
+        led = self.state.core.ledger
+        failed = [(d.work.work_id, d.work.after, (d.kinds, d.last_error, d.attempts))]
+        seen = {d.work.work_id}
+        k = 0
+        while k < len(failed):
+            for dep in tuple(led.dependents_of(failed[k][0])):
+                if dep in led.deferred and dep not in self.ex._failed and dep not in seen:
+                    seen.add(dep)
+                    kinds = (*led.kinds.get(dep, ()),)
+                    attempts, error = led.attempts.get(dep, 0), led.last_error.get(dep)
+                    failed.append((dep, led.items[dep].after, (kinds, error, attempts)))
+            k += 1
+        for wid, after, why in failed:
+            self._fail(wid, after, why)
+
+    def _fail(self, wid: str, after: Any, why: tuple[Any, ...]) -> None:
+        """Record ``wid`` as failed (``why``: kinds, last error, attempts) and fail its futures."""
         with self.ex._lock:
-            self.ex._failed[wid] = (d.kinds, d.last_error, d.attempts)
-        if d.work.after:
-            self.ex._after.setdefault(wid, d.work.after)
+            self.ex._failed[wid] = why
+        if after:
+            self.ex._after.setdefault(wid, after)
         self.sent.discard(wid)
         for f in self.waiting.pop(wid, ()):
             if _start(f):  # (pending when it never ran: a dependency failed)
-                f.set_exception(self.ex._failure(wid, (d.kinds, d.last_error, d.attempts)))
-        # the items deferred for it earlier that its retry had brought back: failed now
-        led = self.state.core.ledger
-        for dep in led.dependents_of(wid):
-            if dep in led.deferred and dep not in self.ex._failed:
-                kinds = (*led.kinds.get(dep, ()),)
-                attempts, error = led.attempts.get(dep, 0), led.last_error.get(dep)
-                self.deferred(Defer(led.items[dep], None, "dependency", attempts, kinds, error))
+                f.set_exception(self.ex._failure(wid, why))
 
     def cancelled(self, wid: str) -> None:
         """``on_cancel``: an operator cancelled the call (``durable-dispatch cancel``, O1); its

@@ -279,7 +279,6 @@ def run_master(
     fixed = 1 if auto else int(batch)
     lost: dict[int, float] = {}
     start = time.monotonic()
-    next_progress = start
     line = None
     if progress is True:
         import sys
@@ -303,13 +302,17 @@ def run_master(
         try:
             source = work if isinstance(work, Feed) else _Source(work)  # G3: as it drains
             source.attach(state)
+            # the hooks of every turn run at the delivery point, after the queued ones
+            state.every_turn.append(source.refill)
+            if progress is not None:
+                state.every_turn.append(_every(progress_interval, progress, state))
+            state.deliver()  # what the last run did not deliver, first; then the first refill
             linger_until: float | None = None
             room = True  # the next dispatch fits before the allocation's end
             next_plan = start
             while True:
                 raw = time.monotonic()
                 now = core.clock.observe(raw)  # U7: a pause of the master is not counted
-                source.refill()
                 if source.exhausted and core.ledger.waiting:
                     state.settle_waiting()  # G4: nothing else can run: they never will
                 if source.exhausted and state.done:  # G1: every callback returned, too
@@ -362,11 +365,11 @@ def run_master(
                 # 4. deliver durable commits, join invalid results, 5. sweep the watchdog (once
                 # the backlog is read), retry degraded storage
                 state.tick(state.now(), drained=len(msgs) < _RECEIVE_LIMIT)
+                # 6. the delivery point: the one place user code runs (callbacks, notices, the
+                # source's refill, progress)
+                state.deliver()
                 if now >= operator.next_poll and (commands := operator.due(now)):  # (control.py)
                     _steer(state, link, stopping, commands, now)
-                if progress is not None and now >= next_progress:
-                    progress(state.statistics().as_dict())
-                    next_progress = now + progress_interval
                 if msgs:
                     idle_sleep = 0.0
                     heard = raw
@@ -377,7 +380,8 @@ def run_master(
                     os.sched_yield()
             if core.ledger.put_back():  # the work a feed withdrew stays pending (Feed docs)
                 reason = reason or "withdrawn"
-            state._complete_commits(wait=True)
+            state.every_turn.clear()  # (no refill once the loop ended)
+            state.deliver(wait=True)
             _persisted(state, _PERSIST_SECONDS)  # else close() raises NotDurableError
             _stop_all(link, range(1, size), lost, stop_timeout)
             stats, wall, took = state.statistics().as_dict(), time.time(), time.monotonic() - start
@@ -397,8 +401,9 @@ def run_master(
                     now=wall,
                 ),
             )
-            if progress is not None:
-                progress(report.stats)
+            if progress is not None:  # (the last report, at the delivery point too)
+                state.notify(progress, report.stats)
+                state.deliver()
         except BaseException as e:
             # U4: never leave the job hanging. Close the state durably first (what was journaled
             # stays), then stop the workers within stop_timeout, then let the error end rank 0.
@@ -416,6 +421,22 @@ def run_master(
             if line is not None:
                 line.close()
             state.close()
+    return report
+
+
+def _every(
+    interval: float, progress: Callable[[dict[str, Any]], None], state: CampaignState
+) -> Callable[[], None]:
+    """A per-turn hook that calls ``progress`` with the statistics at most every ``interval``
+    seconds (the first turn's included)."""
+    due = [0.0]
+
+    def report() -> None:
+        t = time.monotonic()
+        if t >= due[0]:
+            due[0] = t + interval
+            progress(state.statistics().as_dict())
+
     return report
 
 
@@ -471,7 +492,7 @@ class Feed:
     submits with ``state.submit`` in :meth:`refill`, never from another thread.
 
     A feed may also withdraw pending work from the run in :meth:`refill`
-    (``state.core.ledger.withdraw``): in memory only, so the campaign ends without it; the
+    (:meth:`CampaignState.withdraw`): in memory only, so the campaign ends without it; the
     loop puts it back at the end, and the report says ``finished=False``, ``reason=
     "withdrawn"``: the work is still pending in the state directory and a later run does it.
     """
