@@ -147,6 +147,22 @@ def test_a_worker_that_said_it_failed_is_its_own_error_not_its_nodes() -> None:
     assert d.statistics().suspect_ranks_now == 0
 
 
+def test_a_suspect_rank_that_said_it_failed_is_suspect_no_more() -> None:
+    """A GONE is a message from its rank: a suspect rank that sends one answered, then left.
+    Before, the lost rank stayed counted suspect and kept its host suspect until the window
+    passed (the two records of suspicion disagreed). A lost rank is never suspect: its host is
+    judged by the ranks it has left, and the item of the rank lost before it is charged at the
+    next sweep (that rank died alone)."""
+    d = make(2, (1,))
+    send_to(d, 1, 0.0)
+    assert d.ranks_lost([1], 1.0) == []  # rank 2 (node1) is suspect, w0's charge waits
+    assert d.statistics().suspect_ranks_now == 1
+    d.rank_lost(2, 2.0, "worker failed: KeyError", domain=False)
+    assert d.statistics().suspect_ranks_now == 0 and d.live_ranks() == [3, 4]
+    out = d.sweep(2.0)
+    assert [(x.work_id, x.source) for x in out if isinstance(x, Requeue)] == [("w0", "rank-lost")]
+
+
 def test_an_unknown_rank_changes_nothing() -> None:
     d = make(1, ())
     with pytest.raises(UsageError):

@@ -132,6 +132,9 @@ class Rollbacks(DispatcherBase):
             node = self.domains.lost(ranks, now, live)
             for r in self.domains.suspects():
                 self._ranks.withhold(r)
+        else:  # it said it failed (GONE): a message from it, so it is suspect no more
+            for r in ranks:
+                self.domains.heard(r)
         out: list[Decision] = []
         if domain and self._held_lost:  # a held item's host lost another rank: its node died
             hosts = {self.domains.host(r) for r in ranks}
