@@ -156,10 +156,10 @@ class Dispatcher(Rollbacks, Views):
         if self._snapshot_required is not None:
             return PersistSnapshot(self._snapshot_required)
         ledger = self.ledger
-        if self.domains.suspect and self.domains.expire_due(now):  # their window passed
-            for r in self.domains.expire(now):
-                self._ranks.trust(r)
-        rank = self._ranks.lowest_idle()
+        ranks = self._ranks
+        if ranks.suspect_until and ranks.expire_due(now):  # their window passed
+            ranks.expire(now)
+        rank = ranks.lowest_idle()
         frontier = ledger.frontier
         if rank is None or not frontier:
             return None
@@ -277,8 +277,8 @@ class Dispatcher(Rollbacks, Views):
 
     def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
         """A READY arrived from ``rank`` carrying ``token`` (any wire value; None if absent)."""
-        if self.domains.suspect:
-            self._heard(rank)
+        if self._ranks.suspect_until:  # a message from a suspect rank clears it
+            self._ranks.heard(rank)
         tx = self._open.get(token) if type(token) is str else None
         if tx is None or tx.rank != rank:  # (else the fast path: an exact wire match)
             if self._ranks.is_live(rank):
@@ -362,8 +362,8 @@ class Dispatcher(Rollbacks, Views):
         dispatch, fail as a whole: the READY that follows rolls back the whole dispatch with
         that kind (:meth:`join_invalid`).
         """
-        if self.domains.suspect:
-            self._heard(rank)
+        if self._ranks.suspect_until:  # a message from a suspect rank clears it
+            self._ranks.heard(rank)
         found = self._resolve(rank, token, "RESULT")
         if not isinstance(found, Transaction):
             return found
@@ -445,8 +445,8 @@ class Dispatcher(Rollbacks, Views):
         not (or no longer) in the dispatch, names one twice, does not match its entries or
         would leave the dispatch empty is quarantined as malformed and changes nothing.
         """
-        if self.domains.suspect:
-            self._heard(rank)
+        if self._ranks.suspect_until:  # a message from a suspect rank clears it
+            self._ranks.heard(rank)
         found = self._resolve(rank, token, "RESULT")
         if not isinstance(found, Transaction):
             return found
@@ -561,8 +561,8 @@ class Dispatcher(Rollbacks, Views):
 
     def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
         """A HEARTBEAT: a current one pushes the deadline to ``now + lease``."""
-        if self.domains.suspect:
-            self._heard(rank)
+        if self._ranks.suspect_until:  # a message from a suspect rank clears it
+            self._ranks.heard(rank)
         found = self._resolve(rank, token, "HEARTBEAT")
         if not isinstance(found, Transaction):
             return found

@@ -127,14 +127,7 @@ class Rollbacks(DispatcherBase):
                 raise UsageError(f"unknown rank {rank}")
         node: dict[int, bool] = {r: False for r in ranks}
         if domain:
-            gone = set(ranks)
-            live = [r for r in self._ranks.live() if r not in gone]
-            node = self.domains.lost(ranks, now, live)
-            for r in self.domains.suspects():
-                self._ranks.withhold(r)
-        else:  # it said it failed (GONE): a message from it, so it is suspect no more
-            for r in ranks:
-                self.domains.heard(r)
+            node = self.domains.lost(ranks, now)
         out: list[Decision] = []
         if domain and self._held_lost:  # a held item's host lost another rank: its node died
             hosts = {self.domains.host(r) for r in ranks}
@@ -187,8 +180,7 @@ class Rollbacks(DispatcherBase):
         rank died alone. :meth:`sweep` calls it every turn; O(1) when nothing is held."""
         if not self._held_lost:
             return []
-        for r in self.domains.expire(now):
-            self._ranks.trust(r)
+        self._ranks.expire(now)
         return self._release_held(lambda h: not self.domains.host_suspect(h), SOURCE_RANK_LOST)
 
     # ------------------------------------------------ deferral bookkeeping
