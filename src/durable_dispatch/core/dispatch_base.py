@@ -76,7 +76,7 @@ class DispatcherBase:
         self._joinable: dict[str, Transaction] = {}
         self._leases: dict[tuple[str, str], Token] = {}
         self._deadlines = DeadlineHeap()
-        #: the shell reads its monotonic clock through this (U7: a master pause is not held
+        #: the shell reads its monotonic clock through this (a master pause is not held
         #: against the workers); the core never reads a clock itself
         self.clock = ObservedClock()
         self._snapshot_required: str | None = None
