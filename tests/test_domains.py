@@ -9,6 +9,7 @@ from durable_dispatch.core import Dispatcher, RetryPolicy, Send, WatchdogConfig,
 from durable_dispatch.core.decisions import Defer, Requeue
 from durable_dispatch.core.domains import SUSPECT_SECONDS
 from durable_dispatch.core.events import Requeued
+from durable_dispatch.core.ranks import Ranks
 from durable_dispatch.errors import UsageError
 
 HOSTS = {1: "node1", 2: "node1", 3: "node2", 4: "node2"}
@@ -25,13 +26,12 @@ def make(n_items: int, busy: tuple[int, ...], retry: RetryPolicy | None = None) 
 
 
 def send_to(d: Dispatcher, rank: int, now: float) -> Send:
-    """Dispatch the head of the frontier to ``rank`` (the others held busy meanwhile)."""
+    """Dispatch the head of the frontier to ``rank`` (the lower idle ranks suspect meanwhile)."""
     others = [r for r in d.idle_ranks() if r < rank]
-    for r in others:
-        d._ranks.withhold(r)
+    d._ranks.suspect(others, float("inf"))
     s = d.reserve(now)
     for r in others:
-        d._ranks.trust(r)
+        d._ranks.heard(r)
     assert isinstance(s, Send) and s.rank == rank, s
     d.mark_dispatched(s.token, now)
     return s
@@ -147,6 +147,22 @@ def test_a_worker_that_said_it_failed_is_its_own_error_not_its_nodes() -> None:
     assert d.statistics().suspect_ranks_now == 0
 
 
+def test_a_suspect_rank_that_said_it_failed_is_suspect_no_more() -> None:
+    """A GONE is a message from its rank: a suspect rank that sends one answered, then left.
+    Before, the lost rank stayed counted suspect and kept its host suspect until the window
+    passed (the two records of suspicion disagreed). A lost rank is never suspect: its host is
+    judged by the ranks it has left, and the item of the rank lost before it is charged at the
+    next sweep (that rank died alone)."""
+    d = make(2, (1,))
+    send_to(d, 1, 0.0)
+    assert d.ranks_lost([1], 1.0) == []  # rank 2 (node1) is suspect, w0's charge waits
+    assert d.statistics().suspect_ranks_now == 1
+    d.rank_lost(2, 2.0, "worker failed: KeyError", domain=False)
+    assert d.statistics().suspect_ranks_now == 0 and d.live_ranks() == [3, 4]
+    out = d.sweep(2.0)
+    assert [(x.work_id, x.source) for x in out if isinstance(x, Requeue)] == [("w0", "rank-lost")]
+
+
 def test_an_unknown_rank_changes_nothing() -> None:
     d = make(1, ())
     with pytest.raises(UsageError):
@@ -198,14 +214,23 @@ def test_a_rank_lost_alone_while_a_node_just_failed_is_lost_with_it() -> None:
     so); after the window, a rank lost alone charges its item again."""
     from durable_dispatch.core.domains import FailureDomains
 
-    fd = FailureDomains(window=10.0)
-    for r, h in HOSTS.items():
-        fd.note_host(r, h)
-    assert fd.lost([1, 2], 100.0, live=[3, 4]) == {1: True, 2: True}  # node1 died
-    assert fd.lost([3], 101.0, live=[4]) == {3: True}  # torn down with it, not charged
-    fd2 = FailureDomains(window=10.0)
-    for r, h in HOSTS.items():
-        fd2.note_host(r, h)
-    assert fd2.lost([1, 2], 100.0, live=[3, 4]) == {1: True, 2: True}
-    fd2.heard(4)
-    assert fd2.lost([4], 111.0, live=[3]) == {4: False}  # later, alone: its item's doing
+    def domains() -> tuple[FailureDomains, Ranks[object]]:
+        ranks: Ranks[object] = Ranks()
+        fd = FailureDomains(ranks, window=10.0)
+        for r, h in HOSTS.items():
+            ranks.add(r)
+            fd.note_host(r, h)
+        return fd, ranks
+
+    def lose(fd: FailureDomains, ranks: Ranks[object], lost: list[int], now: float) -> dict:
+        out = fd.lost(lost, now)
+        for r in lost:
+            ranks.lose(r)
+        return out
+
+    fd, ranks = domains()
+    assert lose(fd, ranks, [1, 2], 100.0) == {1: True, 2: True}  # node1 died
+    assert lose(fd, ranks, [3], 101.0) == {3: True}  # torn down with it, not charged
+    fd, ranks = domains()
+    assert lose(fd, ranks, [1, 2], 100.0) == {1: True, 2: True}
+    assert lose(fd, ranks, [4], 111.0) == {4: False}  # later, alone: its item's doing

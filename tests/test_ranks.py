@@ -138,12 +138,70 @@ def test_a_starting_rank_moves_only_to_idle_or_lost() -> None:
         r.announce(1)  # IDLE -> IDLE
 
 
+def test_suspicion_is_a_state_of_the_rank() -> None:
+    """A suspect rank gets no new work until it answers or its window passes: an IDLE one is
+    SUSPECT (a row of the diagram), a busy or parked one keeps its state and lands in SUSPECT,
+    not IDLE, while suspect; a lost rank is suspect no more."""
+    r: Ranks[str] = Ranks()
+    for k in (1, 2, 3, 4):
+        r.add(k)
+    r.start(2, "tx2")
+    r.start(3, "tx3")
+    r.suspect([1, 2, 3, 9], 10.0)  # 9: never added, not suspect
+    assert r.suspects() == [1, 2, 3] and r.suspect_count() == 3
+    assert r.state(1) is RankState.SUSPECT and r.lowest_idle() == 4 and r.idle() == [4]
+    assert r.state(2) is RankState.BUSY and r.current(2) == "tx2"  # it runs on
+    with pytest.raises(UsageError):
+        r.start(1, "tx")  # SUSPECT -> BUSY: no new work
+    r.finish(2, T1)
+    assert r.state(2) is RankState.SUSPECT  # its dispatch ended, still suspect
+    r.park(3, T2)
+    assert r.release(3) == T2 and r.state(3) is RankState.SUSPECT
+    assert r.count(RankState.SUSPECT) == 3 and r.count(RankState.IDLE) == 1
+    assert r.heard(1) and not r.heard(1) and r.state(1) is RankState.IDLE
+    assert not r.expire_due(9.0) and r.expire(9.0) == []
+    assert r.expire_due(10.0) and r.expire(10.0) == [2, 3]
+    assert r.idle() == [1, 2, 3, 4] and r.suspect_count() == 0
+    r.suspect([4], 20.0)
+    r.lose(4)
+    assert not r.is_suspect(4) and r.suspects() == []
+    r.add(4)  # added again: not suspect
+    assert r.state(4) is RankState.IDLE
+
+
+def test_the_core_shows_a_suspect_idle_rank_as_suspect() -> None:
+    d = Dispatcher(1, WatchdogConfig(10), ranks=(1, 2, 3))
+    for k, host in ((1, "a"), (2, "a"), (3, "b")):
+        d.note_host(k, host)
+    d.submit([WorkItem("a")])
+    d.rank_lost(1, 0.0)
+    assert d.rank_state(2) is RankState.SUSPECT and d.idle_ranks() == [3]
+    st = d.statistics()
+    assert (st.suspect_ranks_now, st.idle_ranks_now) == (1, 1)
+    s = d.reserve(0.0)
+    assert isinstance(s, Send) and s.rank == 3
+    d.on_ready(2, None, 1.0)  # it answered
+    assert d.rank_state(2) is RankState.IDLE and d.statistics().suspect_ranks_now == 0
+
+
 @settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.tuples(
             st.sampled_from(
-                ["add", "add_starting", "announce", "start", "finish", "park", "release", "lose"]
+                [
+                    "add",
+                    "add_starting",
+                    "announce",
+                    "start",
+                    "finish",
+                    "park",
+                    "release",
+                    "lose",
+                    "suspect",
+                    "heard",
+                    "expire",
+                ]
             ),
             st.integers(1, 5),
         )
@@ -151,11 +209,20 @@ def test_a_starting_rank_moves_only_to_idle_or_lost() -> None:
 )
 def test_every_count_is_the_number_of_ranks_in_that_state(ops: list) -> None:
     """Issue 34: the master asks for the live, parked and starting counts every turn; they are
-    kept as the ranks move (O(1)), and must equal counting the states one by one."""
+    kept as the ranks move (O(1)), and must equal counting the states one by one. Suspicion is
+    one record: a SUSPECT rank is suspect, an IDLE one never is, and only live ranks are."""
     r: Ranks[str] = Ranks()
+    now = 0.0
     for op, rank in ops:
+        now += 1.0
         try:
-            if op == "add":
+            if op == "suspect":
+                r.suspect([rank, rank + 1], now + 3.0)
+            elif op == "heard":
+                r.heard(rank)
+            elif op == "expire":
+                r.expire(now)
+            elif op == "add":
                 r.add(rank)
             elif op == "add_starting":
                 r.add(rank, starting=True)
@@ -173,10 +240,19 @@ def test_every_count_is_the_number_of_ranks_in_that_state(ops: list) -> None:
                 r.lose(rank)
         except (UsageError, KeyError):
             pass  # a move the diagram does not have changes nothing
-        states = [r.state(k) for k in range(1, 6)]
+        states = [r.state(k) for k in range(1, 7)]
         for s in RankState:
             assert r.count(s) == states.count(s), (s, states)
         assert r.live_count() == len(r.live())
+        assert r.idle() == [k for k in range(1, 7) if r.state(k) is RankState.IDLE]
+        suspects = r.suspects()
+        assert r.suspect_count() == len(suspects) and set(suspects) <= set(r.live())
+        for k in range(1, 7):
+            if r.state(k) is RankState.SUSPECT:
+                assert r.is_suspect(k)
+            if r.state(k) is RankState.IDLE:
+                assert not r.is_suspect(k)
+        assert r.expire_due(now) == any(r.suspect_until[k] <= now for k in suspects)
 
 
 def test_the_masters_turn_never_lists_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:

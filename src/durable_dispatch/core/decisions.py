@@ -58,7 +58,7 @@ SOURCE_NODE_LOST = "node-lost"
 #: The sources whose requeues charge the item nothing.
 UNCHARGED_SOURCES = frozenset({SOURCE_MASTER_RESTART, SOURCE_NODE_LOST})
 #: The source of a :class:`Defer` of an item that never ran: a dependency ended for good without
-#: a commit, was never submitted, or is part of a cycle (G4); its kind is ``"dependency"``.
+#: a commit, was never submitted, or is part of a cycle; its kind is ``"dependency"``.
 SOURCE_DEPENDENCY = "dependency"
 SOURCE_OPERATOR = "operator"  # O1: an operator's ``durable-dispatch cancel`` (issue 52)
 #: The failure kinds the worker reports about the item itself (not about its RESULT message).
@@ -311,7 +311,8 @@ class Defer(Decision):
 
 @dataclass(frozen=True)
 class Park(Decision):
-    """``rank`` left the idle set: only a READY with ``token`` can release it (W6, W7)."""
+    """``rank`` left the idle set: only a READY with ``token`` can release it (a READY without
+    it may come from the dispatch ``token`` rolled back, still running)."""
 
     rank: int
     token: Token
@@ -328,7 +329,8 @@ class Release(Decision):
 
 @dataclass(frozen=True)
 class PersistSnapshot(Decision):
-    """Write an atomic snapshot of the state now, then report ``snapshot_persisted()`` (S8)."""
+    """Write an atomic snapshot of the state now, then report ``snapshot_persisted()``: no
+    :class:`Send` comes before (a rollback is durable before anything is dispatched again)."""
 
     reason: str
 

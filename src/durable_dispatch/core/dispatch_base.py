@@ -76,7 +76,7 @@ class DispatcherBase:
         self._joinable: dict[str, Transaction] = {}
         self._leases: dict[tuple[str, str], Token] = {}
         self._deadlines = DeadlineHeap()
-        #: the shell reads its monotonic clock through this (U7: a master pause is not held
+        #: the shell reads its monotonic clock through this (a master pause is not held
         #: against the workers); the core never reads a clock itself
         self.clock = ObservedClock()
         self._snapshot_required: str | None = None
@@ -84,7 +84,7 @@ class DispatcherBase:
         #: the deadline policy: a dispatch's time, the heartbeat lease, the adaptive rule
         self.policy = DeadlinePolicy(self.watchdog)
         #: the hosts of the ranks: a node is a failure domain (see :mod:`.domains`)
-        self.domains = FailureDomains()
+        self.domains = FailureDomains(self._ranks)
         # the item of a rank lost alone while its host's other ranks are suspect: its charge
         # waits until the host is known to live (they answered, or the window passed: charged
         # lost-rank) or to have died (another rank of it lost: requeued uncharged). It stays
@@ -110,11 +110,6 @@ class DispatcherBase:
     def note_host(self, rank: int, host: str) -> None:
         """Worker ``rank`` runs on ``host`` (its first READY said so): its failure domain."""
         self.domains.note_host(rank, host)
-
-    def _heard(self, rank: int) -> None:
-        """A message came from ``rank``: if it was suspect, it may get work again."""
-        if self.domains.heard(rank):
-            self._ranks.trust(rank)
 
     def auto_batch(self) -> int:
         """How many items the next dispatch carries under ``batch="auto"``

@@ -2,7 +2,7 @@
 
 Theory of operation. The core never reads a clock, a file, the environment or MPI: the shell passes
 ``now`` (a monotonic float) and the messages it received, and the core returns :mod:`decisions
-<durable_dispatch.core.decisions>`. One loop turn of the shell (W3) is::
+<durable_dispatch.core.decisions>`. One loop turn of the shell is::
 
     for rank, token in readies:   decisions += core.on_ready(rank, token, now)        # 1. READY
     while (d := core.reserve(now)) is not None:                                       # 2. dispatch
@@ -14,13 +14,14 @@ Theory of operation. The core never reads a clock, a file, the environment or MP
     decisions += core.sweep(now)                                                      # 5. sweep
 
 Each dispatch is a reservation transaction ``PREPARING -> DISPATCHED -> COMMITTING -> CLOSED`` (or
-``ROLLED_BACK``). Its deadline starts only at ``mark_dispatched`` (W1) and lives in a heap, so a
-sweep with nothing expired costs the same at 10 or 100,000 transactions in flight. A timeout is a
-suspicion: the task moves at once (requeued or deferred under its work ID, W5), but the rank is
-parked until a READY with its exact retired token proves the old generation is over (W6, W7). Late
-messages are classified (current, stale, unowned, malformed, duplicate) and only a current RESULT
-can commit (W8). Every rollback sets "snapshot required", and :meth:`Dispatcher.reserve` returns
-:class:`PersistSnapshot` before any further :class:`Send` until the shell confirms it (S8).
+``ROLLED_BACK``). Its deadline starts only at ``mark_dispatched`` (once the send returned) and
+lives in a heap, so a sweep with nothing expired costs the same at 10 or 100,000 transactions in
+flight. A timeout is a suspicion: the task moves at once (requeued or deferred under its work
+ID), but the rank is parked until a READY with its exact retired token proves the old generation
+is over. Late messages are classified (current, stale, unowned, malformed, duplicate) and only a
+current RESULT can commit. Every rollback sets "snapshot required", and
+:meth:`Dispatcher.reserve` returns :class:`PersistSnapshot` before any further :class:`Send`
+until the shell confirms it.
 
 Multi-item dispatches (``reserve(now, max_items=k)``) carry up to k items under one token, one
 deadline (their timeouts added up) and one RESULT with an entry per item, so per-message and
@@ -42,8 +43,10 @@ ranks, deferrals, the restart, and the two shared paths every failure takes:
 <durable_dispatch.core.dispatch_base>` (the state they share). A transaction's states and the
 one table of their transitions are in :mod:`transactions <durable_dispatch.core.transactions>`,
 the counters and :class:`DispatchStats` in :mod:`stats <durable_dispatch.core.stats>`.
-A rank's state (idle, busy, parked, lost) is :class:`~durable_dispatch.core.ranks.RankState` in
-:mod:`ranks <durable_dispatch.core.ranks>`; the watchdog's deadlines are a
+A rank's state (starting, idle, suspect, busy, parked, lost) is
+:class:`~durable_dispatch.core.ranks.RankState` in :mod:`ranks <durable_dispatch.core.ranks>`
+(which ranks are suspect too); the hosts of the ranks, and which ranks a loss makes suspect, are
+:mod:`domains <durable_dispatch.core.domains>`; the watchdog's deadlines are a
 :class:`~durable_dispatch.core.watchdog.DeadlineHeap`; the durable facts are a
 :class:`~durable_dispatch.core.ledger.Ledger`.
 """
@@ -156,10 +159,10 @@ class Dispatcher(Rollbacks, Views):
         if self._snapshot_required is not None:
             return PersistSnapshot(self._snapshot_required)
         ledger = self.ledger
-        if self.domains.suspect and self.domains.expire_due(now):  # their window passed
-            for r in self.domains.expire(now):
-                self._ranks.trust(r)
-        rank = self._ranks.lowest_idle()
+        ranks = self._ranks
+        if ranks.suspect_until and ranks.expire_due(now):  # their window passed
+            ranks.expire(now)
+        rank = ranks.lowest_idle()
         frontier = ledger.frontier
         if rank is None or not frontier:
             return None
@@ -277,8 +280,8 @@ class Dispatcher(Rollbacks, Views):
 
     def on_ready(self, rank: int, token: object, now: float) -> list[Decision]:
         """A READY arrived from ``rank`` carrying ``token`` (any wire value; None if absent)."""
-        if self.domains.suspect:
-            self._heard(rank)
+        if self._ranks.suspect_until:  # a message from a suspect rank clears it
+            self._ranks.heard(rank)
         tx = self._open.get(token) if type(token) is str else None
         if tx is None or tx.rank != rank:  # (else the fast path: an exact wire match)
             if self._ranks.is_live(rank):
@@ -362,8 +365,8 @@ class Dispatcher(Rollbacks, Views):
         dispatch, fail as a whole: the READY that follows rolls back the whole dispatch with
         that kind (:meth:`join_invalid`).
         """
-        if self.domains.suspect:
-            self._heard(rank)
+        if self._ranks.suspect_until:  # a message from a suspect rank clears it
+            self._ranks.heard(rank)
         found = self._resolve(rank, token, "RESULT")
         if not isinstance(found, Transaction):
             return found
@@ -445,8 +448,8 @@ class Dispatcher(Rollbacks, Views):
         not (or no longer) in the dispatch, names one twice, does not match its entries or
         would leave the dispatch empty is quarantined as malformed and changes nothing.
         """
-        if self.domains.suspect:
-            self._heard(rank)
+        if self._ranks.suspect_until:  # a message from a suspect rank clears it
+            self._ranks.heard(rank)
         found = self._resolve(rank, token, "RESULT")
         if not isinstance(found, Transaction):
             return found
@@ -561,8 +564,8 @@ class Dispatcher(Rollbacks, Views):
 
     def on_heartbeat(self, rank: int, token: object, now: float) -> list[Decision]:
         """A HEARTBEAT: a current one pushes the deadline to ``now + lease``."""
-        if self.domains.suspect:
-            self._heard(rank)
+        if self._ranks.suspect_until:  # a message from a suspect rank clears it
+            self._ranks.heard(rank)
         found = self._resolve(rank, token, "HEARTBEAT")
         if not isinstance(found, Transaction):
             return found

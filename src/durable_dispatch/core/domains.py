@@ -1,10 +1,11 @@
 """Failure domains (pure, no I/O): a node is what dies on a cluster, so ranks are grouped by host.
 
 A worker's host is known from its first READY (:meth:`FailureDomains.note_host`). When a rank
-is lost, every other rank of its host becomes *suspect*: it gets no new work until it answers
-(any message from it) or until :attr:`FailureDomains.window` seconds pass without its loss being
-reported, so an item is not handed to the next rank of a node that is dying. When ranks are
-lost, :meth:`FailureDomains.lost` says, for each, whether its *node* failed: its host lost
+is lost, every other rank of its host becomes *suspect* (a state of the rank, kept by
+:class:`~durable_dispatch.core.ranks.Ranks`): it gets no new work until it answers (any message
+from it) or until :attr:`FailureDomains.window` seconds pass without its loss being reported,
+so an item is not handed to the next rank of a node that is dying. When ranks are lost,
+:meth:`FailureDomains.lost` says, for each, whether its *node* failed: its host lost
 several ranks at once (in one report of the runtime), or it was suspect (its host had lost a
 rank, and it had not answered since). An item in flight on a failed node is requeued without
 charge (its rank did not die of it); a rank that died alone charges its item ``lost-rank``: an
@@ -22,6 +23,9 @@ Ranks of unknown host (no READY with ``host`` yet) are each a domain of their ow
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
+
+from .ranks import Ranks
 
 __all__ = ["FailureDomains", "SUSPECT_SECONDS"]
 
@@ -33,18 +37,17 @@ SUSPECT_SECONDS = 10.0
 
 
 class FailureDomains:
-    """Hosts of the worker ranks, the hosts that are failing, and the suspect ranks."""
+    """Hosts of the worker ranks and the hosts that are failing. Which ranks are suspect is a
+    state of the ranks: it asks :class:`~durable_dispatch.core.ranks.Ranks`, and tells it which
+    ranks a loss makes suspect (:meth:`lost`)."""
 
-    __slots__ = ("window", "_host", "_ranks", "_suspect", "suspect", "_node_failed_until")
+    __slots__ = ("window", "_ranks", "_host", "_on_host", "_node_failed_until")
 
-    def __init__(self, window: float = SUSPECT_SECONDS) -> None:
+    def __init__(self, ranks: Ranks[Any], window: float = SUSPECT_SECONDS) -> None:
         self.window = window
+        self._ranks = ranks
         self._host: dict[int, str] = {}
-        self._ranks: dict[str, set[int]] = {}
-        self._suspect: dict[int, float] = {}  # rank -> until when it gets no work (unless heard)
-        #: the same dict, read by the dispatcher's hot paths (a truth test, no call): do not
-        #: change it
-        self.suspect = self._suspect
+        self._on_host: dict[str, set[int]] = {}
         self._node_failed_until = float("-inf")  # a node failed: losses until then are its
 
     def note_host(self, rank: int, host: str) -> None:
@@ -53,20 +56,20 @@ class FailureDomains:
         if old == host:
             return
         if old is not None:
-            self._ranks[old].discard(rank)
+            self._on_host[old].discard(rank)
         self._host[rank] = host
-        self._ranks.setdefault(host, set()).add(rank)
+        self._on_host.setdefault(host, set()).add(rank)
 
     def host(self, rank: int) -> str | None:
         """The host of ``rank``, or None while unknown."""
         return self._host.get(rank)
 
-    def lost(self, ranks: Iterable[int], now: float, live: Iterable[int]) -> dict[int, bool]:
-        """``ranks`` were lost together (one report of the runtime); ``live`` are the ranks not
-        lost. Returns, for each lost rank, True when its node failed (not charged), or a node
+    def lost(self, ranks: Iterable[int], now: float) -> dict[int, bool]:
+        """``ranks`` were lost together (one report of the runtime); the caller then moves them
+        to LOST. Returns, for each lost rank, True when its node failed (not charged), or a node
         failed less than ``window`` seconds ago (the job may be torn down around it), and False
-        when it died alone (charged). Makes the other live ranks of their hosts suspect
-        (:meth:`suspects`) until ``now + window``."""
+        when it died alone (charged). Makes the other live ranks of their hosts suspect until
+        ``now + window`` (:meth:`Ranks.suspect <durable_dispatch.core.ranks.Ranks.suspect>`)."""
         ranks = sorted(set(ranks))
         per_host: dict[str, int] = {}
         for r in ranks:
@@ -75,52 +78,24 @@ class FailureDomains:
                 per_host[h] = per_host.get(h, 0) + 1
         out: dict[int, bool] = {}
         tearing_down = now < self._node_failed_until  # a node failed moments ago
+        suspect = self._ranks.is_suspect
         for r in ranks:
             h = self._host.get(r)
-            out[r] = tearing_down or (h is not None and (per_host[h] > 1 or r in self._suspect))
+            out[r] = tearing_down or (h is not None and (per_host[h] > 1 or suspect(r)))
         if any(out.values()):
             self._node_failed_until = max(self._node_failed_until, now + self.window)
-        live_set = set(live)
-        until = now + self.window
-        for h in per_host:
-            for r in self._ranks.get(h, ()):
-                if r in live_set:
-                    self._suspect[r] = until
-        for r in ranks:
-            self._suspect.pop(r, None)
+        gone = set(ranks)
+        self._ranks.suspect(
+            [r for h in per_host for r in self._on_host[h] if r not in gone], now + self.window
+        )
         return out
-
-    @property
-    def any_suspect(self) -> bool:
-        """True while some rank is suspect (O(1): checked on every message)."""
-        return bool(self._suspect)
-
-    def expire_due(self, now: float) -> bool:
-        """True when :meth:`expire` has something to do (O(1) when no rank is suspect)."""
-        return bool(self._suspect) and min(self._suspect.values()) <= now
 
     def host_suspect(self, host: str) -> bool:
         """True while a rank of ``host`` is suspect (it lost a rank, and not all answered)."""
-        return any(r in self._suspect for r in self._ranks.get(host, ()))
+        suspect = self._ranks.is_suspect
+        return any(suspect(r) for r in self._on_host.get(host, ()))
 
     def suspects(self) -> list[int]:
-        """The suspect ranks, sorted."""
-        return sorted(self._suspect)
-
-    def is_suspect(self, rank: int) -> bool:
-        """True while ``rank`` gets no new work."""
-        return rank in self._suspect
-
-    def heard(self, rank: int) -> bool:
-        """A message came from ``rank``: it is alive, no longer suspect. True if it was."""
-        return self._suspect.pop(rank, None) is not None
-
-    def expire(self, now: float) -> list[int]:
-        """The suspect ranks whose window passed (no loss of theirs was reported): no longer
-        suspect. Returns them, sorted. O(1) when none is suspect."""
-        if not self._suspect:
-            return []
-        done = sorted(r for r, until in self._suspect.items() if until <= now)
-        for r in done:
-            del self._suspect[r]
-        return done
+        """The suspect ranks, sorted (:meth:`Ranks.suspects
+        <durable_dispatch.core.ranks.Ranks.suspects>`)."""
+        return self._ranks.suspects()

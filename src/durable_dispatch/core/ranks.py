@@ -5,20 +5,28 @@ A rank is in exactly one :class:`RankState`::
     (added) --> STARTING --its first READY (no token)--> IDLE
     (added) --> IDLE --reserve--> BUSY --its dispatch ended--> IDLE
                                   BUSY --timeout or send failure--> PARKED --exact READY--> IDLE
+                IDLE --suspected--> SUSPECT --it answered, or its window passed--> IDLE
                 any state --the runtime reported it dead (ULFM)--> LOST
 
 A BUSY rank runs one transaction (:meth:`Ranks.current`); when it stops running it, for any
 reason, that transaction's token is *retired* for the rank, so a later message carrying it is
 classified stale rather than unowned. A PARKED rank holds the exact retired token that releases
-it (W6, W7). Every change goes through :meth:`Ranks._move`, which refuses a transition the
-diagram does not have.
+it: only a READY carrying that token proves its old dispatch over.
+
+A live rank is *suspected* when its host lost a rank (:mod:`.domains` says which): it gets no
+new work until it answers (:meth:`Ranks.heard`) or its window passes (:meth:`Ranks.expire`). An
+IDLE one moves to SUSPECT; a STARTING, BUSY or PARKED one keeps its state and is marked suspect,
+and lands in SUSPECT instead of IDLE while the mark lasts (a busy rank whose dispatch ended, say).
+:attr:`Ranks.suspect_until` is the one record of who is suspect and until when; a lost rank is
+suspect no more. Every change of state goes through :meth:`Ranks._move`, which refuses a
+transition the diagram does not have.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from enum import Enum
 from typing import Generic, TypeVar
 
@@ -37,6 +45,8 @@ class RankState(str, Enum):
 
     STARTING = "STARTING"
     IDLE = "IDLE"
+    #: idle, but suspect (its host lost a rank): no new work until it answers or its window passes
+    SUSPECT = "SUSPECT"
     BUSY = "BUSY"
     PARKED = "PARKED"
     LOST = "LOST"
@@ -45,20 +55,24 @@ class RankState(str, Enum):
         return self.value
 
 
-# from -> the states it may move to (None: a rank never added)
+# from -> the states it may move to (None: a rank never added). A rank that would become IDLE
+# while it is suspect becomes SUSPECT instead; a rank added (again) is never suspect.
 _MOVES: dict[RankState | None, frozenset[RankState]] = {
     None: frozenset({RankState.IDLE, RankState.STARTING}),
-    RankState.STARTING: frozenset({RankState.IDLE, RankState.LOST}),
-    RankState.IDLE: frozenset({RankState.BUSY, RankState.LOST}),
-    RankState.BUSY: frozenset({RankState.IDLE, RankState.PARKED, RankState.LOST}),
-    RankState.PARKED: frozenset({RankState.IDLE, RankState.LOST}),
+    RankState.STARTING: frozenset({RankState.IDLE, RankState.SUSPECT, RankState.LOST}),
+    RankState.IDLE: frozenset({RankState.BUSY, RankState.SUSPECT, RankState.LOST}),
+    RankState.SUSPECT: frozenset({RankState.IDLE, RankState.LOST}),  # answered, or window passed
+    RankState.BUSY: frozenset(
+        {RankState.IDLE, RankState.SUSPECT, RankState.PARKED, RankState.LOST}
+    ),
+    RankState.PARKED: frozenset({RankState.IDLE, RankState.SUSPECT, RankState.LOST}),
     RankState.LOST: frozenset({RankState.IDLE, RankState.STARTING}),  # added again
 }
 
 
 class Ranks(Generic[TX]):
     """The worker ranks: each one's :class:`RankState`, the transaction a BUSY rank runs, the
-    token a PARKED rank waits for, and the tokens each rank retired."""
+    token a PARKED rank waits for, the tokens each rank retired, and the suspect ranks."""
 
     __slots__ = (
         "_state",
@@ -67,8 +81,9 @@ class Ranks(Generic[TX]):
         "_parked",
         "_retired",
         "_starting",
+        "_withheld",
         "_lost",
-        "_held",
+        "suspect_until",
     )
 
     def __init__(self) -> None:
@@ -77,13 +92,15 @@ class Ranks(Generic[TX]):
         self._current: dict[int, TX] = {}
         self._parked: dict[int, Token] = {}
         self._retired: dict[int, deque[Token]] = {}
-        # how many are STARTING and LOST (the other states have their own containers), so
-        # that every count is O(1): the master asks for them every turn (stop_reason)
+        # how many are STARTING, SUSPECT and LOST (the other states have their own containers),
+        # so that every count is O(1): the master asks for them every turn (stop_reason)
         self._starting = 0
+        self._withheld = 0
         self._lost = 0
-        # ranks given no new work while they are suspect (their host lost a rank): an IDLE one
-        # stays out of the idle set until :meth:`trust`
-        self._held: set[int] = set()
+        #: suspect rank -> until when it gets no new work unless it answers first (the one
+        #: record of suspicion). The dispatcher's hot paths read it (a truth test, no call):
+        #: do not change it
+        self.suspect_until: dict[int, float] = {}
 
     def _move(self, rank: int, to: RankState) -> None:
         """The one place a rank's state changes."""
@@ -98,17 +115,25 @@ class Ranks(Generic[TX]):
             del self._parked[rank]
         elif was is RankState.STARTING:
             self._starting -= 1
+        elif was is RankState.SUSPECT:
+            self._withheld -= 1
         elif was is RankState.LOST:
             self._lost -= 1
         self._state[rank] = to
         if to is RankState.IDLE:
-            if rank not in self._held:
-                self._idle.add(rank)
+            self._idle.add(rank)
         elif to is RankState.STARTING:
             self._starting += 1
+        elif to is RankState.SUSPECT:
+            self._withheld += 1
         elif to is RankState.LOST:
             self._lost += 1
-            self._held.discard(rank)
+            self.suspect_until.pop(rank, None)  # a lost rank is suspect no more
+
+    def _rest(self, rank: int) -> RankState:
+        """Where ``rank`` goes when it has nothing to run: IDLE, or SUSPECT while suspect."""
+        suspect = self.suspect_until
+        return RankState.SUSPECT if suspect and rank in suspect else RankState.IDLE
 
     # ------------------------------------------------------------ transitions
     def add(self, rank: int, *, starting: bool = False) -> None:
@@ -117,8 +142,8 @@ class Ranks(Generic[TX]):
         self._move(rank, RankState.STARTING if starting else RankState.IDLE)
 
     def announce(self, rank: int) -> None:
-        """STARTING -> IDLE: the worker said READY for the first time."""
-        self._move(rank, RankState.IDLE)
+        """STARTING -> IDLE (SUSPECT while suspect): the worker said READY for the first time."""
+        self._move(rank, self._rest(rank))
 
     def start(self, rank: int, tx: TX) -> None:
         """IDLE -> BUSY running ``tx``."""
@@ -126,40 +151,65 @@ class Ranks(Generic[TX]):
         self._current[rank] = tx
 
     def finish(self, rank: int, token: Token) -> None:
-        """BUSY -> IDLE: the rank stopped running its transaction, ``token`` (retired)."""
-        self._move(rank, RankState.IDLE)
+        """BUSY -> IDLE (SUSPECT while suspect): the rank stopped running its transaction,
+        ``token`` (retired)."""
+        self._move(rank, self._rest(rank))
         self._retire(rank, token)
 
     def park(self, rank: int, token: Token) -> None:
         """BUSY -> PARKED: its dispatch ``token`` was rolled back and retired; only a READY with
-        exactly ``token`` releases the rank (W6, W7)."""
+        exactly ``token`` releases the rank (any other READY may come from the old dispatch)."""
         self._move(rank, RankState.PARKED)
         self._retire(rank, token)
         self._parked[rank] = token
 
     def release(self, rank: int) -> Token:
-        """PARKED -> IDLE; returns the token that released it."""
+        """PARKED -> IDLE (SUSPECT while suspect); returns the token that released it."""
         token = self._parked[rank]
-        self._move(rank, RankState.IDLE)
+        self._move(rank, self._rest(rank))
         return token
 
     def lose(self, rank: int) -> None:
         """Any state -> LOST (the runtime reported the process dead)."""
         self._move(rank, RankState.LOST)
 
-    def withhold(self, rank: int) -> None:
-        """Give ``rank`` no new work until :meth:`trust` (it is suspect); its state is
-        unchanged (a BUSY one runs on; an IDLE one is not chosen by :meth:`lowest_idle`)."""
-        if self.is_live(rank):
-            self._held.add(rank)
-            self._idle.discard(rank)
+    def suspect(self, ranks: Iterable[int], until: float) -> None:
+        """Each live rank of ``ranks`` gets no new work until ``until`` (a rank suspect already:
+        until then from now on), or until it answers (:meth:`heard`). An IDLE one moves to
+        SUSPECT; a STARTING, BUSY or PARKED one keeps its state (a busy one runs on)."""
+        suspect = self.suspect_until
+        for rank in ranks:
+            state = self._state.get(rank)
+            if state is None or state is RankState.LOST:
+                continue
+            suspect[rank] = until
+            if state is RankState.IDLE:
+                self._move(rank, RankState.SUSPECT)
 
-    def trust(self, rank: int) -> None:
-        """``rank`` may get work again (an IDLE one is idle again)."""
-        if rank in self._held:
-            self._held.discard(rank)
-            if self._state.get(rank) is RankState.IDLE:
-                self._idle.add(rank)
+    def heard(self, rank: int) -> bool:
+        """A message came from ``rank``: it is alive, no longer suspect (a SUSPECT one is IDLE
+        again). True if it was suspect."""
+        if self.suspect_until.pop(rank, None) is None:
+            return False
+        if self._state[rank] is RankState.SUSPECT:
+            self._move(rank, RankState.IDLE)
+        return True
+
+    def expire_due(self, now: float) -> bool:
+        """True when :meth:`expire` has something to do (O(1) when no rank is suspect)."""
+        suspect = self.suspect_until
+        return bool(suspect) and min(suspect.values()) <= now
+
+    def expire(self, now: float) -> list[int]:
+        """The suspect ranks whose window passed by ``now`` are suspect no more (a SUSPECT one
+        is IDLE again). Returns them, sorted. O(1) when no rank is suspect."""
+        suspect = self.suspect_until
+        if not suspect:
+            return []
+        done = sorted(r for r, until in suspect.items() if until <= now)
+        for rank in done:
+            self.heard(rank)
+        return done
 
     def _retire(self, rank: int, token: Token) -> None:
         kept = self._retired.get(rank)
@@ -197,6 +247,18 @@ class Ranks(Generic[TX]):
         """True when ``rank`` ran ``token`` once (among its last 64 dispatches)."""
         return token in self._retired.get(rank, ())
 
+    def is_suspect(self, rank: int) -> bool:
+        """True while ``rank`` is suspect (whatever its state)."""
+        return rank in self.suspect_until
+
+    def suspects(self) -> list[int]:
+        """The suspect ranks (in any state), sorted."""
+        return sorted(self.suspect_until)
+
+    def suspect_count(self) -> int:
+        """How many ranks are suspect, in any state (O(1))."""
+        return len(self.suspect_until)
+
     def lowest_idle(self) -> int | None:
         """The lowest IDLE rank (O(log n)), or None."""
         return self._idle.lowest()
@@ -206,7 +268,7 @@ class Ranks(Generic[TX]):
         return sorted(r for r, s in self._state.items() if s is not RankState.LOST)
 
     def idle(self) -> list[int]:
-        """IDLE ranks, sorted."""
+        """IDLE ranks (not SUSPECT ones), sorted."""
         return sorted(self._idle)
 
     def count(self, state: RankState) -> int:
@@ -217,6 +279,8 @@ class Ranks(Generic[TX]):
             return len(self._current)
         if state is RankState.PARKED:
             return len(self._parked)
+        if state is RankState.SUSPECT:
+            return self._withheld
         return self._starting if state is RankState.STARTING else self._lost
 
     def live_count(self) -> int:

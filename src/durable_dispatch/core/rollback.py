@@ -1,7 +1,9 @@
-"""The paths every failure takes (pure, no I/O): a rollback of a dispatch (W4, S8), the retry
-or deferral of its items (W5), the join of READYs without a valid RESULT and the watchdog's
-sweep (W3), a lost rank, the deferral bookkeeping, and the restart of a master (every dispatch
-that was in flight is rolled back uncharged). One compensation path: :meth:`Rollbacks._roll_back`.
+"""The paths every failure takes (pure, no I/O): a rollback of a dispatch (after which nothing
+is dispatched until the shell persisted a snapshot), the retry or deferral of its items under
+their work IDs, the join of READYs without a valid RESULT and the watchdog's sweep (the last two
+steps of the shell's turn), a lost rank, the deferral bookkeeping, and the restart of a master
+(every dispatch that was in flight is rolled back uncharged). One compensation path:
+:meth:`Rollbacks._roll_back`.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class Rollbacks(DispatcherBase):
 
     # ------------------------------------------------------- join and sweep
     def join_invalid(self, now: float) -> list[Decision]:
-        """Roll back every generation whose current READY came without a valid RESULT (W3 step 4).
+        """Roll back every generation whose current READY came without a valid RESULT (the
+        join: step 4 of the shell's turn).
 
         The worker finished (READY) but its result was lost or broken: the task is recovered through
         the shared retry path with ``source=invalid-result`` and the rank goes back to idle.
@@ -69,7 +72,8 @@ class Rollbacks(DispatcherBase):
     def expired(self, now: float) -> list[tuple[int, Token]]:
         """A sorted snapshot of ``(rank, exact token)`` of dispatches past their deadline.
 
-        Generations whose current READY was already seen are not included (W3). Cost: O(1) when
+        Generations whose current READY was already seen are not included (the turn's join
+        judges them: the worker finished). Cost: O(1) when
         nothing expired, O(k log n) for k expired entries.
         """
         out: list[tuple[int, Token]] = []
@@ -80,10 +84,12 @@ class Rollbacks(DispatcherBase):
         return sorted(out)
 
     def sweep(self, now: float) -> list[Decision]:
-        """Roll back every expired dispatch and park its rank (W3 step 5, W4, W6).
+        """Roll back every expired dispatch and park its rank until a READY with that
+        dispatch's exact token (the sweep: the last step of the shell's turn).
 
-        Nothing is judged while :attr:`clock` holds (U7: after a master pause, until the shell
-        has drained what arrived during it). It first settles the items held since their rank
+        Nothing is judged while :attr:`clock` holds (after a master pause, until the shell has
+        drained what arrived during it: a pause of the master is not held against the
+        workers). It first settles the items held since their rank
         was lost alone (:meth:`settle_lost`)."""
         out: list[Decision] = self.settle_lost(now) if self._held_lost else []
         if self.clock.hold:
@@ -127,11 +133,7 @@ class Rollbacks(DispatcherBase):
                 raise UsageError(f"unknown rank {rank}")
         node: dict[int, bool] = {r: False for r in ranks}
         if domain:
-            gone = set(ranks)
-            live = [r for r in self._ranks.live() if r not in gone]
-            node = self.domains.lost(ranks, now, live)
-            for r in self.domains.suspects():
-                self._ranks.withhold(r)
+            node = self.domains.lost(ranks, now)
         out: list[Decision] = []
         if domain and self._held_lost:  # a held item's host lost another rank: its node died
             hosts = {self.domains.host(r) for r in ranks}
@@ -184,8 +186,7 @@ class Rollbacks(DispatcherBase):
         rank died alone. :meth:`sweep` calls it every turn; O(1) when nothing is held."""
         if not self._held_lost:
             return []
-        for r in self.domains.expire(now):
-            self._ranks.trust(r)
+        self._ranks.expire(now)
         return self._release_held(lambda h: not self.domains.host_suspect(h), SOURCE_RANK_LOST)
 
     # ------------------------------------------------ deferral bookkeeping
@@ -274,7 +275,7 @@ class Rollbacks(DispatcherBase):
     def cancel(
         self, work_id: str, command: str | None = None
     ) -> tuple[str, list[Decision], tuple[int, Token] | None]:
-        """An operator cancels ``work_id`` (``durable-dispatch cancel``, O1): it ends for good,
+        """An operator cancels ``work_id`` (``durable-dispatch cancel``): it ends for good,
         ``cancelled``, never retried.
 
         Returns ``(what, decisions, stop)``. ``what`` is ``"cancelled"`` (it was pending or
@@ -342,7 +343,7 @@ class Rollbacks(DispatcherBase):
 
     def retry_item(self, work_id: str) -> str:
         """An operator puts a deferred or cancelled ``work_id`` back at the end of the frontier
-        with fresh retry budgets (``durable-dispatch retry``, O1). Returns ``"requeued"`` (the
+        with fresh retry budgets (``durable-dispatch retry``). Returns ``"requeued"`` (the
         ``requeued_deferred`` event is applied; the shell journals it) or why nothing changed:
         ``"pending"``, ``"waiting"`` (for a dependency), ``"in flight"``, ``"committed"``,
         ``"unknown"``."""

@@ -39,7 +39,7 @@ class DispatchStats:
     them (their host lost several ranks at once), ``suspect_ranks_now`` the ranks of such a
     host that get no new work until they answer.
     ``master_pauses`` counts the gaps in the master's own turns that were not counted against
-    the workers (U7: it was stopped or blocked), ``master_paused_seconds`` their total length.
+    the workers (it was stopped or blocked), ``master_paused_seconds`` their total length.
     """
 
     dispatches: int = 0

@@ -79,7 +79,7 @@ class WorkStatus(str, Enum):
     IN_FLIGHT = "IN_FLIGHT"
     COMMITTED = "COMMITTED"
     DEFERRED = "DEFERRED"
-    #: waiting for a dependency's commit (``WorkItem.after``, G4)
+    #: waiting for a dependency's commit (``WorkItem.after``)
     WAITING = "WAITING"
     CANCELLED = "CANCELLED"
 

@@ -1,8 +1,8 @@
 """The watchdog's deadlines: a heap of ``(deadline, token)``, earliest first (pure, no clock);
 the window of measured task times the adaptive rule takes its quantile from; and the observed
-clock that keeps a master pause from counting against the workers (U7).
+clock that keeps a master pause from counting against the workers.
 
-A dispatch's deadline is pushed when its send returned (W1) and again when a HEARTBEAT extends
+A dispatch's deadline is pushed when its send returned and again when a HEARTBEAT extends
 it; an entry is not removed when its dispatch ends or its deadline moves. Instead the owner
 says, for each entry that comes due, whether it is still current (lazy deletion), so a sweep
 with nothing due costs O(1) at any number of dispatches in flight, and k due entries cost
@@ -138,7 +138,7 @@ class QuantileWindow:
 
 
 class ObservedClock:
-    """The master's clock as far as it could observe its workers (U7; pure: it is given the raw
+    """The master's clock as far as it could observe its workers (pure: it is given the raw
     monotonic readings).
 
     Deadlines are measured on this clock. Between two readings it advances as the raw clock
