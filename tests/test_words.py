@@ -1,10 +1,12 @@
-"""What a user reads carries no internal label: no requirement code of DESIGN.md (U6, G3, S8,
-O1, ...) and no issue number, in the docs pages, the docstrings the API reference shows, the
-``--help`` of every command, and every string the library can print (error messages, logs).
+"""What a user reads carries no internal label: no rule label (U6, G3, S8, O1, ...: their
+meaning is docs/explanation/invariants.md, the one page that carries them) and no issue number,
+in the docs pages, the docstrings of public names (every name the API reference shows, and every
+public name of every public module, which ``help()`` and the source show), the ``--help`` of
+every command, and every string the library can print (error messages, logs).
 
-Module-internal comments and private docstrings may keep them: they are for whoever works on the
-code. The built site is checked by ``test_docs.py::test_the_site_builds_with_warnings_as_errors``
-with :func:`labels` below.
+Module-internal comments and private docstrings (of a name or a module that starts with ``_``)
+may keep them: they are for whoever works on the code. The built site is checked by
+``test_docs.py::test_the_site_builds_with_warnings_as_errors`` with :func:`labels` below.
 """
 
 from __future__ import annotations
@@ -22,14 +24,26 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "durable_dispatch"
-PUBLIC = [
-    "durable_dispatch",
-    "durable_dispatch.mpi",
-    "durable_dispatch.futures",
-    "durable_dispatch.testing",
-    "durable_dispatch.errors",
-]
-# a requirement code of DESIGN.md's tables (W, U, G, S, O, V, F, R families), or an issue number
+
+
+def _reference_setting(name: str) -> list[str]:
+    """A list of docs/_ext/apipages.py (read, not imported: it needs Sphinx)."""
+    tree = ast.parse((ROOT / "docs" / "_ext" / "apipages.py").read_text())
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == name and node.value is not None:
+            return list(ast.literal_eval(node.value))
+    raise LookupError(name)
+
+
+# the modules the API reference has a page for, and the modules of the parts whose members it
+# shows as the public class's own
+PUBLIC = _reference_setting("MODULES")
+PARTS = _reference_setting("PARTS")
+# a rule label (W, U, G, S, O, V, F, R families: docs/explanation/invariants.md), or an issue
+# number
 LABEL = re.compile(r"\b[WUGSOVFR][0-9]{1,2}\b|\b[Ii]ssues? #?[0-9]+")
 
 
@@ -43,10 +57,18 @@ def test_the_pattern_finds_what_it_should() -> None:
     assert not labels("x86_64 SIGSEGV MPI_ERR_PROC_FAILED O(1) 3.11 v5.0 utf-8 S_IFREG")
 
 
+# The one page whose point is the labels: it says what each label the code and the tests use
+# means, for whoever changes the library (tests/test_invariants.py checks it). Every other page
+# says the same things without them.
+RULES_PAGE = ROOT / "docs" / "explanation" / "invariants.md"
+
+
 def _pages() -> list[Path]:
     return [
         ROOT / "README.md",
-        *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts),
+        *sorted(
+            p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts and p != RULES_PAGE
+        ),
     ]
 
 
@@ -71,7 +93,9 @@ def _public_docstrings() -> Iterator[tuple[str, str]]:
             yield f"{modname}.{name}", inspect.getdoc(obj) or ""
             if inspect.isclass(obj):
                 yield f"{modname}.{name} attributes", _attribute_docs(obj)
-                for attr, raw in vars(obj).items():
+                parts = [b for b in obj.__mro__[1:] if b.__module__ in PARTS]
+                members = [m for cls in (*parts[::-1], obj) for m in vars(cls).items()]
+                for attr, raw in members:
                     if attr.startswith("_") and attr != "__init__":
                         continue
                     member = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
@@ -105,8 +129,100 @@ def _attribute_docs(cls: type) -> str:
 
 
 def test_no_public_docstring_carries_an_internal_label() -> None:
+    assert "durable_dispatch.futures.aplus" in PUBLIC and PARTS
     bad = {where: labels(doc) for where, doc in _public_docstrings() if labels(doc)}
     assert not bad, bad
+
+
+def _public(name: str) -> bool:
+    return not name.startswith("_") or name == "__init__"
+
+
+def _public_modules() -> Iterator[Path]:
+    """Every module of the package whose dotted name has no private part."""
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        if all(not p.startswith("_") or p in ("__init__", "__main__") for p in parts):
+            yield path
+
+
+def _source_docstrings(path: Path) -> Iterator[tuple[int, str, str]]:
+    """``(line, name, text)`` of module ``path``'s docstring, of every public class, function,
+    method and property in it (not those inside a function), and of the ``#:`` comments and
+    docstrings of their public attributes: what ``help()``, an editor and autodoc show."""
+    source = path.read_text()
+    lines = source.splitlines()
+    tree = ast.parse(source)
+
+    def comment_above(node: ast.stmt) -> str:
+        block, n = [], node.lineno - 2
+        while n >= 0 and lines[n].strip().startswith("#:"):
+            block.insert(0, lines[n].strip()[2:])
+            n -= 1
+        return "\n".join(block)
+
+    def attributes(
+        scope: ast.AST, prefix: str, *, in_methods: bool
+    ) -> Iterator[tuple[int, str, str]]:
+        body = scope.body  # type: ignore[attr-defined]
+        nodes = ast.walk(scope) if in_methods else iter(body)
+        for node in nodes:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    name = target.id
+                elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+                    if target.value.id != "self":
+                        continue
+                    name = target.attr
+                else:
+                    continue
+                if _public(name) and (text := comment_above(node)):
+                    yield node.lineno, f"{prefix}{name}", text
+        for prev, node in zip(body, body[1:], strict=False):
+            if isinstance(prev, (ast.Assign, ast.AnnAssign)) and isinstance(node, ast.Expr):
+                if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                    yield node.lineno, f"{prefix}{ast.unparse(prev).split()[0]}", node.value.value
+
+    def walk(scope: ast.AST, prefix: str) -> Iterator[tuple[int, str, str]]:
+        for node in scope.body:  # type: ignore[attr-defined]
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if not _public(node.name):
+                continue
+            if doc := ast.get_docstring(node, clean=False):
+                yield node.body[0].lineno, f"{prefix}{node.name}", doc
+            if isinstance(node, ast.ClassDef):
+                yield from attributes(node, f"{prefix}{node.name}.", in_methods=True)
+                yield from walk(node, f"{prefix}{node.name}.")
+
+    if doc := ast.get_docstring(tree, clean=False):
+        yield 1, "(module)", doc
+    yield from attributes(tree, "", in_methods=False)
+    yield from walk(tree, "")
+
+
+def test_the_public_names_of_every_module_are_found() -> None:
+    modules = {p.relative_to(SRC).as_posix() for p in _public_modules()}
+    assert {"storage/journal.py", "cli/inspection.py", "futures/__main__.py"} <= modules
+    assert "futures/__init__.py" in modules and "futures/_executor.py" not in modules
+    found = {name for _, name, _ in _source_docstrings(SRC / "views" / "view.py")}
+    assert {"(module)", "CampaignView", "read_view"} <= found
+    assert not any(name.startswith("_") for name in found)
+
+
+def test_no_docstring_of_a_public_name_in_any_module_carries_an_internal_label() -> None:
+    """What a user reads of a public name (its docstring, in ``help()``, an editor or the
+    reference) says the rule in words, not by its label: the labels are for whoever changes the
+    code, in comments and private docstrings."""
+    bad = []
+    for path in _public_modules():
+        for line, name, text in _source_docstrings(path):
+            if found := labels(text):
+                bad.append(f"{path.relative_to(SRC)}:{line}: {name}: {found}")
+    assert not bad, "\n".join(bad)
 
 
 def _helps() -> Iterator[tuple[str, str]]:

@@ -1,4 +1,5 @@
-"""Run an external program for one work item, the way a campaign needs it (U3).
+"""Run an external program for one work item, the way a campaign needs it (no process outlives
+its item).
 
 ``run_command(argv, timeout=...)`` starts the program in a session (and so a process group) of
 its own, reads its stdout and stderr as they come, keeps at most ``max_output`` bytes of each

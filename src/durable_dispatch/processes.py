@@ -1,4 +1,4 @@
-"""Process-tree hygiene for work that runs programs (U3): no process outlives its item or job.
+"""Process-tree hygiene for work that runs programs: no process outlives its item or job.
 
 Linux only where it says so (``prctl``, ``/proc``); elsewhere these helpers do what they can and
 say so in their return values.

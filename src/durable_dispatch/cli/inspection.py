@@ -63,7 +63,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """The campaign at a glance (state, progress, rate and ETA, failures, ranks, storage,
-    master); every number with ``--verbose`` and ``--json`` (one view, V1)."""
+    master); every number with ``--verbose`` and ``--json`` (the one view every face reads)."""
     from ..campaign.admin import view_state
     from ..campaign.identity import recorded_name
     from ..views.view import view_of_state
@@ -125,7 +125,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    """Every committed result, in commit order (U6); read-only, safe beside a running master.
+    """Every committed result, in commit order, kept for the campaign's life; read-only, safe
+    beside a running master.
     A sealed pickle of the futures executor is shown opaque (``results.shown``)."""
     from ..campaign.results import read_results, shown
     from ..values import dumps_exact

@@ -1,4 +1,5 @@
-"""The command line's half of an operator's command (O1, issue 52): write it into the state
+"""The command line's half of an operator's command (each applied exactly once, journaled
+before it is acknowledged): write it into the state
 directory (:func:`durable_dispatch.campaign.control.write_command`), then see it applied by the
 running master, or, with none running, by opening the state directory here (its open applies every
 command waiting, as the next master's start would). See :mod:`durable_dispatch.campaign.control` for

@@ -49,8 +49,8 @@ def _steer(args: argparse.Namespace, op: str, cmd_args: dict[str, Any]) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    """Cancel work items (O1): pending ones are removed, in-flight ones stopped; they end
-    cancelled, never retried."""
+    """Cancel work items, through the state directory: pending ones are removed, in-flight
+    ones stopped; they end cancelled, never retried."""
     return _steer(args, "cancel", {"work_ids": args.ids})
 
 

@@ -7,7 +7,7 @@ the functions it defines can be found by name, then serves every executor rank 0
 several at once when several are open (:func:`~durable_dispatch.futures._serve.serve`). When
 the target ends, the executors it left open finish their calls, the workers are told to exit,
 and the job ends with the target's status. An exception in the target ends the whole job
-non-zero (U8), never a hang.
+non-zero within seconds, never a hang.
 
 ``--state-dir D``: executors made without ``state_dir=`` keep their state in ``D/executor-<k>``
 (also ``$DURABLE_DISPATCH_STATE_DIR``).

@@ -1,4 +1,4 @@
-"""U8: an unhandled exception on any rank ends the whole MPI job, never hangs it.
+"""An unhandled exception on any rank ends the whole MPI job, never hangs it.
 
 The commonest failure of a real job is a bug in the user's own script: an exception on rank 0
 before ``run_master`` (a bad path, a typo, an item builder that fails), after it returned, or on

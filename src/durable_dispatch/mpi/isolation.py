@@ -1,4 +1,5 @@
-"""Worker isolation (U1-U3): the work function runs in a supervised child process.
+"""Worker isolation: the work function runs in a supervised child process, so that what it
+does (a hang, a crash, a program it left running) costs its item, never the rank.
 
 ``run_worker(fn, isolate=True)`` starts one child per worker rank and keeps it across items. The
 child is a fresh interpreter (``python -c _BOOTSTRAP``, which runs this module), never a
@@ -340,7 +341,8 @@ class IsolatedRunner:
         when the worker must stop (STOP arrived): the child is then killed and
         :class:`StopRequested` raised. At ``deadline`` the child is killed and the dispatch
         fails with kind ``timeout``. An item of several with its own ``timeout`` (seconds, in
-        its entry) gets it from when it starts, as it would alone (U9): past it, the child is
+        its entry) gets it from when it starts, as it would alone (its own timeout is its
+        deadline on every path): past it, the child is
         killed, that item fails with kind ``timeout``, and the items after it run in a fresh
         child (the dispatch's deadline, the sum of its items' times, stays the bound of all).
         """
@@ -498,7 +500,7 @@ class IsolatedRunner:
 
     def prepare(self) -> None:
         """Between dispatches: start a fresh child if the last one was killed or died, so the
-        next item's deadline never pays for a start-up (U9).
+        next item's deadline never pays for a start-up (nothing extends an item's own timeout).
 
         Raises:
             IsolationError: the child cannot start.
@@ -586,8 +588,9 @@ class StopRequested(Exception):
 
 
 class CancelRequested(Exception):
-    """CANCEL arrived for the dispatch that ran (O1): its child and the child's process tree
-    were killed; the worker goes on (it sends READY with the dispatch's token)."""
+    """CANCEL arrived for the dispatch that ran (an operator cancelled it): its child and the
+    child's process tree were killed; the worker goes on (it sends READY with the dispatch's
+    token)."""
 
 
 #: What a runner's ``tick()`` returns when the dispatch was cancelled (a true value, so a

@@ -1,4 +1,4 @@
-"""A launch that cannot work fails fast (U10).
+"""A launch that cannot work fails fast, with a status that is not resumable.
 
 ``srun -n 4 python campaign.py`` with an MPI library that does not speak the process manager
 ``srun`` offers (the Open MPI wheel under ``--mpi=none`` or ``--mpi=pmi2``) starts four

@@ -15,10 +15,11 @@ so on standard error; nothing else in the library touches them.
 A killed ``mpiexec`` (Open MPI's ``prterun``) cannot remove its session directory,
 ``$TMPDIR/ompi.<pid>``, which holds the PMIx server's rendezvous files named after that pid. A
 later ``prterun`` that is given the same pid finds them and dies at once with "The PMIx server's
-listener thread failed to start" (exit 213; openpmix issue 4022, fixed in openpmix 7 by pull
-request 4046). So :func:`kill_session` removes the directory of the ``mpiexec`` it killed, and
-:func:`run_mpiexec` and ``durable-dispatch launch`` remove, before they start one, every such
-directory an ``mpiexec`` killed by anything else left (:func:`remove_stale_session_dirs`).
+listener thread failed to start" (exit 213; openpmix/openpmix#4022, fixed in openpmix 7 by
+openpmix/openpmix#4046). So :func:`kill_session` removes the directory of the ``mpiexec`` it
+killed, and :func:`run_mpiexec` and ``durable-dispatch launch`` remove, before they start one,
+every such directory an ``mpiexec`` killed by anything else left
+(:func:`remove_stale_session_dirs`).
 """
 
 from __future__ import annotations

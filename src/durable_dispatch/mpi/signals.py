@@ -1,4 +1,5 @@
-"""Batch-system signals, caught only while a campaign runs (U5, U10).
+"""Batch-system signals, caught only while a campaign runs: they drain the job, and it ends
+with the resumable status.
 
 A batch system ends a job with signals: Slurm sends ``SIGTERM`` to every task at the time limit
 (and ``SIGKILL`` after ``KillWait``, 30 s by default), and ``--signal=B:USR1@120`` or

@@ -3,9 +3,9 @@
 The master loop (``run_master``) never calls MPI itself: it drains messages, sends WORK, asks for
 failed ranks and stops the workers through a transport. :class:`MpiTransport` is the real one
 (mpi4py, ``ANY_SOURCE``/``ANY_TAG``, non-blocking); ``durable_dispatch.testing.LocalWorkers`` runs
-the workers' function in-process, so a campaign, and the loop's turn order (W3), can be tested
-without ``mpiexec``. Pass either as ``run_master(..., comm=...)``; an mpi4py communicator is
-wrapped in an :class:`MpiTransport`.
+the workers' function in-process, so a campaign, and the order of the loop's steps in a turn,
+can be tested without ``mpiexec``. Pass either as ``run_master(..., comm=...)``; an mpi4py
+communicator is wrapped in an :class:`MpiTransport`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """Work off the caller's thread: saving a display file (the master's live statistics), and a
 call run beside the caller to overlap its waits on the filesystem with the caller's
-(:class:`Beside`, issue 49).
+(:class:`Beside`).
 
 Theory of operation. A :class:`BackgroundSaver` owns one :class:`~.snapshot.SnapshotStore`
 whose files are a *display* (``master-stats.*.snap``: what ``stats`` and ``watch`` show), not
 durable campaign state. :meth:`~BackgroundSaver.submit` hands it the newest value and returns at
-once; a thread of its own saves it (write, fsync, rename, directory fsync: the store's S3
-contract is unchanged). A value submitted while a save runs replaces the one waiting, so a disk
-that stalls for a minute costs one pending value, never a queue, and never the caller's time:
+once; a thread of its own saves it (write, fsync, rename, directory fsync: the store's promise,
+old or new and never a mix, is unchanged). A value submitted while a save runs replaces the one
+waiting, so a disk that stalls for a minute costs one pending value, never a queue, and never
+the caller's time:
 the master loop does not wait for an fsync of a file it only shows. :meth:`~BackgroundSaver.close`
 waits for the save in progress and stops the thread; the caller then writes its final value
 itself.
@@ -121,7 +122,7 @@ class BackgroundSaver:
 
 class Beside(Generic[_T]):
     """``call()`` run in a thread of its own beside the caller, to overlap its waits on the
-    filesystem with the caller's (issue 49). Run at once in the caller's thread under a fake
+    filesystem with the caller's. Run at once in the caller's thread under a fake
     filesystem (pyfakefs, where no thread may reach the files) and when no thread can start
     (the interpreter is shutting down: a close from an ``atexit`` hook).
 

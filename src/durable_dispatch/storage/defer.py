@@ -198,7 +198,8 @@ class _LiveSet:
 
 
 def compact_journal(journal: Journal, *, dry_run: bool = False) -> tuple[int, int]:
-    """Rewrite an open defer journal with only the newest deferral of each live work ID (S6).
+    """Rewrite an open defer journal with only the newest deferral of each live work ID,
+    crash-safe: at every instant the old or the new file is whole.
 
     Streaming: one verifying pass over the file keeps only ``work ID -> file offset`` of the live
     deferrals; the kept records are then re-read at those offsets, verified again and copied, as

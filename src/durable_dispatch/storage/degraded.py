@@ -1,4 +1,4 @@
-"""Honest degradation (S4): when a write or fsync fails the journal never trusts that descriptor
+"""Honest degradation: when a write or fsync fails the journal never trusts that descriptor
 again. Every record since the last good fsync moves to a bounded list in memory, ``health``
 turns ``DEGRADED``, and new appends go to memory with ``durable=False`` receipts.
 :meth:`Degradation.try_restore` writes the durable prefix and the memory records to a fresh file

@@ -241,7 +241,8 @@ def open_append(path: str, mode: int = 0o600) -> int:
 
 
 def lock_file(path: str, mode: int = 0o600, *, exists: bool | None = None) -> int:
-    """Take an exclusive, non-blocking ``flock`` on the file at ``path`` itself (S12).
+    """Take an exclusive, non-blocking ``flock`` on the file at ``path`` itself, so that one
+    writer holds even when its lock file is deleted.
 
     Opens ``path`` read-only (creating it if missing, never through a symlink) and locks the open
     file: the lock is on the inode, so it holds whatever happens to lock files beside it. Retries
@@ -320,7 +321,8 @@ def create_exclusive(path: str, mode: int = 0o600) -> int:
 
 
 def open_read(path: str) -> BinaryIO:
-    """Open ``path`` for buffered binary reading, only if it is a regular file (S10).
+    """Open ``path`` for buffered binary reading, only if it is a regular file (no FIFO,
+    device, socket or link).
 
     Never follows a symbolic link (``ELOOP``) and never blocks: a FIFO, device, socket or
     directory at the path is refused with a :class:`~durable_dispatch.errors.StorageError`

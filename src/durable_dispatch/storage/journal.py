@@ -12,7 +12,7 @@ sequence number reported durable. The sync policy decides who flushes and when:
   ``wait_durable(seq)`` flushes at once and returns when ``seq`` is durable.
 * ``never``: each append is written to the kernel, never fsynced; receipts say ``durable=False``.
 
-Honest degradation (S4). When a write or fsync fails the journal never trusts that descriptor
+Honest degradation. When a write or fsync fails the journal never trusts that descriptor
 again: every record since the last good fsync (written or not) moves to a bounded in-memory list,
 the file descriptor is closed, ``health`` turns ``DEGRADED`` and new appends go to memory with
 ``durable=False`` receipts. ``try_restore()`` writes the durable prefix plus the memory records to a

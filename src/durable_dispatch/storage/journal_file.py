@@ -1,7 +1,8 @@
 """A journal's file and what it holds: its state (guarded by two locks), its descriptor and
-writer locks (S5, S12), a view of its records to read back (:mod:`.reader`), and the rewrite
-that replaces it whole (:mod:`.rewrite`). :class:`~.journal.Journal` builds on it: the write path
-there, the memory fallback in :mod:`.degraded`.
+writer locks (one writer at a time, even when its lock file is deleted), a view of its records
+to read back (:mod:`.reader`), and the rewrite that replaces it whole (:mod:`.rewrite`).
+:class:`~.journal.Journal` builds on it: the write path there, the memory fallback in
+:mod:`.degraded`.
 
 Locks: ``_lock`` (with ``_cond``) guards the queue, the memory records, health and sequence
 numbers; ``_io_lock`` guards the descriptor and the file offsets. Take ``_io_lock`` first.
@@ -259,7 +260,8 @@ class JournalFile:
     def replace_contents(
         self, payloads: Iterable[Any], first_seq: int | None = None, *, raw: bool = False
     ) -> int:
-        """Atomically replace every record with ``payloads`` (compaction, S6).
+        """Atomically replace every record with ``payloads`` (compaction: the old or the
+        new file is whole at every instant).
 
         Writes a fresh file (temp file, fsync, rename over the journal, directory fsync): at every
         instant either the old or the new file is the journal. The new records are numbered from

@@ -1,9 +1,10 @@
-"""Who writes a state directory: the owner record (S13), for filesystems whose locks do not lock.
+"""Who writes a state directory: the owner record, for filesystems whose locks do not lock.
 
 Theory of operation. A master (and an offline writer such as ``compact``) *claims* the state
-directory before it reads anything, beside its ``flock`` (S5, S12), which still does the work
-where locks work. The claim is a small JSON file ``master.owner.<generation>`` naming the owner:
-host name, pid, the process's start time, the kernel's boot ID
+directory before it reads anything, beside its ``flock`` (on the journal file itself), which
+still does the work where locks work. The claim is a small JSON file
+``master.owner.<generation>`` naming the owner: host name, pid, the process's start time, the
+kernel's boot ID
 (``/proc/sys/kernel/random/boot_id``), its PID namespace, and a heartbeat (a counter and the wall
 time) that a thread of the owner rewrites every ``stale / 8`` seconds. The newest generation
 names the owner. A file is created under a unique temporary name and hard-linked to its
@@ -387,7 +388,7 @@ def _refusal(o: Owner, path: str, how: str) -> LockHeldError:
 
 def read_owner(directory: str | os.PathLike[str]) -> Owner | None:
     """The newest owner record of ``directory`` (released or not), or None. Creates and
-    changes nothing (S10)."""
+    changes nothing."""
     d = os.fspath(directory)
     gens = _generations(d)
     return _read(d, gens[-1]) if gens else None
@@ -396,7 +397,7 @@ def read_owner(directory: str | os.PathLike[str]) -> Owner | None:
 def running_owner(directory: str | os.PathLike[str]) -> Owner | None:
     """The owner of ``directory`` if it is running, as far as a reader can tell without
     waiting: on this host its process runs; elsewhere its last heartbeat is younger than its
-    dead-owner bound (by this host's clock). Creates and changes nothing (S10)."""
+    dead-owner bound (by this host's clock). Creates and changes nothing."""
     d = os.fspath(directory)
     o = read_owner(d)
     if o is None:
@@ -427,7 +428,7 @@ class OwnerClaim:
         self.filesystem = fs.filesystem()
         #: the directory's names as the claim found them, before it linked its record (what an
         #: open that holds the directory reads instead of listing it again: nothing else
-        #: writes it from then on, S5, S13); None when unknown
+        #: writes it from then on, as the one writer); None when unknown
         self.listing: frozenset[str] | None = None
         self._key = _key(directory) if key is None else key  # its real path
         self._next = _path(directory, record.generation + 1)
@@ -510,7 +511,7 @@ class OwnerClaim:
     def prepare_release(self) -> None:
         """Write and fsync the released record now, under a temporary name, so that
         :meth:`release` only renames it into place: a closing master does this beside its
-        last snapshot (issue 49: the fsync overlaps that snapshot's instead of following it).
+        last snapshot (the fsync overlaps that snapshot's instead of following it).
         Changes nothing a reader sees; a failure is logged and :meth:`release` writes the
         record itself."""
         with self._rw:

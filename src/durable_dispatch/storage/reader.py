@@ -3,7 +3,7 @@
 Every read of a journal's records goes through :class:`FileView`, a consistent view of the file
 taken under the journal's locks (where the records start and end, the salt's seed, the holes its
 header records, a line's bound), or through :func:`read_journal` for a reader beside a running
-writer. All of them stand on :func:`~.format.read_lines` (the one line reader, S10) and check
+writer. All of them stand on :func:`~.format.read_lines` (the one line reader, bounded) and check
 the same **sequence rule** (:func:`follows`): a record's number is the one after the record
 before it, or the first number after a hole its header records; the first record read may have
 any number. A salvage (``skip-corrupted``) alone skips damaged records, and the holes it leaves

@@ -1,5 +1,5 @@
 """Opening a journal: what to do with what the scan found (a pure plan), and the side file that
-keeps every byte a plan drops (S2, S9).
+keeps every byte a plan drops (fsynced before anything is cut).
 
 :func:`plan_recovery` takes the :class:`~.format.ScanResult` of a journal file and a recovery
 mode (``RECOVERY_MODES``) and decides, without touching anything: create a new file, keep the file
@@ -88,7 +88,7 @@ def save_side(path: str, offset: int, size: int, mode: int) -> str:
     """Copy bytes ``[offset, size)`` of ``path`` to a new side file beside it; its path.
 
     Raises:
-        StorageError: the copy is not whole (a full disk, EIO): nothing may be cut then (S9);
+        StorageError: the copy is not whole (a full disk, EIO): nothing may be cut then;
             the partial copy is removed.
     """
     base = f"{path}.damaged-{offset}"

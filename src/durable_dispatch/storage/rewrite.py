@@ -1,4 +1,4 @@
-"""The one way a file of the state directory is replaced whole (S6): write a fresh temporary file
+"""The one way a file of the state directory is replaced whole: write a fresh temporary file
 beside it, fsync it, rename it over the target, fsync the directory. At every instant either the
 old or the new file is at the path. Journal recovery, restore and compaction, snapshots and the
 futures side store all use it.
@@ -42,7 +42,7 @@ def replace_file(
     directory): the replacement is atomic for readers and survives a crash of the process, not
     a power loss (for files that are only a display, such as the master's statistics).
 
-    ``lock`` takes the new file's inode lock (:func:`fs.lock_file`, S12) before it is renamed
+    ``lock`` takes the new file's inode lock (:func:`fs.lock_file`) before it is renamed
     into place; ``keep_open`` returns its descriptors open (the caller owns them), else they are
     closed. ``before_rename`` is called once the new file is written and fsynced, just before
     the rename: what must be true before the new file is seen (a journal fsync the file's

@@ -1,4 +1,4 @@
-"""Reading a journal file's lines and scanning it: the one line reader (S10), the verifying
+"""Reading a journal file's lines and scanning it: the one line reader (bounded), the verifying
 scan that classifies damage for recovery, and the fast chunked reader for replay.
 
 :func:`read_lines` yields whole lines and the spans it could not (torn, oversized, short) as
@@ -55,8 +55,8 @@ class Lines(NamedTuple):
 def read_lines(
     f: BinaryIO, start: int, end: int, max_line: int, chunk_size: int = 1 << 16
 ) -> Iterator[Lines | Gap]:
-    """The one line reader (S10): bytes ``[start, end)`` of ``f`` as :class:`Lines` blocks and
-    :class:`Gap` spans, in file order.
+    """The one line reader (bounded in memory): bytes ``[start, end)`` of ``f`` as
+    :class:`Lines` blocks and :class:`Gap` spans, in file order.
 
     ``end`` is the size the caller measured when it started: nothing after it is read, however
     the file grows. Linear in ``end - start``: large chunks, split in C, each byte copied a

@@ -1,4 +1,4 @@
-"""Atomic, checksummed, generational snapshots (S3, S7).
+"""Atomic, checksummed, generational snapshots, owner-only.
 
 Theory of operation. ``save(obj)`` encodes ``obj`` with orjson and writes one file per generation,
 ``<name>.<generation>.snap``, through a temp file: exclusive create (never following a symlink,
@@ -106,7 +106,7 @@ def decode_snapshot(data: bytes, expect_gen: int | None = None) -> tuple[int, An
 
 
 def read_snapshot_file(f: BinaryIO) -> bytes | str:
-    """The bytes of an open snapshot file, read within bounds (S10); the reason when they cannot
+    """The bytes of an open snapshot file, read within bounds; the reason when they cannot
     be a snapshot.
 
     Reads the header line (at most 256 bytes) first, and the body only when the header's

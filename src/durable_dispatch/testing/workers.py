@@ -5,7 +5,7 @@ purpose, for tests of the master's rules (a hang, a late answer, a malformed RES
 
 :class:`LocalWorkers` runs a campaign's work function in-process, as the workers would, so
 ``run_master`` runs without ``mpiexec``: a user's test of a campaign, and the loop's own test of
-its turn order (W3). Users import both as :mod:`durable_dispatch.testing`.
+the order of its steps in a turn. Users import both as :mod:`durable_dispatch.testing`.
 """
 
 from __future__ import annotations

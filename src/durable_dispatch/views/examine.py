@@ -3,7 +3,8 @@
 
 Nothing is changed or repaired: a journal is scanned (:func:`~.storage.scan.scan`, damage as
 values), a snapshot decoded, and each file reported with its damage; a line is never held in
-memory beyond :data:`RECORD_BOUND` (S10). The command line prints what this returns.
+memory beyond :data:`RECORD_BOUND` (every reader is bounded). The command line prints what
+this returns.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..storage.snapshot import decode_snapshot, read_snapshot_file
 __all__ = ["RECORD_BOUND", "Meter", "Progress", "examine", "kind_of"]
 
 #: The longest line a reading command holds in memory: the default ``max_record_bytes`` of
-#: ``Journal.open`` (S10). A longer line is reported as damage, never read whole.
+#: ``Journal.open``. A longer line is reported as damage, never read whole.
 RECORD_BOUND = 1 << 20
 
 

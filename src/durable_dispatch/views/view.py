@@ -1,4 +1,4 @@
-"""One view of a campaign (V1): the numbers every face shows, computed once.
+"""One view of a campaign: the numbers every face shows, computed once.
 
 ``durable-dispatch stats`` (text and ``--json``), ``watch`` (text and ``--json``), ``report``,
 ``joblog``, :class:`~durable_dispatch.mpi.master.MasterReport` and the demo's summary read a
@@ -60,7 +60,7 @@ class CampaignView:
         in_flight: items dispatched and not yet answered (0 when no master runs).
         interrupted: of :attr:`pending`, the items a master that is not running left in flight
             (killed, or its drain cut short); they run again at the next start.
-        waiting: items waiting for a dependency's commit (``WorkItem.after``, G4): not
+        waiting: items waiting for a dependency's commit (``WorkItem.after``): not
             pending yet, not failed.
         cancelled: items an operator cancelled (``durable-dispatch cancel``): final, never
             retried unless ``durable-dispatch retry`` puts them back.

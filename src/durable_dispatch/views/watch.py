@@ -1,5 +1,6 @@
 """What ``durable-dispatch stats`` and ``watch`` show, as values and lines of text, all read from
-one :class:`~durable_dispatch.views.view.CampaignView` (V1): :func:`stats_of` (``stats --json``),
+one :class:`~durable_dispatch.views.view.CampaignView` (one view, one name per number):
+:func:`stats_of` (``stats --json``),
 :func:`stats_text` (``stats``, and ``stats --verbose``), :func:`watch_frame` (``watch --json``)
 and :func:`watch_text` (``watch``). Pure: the command line reads the view and prints these."""
 
