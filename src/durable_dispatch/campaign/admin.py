@@ -1,5 +1,5 @@
 """Offline operations on a state directory: view it, compact it, requeue or drop deferred
-items. Reading never takes a lock or creates a file (S10); changing takes the master lock, so it
+items. Reading never takes a lock or creates a file; changing takes the master lock, so it
 is refused while a master runs.
 """
 
@@ -250,14 +250,14 @@ def compact_state(
     dry_run: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> CompactReport:
-    """Fold the state journal into a new snapshot and start a fresh journal (S6).
+    """Fold the state journal into a new snapshot and start a fresh journal (crash-safe).
 
     Order: (1) replay snapshot + journal, streaming; (2) save the folded state as a new snapshot
     generation (atomic); (3) replace the journal by an empty one whose numbering continues
     (temp file, fsync, rename, directory fsync). A crash before (2) leaves the old snapshot and the
     old journal; between (2) and (3) the new snapshot and the old journal, whose records it already
     holds (replay skips them); after (3) the new pair. Memory is bounded by the live set (the
-    projection), not the journal's size. Committed results are never dropped (U6): before (2)
+    projection), not the journal's size. Committed results are never dropped: before (2)
     every committed record not moved yet is appended to the results journal (``results.jsonl``)
     with its sequence number, and fsynced; a compaction interrupted after that moves nothing
     twice. Then the outputs journal (``outputs.jsonl``) is rewritten with each item's newest

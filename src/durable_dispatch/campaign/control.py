@@ -1,4 +1,4 @@
-"""Operator commands through the state directory (O1): ``durable-dispatch cancel``, ``retry``,
+"""Operator commands through the state directory: ``durable-dispatch cancel``, ``retry``,
 ``drain`` and ``submit`` reach a running master, or the next one, with nothing but files.
 
 Theory of operation. The login node and the compute nodes share the state directory and

@@ -1,4 +1,4 @@
-"""The shell's side of dependencies (G4): the committed results a dispatched item's ``after``
+"""The shell's side of dependencies: the committed results a dispatched item's ``after``
 IDs carry to its work function (``ctx.dependencies``), and the end of a campaign whose waiting
 items can never run.
 

@@ -1,4 +1,4 @@
-"""A state directory belongs to one campaign (U16): its name, in ``campaign-name.json``.
+"""A state directory belongs to one campaign: its name, in ``campaign-name.json``.
 
 ``run_master(..., campaign="name")`` names the campaign; without it, the name is the main
 script's file name (``sweep.py``; for ``python -m pkg``, ``pkg``; for the futures runner, the

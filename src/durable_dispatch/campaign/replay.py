@@ -5,7 +5,7 @@ read through it.
 A state directory holds the snapshots ``campaign.<generation>.snap``, the state journal
 ``events.jsonl``, the results journal ``results.jsonl``, the defer journal and the master lock.
 Loading = the newest valid snapshot + the journal records after it, each checked against its
-schema (S11) and folded into a :class:`~durable_dispatch.core.ledger.Ledger`, the same model the
+schema and folded into a :class:`~durable_dispatch.core.ledger.Ledger`, the same model the
 live dispatcher keeps (there is no second one here).
 """
 
@@ -56,7 +56,7 @@ def replay(
 
     Raises:
         schema.Invalid: a record does not match its schema, or the store does not hold an item
-            named (S11).
+            named.
     """
     load = LedgerLoader(snapshot)
     for rec in submissions:
@@ -97,7 +97,7 @@ class Stored:
 
 
 #: A bulk build (a submit, a reopen) that leaves at least this many new objects for the cyclic
-#: collector freezes them at once (``gc.freeze``, issue 50).
+#: collector freezes them at once (``gc.freeze``).
 FREEZE_AT = 50_000
 #: Smaller builds (a work source's refill, the children of a commit, a Feed) freeze once they
 #: added this many items since the last freeze, after a full collection (which then walks
@@ -136,7 +136,7 @@ def paused_gc(holder: object | None = None) -> Iterator[_Frozen]:
     With a ``holder`` (the campaign state), what the builds leave is moved to the collector's
     permanent generation (``gc.freeze()``), so that no later collection walks the queue again:
     without it, the first collections after a submit of a million items walked them twice
-    (0.2 to 2 s) and every full collection walked them again (issue 50). A block that leaves
+    (0.2 to 2 s) and every full collection walked them again. A block that leaves
     :data:`FREEZE_AT` objects to the collector's youngest generation freezes at once; otherwise
     once the blocks added :data:`FREEZE_EVERY` items (the block's ``items``) since the last
     freeze, after a full collection. A frozen object is still freed by reference counting when

@@ -25,7 +25,8 @@ Durability contract.
   to the caller's callback: a work ID is committed once *in the durable record*. Execution
   stays at-least-once: a worker may run an item again after a crash or a timeout; only one
   commit is ever recorded.
-* Every rollback is followed by an atomic snapshot before the next dispatch (S8).
+* Every rollback is followed by an atomic snapshot before the next dispatch, at a cost that does
+  not grow with the campaign.
 * At every start a new epoch is journaled and fsynced before any dispatch, so no token repeats.
 * If the disk fails, records are held in memory (the journal's honest degradation); the campaign
   goes on, ``statistics()`` says how many commits are memory-only, and they become durable when

@@ -6,14 +6,14 @@ import the others' part back, which made a circle). A state directory holds the 
 ``submissions.jsonl``, the results journal ``results.jsonl``, the defer journal, the master's
 live statistics ``master-stats.<generation>.snap`` and the master lock ``master.lock``.
 
-One master at a time (S5, S12): a master holds a ``flock`` on ``master.lock`` (the lock
-filelock takes) and one on its state journal file itself, so an operator who deletes the lock file
-does not let a second master in. Where locks do not lock (Lustre's ``localflock`` seen from two
-nodes, NFS without a lock daemon), the owner record ``master.owner.<generation>`` keeps one
-writer (S13, :mod:`.storage.owner`): it is claimed after the ``flock``, checked before each
-flush, and names the owner's host and pid in every refusal. Offline operations take the same
-lock and claim; read-only ones only test them (:func:`_master_running`), creating and changing
-nothing (S10).
+One master at a time, even when the lock file is deleted: a master holds a ``flock`` on
+``master.lock`` (the lock filelock takes) and one on its state journal file itself, so an operator
+who deletes the lock file does not let a second master in. Where locks do not lock (Lustre's
+``localflock`` seen from two nodes, NFS without a lock daemon), the owner record
+``master.owner.<generation>`` keeps one writer (:mod:`.storage.owner`): it is claimed after the
+``flock``, checked before each flush, and names the owner's host and pid in every refusal. Offline
+operations take the same lock and claim; read-only ones only test them (:func:`_master_running`),
+creating and changing nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ __all__ = [
 
 STATE_JOURNAL = "events.jsonl"
 #: The submissions store: every submitted item, payload included, once (``{"first": index,
-#: "items": [...]}`` per record); snapshots and the state journal name items by index (S8).
+#: "items": [...]}`` per record); snapshots and the state journal name items by index.
 SUBMISSIONS = "submissions.jsonl"
 #: Items per submissions store record (and per stored ``submitted`` record of the state journal).
 SUBMIT_CHUNK = 512

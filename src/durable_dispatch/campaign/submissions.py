@@ -4,7 +4,7 @@ once, by dense index, before the state journal names it.
 A record is ``{"first": i, "items": [...], "digests": "..."}``: the items of indices ``i, i+1, ...``
 in their compact form (:func:`~durable_dispatch.core.indexed.store_form`) and their payload digests
 (:func:`~durable_dispatch.core.indexed.payload_digests`, in hex: a reopen reads them, so a known
-work ID submitted again is compared without hashing the store again, U11), up to
+work ID submitted again is compared without hashing the store again), up to
 :data:`~durable_dispatch.campaign.statedir.SUBMIT_CHUNK` per record, halved while one is too large
 for a record. The state journal's ``submitted`` events name the items by index once an fsync covers
 the store (:meth:`SubmissionStore.durable`); if the disk refuses, they carry the items themselves,

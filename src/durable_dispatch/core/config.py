@@ -41,10 +41,10 @@ DEFAULT_ENV_NAMES = {
     "quantile": "DURABLE_DISPATCH_WATCHDOG_QUANTILE",
     "retries": "DURABLE_DISPATCH_PROTOCOL_RETRIES",
 }
-#: Failure kinds a worker may report for an item (U2; see docs/protocol.md, "Failure kinds"):
-#: ``timeout`` (its deadline passed and the isolated child was killed), ``error`` (the function
-#: raised), ``crash`` (the isolated child died: a signal, or an exit), ``result-too-large`` and
-#: ``malformed-result`` (its value cannot be sent or is not JSON).
+#: Failure kinds a worker may report for an item (each with its own budget; see docs/protocol.md,
+#: "Failure kinds"): ``timeout`` (its deadline passed and the isolated child was killed), ``error``
+#: (the function raised), ``crash`` (the isolated child died: a signal, or an exit),
+#: ``result-too-large`` and ``malformed-result`` (its value cannot be sent or is not JSON).
 WORKER_FAILURE_KINDS = ("timeout", "error", "crash", "result-too-large", "malformed-result")
 #: Failure kinds the retry ledger knows, each with its own budget in :class:`RetryPolicy`: the
 #: worker's, and the master's own findings (``missing-result``: READY without a RESULT;

@@ -100,8 +100,8 @@ class DeadlinePolicy:
 
     def lease_for(self, items: Sequence[WorkItem]) -> float:
         """How far a HEARTBEAT pushes the deadline of a dispatch of ``items``: 0 when every
-        item has its own timeout (U9: that deadline is fixed; a heartbeat never extends it),
-        else :meth:`lease_seconds`. The shell sends it with the WORK."""
+        item has its own timeout (that deadline is fixed on every path; a heartbeat never extends
+        it), else :meth:`lease_seconds`. The shell sends it with the WORK."""
         if len(items) == 1:
             if items[0].timeout is not None:
                 return 0.0

@@ -7,11 +7,12 @@ work items by work ID, stored by index in their compact form (:func:`store_form`
 :class:`CommittedIds` the committed work IDs over runs; :class:`Frontier` the work IDs waiting,
 in dispatch order, one queue of runs per priority level.
 
-Payload digests (U11). :class:`Ids` also keeps, by index, an 8-byte digest of each item's
-payload (:func:`payload_digests`: BLAKE2b of its JSON form, keys sorted), in one bytearray: 8 bytes
-an item, no object of its own, so a known work ID submitted again is compared with what it named
-(refused when the payload changed) at that cost, committed items included (their payloads are not
-kept in memory). 8 zero bytes: not known (a state written before digests, a void index).
+Payload digests (a work ID names one payload). :class:`Ids` also keeps, by index, an 8-byte digest
+of each item's payload (:func:`payload_digests`: BLAKE2b of its JSON form, keys sorted), in one
+bytearray: 8 bytes an item, no object of its own, so a known work ID submitted again is compared
+with what it named (refused when the payload changed) at that cost, committed items included (their
+payloads are not kept in memory). 8 zero bytes: not known (a state written before digests, a void
+index).
 """
 
 from __future__ import annotations
@@ -253,7 +254,7 @@ class Runs:
 def store_form(item: WorkItem) -> Any:
     """How the submissions store writes ``item``: ``[work_id, payload]`` when every other member
     holds its default (most items), ``[work_id, payload, after]`` when only ``after`` does not
-    (G4: a waiting item reopens as cheaply as a queued one), else ``WorkItem.to_json``."""
+    (a waiting item reopens as cheaply as a queued one), else ``WorkItem.to_json``."""
     if (
         item.timeout is None
         and not item.leases
@@ -268,7 +269,7 @@ def store_form(item: WorkItem) -> Any:
 
 
 def stored_item(v: Any) -> WorkItem:
-    """A work item in the submissions store's form (:func:`store_form`), checked (S11).
+    """A work item in the submissions store's form (:func:`store_form`), checked against its schema.
 
     Raises:
         schema.Invalid: not a work item in either form.
@@ -323,8 +324,8 @@ class Items(MutableMapping[str, WorkItem]):
         return out
 
     def after_of(self, wid: str) -> Sequence[str]:
-        """The ``after`` IDs of the open item ``wid`` (G4), read from its stored form without
-        building the item.
+        """The ``after`` IDs of the open item ``wid`` (its dependencies), read from its stored
+        form without building the item.
 
         Raises:
             KeyError: no open item ``wid``.
@@ -444,7 +445,7 @@ class Frontier:
     """The work IDs waiting for a dispatch, in order, as runs of dense indices per priority.
 
     The frontier serves the highest priority first and is first in, first out within one
-    priority (G2). Each priority, or *level*, holds its own runs; most campaigns have only
+    priority. Each priority, or *level*, holds its own runs; most campaigns have only
     level 0. Taking from the head is O(levels), and so is adding at either end of a level.
     Removing from the middle (an item whose lease was free behind one whose lease was taken)
     costs O(runs of its level), as the scan that found it did. Membership is a flag per index;

@@ -9,25 +9,26 @@ durable field is added in one place.
 
 The facts: the epoch and its dispatch counter; the frontier (work IDs in dispatch order); the work
 items in flight, with the token and rank of their dispatch; the committed work IDs; the deferred
-items; the cancelled items (O1: an operator's ``cancel``, final like a commit); per work ID
-the failures charged (count, kinds, last error) and the ``solo`` mark (failed in a multi-item
-dispatch: dispatched alone from now on); the delivery point (U6); the operator commands applied
-(their IDs and outcomes). A work ID is in exactly one of frontier, in flight, committed, deferred
-and cancelled. Payloads are kept once, in :attr:`Ledger.items`, for every work ID not committed.
+items; the cancelled items (an operator's ``cancel``, final like a commit); per work ID the failures
+charged (count, kinds, last error) and the ``solo`` mark (failed in a multi-item dispatch:
+dispatched alone from now on); the delivery point (results are delivered at least once); the
+operator commands applied (their IDs and outcomes). A work ID is in exactly one of frontier, in
+flight, committed, deferred and cancelled. Payloads are kept once, in :attr:`Ledger.items`, for
+every work ID not committed.
 
-Dense indices (S8). Every work ID gets the next *index* when it is first submitted
+Dense indices. Every work ID gets the next *index* when it is first submitted
 (:class:`Ids`); a submission may name its first index (the submissions store's numbering), and
 the indices it skips are *void* (in no place). The frontier and the committed set are kept as
 runs of consecutive indices, so the compact snapshot form (:meth:`Ledger.to_compact`) costs what
 the runs, the dispatches in flight and the failures cost, not what the campaign's size costs:
 the payloads are in the submissions store, written once at submit.
 
-Dependencies (G4). An item whose ``after`` names a work ID not committed *waits*: it is in
+Dependencies. An item whose ``after`` names a work ID not committed *waits*: it is in
 :attr:`Ledger.waiting` (runs of indices, so a compact snapshot stays flat with a million waiting
 items), not in the frontier. Which items wait is a function of the items and the committed set,
 so replay and the live core agree without an event of its own: a ``committed`` event releases
 each item whose last missing dependency it committed, to the back of its priority's level of the
-frontier (G2: its priority counts from then on), in the order the items were submitted. An item
+frontier (its priority counts from then on), in the order the items were submitted. An item
 deferred with kind ``"dependency"`` stays registered under its missing dependencies, so a
 dependency requeued and committed later releases it too. :attr:`Ledger.missing` and
 :attr:`Ledger.dependents` are derived (rebuilt on load); a work ID is in exactly one of frontier,
@@ -109,11 +110,11 @@ class Ledger(WaitingSet, Withdrawal, SnapshotForms):
             (most chains: no list of its own), else a list (see :meth:`dependents_of`).
         released: work IDs that left the deferred set because their last missing dependency
             committed; the shell takes them (to resolve their defer-journal records).
-        cancelled: cancelled work items by work ID, in the order they were cancelled (O1).
-        commands: the outcome of every operator command applied, by command ID (O1).
+        cancelled: cancelled work items by work ID, in the order they were cancelled.
+        commands: the outcome of every operator command applied, by command ID (each applied once).
         attempts, kinds, last_error: failures charged per work ID (count, kinds, last reason).
         solo: work IDs dispatched alone from now on.
-        delivered: the newest journaled delivery point (U6), -1 when none.
+        delivered: the newest journaled delivery point (delivery is at least once), -1 when none.
         duplicate_commits: second commits of a work ID seen (and ignored) by :meth:`apply`.
         withdrawn: None, or the frontier and the waiting set of the items :meth:`withdraw`
             took out of this run (in memory only: durably they are still pending or waiting).
@@ -171,7 +172,7 @@ class Ledger(WaitingSet, Withdrawal, SnapshotForms):
         """Apply one event.
 
         Raises:
-            schema.Invalid: the event names what this ledger does not have (S11: a journal with
+            schema.Invalid: the event names what this ledger does not have (a journal with
                 such a record is damaged, even when its checksum holds): a dispatch of an item
                 that is not pending, or under a token of another epoch; a commit of an item not
                 in flight under that token (a second commit of a committed item is counted, not
@@ -328,7 +329,7 @@ class Ledger(WaitingSet, Withdrawal, SnapshotForms):
 
         Raises:
             schema.Invalid: the record does not match its schema, or names a work item this
-                ledger never had (S11).
+                ledger never had.
         """
         ev = decode(rec, stored)
         if ev is not None:

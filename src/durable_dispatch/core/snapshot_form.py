@@ -1,5 +1,6 @@
 """The ledger's snapshot forms: the self-contained one (every payload) and the compact one
-(indices and runs, S8), and the ledger built back from the self-contained one.
+(indices and runs, at a cost that does not grow), and the ledger built back from the
+self-contained one.
 
 A part of :class:`~durable_dispatch.core.ledger.Ledger`; the compact form is loaded by
 :class:`~durable_dispatch.core.ledger.LedgerLoader`. Pure, no I/O.
@@ -101,7 +102,7 @@ class SnapshotForms:
         return out
 
     def to_compact(self, committing: Collection[str] = ()) -> dict[str, Any]:
-        """The ledger in the compact snapshot form (S8): indices instead of payloads, the
+        """The ledger in the compact snapshot form: indices instead of payloads, the
         frontier and the committed set as runs. Its cost is the runs', the dispatches in
         flight's and the failures', not the campaign's size. Loading it needs the items of
         indices ``0 .. size-1`` (:meth:`from_compact`): the submissions store holds them.

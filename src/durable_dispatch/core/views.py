@@ -144,7 +144,7 @@ class Views(DispatcherBase):
         )
 
     def snapshot(self, committing: Iterable[str] = ()) -> dict[str, Any]:
-        """The durable part of the state as a JSON-ready dict (deadlines are never saved, W2):
+        """The durable part of the state as a JSON-ready dict (deadlines are never saved):
         :meth:`Ledger.to_snapshot <durable_dispatch.core.ledger.Ledger.to_snapshot>`.
 
         In-flight dispatches are saved with their work so that :meth:`restore` can roll them back.

@@ -1,4 +1,4 @@
-"""The ledger's waiting set (G4): which items wait for a dependency, and their release.
+"""The ledger's waiting set: which items wait for a dependency, and their release.
 
 A part of :class:`~durable_dispatch.core.ledger.Ledger` (see its module docs, "Dependencies"):
 an item whose ``after`` names a work ID not committed is registered under each such ID
@@ -95,7 +95,7 @@ class WaitingSet:
     def waiting_dependents(self, wid: str) -> list[str]:
         """The items that wait (not deferred) for ``wid``, directly or through another waiting
         item, in the order found (breadth first): what ending ``wid`` for good without a commit
-        defers (G4). O(the items found)."""
+        defers. O(the items found)."""
         out: list[str] = []
         seen = {wid}
         todo = [wid]

@@ -4,7 +4,7 @@ It talks to the workers through a :class:`~durable_dispatch.mpi.transport.Transp
 (:class:`~durable_dispatch.mpi.transport.MpiTransport`) in a job, or
 ``durable_dispatch.testing.LocalWorkers`` in a test.
 
-Each turn follows W3: (1) drain messages and hand every READY and HEARTBEAT to the core,
+Each turn runs in this order: (1) drain messages and hand every READY and HEARTBEAT to the core,
 (2) dispatch (journal the dispatch, send WORK, report the send's outcome), (3) hand every RESULT
 to the core and journal each commit durably before the user's callback sees it, (4) join invalid
 results, (5) sweep the watchdog. Messages are received with ``ANY_SOURCE``/``ANY_TAG`` and never
@@ -15,7 +15,7 @@ through MPI's failure notification (``Comm.Get_failed``): its dispatch is rolled
 the failure is acknowledged and the rank is excluded (point-to-point only, so no shrink is
 needed). Without ULFM the runtime gives no such signal (Open MPI then aborts the whole job when a
 rank dies; the durable state makes the restart resume), and a hung rank stays parked while the
-watchdog moves its work (W10). The mode in force is reported in the result.
+watchdog moves its work. The mode in force is reported in the result.
 """
 
 from __future__ import annotations
