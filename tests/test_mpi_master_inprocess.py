@@ -202,23 +202,23 @@ def test_commits_in_memory_only_at_the_end_are_retried_then_reported(
     import errno
 
     from durable_dispatch.errors import NotDurableError
-    from durable_dispatch.mpi import master
+    from durable_dispatch.mpi import masterloop
     from durable_dispatch.testing import inject_faults
 
-    monkeypatch.setattr(master, "_PERSIST_SECONDS", 1.0)
+    monkeypatch.setattr(masterloop, "PERSIST_SECONDS", 1.0)
     items = [WorkItem(f"w{i:02d}", i) for i in range(10)]
     state = tmp_path / "state"
     with inject_faults() as faults:
         # the journal's fsyncs fail from the 3rd on (its rewrites too): commits go to memory
         faults.fail("fsync", errno.ENOSPC, path=str(state / "events.jsonl*"), nth=3, from_nth=True)
         if heals:
-            real = master._persisted
+            real = masterloop.persisted
 
             def disk_frees(st: CampaignState, seconds: float) -> bool:
                 faults.heal()  # the ballast is removed as the campaign ends
                 return real(st, seconds)
 
-            monkeypatch.setattr(master, "_persisted", disk_frees)
+            monkeypatch.setattr(masterloop, "persisted", disk_frees)
             report = run_master(items, state, comm=LocalWorkers(lambda p: p, workers=2), linger=0)
             assert report.finished and report.stats["commits_in_memory"] == 0
         else:
@@ -239,7 +239,7 @@ def test_a_draining_turn_counts_the_work_in_flight_without_mapping_it(
     import signal
 
     from durable_dispatch.core import Dispatcher
-    from durable_dispatch.mpi.master import _Stopping
+    from durable_dispatch.mpi.masterloop import Stopping
 
     st = CampaignState.open(tmp_path / "s", watchdog=WatchdogConfig(60), ranks=range(1, 3))
     try:
@@ -252,7 +252,7 @@ def test_a_draining_turn_counts_the_work_in_flight_without_mapping_it(
             raise AssertionError("a turn mapped every item in flight")
 
         monkeypatch.setattr(Dispatcher, "in_flight", mapped)
-        stopping = _Stopping(0.0, None, 5.0, drain_seconds=60.0)
+        stopping = Stopping(0.0, None, 5.0, drain_seconds=60.0)
         assert stopping.reason(1.0, st, [signal.SIGTERM], 1.0) is None  # one in flight: drain
         assert stopping.draining
         st.on_results(s.rank, str(s.token), [1], 2.0)

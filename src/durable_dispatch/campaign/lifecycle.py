@@ -47,14 +47,13 @@ log = logging.getLogger("durable_dispatch.state")
 
 @dataclass
 class Opened:
-    """What :func:`open_parts` opened: the facade's constructor arguments (``parts``), the
-    rollbacks to persist before the first dispatch, the directory fsync running beside, and the
-    object that holds what the open froze until the state does (:func:`adopt_frozen`)."""
+    """What :func:`open_parts` opened: the facade's constructor arguments (``parts``: the
+    directory fsync running beside too), the rollbacks to persist before the first dispatch,
+    and the object that holds what the open froze until the state does (:func:`adopt_frozen`)."""
 
     directory: str
     parts: dict[str, Any]
     restarts: list[Decision]
-    dir_sync: _Beside[bool] | None
     holder: object
 
 
@@ -158,8 +157,9 @@ def open_parts(
         "replayed": n,
         "duplicates": proj.duplicate_commits,
         "delivered": max(delivered, proj.delivered),
+        "dir_sync": dir_sync,
     }
-    return Opened(d, parts, list(restarts), dir_sync, opening)
+    return Opened(d, parts, list(restarts), opening)
 
 
 def adopt_frozen(holder: object, state: object) -> None:

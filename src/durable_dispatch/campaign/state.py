@@ -100,6 +100,7 @@ class CampaignState:
         replayed: int,
         duplicates: int,
         delivered: int,
+        dir_sync: _Beside[bool] | None = None,
     ) -> None:
         self.directory = directory
         self._lock = lock
@@ -169,7 +170,7 @@ class CampaignState:
         self._epoch_seq: int | None = None  # this run's epoch record, until it is durable
         #: the operator commands this open applied (``control.Applied``)
         self.applied_at_open: list[Any] = []
-        self._dir_sync: _Beside[bool] | None = None  # the open's directory fsync, beside
+        self._dir_sync = dir_sync  # the open's directory fsync of the journals it created
 
     @classmethod
     def open(
@@ -220,10 +221,9 @@ class CampaignState:
             journal_options=journal_options,
         )
         st = cls(opened.directory, **opened.parts)
-        st._dir_sync = opened.dir_sync
         adopt_frozen(opened.holder, st)
         try:
-            st._begin(opened.restarts, on_commit)
+            cls._begin(st, opened.restarts, on_commit)
         except BaseException:
             st.close()
             raise
@@ -324,7 +324,7 @@ class CampaignState:
         return deps
 
     def put_back(self, work_id: str) -> None:
-        """Return a withdrawn item to this run's frontier."""
+        """Put back a withdrawn item in this run's frontier."""
         self.core.ledger.put_back(work_id)
 
     # ------------------------------------------------------------ persist
@@ -543,9 +543,8 @@ class CampaignState:
         delivery point passes a commit once its callback returned and its children are
         submitted.
 
-        With ``wait=True`` it first waits for the newest journaled commit to be durable. While
-        the journal is degraded, commits are delivered as memory-only commits (counted in
-        ``statistics().commits_in_memory``) so the campaign goes on.
+        With ``wait=True`` it first waits for the newest journaled commit to be durable; while
+        the journal is degraded, commits are delivered as memory-only commits.
         """
         self._deliveries.settle(wait=wait)
         n = self._deliveries.run()

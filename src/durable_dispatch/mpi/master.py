@@ -4,11 +4,9 @@ It talks to the workers through a :class:`~durable_dispatch.mpi.transport.Transp
 (:class:`~durable_dispatch.mpi.transport.MpiTransport`) in a job, or
 ``durable_dispatch.testing.LocalWorkers`` in a test.
 
-Each turn runs in this order: (1) drain messages and hand every READY and HEARTBEAT to the core,
-(2) dispatch (journal the dispatch, send WORK, report the send's outcome), (3) hand every RESULT
-to the core and journal each commit durably before the user's callback sees it, (4) join invalid
-results, (5) sweep the watchdog. Messages are received with ``ANY_SOURCE``/``ANY_TAG`` and never
-with a blocking call on one rank, so a hung or dead worker never blocks the loop.
+``run_master`` checks its arguments, opens the campaign's state, and runs the loop of
+:mod:`.masterloop` (each turn a sequence of named steps) until the work is done or a stop is
+due; then it stops the workers and closes the state, whatever happened.
 
 Failure handling. With ULFM (Open MPI started with ``--with-ft ulfm``) a dead rank is seen
 through MPI's failure notification (``Comm.Get_failed``): its dispatch is rolled back at once,
@@ -23,13 +21,11 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from ..campaign.control import Inbox, apply_command
 from ..campaign.identity import check_name, default_name, record_name
 from ..campaign.state import CampaignState, OnCommit
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
@@ -37,23 +33,23 @@ from ..core.allocation import DRAIN_MARGIN, DrainPlan
 from ..errors import UsageError
 from ..views.view import CampaignView, campaign_view
 from . import guard
-from . import protocol as P
 from .allocation import AllocationEnd
 from .context import CHILD_MARKER
 from .launchcheck import require_workers
-from .signals import SAME_REQUEST_SECONDS, CaughtSignals
+from .masterloop import (
+    PLAN_SECONDS,
+    MasterLoop,
+    Stopping,
+    every,
+    stop_all,
+    stop_or_abort,
+)
+from .signals import CaughtSignals
 from .transport import MpiTransport, Transport, ulfm_mode
 
 __all__ = ["run_master", "MasterReport", "ulfm_mode", "finish", "Feed"]
 
 log = logging.getLogger("durable_dispatch.mpi")
-#: After a message, the master polls again at once (yielding its core to any other runnable
-#: process between polls) for this many seconds before it backs off with naps: a worker's
-#: RESULT and READY follow its WORK within that in a busy campaign. Napping at once (20 us,
-#: doubling to 1 ms; Linux's timer slack makes the shortest about 70 us) cost one-item
-#: dispatches half their throughput under mpiexec.
-SPIN = 0.0005
-_RECEIVE_LIMIT = 4096  # messages read per turn
 
 
 def finish(comm: Any = None, code: int = 0) -> None:
@@ -223,190 +219,58 @@ def run_master(
     link: Transport = comm if isinstance(comm, Transport) else MpiTransport(comm)
     if isinstance(link, MpiTransport):
         require_workers(link.comm)  # U10: a world of size 1 fails now, not resumably
-    ft = link.ulfm
-    if watchdog is None:
-        watchdog = WatchdogConfig.from_env(os.environ)
-        for c in watchdog.corrections:
-            log.warning("configuration: %s", c)
-    if retry is None:
-        retry = RetryPolicy.from_env(os.environ)
-    for c in retry.corrections if isinstance(retry, RetryPolicy) else ():
-        log.warning("configuration: %s", c)
-    size = link.size
+    watchdog, retry = _configuration(watchdog, retry)
     margin_floor = _drain_margin(drain_margin)
     opening = time.monotonic()
-    name = default_name() if campaign is None else campaign
-    try:
-        check_name(state_dir, name)  # U16: before anything is opened or added
-        state = CampaignState.open(
-            state_dir,
-            sync=sync,
-            watchdog=watchdog,
-            retry=retry,
-            ranks=range(1, size),
-            starting=True,  # every worker says READY once it is up (its child is running)
-            on_commit=on_commit,  # U6: commits a crash or a failed callback kept come first
-        )
-    except BaseException as e:
-        # U4: the workers are waiting for WORK; a master that cannot start must stop them, or
-        # the job hangs forever (a second master on a running state directory, a full disk).
-        log.error("master: cannot start (%s: %s); stopping the workers", type(e).__name__, e)
-        _stop_or_abort(link, range(1, size), {}, stop_timeout)
-        raise
-    try:
-        record_name(state.directory, name)  # (a fresh state directory, or one of before names)
-    except BaseException:
-        state.close()
-        _stop_or_abort(link, range(1, size), {}, stop_timeout)
-        raise
+    workers = range(1, link.size)
+    state = _open(link, state_dir, campaign, on_commit, sync, watchdog, retry, stop_timeout)
     log.info(
         "master: %d workers, mode %s, watchdog %gs",
-        size - 1,
-        "ulfm" if ft else "no-ulfm",
+        len(workers),
+        "ulfm" if link.ulfm else "no-ulfm",
         watchdog.seconds,
     )
-    core = state.core
-    # U14: the allocation's end (read in a thread of its own) and the drain that fits before it
+    # the allocation's end (read in a thread of its own) and the drain that fits before it
     allocation = AllocationEnd(ends_at=ends_at).start()
     plan = DrainPlan(
         floor=margin_floor,
         close_seconds=max(5.0, 2 * (time.monotonic() - opening)),  # the close writes what it read
         started=time.time(),
-        step=_PLAN_SECONDS,
+        step=PLAN_SECONDS,
     )
     state.allocation = allocation.as_dict
-    auto = batch == "auto"
-    fixed = 1 if auto else int(batch)
-    lost: dict[int, float] = {}
     start = time.monotonic()
-    line = None
-    if progress is True:
-        import sys
-
-        from ..progress import terminal_progress
-
-        progress = line = terminal_progress(sys.stderr)
-    elif progress is False:
-        progress = None
-    idle_sleep = 0.0
-    heard = 0.0
-    stopping = _Stopping(
-        start,
-        max_seconds,
-        stuck_grace if stuck_grace is not None else max(5.0, core.watchdog.seconds),
-        drain_seconds,
+    progress, line = _progress(progress)
+    grace = stuck_grace if stuck_grace is not None else max(5.0, state.core.watchdog.seconds)
+    loop = MasterLoop(
+        state,
+        link,
+        stopping=Stopping(start, max_seconds, grace, drain_seconds),
+        allocation=allocation,
+        plan=plan,
+        batch=batch,
+        linger=linger,
+        ft=link.ulfm,
     )
-    reason: str | None = None
-    operator = Inbox(os.fspath(state.directory))  # O1: the operator's commands (control.py)
     with CaughtSignals() as caught:
         try:
-            source = work if isinstance(work, Feed) else _Source(work)  # G3: as it drains
+            source = work if isinstance(work, Feed) else _Source(work)  # consumed as it drains
             source.attach(state)
             # the hooks of every turn run at the delivery point, after the queued ones
             state.every_turn.append(source.refill)
             if progress is not None:
-                state.every_turn.append(_every(progress_interval, progress, state))
+                state.every_turn.append(every(progress_interval, progress, state))
             state.deliver()  # what the last run did not deliver, first; then the first refill
-            linger_until: float | None = None
-            room = True  # the next dispatch fits before the allocation's end
-            next_plan = start
-            while True:
-                raw = time.monotonic()
-                now = core.clock.observe(raw)  # U7: a pause of the master is not counted
-                if source.exhausted and core.ledger.waiting:
-                    state.settle_waiting()  # G4: nothing else can run: they never will
-                if source.exhausted and state.done:  # G1: every callback returned, too
-                    if linger_until is None:
-                        linger_until = now + linger
-                    if not core.parked_rank_count() or now >= linger_until:
-                        break
-                if raw >= next_plan and allocation.ends_at is not None:
-                    size_now = core.auto_batch() if auto else fixed
-                    room = stopping.plan(plan, allocation, now, state, size_now)
-                    next_plan = raw + _PLAN_SECONDS
-                reason = stopping.reason(now, state, caught.requests, raw)
-                if reason is not None:
-                    break
-                # -- drain everything that arrived (never blocking on one rank)
-                msgs = link.receive(_RECEIVE_LIMIT)
-                inbox = P.sort(msgs)
-                if ft:
-                    _check_failures(link, state, lost, now)
-                # 1. READY and HEARTBEAT (and workers that said they are gone)
-                for rank, host in inbox.hosts:  # a worker's first READY: where it runs
-                    state.note_host(rank, host)
-                for rank, token in inbox.readies:
-                    state.on_ready(rank, token, now)
-                for rank, token in inbox.beats:
-                    state.on_heartbeat(rank, token, now)
-                for rank, why in inbox.gone:
-                    state.on_gone(rank, why, now)
-                    lost.setdefault(rank, time.time())  # it ends: no STOP for it
-                # 2. dispatch: persist (journal) before send; the deadline starts when it returned
-                while (
-                    not stopping.draining
-                    and room
-                    and (s := state.next_send(now, core.auto_batch() if auto else fixed))
-                    is not None
-                ):
-                    deps = state.dependencies_of(s)  # G4: None unless an item has ``after``
-                    msg = P.work_message(s, ahead=auto, dependencies=deps)
-                    error = link.send(s.rank, P.WORK, msg)
-                    state.sent(s.token, state.now(), error)
-                    if error is not None and ft:
-                        _check_failures(link, state, lost, now)
-                # 3. RESULT (the items a worker sent ahead first: they precede its RESULT)
-                for rank, token, costs, said in inbox.usage:  # (kept with the attempts)
-                    state.note_usage(rank, token, costs, said)
-                for rank, token, ids, values, errors in inbox.parts:
-                    state.on_part(rank, token, ids, values, now, errors=errors)
-                for rank, token, values, errors, failure in inbox.results:
-                    state.on_results(rank, token, values, now, errors=errors, failure=failure)
-                # 4. deliver durable commits, join invalid results, 5. sweep the watchdog (once
-                # the backlog is read), retry degraded storage
-                state.tick(state.now(), drained=len(msgs) < _RECEIVE_LIMIT)
-                # 6. the delivery point: the one place user code runs (callbacks, notices, the
-                # source's refill, progress)
-                state.deliver()
-                if now >= operator.next_poll and (commands := operator.due(now)):  # (control.py)
-                    _steer(state, link, stopping, commands, now)
-                if msgs:
-                    idle_sleep = 0.0
-                    heard = raw
-                elif raw - heard > SPIN:  # back off gently: never more than 1 ms of added latency
-                    idle_sleep = min(0.001, idle_sleep * 2 or 0.00002)
-                    time.sleep(idle_sleep)
-                else:  # a RESULT or READY is due soon (SPIN): poll again, but let others run
-                    os.sched_yield()
-            if core.ledger.put_back():  # the work a feed withdrew stays pending (Feed docs)
-                reason = reason or "withdrawn"
-            state.every_turn.clear()  # (no refill once the loop ended)
-            state.deliver(wait=True)
-            _persisted(state, _PERSIST_SECONDS)  # else close() raises NotDurableError
-            _stop_all(link, range(1, size), lost, stop_timeout)
-            stats, wall, took = state.statistics().as_dict(), time.time(), time.monotonic() - start
-            report = MasterReport(
-                stats=stats,
-                mode="ulfm" if ft else "no-ulfm",
-                finished=source.exhausted and state.done,
-                lost_ranks=lost,
-                seconds=took,
-                reason=None if source.exhausted and state.done else reason,
-                view=campaign_view(  # V1: as stats will show it once the master returned
-                    state.core.ledger,
-                    {"ts": wall, "started": wall - took, "running": False, "stats": stats}
-                    | {"pid": os.getpid(), "host": os.uname().nodename},
-                    running=False,
-                    directory=os.fspath(state.directory),
-                    now=wall,
-                ),
-            )
+            loop.run(lambda: source.exhausted, caught.requests)
+            loop.end()
+            stop_all(link, workers, loop.lost, stop_timeout)
+            report = _report(state, loop, source.exhausted and state.done, start)
             if progress is not None:  # (the last report, at the delivery point too)
                 state.notify(progress, report.stats)
                 state.deliver()
         except BaseException as e:
-            # U4: never leave the job hanging. Close the state durably first (what was journaled
-            # stays), then stop the workers within stop_timeout, then let the error end rank 0.
+            # never leave the job hanging: close the state durably first (what was journaled
+            # stays), then stop the workers within stop_timeout, then let the error end rank 0
             log.error(
                 "master: %s: %s; closing the state, stopping the workers", type(e).__name__, e
             )
@@ -414,7 +278,7 @@ def run_master(
                 state.close()
             except Exception as e2:  # noqa: BLE001 - the first error is the one to raise
                 log.error("master: closing the state after that error failed too: %s", e2)
-            _stop_or_abort(link, range(1, size), lost, stop_timeout)
+            stop_or_abort(link, workers, loop.lost, stop_timeout)
             raise
         finally:
             allocation.close()
@@ -424,24 +288,96 @@ def run_master(
     return report
 
 
-def _every(
-    interval: float, progress: Callable[[dict[str, Any]], None], state: CampaignState
-) -> Callable[[], None]:
-    """A per-turn hook that calls ``progress`` with the statistics at most every ``interval``
-    seconds (the first turn's included)."""
-    due = [0.0]
+def _configuration(
+    watchdog: WatchdogConfig | None, retry: RetryPolicy | None
+) -> tuple[WatchdogConfig, RetryPolicy]:
+    """The watchdog and the retry budgets, from the environment when not given; every
+    correction of a value is logged."""
+    if watchdog is None:
+        watchdog = WatchdogConfig.from_env(os.environ)
+        for c in watchdog.corrections:
+            log.warning("configuration: %s", c)
+    if retry is None:
+        retry = RetryPolicy.from_env(os.environ)
+    for c in retry.corrections if isinstance(retry, RetryPolicy) else ():
+        log.warning("configuration: %s", c)
+    return watchdog, retry
 
-    def report() -> None:
-        t = time.monotonic()
-        if t >= due[0]:
-            due[0] = t + interval
-            progress(state.statistics().as_dict())
 
-    return report
+def _open(
+    link: Transport,
+    state_dir: str | os.PathLike[str],
+    campaign: str | None,
+    on_commit: OnCommit | None,
+    sync: str,
+    watchdog: WatchdogConfig,
+    retry: RetryPolicy,
+    stop_timeout: float,
+) -> CampaignState:
+    """Open the campaign's state (its name checked first, recorded after); a master that
+    cannot start stops the workers, which wait for WORK (a second master on a running state
+    directory, a full disk), or the job would hang forever."""
+    workers = range(1, link.size)
+    name = default_name() if campaign is None else campaign
+    try:
+        check_name(state_dir, name)  # before anything is opened or added
+        state = CampaignState.open(
+            state_dir,
+            sync=sync,
+            watchdog=watchdog,
+            retry=retry,
+            ranks=workers,
+            starting=True,  # every worker says READY once it is up (its child is running)
+            on_commit=on_commit,  # commits a crash or a failed callback kept come first
+        )
+    except BaseException as e:
+        log.error("master: cannot start (%s: %s); stopping the workers", type(e).__name__, e)
+        stop_or_abort(link, workers, {}, stop_timeout)
+        raise
+    try:
+        record_name(state.directory, name)  # (a fresh state directory, or one of before names)
+    except BaseException:
+        state.close()
+        stop_or_abort(link, workers, {}, stop_timeout)
+        raise
+    return state
 
 
-_PERSIST_SECONDS = 5.0  # at the end, how long to retry a disk that refuses the journal
-_PLAN_SECONDS = 0.5  # how often the drain before the allocation's end is weighed
+def _progress(progress: Any) -> tuple[Callable[[dict[str, Any]], None] | None, Any]:
+    """The progress hook, and the terminal's progress line to close at the end (or None)."""
+    if progress is True:
+        import sys
+
+        from ..progress import terminal_progress
+
+        line = terminal_progress(sys.stderr)
+        return line, line
+    if progress is False or progress is None:
+        return None, None
+    return progress, None
+
+
+def _report(state: CampaignState, loop: MasterLoop, finished: bool, start: float) -> MasterReport:
+    """The run's report, with the campaign as ``stats`` will show it once the master returned."""
+    stats, wall, took = state.statistics().as_dict(), time.time(), time.monotonic() - start
+    return MasterReport(
+        stats=stats,
+        mode="ulfm" if loop.ft else "no-ulfm",
+        finished=finished,
+        lost_ranks=loop.lost,
+        seconds=took,
+        reason=None if finished else loop.reason,
+        view=campaign_view(
+            state.core.ledger,
+            {"ts": wall, "started": wall - took, "running": False, "stats": stats}
+            | {"pid": os.getpid(), "host": os.uname().nodename},
+            running=False,
+            directory=os.fspath(state.directory),
+            now=wall,
+        ),
+    )
+
+
 #: The environment variable that sets ``drain_margin``.
 DRAIN_MARGIN_ENV = "DD_DRAIN_MARGIN"
 
@@ -460,26 +396,6 @@ def _drain_margin(given: float | None) -> float:
     if not (isinstance(given, (int, float)) and given >= 0 and given == given):
         raise UsageError(f"drain_margin must be a number of seconds >= 0, got {given!r}")
     return float(given)
-
-
-def _persisted(state: CampaignState, seconds: float) -> bool:
-    """True once nothing of the campaign lives in memory only: with the journal degraded (a
-    full or failing disk), retry persisting it for up to ``seconds`` (the workers wait for
-    their STOP meanwhile), so a disk that frees soon still gets the records; after that the
-    state's close raises ``NotDurableError``."""
-    end = time.monotonic() + seconds
-    while not state.journal.health.ok or state.statistics().commits_in_memory:
-        if state.try_restore() and not state.statistics().commits_in_memory:
-            return True
-        if time.monotonic() >= end:
-            log.error(
-                "master: the disk still refuses the journal: %d commit(s) are in memory only "
-                "(a later run does them again)",
-                state.statistics().commits_in_memory,
-            )
-            return False
-        time.sleep(0.25)
-    return True
 
 
 class Feed:
@@ -534,109 +450,6 @@ class _Source(Feed):
                 self._known_read = True
 
 
-def _steer(
-    state: CampaignState, link: Transport, stopping: _Stopping, commands: list[Any], now: float
-) -> None:
-    """Apply the operator's commands (O1): each is journaled durably before it is
-    acknowledged (``control.apply_command``); a dispatch cancelled in flight is told to stop
-    (an isolated child is killed); a ``drain`` drains as SIGUSR1 does."""
-    for c in commands:
-        done = apply_command(state, c, running=True)
-        for rank, token in done.stop:
-            link.send(rank, P.CANCEL, P.encode({"token": str(token)}))
-        if done.drain:
-            stopping.operator_drain(now, state)
-
-
-class _Stopping:
-    """When the master loop stops before its work is done, and why (no I/O: it is given the
-    time, the core and the signals received, and logs its decision)."""
-
-    def __init__(
-        self, start: float, max_seconds: float | None, grace: float, drain_seconds: float
-    ) -> None:
-        self.start, self.max_seconds = start, max_seconds
-        self.grace, self.drain_seconds = grace, drain_seconds
-        self.drain_until: float | None = None  # set by the first signal
-        self.why_drain = "signal"  # or "drain": an operator's ``durable-dispatch drain``
-
-    @property
-    def draining(self) -> bool:
-        """True once a signal asked the campaign to drain: nothing new is dispatched."""
-        return self.drain_until is not None
-
-    def operator_drain(self, now: float, state: CampaignState) -> None:
-        """An operator's ``durable-dispatch drain``: drain as on a first SIGUSR1 (O1, U5)."""
-        self._drain(now, state, "drain", "drain requested by an operator")
-
-    def plan(
-        self,
-        plan: DrainPlan,
-        allocation: AllocationEnd,
-        now: float,
-        state: CampaignState,
-        batch: int,
-    ) -> bool:
-        """Weigh the drain before the allocation's end: begin it when the work in flight
-        and the close need the time left, or when nothing runs and nothing fits any more.
-        Returns whether a dispatch sent now fits (``now`` is the observed clock)."""
-        ends_at = allocation.ends_at
-        if ends_at is None or self.draining:
-            return True
-        core = state.core
-        wall = time.time()
-        times = core.policy.task_times
-        flying = core.open_dispatches(now)
-        waiting = batch if core.ledger.frontier and not core.in_flight_count() else 0
-        if plan.drain_now(wall, ends_at, flying, times, waiting):
-            margin = plan.margin(ends_at, flying, times)
-            self._drain(
-                now,
-                state,
-                "allocation",
-                f"the allocation ends in {ends_at - wall:.0f}s ({allocation.source}; margin "
-                f"{margin:.0f}s)",
-                until=now + (plan.drain_until(wall, ends_at) - wall),
-            )
-        return plan.fits(wall, ends_at, batch, times)
-
-    def _drain(
-        self, now: float, state: CampaignState, why: str, cause: str, until: float | None = None
-    ) -> None:
-        """Begin the drain (once; what asked first names it): nothing new is dispatched, and
-        the in-flight work has ``drain_seconds`` (or until ``until``) to finish."""
-        if self.drain_until is None:
-            self.drain_until = now + self.drain_seconds if until is None else until
-            self.why_drain = why
-            log.warning(
-                "master: %s: draining (no new dispatch; up to %.0fs for %d in flight; a second "
-                "signal, %gs or more after it, stops at once)",
-                cause,
-                self.drain_until - now,
-                state.core.in_flight_count(),
-                SAME_REQUEST_SECONDS,
-            )
-
-    def reason(
-        self, now: float, state: CampaignState, signals: list[int], raw: float
-    ) -> str | None:
-        """``"max_seconds"``, ``"signal"``, ``"drain"``, ``"no workers left"``, ``"every
-        worker parked"``, or None to go on. ``now`` is the observed clock (grace and drain
-        bounds), ``raw`` the monotonic clock (``max_seconds`` counts a pause of the master
-        too)."""
-        if self.max_seconds is not None and raw - self.start > self.max_seconds:
-            log.warning("master: giving up after %.0fs (resumable)", raw - self.start)
-            return "max_seconds"
-        core = state.core
-        if signals:
-            self._drain(now, state, "signal", f"{signal.Signals(signals[0]).name} received")
-            if len(signals) > 1:
-                return "signal"  # a second request: stop at once
-        if self.drain_until is not None and (not core.in_flight_count() or now >= self.drain_until):
-            return self.why_drain
-        return state.stop_reason(now, grace=self.grace)
-
-
 def _refuse(message: str, comm: Any, stop_timeout: float) -> NoReturn:
     """A bad argument, found before anything started: stop the workers if they are running
     (they wait for WORK, and would keep the job alive forever, U4), then raise ``UsageError``."""
@@ -648,44 +461,5 @@ def _refuse(message: str, comm: Any, stop_timeout: float) -> NoReturn:
         link = MpiTransport(comm)
     if link is not None:
         log.error("master: %s; stopping the workers", message)
-        _stop_or_abort(link, range(1, link.size), {}, stop_timeout)
+        stop_or_abort(link, range(1, link.size), {}, stop_timeout)
     raise UsageError(message)
-
-
-def _check_failures(
-    link: Transport, state: CampaignState, lost: dict[int, float], now: float
-) -> None:
-    """ULFM: roll back the dispatches of the newly failed ranks and exclude them, all at once
-    (ranks of one host reported together died with their node: their items are not charged)."""
-    new = sorted({r for r in link.failed_ranks() if r not in lost and r != 0})
-    if not new:
-        return
-    for r in new:
-        lost[r] = time.time()
-        log.warning(
-            "master: rank %d failed (ULFM, host %s); rolling back its dispatch",
-            r,
-            state.core.domains.host(r) or "unknown",
-        )
-    guard.peer_failed()  # MPI_Finalize may wait for them forever: leave without them
-    state.ranks_lost(new, now, "process failed")
-
-
-def _stop_or_abort(
-    link: Transport, ranks: Iterable[int], lost: dict[int, float], timeout: float
-) -> None:
-    """On an error on rank 0 (U4): STOP to every worker; if one cannot be delivered, abort the
-    job (MPI_Abort), because a worker that never takes its STOP keeps rank 0 waiting in
-    MPI_Finalize forever. The caller closed the state first."""
-    if not _stop_all(link, ranks, lost, timeout):
-        log.error("master: STOP could not be delivered to every worker; MPI_Abort")
-        link.abort(1)
-
-
-def _stop_all(
-    link: Transport, ranks: Iterable[int], lost: dict[int, float], timeout: float
-) -> bool:
-    """Send STOP to every live worker without waiting on any one of them for long; False when
-    some send did not complete within ``timeout``."""
-    live = [r for r in ranks if r not in lost]
-    return link.stop(live, P.encode({}), P.STOP, timeout)
