@@ -145,6 +145,23 @@ def assert_every_call_inside_deliver(
     raise AssertionError("\n".join(lines))
 
 
+def test_the_stack_check_finds_a_deliver_frame_and_only_that() -> None:
+    """The check itself: a call made from a function ``deliver`` of a file ``campaign/state.py``
+    is inside; from a ``deliver`` elsewhere, or from ``tick`` of that file, it is not."""
+    calls = Calls()
+    hook = calls.hook("probe")
+    for name, file in (
+        ("deliver", "/x/durable_dispatch/campaign/state.py"),
+        ("deliver", "/x/durable_dispatch/campaign/delivery.py"),
+        ("tick", "/x/durable_dispatch/campaign/state.py"),
+    ):
+        scope: dict[str, Any] = {}
+        exec(compile(f"def {name}(hook):\n    return hook()\n", file, "exec"), scope)
+        scope[name](hook)
+    assert [inside for _, inside, _ in calls.calls] == [True, False, False]
+    assert calls.calls[0][2] == "campaign/state.py:deliver"
+
+
 # ----------------------------------------------------------------- a campaign, in-process
 def _work(payload: Any) -> Any:
     if isinstance(payload, dict) and payload.get("raise"):
