@@ -279,12 +279,16 @@ def test_a_redelivery_at_a_reopen_and_the_close_run_inside_deliver(tmp_path: Pat
     # CampaignState.open(on_commit=) delivers them again as it opens
     _undelivered(tmp_path / "open", calls)
     st = CampaignState.open(tmp_path / "open", ranks=(1,), on_commit=calls.hook("open(on_commit)"))
-    st.close()
+    try:
+        _deliver(st)  # (in case the open only queued them)
+    finally:
+        st.close()
     # and redeliver() does, on a state opened without a callback
     _undelivered(tmp_path / "redeliver", calls)
     st = CampaignState.open(tmp_path / "redeliver", ranks=(1,))
     try:
-        assert st.redeliver(calls.hook("redeliver(on_commit)")) >= 1
+        st.redeliver(calls.hook("redeliver(on_commit)"))
+        _deliver(st)  # (in case redeliver only queued them)
     finally:
         st.close()
     # the close: a commit journaled, not delivered when the state closes
