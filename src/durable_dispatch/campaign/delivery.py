@@ -223,6 +223,11 @@ class Deliveries:
         self._redeliver_upto = upto
 
     @property
+    def queued(self) -> bool:
+        """True when a hook waits for the delivery point (a closed commit, a notice)."""
+        return bool(self._ready or self._notices or self._redeliver_upto is not None)
+
+    @property
     def idle(self) -> bool:
         """True when nothing is journaled and undelivered, and nothing is queued."""
         return not (

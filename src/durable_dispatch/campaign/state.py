@@ -553,6 +553,11 @@ class CampaignState:
                 hook()
         return n
 
+    @property
+    def queued(self) -> bool:
+        """True when a hook waits for :meth:`deliver` (a closed commit, a notice)."""
+        return self._deliveries.queued
+
     def redeliver(self, on_commit: OnCommit | None) -> int:
         """Make ``on_commit(work_id, result)`` the callback of every later commit, and hand it
         every commit after the delivery point again, in commit order (at least once), through
