@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..tokens import Token
 from ..values import TAG, restore
 from .statedir import (
     RESULT_RECORD_BYTES,
@@ -77,10 +78,8 @@ class CommittedResult:
 def results_of_event(ev: Mapping[str, Any], seq: int) -> list[CommittedResult]:
     """The results a ``committed`` event holds (one, or several for a multi-item dispatch)."""
     token = ev.get("token")
-    epoch: int | None = None
-    if isinstance(token, str) and token.startswith("e") and "-" in token:
-        head = token[1:].split("-", 1)[0]
-        epoch = int(head) if head.isdigit() else None
+    parsed = Token.parse(token)
+    epoch = parsed.epoch if parsed is not None else None
     rank, ts = ev.get("rank"), ev.get("ts")
     if "work_ids" in ev:
         pairs = list(zip(ev["work_ids"], ev.get("results") or [], strict=False))

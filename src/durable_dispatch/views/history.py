@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..tokens import Token
+
 __all__ = ["Attempt", "Run", "History", "read_history", "INTERRUPTED", "IN_FLIGHT", "COMMITTED"]
 
 #: :attr:`Attempt.outcome` of a dispatch whose items committed.
@@ -162,10 +164,8 @@ def _note_costs(att: Attempt, p: Mapping[str, Any], ids: tuple[str, ...]) -> Non
 
 
 def _epoch_of(token: Any) -> int | None:
-    if isinstance(token, str) and token.startswith("e") and "-" in token:
-        head = token[1:].split("-", 1)[0]
-        return int(head) if head.isdigit() else None
-    return None
+    t = Token.parse(token)
+    return t.epoch if t is not None else None
 
 
 def _num(v: Any) -> float | None:
