@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from durable_dispatch.batch import AllocationEnd, parse_slurm_time
 from durable_dispatch.core import Dispatcher, WatchdogConfig, WorkItem
 from durable_dispatch.core.allocation import (
     DrainPlan,
@@ -25,7 +26,6 @@ from durable_dispatch.core.allocation import (
 )
 from durable_dispatch.core.decisions import Send
 from durable_dispatch.core.watchdog import QuantileWindow
-from durable_dispatch.mpi.allocation import AllocationEnd, parse_slurm_time
 
 from .helpers import examples
 

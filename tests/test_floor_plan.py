@@ -144,7 +144,7 @@ def test_the_core_imports_no_io() -> None:
 #: The facade on top (the package's ``__init__``, ``__main__``, the pytest plugin) may import
 #: anything.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "tokens", "schema", "values", "_lazy", "processes", "progress", "commands"),
+    ("errors", "tokens", "schema", "values", "_lazy", "processes", "progress", "commands", "batch"),
     ("core", "storage"),
     ("campaign",),
     ("views",),
