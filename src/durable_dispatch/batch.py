@@ -1,5 +1,7 @@
-"""The batch system, read: the allocation's end, the shell part of the drain before the end
-(the decisions are :mod:`durable_dispatch.core.allocation`'s). The master reads it; it imports
+"""The batch system, read: the one module that asks Slurm (``squeue``, ``scontrol``) and Flux.
+The master reads the allocation's end here, the shell part of the drain before the end (the
+decisions are :mod:`durable_dispatch.core.allocation`'s); ``durable-dispatch launch`` reads the
+job's fields and its requeue command (:func:`job_fields`, :func:`requeue_command`). It imports
 no MPI.
 
 Where the end comes from, first found first:
@@ -35,7 +37,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["AllocationEnd", "QUERY_TIMEOUT", "ENDS_AT_ENV", "parse_slurm_time"]
+__all__ = [
+    "AllocationEnd",
+    "QUERY_TIMEOUT",
+    "ENDS_AT_ENV",
+    "parse_slurm_time",
+    "parse_slurm_duration",
+    "slurm_job",
+    "scontrol_fields",
+    "job_fields",
+    "requeue_command",
+]
 
 log = logging.getLogger("durable_dispatch.mpi")
 
@@ -56,6 +68,62 @@ def parse_slurm_time(text: str) -> float | None:
         return datetime.datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
         return None
+
+
+def parse_slurm_duration(text: str) -> float | None:
+    """A duration as scontrol prints it (``[D-]HH:MM:SS`` or ``MM:SS``) in seconds; None for
+    ``UNLIMITED`` and the unreadable."""
+    days, _, hms = text.rpartition("-")
+    try:
+        parts = [int(p) for p in hms.split(":")]
+        whole_days = int(days) if days else 0
+    except ValueError:
+        return None
+    return float(sum(p * 60**i for i, p in enumerate(reversed(parts))) + whole_days * 86400)
+
+
+def slurm_job(env: Mapping[str, str]) -> str | None:
+    """The Slurm job this process runs in (``SLURM_JOB_ID``, or the older ``SLURM_JOBID``), or
+    None outside one."""
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
+
+
+def scontrol_fields(out: str) -> dict[str, str]:
+    """A job's fields as ``scontrol -o show job`` prints them (``JobState=RUNNING ...``):
+    ``{"JobState": "RUNNING", ...}``."""
+    return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+
+def _command(name: str, env: Mapping[str, str]) -> str:
+    """``name`` as found on the ``PATH`` of ``env`` (this process's when it has none)."""
+    return shutil.which(name, path=env.get("PATH")) or name
+
+
+def requeue_command(env: Mapping[str, str]) -> list[str] | None:
+    """The command that requeues this batch job (``scontrol requeue``), or None outside a
+    Slurm job."""
+    job = slurm_job(env)
+    return None if job is None else [_command("scontrol", env), "requeue", job]
+
+
+def job_fields(env: Mapping[str, str], timeout: float = 30.0) -> dict[str, str]:
+    """This Slurm job's fields as ``scontrol -o show job`` prints them (``JobState``,
+    ``RunTime``, ``TimeLimit``...), or {} outside a job or when they cannot be read within
+    ``timeout`` seconds."""
+    job = slurm_job(env)
+    if job is None:
+        return {}
+    try:
+        r = subprocess.run(
+            [_command("scontrol", env), "-o", "show", "job", job],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return scontrol_fields(r.stdout)
 
 
 def _number(text: str | None) -> float | None:
@@ -128,7 +196,7 @@ class AllocationEnd:
         self.reads = self.failures = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._job = self.env.get("SLURM_JOB_ID") or self.env.get("SLURM_JOBID")
+        self._job = slurm_job(self.env)
         self._flux = self.env.get("FLUX_JOB_ID")
         if ends_at is not None:
             self._set(float(ends_at), "ends_at")
@@ -179,25 +247,24 @@ class AllocationEnd:
         return True
 
     def _slurm(self, job: str) -> tuple[float, float | None, str] | None:
-        squeue = shutil.which("squeue", path=self.env.get("PATH")) or "squeue"
-        out = self._run([squeue, "-h", "-j", job, "-o", "%S %e"], self.timeout)
+        out = self._run(
+            [_command("squeue", self.env), "-h", "-j", job, "-o", "%S %e"], self.timeout
+        )
         if out and len(words := out.split()) >= 2:
             end = parse_slurm_time(words[1])
             if end is not None:
                 return end, parse_slurm_time(words[0]), "squeue"
-        scontrol = shutil.which("scontrol", path=self.env.get("PATH")) or "scontrol"
-        out = self._run([scontrol, "-o", "show", "job", job], self.timeout)
+        out = self._run([_command("scontrol", self.env), "-o", "show", "job", job], self.timeout)
         if out:
-            f = dict(w.split("=", 1) for w in out.split() if "=" in w)
+            f = scontrol_fields(out)
             end = parse_slurm_time(f.get("EndTime", ""))
             if end is not None:
                 return end, parse_slurm_time(f.get("StartTime", "")), "scontrol"
         return None
 
     def _flux_end(self) -> tuple[float, float | None, str] | None:
-        flux = shutil.which("flux", path=self.env.get("PATH")) or "flux"
         now = self.clock()
-        out = self._run([flux, "job", "timeleft"], self.timeout)
+        out = self._run([_command("flux", self.env), "job", "timeleft"], self.timeout)
         left = _number(out.strip()) if out else None
         if left is None or left >= _FLUX_UNLIMITED:
             return None
