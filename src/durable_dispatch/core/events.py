@@ -46,14 +46,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..cost import Cost, is_cost, is_cost_or_none, is_cost_table
 from ..schema import (
     Check,
     Invalid,
     check_members,
     is_bool,
-    is_cost,
-    is_cost_or_none,
-    is_cost_table,
     is_int,
     is_int_or_none,
     is_num_or_none,
@@ -627,7 +625,7 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and type(v) is not bool else None
 
 
-def record_costs(rec: Mapping[str, Any], work_ids: Sequence[str]) -> dict[str, Any] | None:
+def record_costs(rec: Mapping[str, Any], work_ids: Sequence[str]) -> dict[str, Cost] | None:
     """What the attempts of a checked ``committed``, ``requeued`` or ``deferred`` record cost,
     by work ID (``work_ids``: the record's, in order), from its ``cost`` (one item),
     ``cost_table`` (columns) or ``costs`` (one per item or null); None when it has none. The

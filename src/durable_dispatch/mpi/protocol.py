@@ -67,6 +67,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from ..core.decisions import ItemFailure, Send
+from ..cost import wire_table
 from .capture import output_entry
 from .context import ItemOutcome
 
@@ -374,20 +375,11 @@ def result_message(
 def _costs(ids: list[Any], outcomes: list[ItemOutcome]) -> bytes:
     """The ``costs`` member of a RESULT (empty when no item's cost was measured): a table of
     columns when there are several items, all measured and alike (the master keeps it as it
-    comes, see :mod:`durable_dispatch.campaign.costs`), else by work ID."""
+    comes, see :mod:`durable_dispatch.cost`), else by work ID."""
     cs = [o.cost for o in outcomes]
-    alike = [c for c in cs if c is not None]
-    if 1 < len(alike) == len(cs) == len(ids):
-        by = alike[0]["by"]
-        if all(c["by"] == by for c in alike) and all(type(w) is str for w in ids):
-            return orjson.dumps(
-                {
-                    "ids": ids,
-                    "cpu": [c["cpu"] for c in alike],
-                    "rss": [c["rss"] for c in alike],
-                    "by": by,
-                }
-            )
+    table = wire_table(ids, cs)
+    if table is not None:
+        return orjson.dumps(table)
     c = {w: o for w, o in zip(ids, cs, strict=True) if o is not None and type(w) is str}
     return orjson.dumps(c) if c else b""
 

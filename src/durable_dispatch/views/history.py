@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import events
+from ..cost import Cost
 from ..tokens import Token
 
 __all__ = ["Attempt", "Run", "History", "read_history", "INTERRUPTED", "IN_FLIGHT", "COMMITTED"]
@@ -42,8 +43,8 @@ class Attempt:
     (``timeout``, ``crash``, ``error`` ...), ``batch split``, :data:`INTERRUPTED` or
     :data:`IN_FLIGHT`; ``error`` is the failure's text; ``host`` the host its rank named in
     that run's first READY (None: not recorded, as by a version before the joblog's host);
-    ``costs`` what each item's attempt cost, by work ID, when its worker said (``{"cpu", "rss",
-    "by"}``, see :mod:`durable_dispatch.mpi.usage`; None: nothing said)."""
+    ``costs`` what each item's attempt cost, by work ID, when its worker said (a
+    :class:`~durable_dispatch.cost.Cost`; None: nothing said)."""
 
     work_ids: tuple[str, ...]
     rank: int | None
@@ -56,7 +57,7 @@ class Attempt:
     open_items: int = 0
     failed: str | None = None
     host: str | None = None
-    costs: dict[str, dict[str, Any]] | None = None
+    costs: dict[str, Cost] | None = None
 
     def seconds(self, now: float) -> float | None:
         """How long it ran (until ``now`` while in flight), or None without a start time."""
