@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from durable_dispatch.campaign.costs import CostTable, cost_entries
-from durable_dispatch.core.events import check_event
+from durable_dispatch.campaign.costs import CostTable, cost_entries, record_members
+from durable_dispatch.core.events import check_event, record_costs
 from durable_dispatch.cost import BY_MAX, cost, is_cost, is_cost_table, wire_table
 from durable_dispatch.schema import Invalid, check_defer_record
 
@@ -75,3 +75,20 @@ def test_a_table_is_only_for_several_costs_all_measured_alike() -> None:
     assert wire_table(["a", "b"], [one, None]) is None
     assert wire_table(["a", "b"], [one, other]) is None
     assert wire_table(["a", 2], [one, one]) is None
+
+
+def test_what_a_record_carries_of_its_costs_reads_back_by_work_id() -> None:
+    """``record_members`` writes a record's cost members, ``events.record_costs`` reads them."""
+    a, b = cost(0.5, 1, "child"), cost(1.0, None, "child")
+    table = cost_entries(wire_table(["a", "b"], [a, b]) or {})
+    assert table is not None
+    for held, ids, members in [
+        ({"a": a}, ("a",), {"cost": a}),
+        ({"a": a}, ("z",), {}),
+        (table, ("a", "b"), {"cost_table": {"cpu": [0.5, 1.0], "rss": [1, None], "by": "child"}}),
+        (table, ("b", "a"), {"costs": [b, a]}),  # not the table's order: one per item
+        ({"a": a}, ("a", "z"), {"costs": [a, None]}),
+    ]:
+        assert record_members(held, ids) == members
+        want = {w: c for w, c in (("a", a), ("b", b)) if w in ids and held.get(w) is not None}
+        assert (record_costs(members, ids) or {}) == want

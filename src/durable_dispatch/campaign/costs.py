@@ -23,7 +23,7 @@ from typing import Any
 
 from ..cost import Cost, columns_ok, is_cost
 
-__all__ = ["CostTable", "cost_entries"]
+__all__ = ["CostTable", "cost_entries", "record_members"]
 
 _STR = frozenset((str,))
 
@@ -101,3 +101,17 @@ def cost_entries(costs: dict[str, Any]) -> dict[str, Any] | CostTable | None:
         return costs if type(w) is str and is_cost(c) else None
     clean = {w: c for w, c in costs.items() if type(w) is str and is_cost(c)}
     return clean or None
+
+
+def record_members(held: dict[str, Cost] | CostTable, work_ids: tuple[str, ...]) -> dict[str, Any]:
+    """The members a ``committed`` record of ``work_ids`` carries for what their attempts cost,
+    from the costs held for their dispatch (the inverse of
+    :func:`durable_dispatch.core.events.record_costs`): ``cost`` for one item; ``cost_table``,
+    the worker's columns as they came, when ``held`` is a table of exactly these items in its
+    order, none taken; else ``costs``, one per item or null. {} when one item has none held."""
+    if len(work_ids) == 1:
+        c = held.get(work_ids[0])
+        return {} if c is None else {"cost": c}
+    if type(held) is CostTable and (table := held.columns_for(work_ids)) is not None:
+        return {"cost_table": table}
+    return {"costs": [held.get(w) for w in work_ids]}
