@@ -16,6 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from durable_dispatch.batch import (
+    AllocationEnd,
+    parse_slurm_duration,
+    parse_slurm_time,
+    scontrol_fields,
+    slurm_job,
+)
 from durable_dispatch.core import Dispatcher, WatchdogConfig, WorkItem
 from durable_dispatch.core.allocation import (
     DrainPlan,
@@ -25,7 +32,6 @@ from durable_dispatch.core.allocation import (
 )
 from durable_dispatch.core.decisions import Send
 from durable_dispatch.core.watchdog import QuantileWindow
-from durable_dispatch.mpi.allocation import AllocationEnd, parse_slurm_time
 
 from .helpers import examples
 
@@ -355,3 +361,12 @@ def test_a_bad_drain_margin_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(UsageError, match="drain_margin"):
         run_master([], tmp_path / "s", comm=LocalWorkers(lambda p: p, workers=1), drain_margin=-1)
+
+
+def test_slurm_is_read_by_one_module_for_the_master_and_for_launch() -> None:
+    """``launch`` and the allocation's end read ``scontrol`` with the same parsers."""
+    f = scontrol_fields("JobId=7 JobState=COMPLETING RunTime=1-00:00:20 Comment=a=b Junk")
+    assert f == {"JobId": "7", "JobState": "COMPLETING", "RunTime": "1-00:00:20", "Comment": "a=b"}
+    assert parse_slurm_duration(f["RunTime"]) == 86420.0
+    assert parse_slurm_duration("05:00") == 300.0 and parse_slurm_duration("UNLIMITED") is None
+    assert slurm_job({"SLURM_JOBID": "9"}) == "9" and slurm_job({"SLURM_JOB_ID": ""}) is None

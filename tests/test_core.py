@@ -39,6 +39,7 @@ ALLOWED_OUTSIDE = {
     "durable_dispatch.schema",
     "durable_dispatch.tokens",
     "durable_dispatch._lazy",
+    "durable_dispatch.cost",  # the Cost type and its validator (events.py's records carry it)
 }
 
 

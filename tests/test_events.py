@@ -21,7 +21,10 @@ from durable_dispatch.core.events import (
     WorkerHost,
     check_event,
     decode,
+    decode_moved,
     encode,
+    record_costs,
+    record_time,
 )
 from durable_dispatch.schema import Invalid
 from durable_dispatch.tokens import Token
@@ -90,3 +93,33 @@ def test_a_later_versions_event_passes_and_decodes_to_none() -> None:
         check_event({"no": "event"})
     with pytest.raises(TypeError):
         encode("not an event")  # type: ignore[arg-type]
+
+
+def test_a_moved_result_decodes_as_its_committed_record_with_where_it_came_from() -> None:
+    rec = {**encode(Committed(T, 2, ("a", "b"), (1, None), 99.0)), "event": "result"}
+    m = decode_moved({**rec, "seq": 41, "started": 98, "host": "n1"})
+    assert (m.seq, m.commit, m.started, m.host) == (
+        41,
+        decode({**rec, "event": "committed"}),
+        98.0,
+        "n1",
+    )
+    assert decode_moved({**rec, "seq": 1}).started is None
+    with pytest.raises(Invalid, match="seq"):
+        decode_moved(rec)
+    with pytest.raises(Invalid, match="rank"):
+        decode_moved({**rec, "seq": 1, "rank": "2"})
+
+
+def test_a_records_costs_and_time_are_read_in_one_place() -> None:
+    c = {"cpu": 0.5, "rss": 10, "by": "child"}
+    assert record_costs({"cost": c}, ("a",)) == {"a": c}
+    table = {"cpu": [0.5, None], "rss": [10, None], "by": "child"}
+    assert record_costs({"cost_table": table}, ("a", "b")) == {
+        "a": c,
+        "b": {"cpu": None, "rss": None, "by": "child"},
+    }
+    assert record_costs({"costs": [None, c]}, ("a", "b")) == {"b": c}
+    assert record_costs({}, ("a",)) is None
+    assert record_time({"ts": 3}) == 3.0 and record_time({"ts": True}) is None
+    assert record_time({}) is None

@@ -115,10 +115,12 @@ def test_the_mpi_shell_and_the_fault_injection_do_not_reach_up() -> None:
 
 
 def test_the_core_imports_no_io() -> None:
-    """The sans-I/O core (DESIGN.md): it stands on errors, tokens and schema only, and of the
-    standard library it imports no module that reaches files, clocks, processes or MPI."""
+    """The sans-I/O core (DESIGN.md): it stands on errors, tokens, schema and cost (pure codecs
+    of records) only, and of the standard library it imports no module that reaches files,
+    clocks, processes or MPI."""
     g = imports()
     allowed = {"durable_dispatch.errors", "durable_dispatch.tokens", "durable_dispatch.schema"}
+    allowed |= {"durable_dispatch.cost"}
     allowed |= {"durable_dispatch._lazy"}
     io = {"os", "io", "time", "socket", "subprocess", "threading", "signal", "mpi4py", "pathlib"}
     io |= {"shutil", "tempfile", "select", "asyncio", "multiprocessing", "logging", "sys"}
@@ -144,7 +146,18 @@ def test_the_core_imports_no_io() -> None:
 #: The facade on top (the package's ``__init__``, ``__main__``, the pytest plugin) may import
 #: anything.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "tokens", "schema", "values", "_lazy", "processes", "progress", "commands"),
+    (
+        "errors",
+        "tokens",
+        "schema",
+        "values",
+        "_lazy",
+        "processes",
+        "progress",
+        "commands",
+        "batch",
+        "cost",
+    ),
     ("core", "storage"),
     ("campaign",),
     ("views",),

@@ -10,7 +10,7 @@ import pytest
 from durable_dispatch.core import ItemFailure
 from durable_dispatch.mpi import protocol as P
 from durable_dispatch.mpi.context import ItemOutcome, WorkContext, call_work_function
-from durable_dispatch.mpi.worker import result_message
+from durable_dispatch.mpi.protocol import result_message
 
 
 def test_a_result_body_reads_as_results_and_per_item_errors() -> None:
@@ -168,3 +168,28 @@ def test_a_results_costs_and_outputs_never_take_it_over_its_bound_nor_displace_a
     table = msg["costs"]  # (several items measured alike: one column each, campaign/costs.py)
     assert table == {"ids": ids, "cpu": [0.125] * n, "rss": [21 << 20] * n, "by": "child"}
     assert len(msg["outputs"]) == n
+
+
+def test_a_work_message_reads_back_as_the_master_sent_it() -> None:
+    """WORK both ways in protocol.py: what ``work_message`` encodes, ``read_work`` reads."""
+    from durable_dispatch.core import Dispatcher, Send, WatchdogConfig, WorkItem
+
+    d = Dispatcher(epoch=1, watchdog=WatchdogConfig(30.0), ranks=(1,))
+    d.submit([WorkItem("a", 1), WorkItem("b", 2)])
+    s = d.reserve(0.0, 2)
+    assert isinstance(s, Send)
+    work = P.read_work(P.decode(P.work_message(s, ahead=True))[0])
+    assert work is not None
+    assert (work.token, work.seconds, work.lease) == (str(s.token), s.seconds, s.lease)
+    assert work.ahead
+    assert [(w["work_id"], w["payload"]) for w in work.items] == [("a", 1), ("b", 2)]
+    assert P.read_work(None) is None and P.read_work({"items": [1]}) is None
+    odd = P.read_work({"token": "e1-1", "items": [{}], "seconds": -1, "lease": "x", "ahead": 1})
+    assert odd == P.Work("e1-1", [{}], None, 0.0, False)  # one item: never ahead
+    assert P.read_work({"items": [], "seconds": 2}) == P.Work(None, [], 2.0, 2.0, False)
+
+
+def test_a_part_is_a_result_with_its_work_ids_first() -> None:
+    raw = P.part_message("e1-9", [ItemOutcome(b"7")], ["w1"])
+    assert raw.startswith(b'{"ids":["w1"],"token":"e1-9"')
+    assert orjson.loads(raw)["results"] == [7]

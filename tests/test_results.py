@@ -199,3 +199,23 @@ def test_the_results_command_lists_them_all_as_jsonl_json_or_text(tmp_path: Path
     assert out.splitlines()[0].split() == ["w000", '{"done":"w000"}']
     bad = subprocess.run([*cli[:-1], str(tmp_path / "nope")], capture_output=True, text=True)
     assert bad.returncode == 2 and "Error" in bad.stderr
+
+
+@pytest.mark.parametrize("forged", [{"rank": "2"}, {"work_ids": []}, {"cost": {"cpu": "x"}}])
+def test_a_forged_committed_record_is_damage_to_every_reader_of_results(
+    tmp_path: Path, forged: dict[str, Any]
+) -> None:
+    """The results and the history decode the committed record as the master's replay does
+    (events.py): a record it would refuse is refused by them, not read around."""
+    from durable_dispatch.campaign.statedir import STATE_JOURNAL
+    from durable_dispatch.errors import JournalCorruptError
+    from durable_dispatch.storage.journal import Journal
+    from durable_dispatch.views.history import read_history
+
+    _campaign(tmp_path, _ids(3))
+    with Journal.open(tmp_path / STATE_JOURNAL) as j:
+        j.append({"event": "committed", "token": "e1-99", "work_id": "x", "result": 1, **forged})
+    with pytest.raises(JournalCorruptError, match="committed|rank|work_ids|cost"):
+        list(read_results(tmp_path))
+    with pytest.raises(JournalCorruptError):
+        read_history(tmp_path, now=0.0, running=False)

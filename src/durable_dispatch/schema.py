@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .cost import is_cost, is_cost_or_none, is_cost_table
 from .tokens import Token
 
 __all__ = [
@@ -87,38 +88,6 @@ def is_int_or_none(v: Any) -> bool:
     return v is None or type(v) is int
 
 
-def is_cost(v: Any) -> bool:
-    """True for what an attempt cost as a record keeps it: ``{"cpu": seconds or null, "rss":
-    bytes or null, "by": how it was measured}`` (more members allowed)."""
-    return (
-        type(v) is dict
-        and is_num_or_none(v.get("cpu"))
-        and is_int_or_none(v.get("rss"))
-        and type(v.get("by")) is str
-    )
-
-
-def is_cost_table(v: Any) -> bool:
-    """True for the costs of a record's items measured alike, in columns (``cost_table``):
-    ``{"cpu": [seconds or null ...], "rss": [bytes or null ...], "by": how}``, one entry per
-    item in the order of the record's work IDs."""
-    if type(v) is not dict or type(v.get("by")) is not str:
-        return False
-    cpu, rss = v.get("cpu"), v.get("rss")
-    return (
-        type(cpu) is list
-        and type(rss) is list
-        and len(cpu) == len(rss)
-        and all(map(is_num_or_none, cpu))
-        and all(map(is_int_or_none, rss))
-    )
-
-
-def is_cost_or_none(v: Any) -> bool:
-    """True for a cost (:func:`is_cost`) or None."""
-    return v is None or is_cost(v)
-
-
 def list_of(check: Check) -> Check:
     """A check for a list whose every element passes ``check``."""
     return lambda v: type(v) is list and all(map(check, v))
@@ -176,8 +145,9 @@ _WHY: dict[Check, str] = {
     is_int_or_none: "not an integer or null",
     _item: "not a work item (an object with a string work_id)",
     _in_flight: "not an in-flight entry (token, rank, work)",
-    is_cost: "not a cost (an object with cpu, rss and by)",
-    is_cost_or_none: "not a cost (an object with cpu, rss and by) or null",
+    is_cost: "not a cost (an object of exactly cpu, rss and by)",
+    is_cost_or_none: "not a cost (an object of exactly cpu, rss and by) or null",
+    is_cost_table: "not a table of costs (cpu and rss columns of one length, and by)",
 }
 
 

@@ -1,9 +1,10 @@
 """What the attempts of a dispatch cost, as the master holds them until each item's outcome is
 journaled (``LoopCalls.note_usage`` takes them from a RESULT, the delivery puts them in the
-records; see :mod:`durable_dispatch.mpi.usage` for what a cost is).
+records; see :mod:`durable_dispatch.cost` for what a cost is and its forms).
 
-A RESULT's ``costs`` come in one of two forms, both checked here before anything is kept (a
-worker's word):
+A RESULT's ``costs`` come in one of two forms, both checked here with the one validator of a
+cost (:func:`~durable_dispatch.cost.is_cost`, :func:`~durable_dispatch.cost.columns_ok`) before
+anything is kept (a worker's word):
 
 - by work ID, ``{"<work_id>": {"cpu", "rss", "by"}, ...}``: any mix of items, a worker of any
   version;
@@ -20,26 +21,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["CostTable", "is_cost_entry", "cost_entries"]
+from ..cost import Cost, columns_ok, is_cost
 
-_NUMBER = frozenset((int, float, type(None)))
-_INT = frozenset((int, type(None)))
+__all__ = ["CostTable", "cost_entries", "record_members"]
+
 _STR = frozenset((str,))
-#: the longest ``by`` a record keeps (the library's own words are shorter)
-BY_MAX = 32
-
-
-def is_cost_entry(c: Any) -> bool:
-    """True for a worker's cost entry a record may keep as it is (``schema.is_cost``, and
-    nothing more: three members, a short ``by``)."""
-    return (
-        type(c) is dict
-        and len(c) == 3
-        and type(c.get("cpu")) in _NUMBER
-        and type(c.get("rss")) in _INT
-        and type(by := c.get("by")) is str
-        and len(by) <= BY_MAX
-    )
 
 
 class CostTable:
@@ -57,24 +43,15 @@ class CostTable:
     @classmethod
     def parse(cls, v: dict[str, Any]) -> CostTable | None:
         """The table a RESULT's ``costs`` holds, or None when it is not a well-formed one."""
+        ids: Any
+        cpu: Any
+        rss: Any
+        by: Any
         ids, cpu, rss, by = v.get("ids"), v.get("cpu"), v.get("rss"), v.get("by")
-        if not (
-            len(v) == 4
-            and type(ids) is list
-            and type(cpu) is list
-            and type(rss) is list
-            and type(by) is str
-            and len(by) <= BY_MAX
-            and 0 < len(ids) == len(cpu) == len(rss)
-        ):
+        if not (len(v) == 4 and type(ids) is list and ids and columns_ok(cpu, rss, by)):
             return None
         # (one C-level pass per column: the types present, and no work ID twice)
-        if not (
-            set(map(type, ids)) == _STR
-            and set(map(type, cpu)) <= _NUMBER
-            and set(map(type, rss)) <= _INT
-            and len(set(ids)) == len(ids)
-        ):
+        if not (len(ids) == len(cpu) and set(map(type, ids)) == _STR and len(set(ids)) == len(ids)):
             return None
         return cls(tuple(ids), cpu, rss, by)
 
@@ -86,7 +63,7 @@ class CostTable:
     def __len__(self) -> int:
         return len(self.ids) if self._left is None else len(self._left)
 
-    def get(self, work_id: str) -> dict[str, Any] | None:
+    def get(self, work_id: str) -> Cost | None:
         """The cost of ``work_id``'s attempt, or None."""
         i = self._index().get(work_id)
         return None if i is None else {"cpu": self.cpu[i], "rss": self.rss[i], "by": self.by}
@@ -99,7 +76,7 @@ class CostTable:
         del self._index()[work_id]
         return c
 
-    def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
+    def items(self) -> Iterator[tuple[str, Cost]]:
         """The costs not taken yet, by work ID."""
         for w in list(self._index()):
             c = self.get(w)
@@ -121,6 +98,20 @@ def cost_entries(costs: dict[str, Any]) -> dict[str, Any] | CostTable | None:
         return CostTable.parse(costs)
     if len(costs) == 1:  # (batch 1: the usual RESULT, no copy)
         ((w, c),) = costs.items()
-        return costs if type(w) is str and is_cost_entry(c) else None
-    clean = {w: c for w, c in costs.items() if type(w) is str and is_cost_entry(c)}
+        return costs if type(w) is str and is_cost(c) else None
+    clean = {w: c for w, c in costs.items() if type(w) is str and is_cost(c)}
     return clean or None
+
+
+def record_members(held: dict[str, Cost] | CostTable, work_ids: tuple[str, ...]) -> dict[str, Any]:
+    """The members a ``committed`` record of ``work_ids`` carries for what their attempts cost,
+    from the costs held for their dispatch (the inverse of
+    :func:`durable_dispatch.core.events.record_costs`): ``cost`` for one item; ``cost_table``,
+    the worker's columns as they came, when ``held`` is a table of exactly these items in its
+    order, none taken; else ``costs``, one per item or null. {} when one item has none held."""
+    if len(work_ids) == 1:
+        c = held.get(work_ids[0])
+        return {} if c is None else {"cost": c}
+    if type(held) is CostTable and (table := held.columns_for(work_ids)) is not None:
+        return {"cost_table": table}
+    return {"costs": [held.get(w) for w in work_ids]}

@@ -14,10 +14,11 @@ writing at that moment is not read yet).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
+from ..core.events import Committed, decode_moved
 from ..values import TAG, restore
 from .statedir import (
     RESULT_RECORD_BYTES,
@@ -75,28 +76,21 @@ class CommittedResult:
 
 
 def results_of_event(ev: Mapping[str, Any], seq: int) -> list[CommittedResult]:
-    """The results a ``committed`` event holds (one, or several for a multi-item dispatch)."""
-    token = ev.get("token")
-    epoch: int | None = None
-    if isinstance(token, str) and token.startswith("e") and "-" in token:
-        head = token[1:].split("-", 1)[0]
-        epoch = int(head) if head.isdigit() else None
-    rank, ts = ev.get("rank"), ev.get("ts")
-    if "work_ids" in ev:
-        pairs = list(zip(ev["work_ids"], ev.get("results") or [], strict=False))
-    else:
-        pairs = [(ev.get("work_id"), ev.get("result"))]
+    """The results a ``committed`` record holds (one, or several for a multi-item dispatch),
+    decoded by :mod:`durable_dispatch.core.events` (a moved result's record too).
+
+    Raises:
+        Invalid: the record does not match the ``committed`` schema.
+    """
+    return _rows(_committed(ev), seq)
+
+
+def _rows(c: Committed, seq: int) -> list[CommittedResult]:
+    token = c.token
+    name, epoch = (None, None) if token is None else (str(token), token.epoch)
     return [
-        CommittedResult(
-            str(wid),
-            value,
-            seq,
-            token if isinstance(token, str) else None,
-            epoch,
-            rank if type(rank) is int else None,
-            float(ts) if isinstance(ts, (int, float)) else None,
-        )
-        for wid, value in pairs
+        CommittedResult(wid, value, seq, name, epoch, c.rank, c.ts)
+        for wid, value in zip(c.work_ids, c.results, strict=False)
     ]
 
 
@@ -191,10 +185,10 @@ def stored_results(
         path = os.path.join(d, RESULTS_JOURNAL)
         if os.path.exists(path):
             for rec in _read(path):
-                seq = int(rec.payload["seq"])
-                if seq > after:
-                    moved = max(moved, seq)
-                    yield from keep(results_of_event(rec.payload, seq))
+                m = _checked(path, rec, decode_moved)
+                if m.seq > after:
+                    moved = max(moved, m.seq)
+                    yield from keep(_rows(m.commit, m.seq))
 
     yield from from_results_journal(-1)
     upto = moved
@@ -202,10 +196,31 @@ def stored_results(
     if os.path.exists(path):
         for rec in _read(path, from_seq=max(upto, after_seq) + 1):
             if rec.payload.get("event") == "committed":
-                yield from keep(results_of_event(rec.payload, rec.seq))
+                yield from keep(_rows(_checked(path, rec, _committed), rec.seq))
     # A compaction that ran while the state journal was read moved results after ``upto``
     # into the results journal; those are read from there (nothing twice: one per work ID).
     yield from from_results_journal(upto)
+
+
+_T = TypeVar("_T")
+
+
+def _committed(rec: Any) -> Committed:
+    Committed.check(rec)
+    return Committed.decode(rec)
+
+
+def _checked(path: str, rec: Any, decode: Callable[[Any], _T]) -> _T:
+    """``decode(rec.payload)``; a record that does not match its schema is damage."""
+    from ..errors import JournalCorruptError
+    from ..schema import Invalid
+
+    try:
+        return decode(rec.payload)
+    except Invalid as e:
+        raise JournalCorruptError(
+            f"{path}: invalid committed record (seq {rec.seq}): {e}", path=path, reason=str(e)
+        ) from None
 
 
 def _read(path: str, from_seq: int = 0, max_bytes: int = RESULT_RECORD_BYTES) -> Iterator[Any]:

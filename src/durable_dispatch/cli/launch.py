@@ -37,13 +37,14 @@ campaign.py`` (or ``-- srun --mpi=pmix python campaign.py``), and needs no ``tra
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ..batch import job_fields, parse_slurm_duration, requeue_command
 
 __all__ = [
     "RESUMABLE",
@@ -67,44 +68,6 @@ HOLD_SECONDS = 10.0
 SETTLE_SECONDS = 10.0
 
 
-def requeue_command(env: Mapping[str, str]) -> list[str] | None:
-    """The command that requeues this batch job, or None outside a Slurm job."""
-    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    if not job:
-        return None
-    return [shutil.which("scontrol") or "scontrol", "requeue", job]
-
-
-def job_fields(env: Mapping[str, str]) -> dict[str, str]:
-    """This Slurm job's fields as ``scontrol -o show job`` prints them (``JobState``,
-    ``RunTime``, ``TimeLimit``...), or {} when they cannot be read."""
-    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    if not job:
-        return {}
-    try:
-        r = subprocess.run(
-            [shutil.which("scontrol") or "scontrol", "-o", "show", "job", job],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return dict(w.split("=", 1) for w in r.stdout.split() if "=" in w)
-
-
-def _seconds(text: str) -> float | None:
-    """``[D-]HH:MM:SS`` (or ``MM:SS``) as seconds; None for ``UNLIMITED`` and the unreadable."""
-    days, _, hms = text.rpartition("-")
-    try:
-        parts = [int(p) for p in hms.split(":")]
-        whole_days = int(days) if days else 0
-    except ValueError:
-        return None
-    return float(sum(p * 60**i for i, p in enumerate(reversed(parts))) + whole_days * 86400)
-
-
 def cancelled(fields: Mapping[str, str]) -> bool:
     """True when ``scancel`` (not the time limit) is ending this job. Inside the job both look
     alike (``JobState=COMPLETING``, SIGTERM to every process); a time limit has used up the
@@ -115,7 +78,8 @@ def cancelled(fields: Mapping[str, str]) -> bool:
         return True
     if state != "COMPLETING":
         return False  # RUNNING: a --signal or an scancel --signal request; the job goes on
-    limit, run = _seconds(fields.get("TimeLimit", "")), _seconds(fields.get("RunTime", ""))
+    limit = parse_slurm_duration(fields.get("TimeLimit", ""))
+    run = parse_slurm_duration(fields.get("RunTime", ""))
     return limit is None or run is None or run < limit
 
 

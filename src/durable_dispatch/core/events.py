@@ -31,6 +31,10 @@ a ``committed`` record of several items ``costs``, one per item or null; see
 :mod:`durable_dispatch.mpi.usage`), for the joblog and the report: the shell adds it to the
 record, the ledger ignores it, and a journal without it reads.
 
+Every reader decodes these records here (replay, the results, the history): a result that
+compaction moved with :func:`decode_moved`, a record's time with :func:`record_time`, its costs
+with :func:`record_costs`.
+
 :func:`decode` checks a record against its event's schema (S11, :func:`check_event`) and raises
 :class:`~durable_dispatch.schema.Invalid` when it does not match; an event of a later version is
 ``None`` (forward compatibility: the fold ignores it).
@@ -42,14 +46,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..cost import Cost, is_cost, is_cost_or_none, is_cost_table
 from ..schema import (
     Check,
     Invalid,
     check_members,
     is_bool,
-    is_cost,
-    is_cost_or_none,
-    is_cost_table,
     is_int,
     is_int_or_none,
     is_num_or_none,
@@ -80,6 +82,10 @@ __all__ = [
     "decode",
     "check_event",
     "of_decision",
+    "MovedResult",
+    "decode_moved",
+    "record_time",
+    "record_costs",
 ]
 
 #: ``stored(first, count)``: the items of a stored submission (see :func:`decode`)
@@ -285,7 +291,7 @@ class Committed(_Event):
             results = tuple(results) if type(results) is list else (None,) * len(wids)
         else:
             results = (rec.get("result"),)
-        return cls(Token.parse(rec.get("token")), rec.get("rank"), wids, results, rec.get("ts"))
+        return cls(Token.parse(rec.get("token")), rec.get("rank"), wids, results, record_time(rec))
 
 
 @dataclass(frozen=True, slots=True)
@@ -608,6 +614,60 @@ def decode(rec: Any, stored: Stored | None = None) -> Event | None:
     check_event(rec)
     cls = _BY_NAME.get(rec["event"])
     return None if cls is None else cls.decode(rec, stored)
+
+
+def record_time(rec: Mapping[str, Any]) -> float | None:
+    """The wall-clock time the shell stamped on a record (``ts``), or None (none, or no number)."""
+    return _num(rec.get("ts"))
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and type(v) is not bool else None
+
+
+def record_costs(rec: Mapping[str, Any], work_ids: Sequence[str]) -> dict[str, Cost] | None:
+    """What the attempts of a checked ``committed``, ``requeued`` or ``deferred`` record cost,
+    by work ID (``work_ids``: the record's, in order), from its ``cost`` (one item),
+    ``cost_table`` (columns) or ``costs`` (one per item or null); None when it has none. The
+    ledger never needs them: :func:`decode` leaves them in the record, a replay pays nothing."""
+    cost = rec.get("cost")
+    if cost is not None and len(work_ids) == 1:
+        return {work_ids[0]: cost}
+    if (table := rec.get("cost_table")) is not None:
+        by, cols = table["by"], zip(work_ids, table["cpu"], table["rss"], strict=False)
+        return {w: {"cpu": c, "rss": r, "by": by} for w, c, r in cols}
+    if (many := rec.get("costs")) is not None:
+        return {w: c for w, c in zip(work_ids, many, strict=False) if c is not None}
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class MovedResult:
+    """A ``committed`` record compaction moved into the results journal (``{..., "event":
+    "result", "seq", "started", "host"}``): ``seq``, its sequence number in the state journal;
+    ``commit``, its event; ``started``, when its dispatch was sent; ``host``, its rank's."""
+
+    seq: int
+    commit: Committed
+    started: float | None
+    host: str | None
+
+
+def decode_moved(rec: Any) -> MovedResult:
+    """The moved result a results-journal record holds, checked as a ``committed`` record.
+
+    Raises:
+        Invalid: not an object, no integer ``seq``, or not a ``committed`` record.
+    """
+    if type(rec) is not dict:
+        raise Invalid("(record)", "not an object")
+    if type(seq := rec.get("seq")) is not int:
+        raise Invalid("seq", "missing or not an integer")
+    Committed.check(rec)
+    host = rec.get("host")
+    return MovedResult(
+        seq, Committed.decode(rec), _num(rec.get("started")), host if type(host) is str else None
+    )
 
 
 def _str(t: Token | None) -> str | None:

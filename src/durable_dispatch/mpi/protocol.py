@@ -14,6 +14,11 @@ each worker's messages in the order it sent them (RESULT before its READY).
 | GONE | worker -> master | ``{"error"}``: the worker failed (at start, or in its loop) and ends |
 | CANCEL | master -> worker | ``{"token"}``: an operator cancelled the dispatch (O1) |
 
+This module holds both ends of WORK and RESULT: the master encodes WORK
+(:func:`work_message`) and the worker reads it (:func:`read_work`); the worker encodes RESULT
+(:func:`result_message`, a part: :func:`part_message`) and the master reads it
+(:func:`read_result`, :func:`sort`).
+
 A WORK message carries one item, or several when the master runs with ``batch > 1``; its RESULT
 has one entry in ``results`` per item, in order. ``seconds`` is the dispatch's deadline as the
 master counts it (null when the watchdog is off) and ``lease`` how far a HEARTBEAT pushes it: an
@@ -54,13 +59,17 @@ answers with one RESULT, as the user chose.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from ..core.decisions import ItemFailure, Send
+from ..cost import wire_table
+from .capture import output_entry
+from .context import ItemOutcome
 
 __all__ = [
     "WORK",
@@ -77,8 +86,14 @@ __all__ = [
     "Inbox",
     "sort",
     "work_message",
+    "Work",
+    "read_work",
+    "result_message",
+    "part_message",
     "BAD",
 ]
+
+log = logging.getLogger("durable_dispatch.mpi")
 
 WORK, RESULT, READY, HEARTBEAT, STOP, GONE = 11, 12, 13, 14, 15, 16
 CANCEL = 17  # issue 52
@@ -92,6 +107,14 @@ TAG_NAMES = {
     CANCEL: "CANCEL",
 }
 MAX_MESSAGE = 16 << 20
+#: characters of a failure's reason a worker sends (a RESULT's error, a GONE)
+REASON_MAX = 2000
+#: characters of a function's traceback a RESULT carries (its last lines)
+TRACEBACK_MAX = 16000
+#: bytes of a RESULT kept for its envelope and error entries
+ROOM = 64 << 10
+#: bytes of a RESULT its items' outputs may take, at most
+OUTPUT_ROOM = 4 << 20
 
 
 def encode(obj: Any) -> bytes:
@@ -247,3 +270,149 @@ def work_message(
     if ahead and len(items) > 1:
         body["ahead"] = True
     return orjson.dumps(body)
+
+
+class Work(NamedTuple):
+    """A WORK message as the worker reads it (:func:`read_work`).
+
+    Attributes:
+        token: the dispatch's token, as it came (the worker's answers echo it).
+        items: the items, each ``{"work_id", "payload", "attempt", ...}``, in order.
+        seconds: the dispatch's deadline in seconds from now, or None (no watchdog).
+        lease: how far a HEARTBEAT pushes the deadline (0: it is fixed, every item has its own
+            timeout).
+        ahead: the worker may send finished items ahead of its RESULT (several items only).
+    """
+
+    token: Any
+    items: list[dict[str, Any]]
+    seconds: float | None
+    lease: float
+    ahead: bool
+
+
+def read_work(body: dict[str, Any] | None) -> Work | None:
+    """The WORK a decoded body holds (:func:`decode`), or None when it holds none (no body, or
+    no list of item objects: the worker waits for the next message). A deadline that is not a
+    positive number is none; a lease that is not a number of seconds (0 or more) is the
+    deadline's."""
+    if body is None:
+        return None
+    items = body.get("items")
+    if not isinstance(items, list) or not all(isinstance(w, dict) for w in items):
+        return None
+    seconds = body.get("seconds")
+    seconds = float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
+    lease = body.get("lease")
+    lease = float(lease) if isinstance(lease, (int, float)) and lease >= 0 else seconds or 0.0
+    ahead = len(items) > 1 and bool(body.get("ahead"))
+    return Work(body.get("token"), items, seconds, lease, ahead)
+
+
+def result_message(
+    token: Any,
+    outcomes: list[ItemOutcome],
+    whole: ItemOutcome | None,
+    ids: list[Any] | None = None,
+) -> bytes:
+    """The RESULT for a dispatch: one entry per item (its result JSON spliced in as it came) and
+    an ``errors`` entry with kind and reason for each item that failed; or, for a dispatch that
+    failed as a whole, ``{"token", "error", "kind"}``. Results that would take the message over
+    its bound become ``result-too-large`` errors. ``ids``: the items' work IDs, in order: each
+    item's cost goes in ``costs`` and what it wrote (with isolation) in ``outputs``, by work ID
+    (see the module docs); outputs past :data:`OUTPUT_ROOM` bytes are left out, logged."""
+    if whole is not None:
+        reason = (whole.reason or "")[:REASON_MAX]
+        body: dict[str, Any] = {"token": token, "error": reason, "kind": whole.kind}
+        if type(whole.about) is str:
+            if whole.cost is not None:
+                body["costs"] = {whole.about: whole.cost}
+            if whole.output is not None and (said := output_entry(whole.output)):
+                body["outputs"] = {whole.about: said}
+        return orjson.dumps(body)
+    parts: list[bytes] = []
+    errors: dict[str, dict[str, Any]] = {}
+    room = MAX_MESSAGE - ROOM
+    for i, o in enumerate(outcomes):
+        if o.raw is not None and len(o.raw) > room:
+            o = ItemOutcome(
+                None,
+                "result-too-large",
+                f"{len(o.raw)} bytes would overfill the "
+                f"RESULT message ({MAX_MESSAGE} bytes for the whole dispatch)",
+            )
+        if o.raw is None:
+            parts.append(b"null")
+            entry: dict[str, Any] = {
+                "kind": o.kind or "error",
+                "reason": (o.reason or "")[:REASON_MAX],
+            }
+            if o.final:
+                entry["final"] = True
+            if o.traceback:
+                entry["traceback"] = o.traceback[-TRACEBACK_MAX:]
+            errors[str(i)] = entry
+        else:
+            parts.append(o.raw)
+            room -= len(o.raw)
+    raw = b'{"token":' + orjson.dumps(token) + b',"results":[' + b",".join(parts) + b"]"
+    if errors:
+        raw += b',"errors":' + orjson.dumps(errors)
+    # What the items cost and wrote: diagnostics, in the room the results left (never in
+    # place of a result, never over the message's bound).
+    costs = _costs(ids, outcomes) if ids is not None else b""
+    if costs and len(costs) + 16 > room:
+        log.warning("worker: the items' costs are not kept: the RESULT has no room left")
+    elif costs:
+        raw += b',"costs":' + costs
+        room -= len(costs) + 16
+    outputs = _outputs(ids, outcomes, room) if ids is not None else b""
+    if outputs:
+        raw += b',"outputs":' + outputs
+    return raw + b"}"
+
+
+def _costs(ids: list[Any], outcomes: list[ItemOutcome]) -> bytes:
+    """The ``costs`` member of a RESULT (empty when no item's cost was measured): a table of
+    columns when there are several items, all measured and alike (the master keeps it as it
+    comes, see :mod:`durable_dispatch.cost`), else by work ID."""
+    cs = [o.cost for o in outcomes]
+    table = wire_table(ids, cs)
+    if table is not None:
+        return orjson.dumps(table)
+    c = {w: o for w, o in zip(ids, cs, strict=True) if o is not None and type(w) is str}
+    return orjson.dumps(c) if c else b""
+
+
+def _outputs(ids: list[Any], outcomes: list[ItemOutcome], room: int) -> bytes:
+    """The ``outputs`` member of a RESULT (empty when no item wrote anything), in at most
+    :data:`OUTPUT_ROOM` bytes and ``room``, what the results left."""
+    said: dict[Any, bytes] = {}
+    left = min(OUTPUT_ROOM, room - 64)  # (64: the member's name and its braces)
+    dropped: list[str] = []
+    for w, o in zip(ids, outcomes, strict=True):
+        if o.output is None or type(w) is not str or (entry := output_entry(o.output)) is None:
+            continue
+        raw = orjson.dumps(entry)
+        if len(raw) + len(w) + 4 > left:
+            dropped.append(w)
+            continue
+        said[w] = raw
+        left -= len(raw) + len(w) + 4  # (the ID, its quotes, the colon and the comma)
+    if dropped:  # one line a RESULT, not one an item
+        log.warning(
+            "worker: the output of %d items (%s%s) is not kept: the RESULT has no room left",
+            len(dropped),
+            ", ".join(dropped[:3]),
+            ", ..." if len(dropped) > 3 else "",
+        )
+    if not said:
+        return b""
+    return b"{" + b",".join(orjson.dumps(w) + b":" + r for w, r in said.items()) + b"}"
+
+
+def part_message(token: Any, outcomes: list[ItemOutcome], ids: list[Any]) -> bytes:
+    """A RESULT sent ahead for some items of a dispatch (see the module docs): the RESULT of
+    those ``outcomes`` (:func:`result_message`) with their work IDs ``ids`` first."""
+    raw = result_message(token, outcomes, None, ids)
+    return b'{"ids":' + orjson.dumps(ids) + b"," + raw[1:]

@@ -2,7 +2,8 @@
 
 A cost travels with an item's outcome to the master, which keeps it with the attempt (the
 ``cost`` member of the state journal's ``committed``, ``requeued`` and ``deferred`` records; the
-joblog and the report show it). It is ``{"cpu": seconds, "rss": bytes or null, "by": how}``:
+joblog and the report show it). It is a :class:`~durable_dispatch.cost.Cost`, ``{"cpu":
+seconds, "rss": bytes or null, "by": how}`` (its forms: :mod:`durable_dispatch.cost`):
 
 - ``"child"``: measured in the isolated child around the item: the CPU time (user + system) of
   the child's threads and of the processes the item started and waited for, and the child's peak
@@ -29,14 +30,19 @@ import os
 import resource
 from typing import Any
 
+from ..cost import Cost, cost
+
 __all__ = ["InProcessMeter", "Meter", "cost", "peak_of"]
 
 _HWM = b"VmHWM:"
+_getrusage, _SELF, _CHILDREN = resource.getrusage, resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN
 
 
-def cost(cpu: float | None, rss: int | None, by: str) -> dict[str, Any]:
-    """A cost as it travels and is kept (see the module docs)."""
-    return {"cpu": None if cpu is None else round(max(0.0, cpu), 6), "rss": rss, "by": by}
+def _usage() -> tuple[float, Any]:
+    """This process's CPU time (user + system) with that of the children it waited for, and
+    its own ``getrusage`` (its page faults, its peak)."""
+    s, c = _getrusage(_SELF), _getrusage(_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime, s
 
 
 def _hwm(status: bytes) -> int | None:
@@ -61,9 +67,7 @@ def peak_of(pid: int) -> int | None:
 
 def cpu_seconds() -> float:
     """This process's CPU time (user + system) and that of the children it waited for."""
-    s = resource.getrusage(resource.RUSAGE_SELF)
-    c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+    return _usage()[0]
 
 
 _RSS = b"VmRSS:"
@@ -113,16 +117,12 @@ class Meter:
 
     def rebase(self) -> None:
         """A dispatch arrived: its first item's figures start now."""
-        s = resource.getrusage(resource.RUSAGE_SELF)
-        c = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self._cpu_at = s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+        self._cpu_at, s = _usage()
         self._faults_at = s.ru_minflt + s.ru_majflt
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> Cost:
         """The item ended: its cost."""
-        s = resource.getrusage(resource.RUSAGE_SELF)
-        c = resource.getrusage(resource.RUSAGE_CHILDREN)
-        now = s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+        now, s = _usage()
         cpu = now - self.cpu0
         self._cpu_at = now
         self._faults_at = faults = s.ru_minflt + s.ru_majflt
@@ -157,9 +157,6 @@ class Meter:
         self._clear = self._status = None
 
 
-_getrusage, _SELF, _CHILDREN = resource.getrusage, resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN
-
-
 class InProcessMeter:
     """Measures the worker's own process around each item (``isolate=False``, ``by``
     ``"in-process"``), with :class:`Meter`'s calls (:meth:`rebase`, :meth:`start`,
@@ -184,11 +181,9 @@ class InProcessMeter:
         """An item starts (where the one before it ended)."""
         self.cpu0 = self._cpu_at
 
-    def stop(self) -> dict[str, Any]:
-        """The item ended: its cost (:func:`cpu_seconds` and :func:`cost` inlined: the loop
-        pays them once an item, and one ``getrusage`` of this process gives the peak too)."""
-        s, c = _getrusage(_SELF), _getrusage(_CHILDREN)
-        now = s[0] + s[1] + c[0] + c[1]  # (ru_utime, ru_stime)
+    def stop(self) -> Cost:
+        """The item ended: its cost (the ``getrusage`` of this process gives the peak too)."""
+        now, s = _usage()
         cpu = now - self.cpu0
         self._cpu_at = now
-        return {"cpu": round(cpu, 6) if cpu > 0 else 0.0, "rss": s[2] * 1024, "by": self.by}
+        return cost(cpu, s.ru_maxrss * 1024, self.by)

@@ -28,26 +28,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from .. import processes
 from ..errors import UsageError
 from . import guard
 from . import protocol as P
-from .capture import output_entry
 from .context import CHILD_MARKER, MAX_RESULT_BYTES, ItemOutcome, WorkContext, run_items
 from .isolation import CANCEL_REQUESTED, CancelRequested, IsolatedRunner, StopRequested
 from .launchcheck import require_workers
+from .protocol import result_message as result_message
 from .signals import CaughtSignals
 from .usage import InProcessMeter
 
 __all__ = ["run_worker", "WorkContext"]
+# (result_message: the RESULT's encoder lives in protocol.py; imported here for the test
+# workers of durable_dispatch.testing, which take it from this module)
 
 log = logging.getLogger("durable_dispatch.mpi")
-_REASON_MAX = 2000  # characters of a failure's reason sent to the master
-_TRACEBACK_MAX = 16000  # characters of its traceback (its last lines)
-_ROOM = 64 << 10  # bytes of a RESULT kept for its envelope and error entries
-_OUTPUT_ROOM = 4 << 20  # bytes of a RESULT its items' outputs may take, at most
 #: When no item of a dispatch has finished for this long, the outcomes the worker holds are
 #: sent ahead of the dispatch's RESULT (see :class:`_Ahead`; only for dispatches the master
 #: marks ``ahead``: those ``batch="auto"`` sized). Items of such a dispatch finish much closer
@@ -208,117 +204,6 @@ class _InProcessRunner:
         pass
 
 
-def result_message(
-    token: Any,
-    outcomes: list[ItemOutcome],
-    whole: ItemOutcome | None,
-    ids: list[Any] | None = None,
-) -> bytes:
-    """The RESULT for a dispatch: one entry per item (its result JSON spliced in as it came) and
-    an ``errors`` entry with kind and reason for each item that failed; or, for a dispatch that
-    failed as a whole, ``{"token", "error", "kind"}``. Results that would take the message over
-    its bound become ``result-too-large`` errors. ``ids``: the items' work IDs, in order: each
-    item's cost goes in ``costs`` and what it wrote (with isolation) in ``outputs``, by work ID
-    (see :mod:`.protocol`); outputs past :data:`_OUTPUT_ROOM` bytes are left out, logged."""
-    if whole is not None:
-        reason = (whole.reason or "")[:_REASON_MAX]
-        body: dict[str, Any] = {"token": token, "error": reason, "kind": whole.kind}
-        if type(whole.about) is str:
-            if whole.cost is not None:
-                body["costs"] = {whole.about: whole.cost}
-            if whole.output is not None and (said := output_entry(whole.output)):
-                body["outputs"] = {whole.about: said}
-        return orjson.dumps(body)
-    parts: list[bytes] = []
-    errors: dict[str, dict[str, Any]] = {}
-    room = P.MAX_MESSAGE - _ROOM
-    for i, o in enumerate(outcomes):
-        if o.raw is not None and len(o.raw) > room:
-            o = ItemOutcome(
-                None,
-                "result-too-large",
-                f"{len(o.raw)} bytes would overfill the "
-                f"RESULT message ({P.MAX_MESSAGE} bytes for the whole dispatch)",
-            )
-        if o.raw is None:
-            parts.append(b"null")
-            entry: dict[str, Any] = {
-                "kind": o.kind or "error",
-                "reason": (o.reason or "")[:_REASON_MAX],
-            }
-            if o.final:
-                entry["final"] = True
-            if o.traceback:
-                entry["traceback"] = o.traceback[-_TRACEBACK_MAX:]
-            errors[str(i)] = entry
-        else:
-            parts.append(o.raw)
-            room -= len(o.raw)
-    raw = b'{"token":' + orjson.dumps(token) + b',"results":[' + b",".join(parts) + b"]"
-    if errors:
-        raw += b',"errors":' + orjson.dumps(errors)
-    # What the items cost and wrote: diagnostics, in the room the results left (never in
-    # place of a result, never over the message's bound).
-    costs = _costs(ids, outcomes) if ids is not None else b""
-    if costs and len(costs) + 16 > room:
-        log.warning("worker: the items' costs are not kept: the RESULT has no room left")
-    elif costs:
-        raw += b',"costs":' + costs
-        room -= len(costs) + 16
-    outputs = _outputs(ids, outcomes, room) if ids is not None else b""
-    if outputs:
-        raw += b',"outputs":' + outputs
-    return raw + b"}"
-
-
-def _costs(ids: list[Any], outcomes: list[ItemOutcome]) -> bytes:
-    """The ``costs`` member of a RESULT (empty when no item's cost was measured): a table of
-    columns when there are several items, all measured and alike (the master keeps it as it
-    comes, see :mod:`durable_dispatch.campaign.costs`), else by work ID."""
-    cs = [o.cost for o in outcomes]
-    alike = [c for c in cs if c is not None]
-    if 1 < len(alike) == len(cs) == len(ids):
-        by = alike[0]["by"]
-        if all(c["by"] == by for c in alike) and all(type(w) is str for w in ids):
-            return orjson.dumps(
-                {
-                    "ids": ids,
-                    "cpu": [c["cpu"] for c in alike],
-                    "rss": [c["rss"] for c in alike],
-                    "by": by,
-                }
-            )
-    c = {w: o for w, o in zip(ids, cs, strict=True) if o is not None and type(w) is str}
-    return orjson.dumps(c) if c else b""
-
-
-def _outputs(ids: list[Any], outcomes: list[ItemOutcome], room: int) -> bytes:
-    """The ``outputs`` member of a RESULT (empty when no item wrote anything), in at most
-    :data:`_OUTPUT_ROOM` bytes and ``room``, what the results left."""
-    said: dict[Any, bytes] = {}
-    left = min(_OUTPUT_ROOM, room - 64)  # (64: the member's name and its braces)
-    dropped: list[str] = []
-    for w, o in zip(ids, outcomes, strict=True):
-        if o.output is None or type(w) is not str or (entry := output_entry(o.output)) is None:
-            continue
-        raw = orjson.dumps(entry)
-        if len(raw) + len(w) + 4 > left:
-            dropped.append(w)
-            continue
-        said[w] = raw
-        left -= len(raw) + len(w) + 4  # (the ID, its quotes, the colon and the comma)
-    if dropped:  # one line a RESULT, not one an item
-        log.warning(
-            "worker: the output of %d items (%s%s) is not kept: the RESULT has no room left",
-            len(dropped),
-            ", ".join(dropped[:3]),
-            ", ..." if len(dropped) > 3 else "",
-        )
-    if not said:
-        return b""
-    return b"{" + b",".join(orjson.dumps(w) + b":" + r for w, r in said.items()) + b"}"
-
-
 class _Ahead:
     """A dispatch's finished items, sent ahead of its RESULT when the rest is slow.
 
@@ -356,8 +241,7 @@ class _Ahead:
         ):
             order = sorted(held)
             ids = [self.items[i].get("work_id") for i in order]
-            raw = result_message(self.token, [held[i] for i in order], None, ids)
-            self.link.send(P.RESULT, b'{"ids":' + orjson.dumps(ids) + b"," + raw[1:])
+            self.link.send(P.RESULT, P.part_message(self.token, [held[i] for i in order], ids))
             self.sent.update(order)
             held.clear()
 
@@ -513,7 +397,7 @@ def _run(
     except Exception as e:
         # U8: tell the master this rank is gone, so that it never waits for it (with every
         # worker gone it stops with reason "no workers left"); the error then ends this rank.
-        error = f"{type(e).__name__}: {e}"[:_REASON_MAX]
+        error = f"{type(e).__name__}: {e}"[: P.REASON_MAX]
         log.error("worker %d: %s", link.comm.Get_rank(), error)
         link.send(P.GONE, P.encode({"error": error}))
         raise
@@ -534,21 +418,14 @@ def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: Worker
         tag, buf = link.receive()
         if tag == P.STOP:
             return done
-        body, _err = P.decode(buf)
-        if body is None:
+        work = P.read_work(P.decode(buf)[0])
+        if work is None:
             continue
-        items = body.get("items")
-        if not isinstance(items, list) or not all(isinstance(w, dict) for w in items):
-            continue
-        token = body.get("token")
-        seconds = body.get("seconds")
-        seconds = float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
-        lease = body.get("lease")  # 0: the deadline is fixed (every item has its own timeout)
-        lease = float(lease) if isinstance(lease, (int, float)) and lease >= 0 else seconds or 0.0
+        token, items, seconds, lease = work.token, work.items, work.seconds, work.lease
         deadline = time.monotonic() + seconds if seconds is not None else None
         hooks.on_work(token, items)
         beat = functools.partial(link.send, P.HEARTBEAT, P.encode({"token": token}))
-        ahead = _Ahead(link, token, items) if len(items) > 1 and body.get("ahead") else None
+        ahead = _Ahead(link, token, items) if work.ahead else None
         tick: Callable[[], bool] = link.stop_arrived
         report: Callable[[int, ItemOutcome], None] | None = None
         if ahead is not None:  # a slow item must not hold the others' outcomes (see _Ahead)

@@ -22,6 +22,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import events
+from ..cost import Cost
+from ..tokens import Token
+
 __all__ = ["Attempt", "Run", "History", "read_history", "INTERRUPTED", "IN_FLIGHT", "COMMITTED"]
 
 #: :attr:`Attempt.outcome` of a dispatch whose items committed.
@@ -39,8 +43,8 @@ class Attempt:
     (``timeout``, ``crash``, ``error`` ...), ``batch split``, :data:`INTERRUPTED` or
     :data:`IN_FLIGHT`; ``error`` is the failure's text; ``host`` the host its rank named in
     that run's first READY (None: not recorded, as by a version before the joblog's host);
-    ``costs`` what each item's attempt cost, by work ID, when its worker said (``{"cpu", "rss",
-    "by"}``, see :mod:`durable_dispatch.mpi.usage`; None: nothing said)."""
+    ``costs`` what each item's attempt cost, by work ID, when its worker said (a
+    :class:`~durable_dispatch.cost.Cost`; None: nothing said)."""
 
     work_ids: tuple[str, ...]
     rank: int | None
@@ -53,7 +57,7 @@ class Attempt:
     open_items: int = 0
     failed: str | None = None
     host: str | None = None
-    costs: dict[str, dict[str, Any]] | None = None
+    costs: dict[str, Cost] | None = None
 
     def seconds(self, now: float) -> float | None:
         """How long it ran (until ``now`` while in flight), or None without a start time."""
@@ -110,66 +114,59 @@ class History:
         return self.runs[-1].end if self.runs else None
 
 
-def _records(d: str) -> Iterator[tuple[dict[str, Any], bool]]:
-    """``(payload, moved)`` of every state-journal record and of every moved result the state
-    journal no longer holds, in sequence order."""
+#: what :func:`_records` yields: the record's time, its event (None for an event kind of a
+#: later version), the moved result it is (None for a state-journal record), and the record
+Decoded = tuple[float | None, "events.Event | None", "events.MovedResult | None", Mapping[str, Any]]
+
+
+def _records(d: str) -> Iterator[Decoded]:
+    """Every state-journal record and every moved result the state journal no longer holds,
+    in sequence order, each decoded by :mod:`durable_dispatch.core.events`.
+
+    Raises:
+        JournalCorruptError: a record does not match its event's schema.
+    """
     from ..campaign.statedir import RESULT_RECORD_BYTES, RESULTS_JOURNAL, STATE_JOURNAL
+    from ..errors import JournalCorruptError
+    from ..schema import Invalid
     from ..storage.journal import read_journal
 
-    out: dict[int, tuple[dict[str, Any], bool]] = {}
+    def bad(path: str, seq: int, e: Invalid) -> JournalCorruptError:
+        return JournalCorruptError(
+            f"{path}: invalid record (seq {seq}): {e}", path=path, reason=str(e)
+        )
+
+    out: dict[int, Decoded] = {}
     rpath = os.path.join(d, RESULTS_JOURNAL)
     if os.path.exists(rpath):
         for r in read_journal(rpath, max_record_bytes=RESULT_RECORD_BYTES):
-            p = r.payload
-            if isinstance(p, dict) and isinstance(p.get("seq"), int):
-                out[p["seq"]] = ({**p, "event": "committed"}, True)
+            try:
+                m = events.decode_moved(r.payload)
+            except Invalid as e:
+                raise bad(rpath, r.seq, e) from None
+            out[m.seq] = (events.record_time(r.payload), m.commit, m, r.payload)
     jpath = os.path.join(d, STATE_JOURNAL)
     if os.path.exists(jpath):
         for r in read_journal(jpath):
-            if isinstance(r.payload, dict):
-                out[r.seq] = (r.payload, False)
+            p = r.payload
+            try:
+                # (a submission's items are not needed here: a stored one is read without them)
+                ev = None if type(p) is dict and p.get("event") == "submitted" else events.decode(p)
+            except Invalid as e:
+                raise bad(jpath, r.seq, e) from None
+            out[r.seq] = (events.record_time(p), ev, None, p)
     for k in sorted(out):
         yield out[k]
 
 
-def _ids(p: Mapping[str, Any]) -> tuple[str, ...]:
-    ids = p.get("work_ids")
-    if isinstance(ids, list):
-        return tuple(str(w) for w in ids)
-    return (str(p["work_id"]),) if "work_id" in p else ()
-
-
-def _note_costs(att: Attempt, p: Mapping[str, Any], ids: tuple[str, ...]) -> None:
+def _note_costs(att: Attempt, rec: Mapping[str, Any], ids: tuple[str, ...]) -> None:
     """Keep the costs a ``committed``, ``requeued`` or ``deferred`` record carries in ``att``."""
-    cost = p.get("cost")
-    many = p.get("costs")
-    table = p.get("cost_table")
-    if isinstance(cost, dict) and len(ids) == 1:
-        found = {ids[0]: cost}
-    elif isinstance(table, dict):  # (columns in the order of the record's work IDs)
-        by = table.get("by")
-        found = {
-            w: {"cpu": c, "rss": r, "by": by}
-            for w, c, r in zip(ids, table.get("cpu") or (), table.get("rss") or (), strict=False)
-        }
-    elif isinstance(many, list):
-        found = {w: c for w, c in zip(ids, many, strict=False) if isinstance(c, dict)}
-    else:
+    found = events.record_costs(rec, ids)
+    if found is None:
         return
     if att.costs is None:
         att.costs = {}
     att.costs.update(found)
-
-
-def _epoch_of(token: Any) -> int | None:
-    if isinstance(token, str) and token.startswith("e") and "-" in token:
-        head = token[1:].split("-", 1)[0]
-        return int(head) if head.isdigit() else None
-    return None
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 class _Builder:
@@ -205,33 +202,38 @@ class _Builder:
             self.h.parks.append((rank, t0, end if end is not None else t0))
             del self.parked[rank]
 
-    def event(self, ts: float, p: Mapping[str, Any], moved: bool) -> None:
-        kind = p.get("event")
-        token = p.get("token")
-        epoch = _epoch_of(token)
-        if kind == "epoch":
+    def event(
+        self,
+        ts: float,
+        ev: events.Event | None,
+        moved: events.MovedResult | None,
+        rec: Mapping[str, Any],
+    ) -> None:
+        if type(ev) is events.EpochStarted:
             self._end_run(self.epoch)
-            self.epoch = int(p.get("epoch") or 0)
+            self.epoch = ev.epoch
             self._touch(self.epoch, ts)
             self.hosts.clear()
             return
+        token: Token | None = getattr(ev, "token", None)
+        epoch = token.epoch if token is not None else None
         # A record belongs to the run that wrote it: the current one. Only a result moved by a
         # compaction whose run's records were folded takes its run from its token.
-        self._touch(epoch if moved and epoch is not None and epoch > self.epoch else self.epoch, ts)
-        if kind == "dispatched":
-            ids = _ids(p)
-            rank = p.get("rank") if type(p.get("rank")) is int else None
+        later = moved is not None and epoch is not None and epoch > self.epoch
+        self._touch(epoch if later and epoch is not None else self.epoch, ts)
+        if type(ev) is events.Dispatched:
+            ids, rank = ev.work_ids, ev.rank
             att = Attempt(ids, rank, str(token), epoch, ts, open_items=len(ids))
-            att.host = self.hosts.get(rank) if rank is not None else None
+            att.host = self.hosts.get(rank)
             self.h.attempts.append(att)
             self.open[str(token)] = att
             for w in ids:
                 self.h.last[w] = att
                 self.h.item[w] = (IN_FLIGHT, None, None)
-            if rank is not None and rank in self.parked:
+            if rank in self.parked:
                 self.h.parks.append((rank, self.parked.pop(rank), ts))
-        elif kind == "committed":
-            every = _ids(p)
+        elif type(ev) is events.Committed:
+            every = ev.work_ids
             ids = tuple(w for w in every if w not in self.done)
             self.done.update(ids)
             if ids:
@@ -240,50 +242,45 @@ class _Builder:
             if found is not None:
                 att = found
             else:  # a result moved by compaction: its dispatch is folded
-                rank = p.get("rank") if type(p.get("rank")) is int else None
-                att = Attempt(ids, rank, token, epoch, _num(p.get("started")), ts)
+                started = moved.started if moved is not None else None
+                name = str(token) if token is not None else None
+                att = Attempt(ids, ev.rank, name, epoch, started, ts)
                 att.outcome = COMMITTED
-                att.host = p["host"] if isinstance(p.get("host"), str) else None
+                att.host = moved.host if moved is not None else None
                 self.h.attempts.append(att)
                 for w in ids:
                     self.h.last[w] = att
             for w in ids:
                 self.h.item[w] = (COMMITTED, None, ts)
-            _note_costs(att, p, every)
+            _note_costs(att, rec, every)
             self._close(att, len(ids), ts, COMMITTED, None)
-        elif kind in ("requeued", "deferred"):
-            w = str(p.get("work_id"))
-            if kind == "deferred":
+        elif type(ev) is events.Requeued or type(ev) is events.Deferred:
+            w = ev.work_id
+            if type(ev) is events.Deferred:
                 self.h.deferred_changes.append((ts, 1))
-            source = p.get("source")
-            if source == "master-restart":
+            if ev.source == "master-restart":
                 return  # its attempt ended with its run (interrupted)
-            if p.get("split"):
-                why = "batch split"
-            elif kind == "deferred":
-                ks = p.get("kinds") or []
-                why = str(ks[-1]) if ks else "unknown"
+            if isinstance(ev, events.Requeued):
+                why = "batch split" if ev.split else ev.kind or "unknown"
+                error = ev.error or None  # (the event reads a missing error as "")
             else:
-                why = str(p.get("kind") or "unknown")
-            error = p.get("error") if kind == "requeued" else p.get("last_error")
-            error = error if isinstance(error, str) else None
+                why = ev.kinds[-1] if ev.kinds else "unknown"
+                error = ev.last_error or None
             failed = self.open.get(str(token))
             if failed is not None and w in failed.work_ids:
                 att = failed
-                _note_costs(att, p, (w,))
+                _note_costs(att, rec, (w,))
                 if self.h.last.get(w) is att:
                     self.h.item[w] = (why, error, ts)
-                if source in ("watchdog-timeout", "send-failure") and att.rank is not None:
+                if ev.source in ("watchdog-timeout", "send-failure") and att.rank is not None:
                     self.parked.setdefault(att.rank, ts)
                 self._close(att, 1, ts, why, error)
-        elif kind == "requeued_deferred":
+        elif type(ev) is events.RequeuedDeferred:
             self.h.deferred_changes.append((ts, -1))
-        elif kind == "command" and p.get("op") == "drain":
+        elif type(ev) is events.CommandApplied and ev.op == "drain":
             self.h.drained.add(self.epoch)
-        elif kind == "host":
-            rank, host = p.get("rank"), p.get("host")
-            if type(rank) is int and isinstance(host, str):
-                self.hosts[rank] = host
+        elif type(ev) is events.WorkerHost:
+            self.hosts[ev.rank] = ev.host
 
     def _close(self, att: Attempt, n: int, ts: float, outcome: str, error: str | None) -> None:
         """``n`` items of ``att`` ended at ``ts`` with ``outcome``; a failed item marks the
@@ -322,17 +319,16 @@ def read_history(state_dir: str | os.PathLike[str], *, now: float, running: bool
     """
     b = _Builder(now, running)
     last_ts: float | None = None
-    waiting: list[tuple[dict[str, Any], bool]] = []
-    for p, moved in _records(os.fspath(state_dir)):
-        ts = _num(p.get("ts"))
+    waiting: list[Decoded] = []
+    for ts, ev, moved, rec in _records(os.fspath(state_dir)):
         if ts is not None:
             last_ts = ts
-            for q, m in waiting:  # records before the first timed one take its time
-                b.event(ts, q, m)
+            for q in waiting:  # records before the first timed one take its time
+                b.event(ts, q[1], q[2], q[3])
             waiting.clear()
-            b.event(ts, p, moved)
+            b.event(ts, ev, moved, rec)
         elif last_ts is None:
-            waiting.append((p, moved))
+            waiting.append((ts, ev, moved, rec))
         else:
-            b.event(last_ts, p, moved)
+            b.event(last_ts, ev, moved, rec)
     return b.finish()
