@@ -1,4 +1,4 @@
-"""Schemas of what a campaign's state directory holds, checked on every read (S11).
+"""Schemas of what a campaign's state directory holds, checked on every read.
 
 A record passes its checksum, but the salt is in the file's header: anyone can write a record with
 a valid checksum. So every state event, defer record and snapshot body is checked here against
@@ -334,8 +334,8 @@ def submission_digests(rec: Mapping[str, Any]) -> bytes | None:
 
 
 def check_state_snapshot(body: Any) -> None:
-    """Check a state directory's snapshot body: ``journal_seq``, ``delivered_seq`` (U6),
-    ``state`` (the core's snapshot form) and ``stats``.
+    """Check a state directory's snapshot body: ``journal_seq``, ``delivered_seq`` (the
+    delivery point), ``state`` (the core's snapshot form) and ``stats``.
 
     Raises:
         Invalid: the body or one of its members is of the wrong shape (``state.frontier`` ...).

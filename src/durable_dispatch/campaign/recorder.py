@@ -25,7 +25,7 @@ from ..core.events import Committed, of_decision
 from ..errors import RecordTooLargeError, StorageDegradedError
 from ..storage import DeferJournal, Journal
 from ..tokens import Token
-from .costs import CostTable, cost_entries
+from .costs import CostTable, cost_entries, record_members
 from .delivery import Deliveries
 from .dependencies import DependencyResults
 from .logs import log_decisions
@@ -214,13 +214,8 @@ class Recorder:
         costs = self._costs.get(first.token) if self._costs and first.token else None
         table = None
         if costs:  # what each attempt cost: informational, replay ignores it
-            if len(wids) == 1:
-                if (c := costs.get(wids[0])) is not None:
-                    rec["cost"] = c
-            elif type(costs) is CostTable and (table := costs.columns_for(wids)) is not None:
-                rec["cost_table"] = table  # (the worker's columns as they came: costs.py)
-            else:
-                rec["costs"] = [costs.get(w) for w in wids]
+            rec.update(record_members(costs, wids))
+            table = rec.get("cost_table")
         try:
             try:
                 r = self._journal.append(rec)

@@ -1,4 +1,4 @@
-"""Results are user data (U6): every committed result stays readable for the campaign's life.
+"""Results are user data: every committed result stays readable for the campaign's life.
 
 Where a result lives: its ``committed`` record in the state journal (``events.jsonl``) holds it.
 Compaction (``durable-dispatch compact``) moves every committed result into the results journal
@@ -284,7 +284,7 @@ def _pickled_type(data: bytes) -> str | None:
 def shown(result: Any) -> Any:
     """What the command line shows of a result: a sealed pickle of ``durable_dispatch.futures``
     as ``{"sealed": "ok" | "raised", "type": ..., "bytes": ...}``, its type read from the
-    pickle's first opcodes without loading it (S7: the CLI never unpickles); any other result
+    pickle's first opcodes without loading it (the CLI never unpickles); any other result
     as it is."""
     import base64
     import binascii

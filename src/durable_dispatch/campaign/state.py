@@ -105,7 +105,6 @@ class CampaignState:
         self.directory = directory
         self._lock = lock
         self.journal = journal
-        #: the submissions store (``submissions.jsonl``): every item's payload, once
         self.submissions = submissions
         self._store = SubmissionStore(submissions, stored)
         self.snapshots = snapshots
@@ -146,8 +145,7 @@ class CampaignState:
         self.on_worker_up: Callable[[int, str], None] | None = None
         #: called with ``(rank, error)`` when a worker said it failed and ends (GONE)
         self.on_worker_gone: Callable[[int, str], None] | None = None
-        #: called at the end of every :meth:`deliver` while the state is open, after the queued
-        #: hooks: a work source's refill, a progress report (``run_master`` adds them)
+        #: called at the end of every :meth:`deliver` while open: a refill, a progress report
         self.every_turn: list[Callable[[], None]] = []
         self._publication = Publisher(
             directory, lock.claim, statistics=self.statistics, allocation=lambda: self.allocation
@@ -161,8 +159,7 @@ class CampaignState:
             statistics=self.statistics,
             wait_durable=lambda seq: self.wait_durable(seq),
         )
-        #: the allocation's end as the master reads it (``mpi.allocation``), published with
-        #: the statistics: a callable returning ``{"ends_at", "started", "source"}``, or None
+        #: the allocation's end as the master reads it (``batch``): ``{"ends_at", ...}``, or None
         self.allocation: Callable[[], dict[str, Any]] | None = None
         self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
         self._stuck = Stuck(core)
@@ -462,8 +459,7 @@ class CampaignState:
         return self.persist(self.core.rank_lost(rank, now, error))
 
     def ranks_lost(self, ranks: list[int], now: float, error: str = "rank lost") -> list[Decision]:
-        """``ranks`` failed together (ULFM: one check found them); see
-        :meth:`Dispatcher.ranks_lost` (a node that lost several charges its items nothing)."""
+        """``ranks`` failed together (one ULFM check); see :meth:`Dispatcher.ranks_lost`."""
         return self.persist(self.core.ranks_lost(ranks, now, error))
 
     def on_gone(self, rank: int, error: str, now: float) -> list[Decision]:
@@ -478,8 +474,7 @@ class CampaignState:
         return self.persist(self.core.rank_lost(rank, now, why, domain=False))
 
     def now(self) -> float:
-        """The master's clock for this turn: ``time.monotonic()`` as the core's observed clock
-        counts it (a pause of the master is not held against the workers)."""
+        """The master's clock: ``time.monotonic()`` as the core's observed clock counts it."""
         return self.core.clock.observe(time.monotonic())
 
     @property

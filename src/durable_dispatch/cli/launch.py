@@ -1,5 +1,5 @@
 """``durable-dispatch launch -- CMD...``: run a campaign's launcher in a batch job, drain on the
-batch system's signals and requeue the job when the campaign stopped resumably (U10).
+batch system's signals and requeue the job when the campaign stopped resumably.
 
 A job script ends with ``exec durable-dispatch launch -- mpiexec -n "$SLURM_NTASKS" python
 campaign.py`` (or ``-- srun --mpi=pmix python campaign.py``), and needs no ``trap``:

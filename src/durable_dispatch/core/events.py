@@ -18,10 +18,10 @@ event (``"event"``)    what it records
 ``requeued``           an item went back to the front of the frontier (charged or not)
 ``deferred``           an item ran out of retries and was set aside for an operator
 ``requeued_deferred``  an operator put a deferred item back at the end of the frontier
-``delivered``          every commit journaled up to ``upto`` was handed to the callback (U6)
+``delivered``          every commit journaled up to ``upto`` was handed to the callback
 ``host``               the worker ``rank`` of this run said it runs on ``host`` (the joblog's
                        host column; no effect on the ledger; a journal without it reads)
-``cancelled``          an operator cancelled an item: it ends for good, not committed (O1)
+``cancelled``          an operator cancelled an item: it ends for good, not committed
 ``command``            an operator's command (``durable-dispatch cancel/retry/submit/drain``)
                        was applied, with its outcome: replay skips a command ID it holds
 =====================  ==================================================================
@@ -35,7 +35,7 @@ Every reader decodes these records here (replay, the results, the history): a re
 compaction moved with :func:`decode_moved`, a record's time with :func:`record_time`, its costs
 with :func:`record_costs`.
 
-:func:`decode` checks a record against its event's schema (S11, :func:`check_event`) and raises
+:func:`decode` checks a record against its event's schema (:func:`check_event`) and raises
 :class:`~durable_dispatch.schema.Invalid` when it does not match; an event of a later version is
 ``None`` (forward compatibility: the fold ignores it).
 """
@@ -444,7 +444,7 @@ class RequeuedDeferred(_Event):
 
 @dataclass(frozen=True, slots=True)
 class Delivered(_Event):
-    """Every commit journaled up to sequence number ``upto`` was handed to the callback (U6)."""
+    """Every commit journaled up to sequence number ``upto`` was handed to the callback."""
 
     NAME: ClassVar[str] = "delivered"
     REQUIRED: ClassVar[Mapping[str, Check]] = {"upto": is_int}
@@ -488,7 +488,7 @@ class WorkerHost(_Event):
 @dataclass(frozen=True, slots=True)
 class Cancelled(_Event):
     """An operator cancelled ``work_id`` (pending, in flight or deferred): it ends for good
-    without a commit, a final state beside committed and deferred (O1). ``command``: the ID of
+    without a commit, a final state beside committed and deferred. ``command``: the ID of
     the operator's command that did it."""
 
     NAME: ClassVar[str] = "cancelled"
@@ -583,7 +583,7 @@ _TYPES = frozenset(EVENTS)
 
 
 def check_event(rec: Any) -> None:
-    """Check one state-journal record (``events.jsonl``) against its event's schema (S11); a
+    """Check one state-journal record (``events.jsonl``) against its event's schema; a
     record of an event kind this version does not know passes (a later version's event).
 
     Raises:
@@ -608,7 +608,7 @@ def decode(rec: Any, stored: Stored | None = None) -> Event | None:
     ``count`` (their payloads are in the submissions store).
 
     Raises:
-        Invalid: the record does not match its event's schema (S11), or it is a stored
+        Invalid: the record does not match its event's schema, or it is a stored
             submission and ``stored`` is None or does not hold its items.
     """
     check_event(rec)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from ..batch import AllocationEnd
 from ..campaign.identity import check_name, default_name, record_name
 from ..campaign.state import CampaignState, OnCommit
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
@@ -33,7 +34,6 @@ from ..core.allocation import DRAIN_MARGIN, DrainPlan
 from ..errors import UsageError
 from ..views.view import CampaignView, campaign_view
 from . import guard
-from .allocation import AllocationEnd
 from .context import CHILD_MARKER
 from .launchcheck import require_workers
 from .masterloop import (
@@ -185,7 +185,7 @@ def run_master(
             handlers are installed only while this runs, in the main thread.
         ends_at: when the allocation ends (a UNIX time; default: ``DD_ENDS_AT``, else what the
             batch system says: Slurm's end time, read at the start and every minute, or Flux's
-            ``flux job timeleft``; see :mod:`durable_dispatch.mpi.allocation`). The master
+            ``flux job timeleft``; see :mod:`durable_dispatch.batch`). The master
             drains as on SIGUSR1 before it, early enough for the work in flight and its close,
             stops with ``reason="allocation"``, and near the end sends only work expected to
             finish in time (:mod:`durable_dispatch.core.allocation`). No signal is needed.

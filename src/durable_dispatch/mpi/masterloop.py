@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..batch import AllocationEnd
 from ..campaign.control import Inbox, apply_command
 from ..campaign.state import CampaignState
 from ..core.allocation import DrainPlan
 from . import guard
 from . import protocol as P
-from .allocation import AllocationEnd
 from .signals import SAME_REQUEST_SECONDS
 from .transport import Transport
 
@@ -275,7 +275,7 @@ class Stopping:
         return self.drain_until is not None
 
     def operator_drain(self, now: float, state: CampaignState) -> None:
-        """An operator's ``durable-dispatch drain``: drain as on a first SIGUSR1 (O1, U5)."""
+        """An operator's ``durable-dispatch drain``: drain as on a first SIGUSR1."""
         self._drain(now, state, "drain", "drain requested by an operator")
 
     def plan(
@@ -349,9 +349,9 @@ class Stopping:
 def stop_or_abort(
     link: Transport, ranks: Iterable[int], lost: dict[int, float], timeout: float
 ) -> None:
-    """On an error on rank 0 (U4): STOP to every worker; if one cannot be delivered, abort the
-    job (MPI_Abort), because a worker that never takes its STOP keeps rank 0 waiting in
-    MPI_Finalize forever. The caller closed the state first."""
+    """On an error on rank 0 (the job must not hang): STOP to every worker; if one cannot be
+    delivered, abort the job (MPI_Abort), because a worker that never takes its STOP keeps
+    rank 0 waiting in MPI_Finalize forever. The caller closed the state first."""
     if not stop_all(link, ranks, lost, timeout):
         log.error("master: STOP could not be delivered to every worker; MPI_Abort")
         link.abort(1)

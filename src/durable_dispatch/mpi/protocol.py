@@ -12,7 +12,7 @@ each worker's messages in the order it sent them (RESULT before its READY).
 | HEARTBEAT | worker -> master | ``{"token"}`` |
 | STOP | master -> worker | ``{}`` |
 | GONE | worker -> master | ``{"error"}``: the worker failed (at start, or in its loop) and ends |
-| CANCEL | master -> worker | ``{"token"}``: an operator cancelled the dispatch (O1) |
+| CANCEL | master -> worker | ``{"token"}``: an operator cancelled the dispatch |
 
 This module holds both ends of WORK and RESULT: the master encodes WORK
 (:func:`work_message`) and the worker reads it (:func:`read_work`); the worker encodes RESULT
@@ -248,8 +248,8 @@ def work_message(
     """The WORK message of a dispatch: its token, its items (work ID, payload, attempt), and its
     deadline and lease, so an isolating worker kills the work at the master's deadline;
     ``ahead``: the worker may send finished items ahead of its RESULT (see the module docs);
-    ``dependencies``: by work ID, the committed results of an item's ``after`` IDs (G4), sent
-    as the item's ``dependencies`` member (``ctx.dependencies``)."""
+    ``dependencies``: by work ID, the committed results of an item's ``after`` IDs, sent as
+    the item's ``dependencies`` member (``ctx.dependencies``)."""
     items = send.items
     if len(items) == 1 and len(send.attempts) == 1:  # (batch=1: no zip, no comprehension)
         w = items[0]

@@ -4,12 +4,13 @@ The function runs one of two ways:
 
 - **In-process** (the default): a daemon thread runs it while the main thread keeps listening, so
   a STOP from the master ends the worker even when the function hangs, and heartbeats the function
-  asks for are sent promptly. A hang parks the rank until the job ends (W10); a segfault ends the
-  rank (and, without ULFM, the whole job).
+  asks for are sent promptly. A hang parks the rank until the job ends (no communicator repair);
+  a segfault ends the rank (and, without ULFM, the whole job).
 - **Isolated** (``isolate=True``, see :mod:`.isolation`): a supervised child process runs it. At
   the dispatch's deadline the worker kills the child's process tree and reports kind ``timeout``;
   a child that dies is reported as kind ``crash`` (with the signal's name) and restarted; either
-  way RESULT and READY follow with the exact token, so the rank comes back (W6/W7).
+  way RESULT and READY follow with the exact token, so the rank comes back (only its exact
+  READY releases a parked rank).
 
 Heartbeats are opt-in (``heartbeat=True`` passes ``beat``; ``context=True`` passes a
 :class:`~.context.WorkContext` with ``beat()``): a worker that hangs never heartbeats, so the
