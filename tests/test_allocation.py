@@ -24,7 +24,7 @@ from durable_dispatch.batch import (
     slurm_job,
 )
 from durable_dispatch.core import Dispatcher, WatchdogConfig, WorkItem
-from durable_dispatch.core.allocation import (
+from durable_dispatch.core.drain import (
     DrainPlan,
     InFlight,
     allocations_needed,

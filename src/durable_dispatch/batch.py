@@ -1,6 +1,6 @@
 """The batch system, read: the one module that asks Slurm (``squeue``, ``scontrol``) and Flux.
 The master reads the allocation's end here, the shell part of the drain before the end (the
-decisions are :mod:`durable_dispatch.core.allocation`'s); ``durable-dispatch launch`` reads the
+decisions are :mod:`durable_dispatch.core.drain`'s); ``durable-dispatch launch`` reads the
 job's fields and its requeue command (:func:`job_fields`, :func:`requeue_command`). It imports
 no MPI.
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..tokens import Token
-from .allocation import InFlight
+from .drain import InFlight
 from .decisions import (
     WorkItem,
 )
@@ -88,7 +88,7 @@ class Views(DispatcherBase):
 
     def open_dispatches(self, now: float) -> list[InFlight]:
         """Every dispatch whose WORK send returned and whose RESULT has not come, as the drain
-        before an allocation's end weighs it (:mod:`~durable_dispatch.core.allocation`)."""
+        before an allocation's end weighs it (:mod:`~durable_dispatch.core.drain`)."""
         out = []
         for tx in self._open.values():
             if tx.state is TxState.DISPATCHED and tx.sent_at is not None:

@@ -30,7 +30,7 @@ from ..batch import AllocationEnd
 from ..campaign.identity import check_name, default_name, record_name
 from ..campaign.state import CampaignState, OnCommit
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
-from ..core.allocation import DRAIN_MARGIN, DrainPlan
+from ..core.drain import DRAIN_MARGIN, DrainPlan
 from ..errors import UsageError
 from ..views.view import CampaignView, campaign_view
 from . import guard
@@ -188,7 +188,7 @@ def run_master(
             ``flux job timeleft``; see :mod:`durable_dispatch.batch`). The master
             drains as on SIGUSR1 before it, early enough for the work in flight and its close,
             stops with ``reason="allocation"``, and near the end sends only work expected to
-            finish in time (:mod:`durable_dispatch.core.allocation`). No signal is needed.
+            finish in time (:mod:`durable_dispatch.core.drain`). No signal is needed.
         drain_margin: the least time before that end at which the drain begins (default:
             ``DD_DRAIN_MARGIN``, else 60 s), at most a quarter of the allocation's length; the
             margin is longer when the work in flight is expected to need longer, from the task

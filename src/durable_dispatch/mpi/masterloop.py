@@ -23,7 +23,7 @@ from typing import Any
 from ..batch import AllocationEnd
 from ..campaign.control import Inbox, apply_command
 from ..campaign.state import CampaignState
-from ..core.allocation import DrainPlan
+from ..core.drain import DrainPlan
 from . import guard
 from . import protocol as P
 from .signals import SAME_REQUEST_SECONDS

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..core.allocation import allocations_needed
+from ..core.drain import allocations_needed
 
 __all__ = ["CampaignView", "campaign_view", "read_view", "RUNNING", "FINISHED", "STOPPED"]
 
