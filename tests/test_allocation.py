@@ -24,13 +24,13 @@ from durable_dispatch.batch import (
     slurm_job,
 )
 from durable_dispatch.core import Dispatcher, WatchdogConfig, WorkItem
+from durable_dispatch.core.decisions import Send
 from durable_dispatch.core.drain import (
     DrainPlan,
     InFlight,
     allocations_needed,
     remaining_seconds,
 )
-from durable_dispatch.core.decisions import Send
 from durable_dispatch.core.watchdog import QuantileWindow
 
 from .helpers import examples

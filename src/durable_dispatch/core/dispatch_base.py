@@ -2,7 +2,7 @@
 
 :class:`~durable_dispatch.core.dispatcher.Dispatcher` is built in parts, one job each, over this
 base: :mod:`rollback <durable_dispatch.core.rollback>` (the paths every failure takes, the
-sweep and the restart), :mod:`views <durable_dispatch.core.views>` (what it shows: queries,
+sweep and the restart), :mod:`queries <durable_dispatch.core.queries>` (what it shows: queries,
 statistics, the snapshot) and the dispatcher itself (dispatch, messages, commits). The base
 holds what they share: the ledger, the ranks, the open transactions, the leases, the deadlines
 and counters, and the one place a decision's event is applied to the ledger (:meth:`_record`).

@@ -38,8 +38,8 @@ sees a current READY without a RESULT, the RESULT is missing, not late.
 Reading order. The dispatcher is built in parts, one job each: this module (set-up, dispatch,
 messages and commits), :mod:`rollback <durable_dispatch.core.rollback>` (join, sweep, lost
 ranks, deferrals, the restart, and the two shared paths every failure takes:
-``Rollbacks._roll_back`` and ``Rollbacks._retry_or_defer``), :mod:`views
-<durable_dispatch.core.views>` (queries, statistics, the snapshot), over :mod:`dispatch_base
+``Rollbacks._roll_back`` and ``Rollbacks._retry_or_defer``), :mod:`queries
+<durable_dispatch.core.queries>` (queries, statistics, the snapshot), over :mod:`dispatch_base
 <durable_dispatch.core.dispatch_base>` (the state they share). A transaction's states and the
 one table of their transitions are in :mod:`transactions <durable_dispatch.core.transactions>`,
 the counters and :class:`DispatchStats` in :mod:`stats <durable_dispatch.core.stats>`.
@@ -73,11 +73,11 @@ from .decisions import (
     failure_source,
 )
 from .events import Committed, Dispatched, Submitted
+from .queries import Queries
 from .ranks import RankState
 from .rollback import Rollbacks
 from .stats import DispatchStats
 from .transactions import Transaction, TxEvent, TxState, WorkStatus, advance
-from .views import Views
 
 __all__ = [
     "Dispatcher",
@@ -91,7 +91,7 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------ the core
-class Dispatcher(Rollbacks, Views):
+class Dispatcher(Rollbacks, Queries):
     """The dispatch state machine. See the module docs for the turn order.
 
     Its durable state is a :class:`~durable_dispatch.core.ledger.Ledger` (:attr:`ledger`), changed

@@ -7,19 +7,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..tokens import Token
-from .drain import InFlight
 from .decisions import (
     WorkItem,
 )
 from .dispatch_base import DispatcherBase
+from .drain import InFlight
 from .ranks import RankState
 from .stats import DispatchStats
 from .transactions import Transaction, TxState, WorkStatus
 
-__all__ = ["Views"]
+__all__ = ["Queries"]
 
 
-class Views(DispatcherBase):
+class Queries(DispatcherBase):
     """The queries of a :class:`~durable_dispatch.core.dispatcher.Dispatcher`."""
 
     def status(self, work_id: str) -> WorkStatus | None:
