@@ -20,7 +20,7 @@ PUBLIC_MODULES = [
     "durable_dispatch.core.watchdog",
     "durable_dispatch.campaign.logs",
     "durable_dispatch.mpi",
-    "durable_dispatch.commands",
+    "durable_dispatch.programs",
     "durable_dispatch.campaign.results",
     "durable_dispatch.views.report",
     "durable_dispatch.progress",

@@ -154,7 +154,7 @@ LAYERS: list[tuple[str, ...]] = [
         "_lazy",
         "processes",
         "progress",
-        "commands",
+        "programs",
         "batch",
         "cost",
     ),

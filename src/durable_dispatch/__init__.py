@@ -19,10 +19,10 @@ from ._lazy import lazy_exports
 if TYPE_CHECKING:
     from .campaign.results import CommittedResult, read_results
     from .campaign.state import CampaignState
-    from .commands import CommandOutcome, run_command
     from .core import Dispatcher, ItemFailure, RetryPolicy, WatchdogConfig, WorkItem
     from .errors import DurableDispatchError
     from .mpi.context import WorkContext
+    from .programs import CommandOutcome, run_command
     from .storage import (
         DeferJournal,
         Health,
@@ -69,8 +69,8 @@ __getattr__, __dir__ = lazy_exports(
         "CampaignState": ".campaign.state",
         "CommittedResult": ".campaign.results",
         "read_results": ".campaign.results",
-        "CommandOutcome": ".commands",
-        "run_command": ".commands",
+        "CommandOutcome": ".programs",
+        "run_command": ".programs",
         "Dispatcher": ".core",
         "ItemFailure": ".core",
         "WorkContext": ".mpi.context",
