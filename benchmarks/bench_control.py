@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from durable_dispatch import WorkItem  # noqa: E402
 from durable_dispatch.campaign.control import Inbox  # noqa: E402
-from durable_dispatch.cli.steer import send  # noqa: E402
+from durable_dispatch.cli.steering import send  # noqa: E402
 from durable_dispatch.mpi import run_master  # noqa: E402
 from durable_dispatch.testing import LocalWorkers  # noqa: E402
 

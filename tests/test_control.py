@@ -539,7 +539,7 @@ def test_a_drain_whose_master_ends_before_it_is_sent_is_a_finding_not_a_usage_er
     "exit 1 when no master runs". Both checks now give the same finding; nothing is written."""
     from durable_dispatch import cli
     from durable_dispatch.campaign import statedir
-    from durable_dispatch.cli import steer
+    from durable_dispatch.cli import steering as steer
     from durable_dispatch.errors import NoMasterError
 
     d = _state(tmp_path)

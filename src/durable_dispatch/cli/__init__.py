@@ -27,8 +27,8 @@ from .inspection import (
     cmd_verify,
     cmd_watch,
 )
-from .launching import cmd_demo, cmd_run
 from .maintenance import cmd_compact, cmd_deferred
+from .running import cmd_demo, cmd_run
 from .steering import _steering, cmd_cancel, cmd_drain, cmd_retry, cmd_submit
 
 __all__ = ["build_parser", "main"]
