@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from durable_dispatch.core import Dispatcher, Send, WatchdogConfig, WorkItem
@@ -207,6 +207,7 @@ def test_the_core_shows_a_suspect_idle_rank_as_suspect() -> None:
         )
     )
 )
+@example(ops=[("add", 1), ("suspect", 1), ("add", 1)])  # (a suspect rank added again: SUSPECT)
 def test_every_count_is_the_number_of_ranks_in_that_state(ops: list) -> None:
     """Issue 34: the master asks for the live, parked and starting counts every turn; they are
     kept as the ranks move (O(1)), and must equal counting the states one by one. Suspicion is

@@ -137,9 +137,9 @@ class Ranks(Generic[TX]):
 
     # ------------------------------------------------------------ transitions
     def add(self, rank: int, *, starting: bool = False) -> None:
-        """A new worker rank (or one lost before, added again): IDLE, or STARTING until it
-        announces itself (:meth:`announce`)."""
-        self._move(rank, RankState.STARTING if starting else RankState.IDLE)
+        """A new worker rank (or one lost before, added again): IDLE (SUSPECT while suspect),
+        or STARTING until it announces itself (:meth:`announce`)."""
+        self._move(rank, RankState.STARTING if starting else self._rest(rank))
 
     def announce(self, rank: int) -> None:
         """STARTING -> IDLE (SUSPECT while suspect): the worker said READY for the first time."""
