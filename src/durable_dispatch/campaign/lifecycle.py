@@ -71,95 +71,150 @@ def open_parts(
     """Open the state directory's parts for :meth:`CampaignState.open
     <durable_dispatch.campaign.state.CampaignState.open>` (see its docs); on an error nothing is
     left open or locked."""
-    d = os.fspath(directory)
-    lock = _take_master_lock(d, create=True)
-    journal: Journal | None = None
-    store: Journal | None = None
-    defer: DeferJournal | None = None
-    opening = object()  # holds what the reopen's bulk build freezes until the state does
-
-    # issue 49: a defer journal this open creates (on a shared filesystem: a lookup, a
-    # create, a header's write, about 10 ms) is created beside the snapshot's load and the
-    # state journal's open. One that exists opens after them, as before: a refused open
-    # (a damaged state journal) must leave it as it was, torn tail and all (S9).
-    def open_defer() -> DeferJournal:
-        return DeferJournal.open(d, dir_sync=False, directory_claim=lock.claim)
-
-    defer_opening: _Beside[DeferJournal] | None = None
-    dir_sync: _Beside[bool] | None = None
+    o = _Opening(os.fspath(directory))
     try:
-        # A new directory is durable in its parent before anything is made in it (its
-        # fsync ran beside the lock and the claim): a failed open leaves no journal in a
-        # directory a crash could lose, and the next open fsyncs it again (statedir).
-        lock.parent_synced()
-        names = lock.claim.listing
-        if names is not None and DEFAULT_DEFER_NAME not in names:
-            defer_opening = _Beside(open_defer, "open-defer-journal")
-        snapshots, snap = _load_snapshot(d, keep_snapshots, lock.claim)
-        base = snap.value if snap is not None else {}
-        with paused_gc(opening) as block:
-            # issue 49: the journals this open creates share one directory fsync (below),
-            # and take no lock file each: the directory's lock and claim are held (S5, S13)
-            kw = {"dir_sync": False, **dict(journal_options or {})}
-            kw["directory_claim"] = lock.claim
-            journal, store, proj, n, stored = _open_and_fold(
-                os.path.join(d, STATE_JOURNAL), base, sync=sync, **kw
-            )
-            block.items = len(proj.items)
-        defer = defer_opening.result() if defer_opening is not None else open_defer()
-        # The journals it created: one directory fsync for them all, beside the rest of
-        # the open and the first submission (issue 49). Each reports nothing durable before
-        # it: a journal's first fsync waits for it (or, if it failed, fsyncs the directory
-        # itself, S1).
-        created = [j for j in (journal, store, defer.journal) if j.recovery.created]
-        if created:
-            where = os.path.abspath(d)  # (the caller may chdir meanwhile)
-            dir_sync = _Beside(partial(_fsync_created, where), "fsync-state-dir")
-            for j in created:
-                j.directory_sync_beside(partial(_done, dir_sync))
-        covered = _reconcile_store(journal, store, proj, stored)
-        epoch = proj.epoch + 1
-        core, restarts = Dispatcher.restore(
-            proj, epoch=epoch, watchdog=watchdog, retry=retry, ranks=ranks, starting=starting
-        )
-        _record_lost_deferrals(defer, core.ledger)
-        _resolve_stale_deferrals(defer, core.ledger)
+        o.lock_the_directory()
+        o.start_a_new_defer_journal_beside()
+        o.load_the_snapshot(keep_snapshots)
+        o.fold_the_journals(sync, journal_options)
+        o.open_the_defer_journal()
+        o.share_one_directory_fsync()
+        restarts = o.restore_the_core(watchdog, retry, ranks, starting)
+        o.repair_the_defer_journal()
     except BaseException:
-        release_frozen(opening)
-        if dir_sync is not None:
-            dir_sync.wait()
-        if defer is None and defer_opening is not None:
-            # it may have opened while the state journal failed: closed below
-            defer_opening.wait()
-            defer = defer_opening.value
-            if defer_opening.error is not None:
-                log.warning(
-                    "state %s: the defer journal did not open either: %s",
-                    d,
-                    defer_opening.error,
-                )
-        for opened in (journal, store, defer):
-            if opened is not None:
-                opened.close()  # its writer lock too: a later open must not find it held
-        lock.release()
+        o.undo()
         raise
-    # A snapshot of an earlier version has no delivery point: what it folded counts as
-    # delivered (its callback ran before that version's snapshot), the journal after it not.
-    delivered = int(base.get("delivered_seq", base.get("journal_seq", -1)))
-    parts = {
-        "lock": lock,
-        "journal": journal,
-        "submissions": store,
-        "stored": covered,
-        "snapshots": snapshots,
-        "defer": defer,
-        "core": core,
-        "replayed": n,
-        "duplicates": proj.duplicate_commits,
-        "delivered": max(delivered, proj.delivered),
-        "dir_sync": dir_sync,
-    }
-    return Opened(d, parts, list(restarts), opening)
+    return Opened(o.d, o.parts(), restarts, o.holder)
+
+
+class _Opening:
+    """:func:`open_parts`' steps, in order, and what each opened (undone whole on an error)."""
+
+    def __init__(self, d: str) -> None:
+        self.d = d
+        self.holder = object()  # holds what the reopen's bulk build freezes until the state does
+        self.lock: Any = None
+        self.journal: Journal | None = None
+        self.store: Journal | None = None
+        self.defer: DeferJournal | None = None
+        self.defer_opening: _Beside[DeferJournal] | None = None
+        self.dir_sync: _Beside[bool] | None = None
+
+    def lock_the_directory(self) -> None:
+        """The master lock (S5, S13). A new directory is durable in its parent before anything
+        is made in it (its fsync ran beside the lock and the claim): a failed open leaves no
+        journal in a directory a crash could lose, and the next open fsyncs it again."""
+        self.lock = _take_master_lock(self.d, create=True)
+        self.lock.parent_synced()
+
+    def _open_defer(self) -> DeferJournal:
+        return DeferJournal.open(self.d, dir_sync=False, directory_claim=self.lock.claim)
+
+    def start_a_new_defer_journal_beside(self) -> None:
+        """A defer journal this open creates (on a shared filesystem: a lookup, a create, a
+        header's write, about 10 ms) is created beside the snapshot's load and the state
+        journal's open (issue 49). One that exists opens after them: a refused open (a damaged
+        state journal) must leave it as it was, torn tail and all (S9)."""
+        names = self.lock.claim.listing
+        if names is not None and DEFAULT_DEFER_NAME not in names:
+            self.defer_opening = _Beside(self._open_defer, "open-defer-journal")
+
+    def load_the_snapshot(self, keep: int) -> None:
+        """The newest valid snapshot (or none)."""
+        self.snapshots, snap = _load_snapshot(self.d, keep, self.lock.claim)
+        self.base: dict[str, Any] = snap.value if snap is not None else {}
+
+    def fold_the_journals(self, sync: str, journal_options: Mapping[str, Any] | None) -> None:
+        """The state journal and the submissions store, replayed onto the snapshot. The
+        journals this open creates share one directory fsync (:meth:`share_one_directory_fsync`)
+        and take no lock file each: the directory's lock and claim are held (S5, S13)."""
+        with paused_gc(self.holder) as block:
+            kw = {"dir_sync": False, **dict(journal_options or {})}
+            kw["directory_claim"] = self.lock.claim
+            self.journal, self.store, self.proj, self.replayed, stored = _open_and_fold(
+                os.path.join(self.d, STATE_JOURNAL), self.base, sync=sync, **kw
+            )
+            block.items = len(self.proj.items)
+        self.covered = _reconcile_store(self.journal, self.store, self.proj, stored)
+
+    def open_the_defer_journal(self) -> None:
+        op = self.defer_opening
+        self.defer = op.result() if op is not None else self._open_defer()
+
+    def share_one_directory_fsync(self) -> None:
+        """One directory fsync for the journals the open created, beside the rest of the open
+        and the first submission (issue 49). Each reports nothing durable before it: a
+        journal's first fsync waits for it (or, if it failed, fsyncs the directory itself,
+        S1)."""
+        assert self.journal is not None and self.store is not None and self.defer is not None
+        created = [j for j in (self.journal, self.store, self.defer.journal) if j.recovery.created]
+        if created:
+            where = os.path.abspath(self.d)  # (the caller may chdir meanwhile)
+            self.dir_sync = _Beside(partial(_fsync_created, where), "fsync-state-dir")
+            for j in created:
+                j.directory_sync_beside(partial(_done, self.dir_sync))
+
+    def restore_the_core(
+        self,
+        watchdog: WatchdogConfig | None,
+        retry: RetryPolicy | None,
+        ranks: Iterable[int],
+        starting: bool,
+    ) -> list[Decision]:
+        """The core of a new epoch, and the rollbacks of what the last run left in flight."""
+        self.core, restarts = Dispatcher.restore(
+            self.proj,
+            epoch=self.proj.epoch + 1,
+            watchdog=watchdog,
+            retry=retry,
+            ranks=ranks,
+            starting=starting,
+        )
+        return list(restarts)
+
+    def repair_the_defer_journal(self) -> None:
+        """What a run that ended while the disk refused left the defer journal without."""
+        assert self.defer is not None
+        _record_lost_deferrals(self.defer, self.core.ledger)
+        _resolve_stale_deferrals(self.defer, self.core.ledger)
+
+    def parts(self) -> dict[str, Any]:
+        """The facade's constructor arguments. A snapshot of an earlier version has no delivery
+        point: what it folded counts as delivered (its callback ran before that version's
+        snapshot), the journal after it not."""
+        delivered = int(self.base.get("delivered_seq", self.base.get("journal_seq", -1)))
+        return {
+            "lock": self.lock,
+            "journal": self.journal,
+            "submissions": self.store,
+            "stored": self.covered,
+            "snapshots": self.snapshots,
+            "defer": self.defer,
+            "core": self.core,
+            "replayed": self.replayed,
+            "duplicates": self.proj.duplicate_commits,
+            "delivered": max(delivered, self.proj.delivered),
+            "dir_sync": self.dir_sync,
+        }
+
+    def undo(self) -> None:
+        """An error: close what was opened (each writer lock too: a later open must not find
+        it held) and release the directory's lock."""
+        release_frozen(self.holder)
+        if self.dir_sync is not None:
+            self.dir_sync.wait()
+        op = self.defer_opening
+        if self.defer is None and op is not None:
+            # it may have opened while the state journal failed: closed below
+            op.wait()
+            self.defer = op.value
+            if op.error is not None:
+                log.warning("state %s: the defer journal did not open either: %s", self.d, op.error)
+        for opened in (self.journal, self.store, self.defer):
+            if opened is not None:
+                opened.close()
+        if self.lock is not None:
+            self.lock.release()
 
 
 def adopt_frozen(holder: object, state: object) -> None:
