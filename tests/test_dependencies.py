@@ -397,3 +397,29 @@ def test_stats_watch_report_and_joblog_show_waiting_items(tmp_path: Path) -> Non
     assert main(["joblog", str(state), "--status", "waiting", "--jsonl"]) == 0
     series = report_series(state)
     assert series["view"]["waiting"] == 4
+
+
+def test_what_waits_is_not_settled_while_a_closed_commit_waits_for_its_callback(
+    tmp_path: Path,
+) -> None:
+    """The end of a turn closes a commit (``tick``) and its callback runs at the delivery point
+    (``deliver``): an item waiting for the child that callback returns is not deferred as
+    waiting for an ID never submitted in between (the campaign is not settled until every
+    hook ran)."""
+
+    def on_commit(wid: str, _result: Any) -> Any:
+        return [WorkItem("C", "c")] if wid == "P" else None
+
+    with CampaignState.open(tmp_path / "s", ranks=[1], on_commit=on_commit) as st:
+        st.submit([WorkItem("P", "p"), WorkItem("W", "w", after=["C"])])
+        s = st.next_send(0.0)
+        assert s is not None and [w.work_id for w in s.items] == ["P"]
+        st.sent(s.token, 0.0)
+        st.on_results(s.rank, str(s.token), [1], 0.0)
+        st.on_ready(s.rank, str(s.token), 0.0)
+        st.journal.sync_now()
+        st.tick(0.0)  # P is closed; its callback waits for the delivery point
+        assert st.settle_waiting() == 0  # not yet: P's callback may submit what W waits for
+        st.deliver()  # C is submitted
+        assert st.settle_waiting() == 0 and "W" in st.core.ledger.waiting
+        assert not st.core.deferred()

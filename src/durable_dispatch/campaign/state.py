@@ -493,8 +493,8 @@ class CampaignState:
         """Once nothing else can run (nothing pending or in flight, every commit delivered, the
         work source exhausted), defer every waiting item: it waits for a work ID never
         submitted, deferred, or in a cycle (kind ``"dependency"``). Returns how many. Nothing
-        while a commit waits for its delivery (it may release them)."""
-        if self._deliveries.pending or not self.core.ledger.waiting:
+        while a commit or a hook waits for the delivery point (it may release them)."""
+        if not self._deliveries.idle or not self.core.ledger.waiting:
             return 0
         return len(self.persist(self.core.defer_unreachable()))
 
