@@ -32,6 +32,7 @@ def master(link: Transport, state_dir: str, items: Iterable[WorkItem], on_commit
     ranks = range(1, link.size)  # rank 0 is this master; workers start, then say READY
     with CampaignState.open(state_dir, ranks=ranks, starting=True, on_commit=on_commit) as state:
         state.submit(items)  # known work IDs are skipped on resume
+        state.deliver()  # what the last run did not deliver, first (your on_commit)
         while not state.done:
             now, msgs = state.now(), link.receive(LIMIT)  # observed clock; never blocks
             inbox = P.sort(msgs)  # decoded by kind, each in arrival order
