@@ -61,7 +61,10 @@ log = logging.getLogger("durable_dispatch.futures")
 #: The environment variable that names the state directory of executors made without one.
 STATE_DIR_ENV = "DURABLE_DISPATCH_STATE_DIR"
 
-_job: dict[str, Any] = {"runner": False, "state_dir": None, "made": 0, "open": set()}
+#: The job's runner state: whether the runner runs the script (``runner``), its
+#: ``--state-dir`` (``state_dir``), how many executors took their directory from it (``made``),
+#: and the executors open now (``open``).
+JOB: dict[str, Any] = {"runner": False, "state_dir": None, "made": 0, "open": set()}
 _executors: list[DurableExecutor] = []  # the runner shuts down those the script left open
 
 
@@ -159,7 +162,7 @@ class DurableExecutor(Executor):
             raise TypeError("initializer must be a callable")
         if task_timeout is not None and not task_timeout > 0:
             raise UsageError(f"task_timeout must be > 0 seconds, got {task_timeout!r}")
-        if _comm is None and not _job["runner"]:
+        if _comm is None and not JOB["runner"]:
             raise UsageError(
                 "a DurableExecutor needs worker ranks: run the script with "
                 "'mpiexec -n N python -m durable_dispatch.futures script.py', or use "
@@ -170,7 +173,7 @@ class DurableExecutor(Executor):
         # does), so a value of a class the script defines comes back pickled as
         # ``__mp_main__.Name``: here that is the script's ``__main__``.
         sys.modules.setdefault("__mp_main__", sys.modules["__main__"])
-        if _job["open"] and not _serve.threads_shared():
+        if JOB["open"] and not _serve.threads_shared():
             raise UsageError(
                 "another executor of this job is still open, and this MPI serves one thread at "
                 "a time (not MPI_THREAD_MULTIPLE), so its workers serve one executor at a "
@@ -211,7 +214,7 @@ class DurableExecutor(Executor):
         self._feed = _CallFeed(self)
         fs.makedirs(self._dir)
         self._link = InThread() if local else self._open_link(shared=not isolate)
-        _job["open"].add(self)
+        JOB["open"].add(self)
         self._thread = threading.Thread(
             target=self._manage,
             name="durable-dispatch-executor",
@@ -295,7 +298,7 @@ class DurableExecutor(Executor):
                 self._shut = True
             self._feed.abandon(why)
             self._withdrawn.set()
-            _job["open"].discard(self)
+            JOB["open"].discard(self)
             # The session's communicator is never freed: a message still unreceived on it (a
             # worker's last READY) would match a later communicator given its context ID.
 
@@ -601,14 +604,14 @@ def _failed(error: BaseException) -> Future[Any]:
 def _state_dir(state_dir: str | os.PathLike[str] | None) -> str:
     if state_dir is not None:
         return os.path.abspath(os.fspath(state_dir))
-    base = _job["state_dir"] or os.environ.get(STATE_DIR_ENV)
+    base = JOB["state_dir"] or os.environ.get(STATE_DIR_ENV)
     if not base:
         raise UsageError(
             "a DurableExecutor needs a state directory: pass state_dir=, or run the script with "
             f"'python -m durable_dispatch.futures --state-dir D', or set {STATE_DIR_ENV}"
         )
-    _job["made"] += 1
-    return os.path.abspath(os.path.join(base, f"executor-{_job['made']}"))
+    JOB["made"] += 1
+    return os.path.abspath(os.path.join(base, f"executor-{JOB['made']}"))
 
 
 def shutdown_all() -> None:
