@@ -238,3 +238,68 @@ def test_the_length_check_finds_a_long_module(tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 701)
     assert long_modules(tmp_path) == {"pkg/long.py": 701}
+
+
+# ------------------------------------------------------------------------ parts, not mixins
+#: The packages whose parts talk through narrow public faces: no module reads or calls another
+#: object's private name (``other._name``), only its own (``self._name``, ``cls._name``).
+PARTS = ("campaign", "futures", "mpi")
+#: The standard library's own private names that the package uses on purpose, each with why.
+STDLIB_PRIVATE = {
+    # leaves the process at once, without exit handlers or ``MPI_Finalize`` (the documented way
+    # to end a process without its clean-up: a rank that must not wait for the others)
+    "os._exit",
+    # the runner's worker ranks import a script run as a module (``-m``) under ``__mp_main__``
+    # as multiprocessing's spawn does; the module has no public name for it
+    "spawn._fixup_main_from_name",
+    # the caller's frame (documented in sys, named private only to say CPython has it)
+    "sys._getframe",
+}
+#: The methods and fields of a ``collections.namedtuple``: public, named with an underscore
+#: so that they cannot clash with the fields a user names.
+NAMEDTUPLE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
+
+
+def private_reaches(root: Path = SRC, parts: tuple[str, ...] = PARTS) -> list[str]:
+    """Each ``X._name`` (one leading underscore, not a dunder) in the modules of ``parts`` whose
+    ``X`` is not ``self`` or ``cls``, as ``"file:line: X._name"``, but the standard library's
+    own that :data:`STDLIB_PRIVATE` and :data:`NAMEDTUPLE` allow."""
+    out = []
+    for part in parts:
+        for path in sorted((root / part).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Attribute):
+                    continue
+                name = node.attr
+                if not name.startswith("_") or name.startswith("__") or name in NAMEDTUPLE:
+                    continue
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                expr = ast.unparse(node)
+                if expr in STDLIB_PRIVATE:
+                    continue
+                out.append(f"{path.relative_to(root)}:{node.lineno}: {expr}")
+    return sorted(out)
+
+
+def test_no_part_reads_another_objects_private_names() -> None:
+    """Parts, not mixins: the executor, its feed, the campaign state and the MPI shell share
+    what they must through public names (the executor's record of its calls is a part of its
+    own, the board), so a part's private names can change without reading the others."""
+    assert private_reaches() == []
+
+
+def test_the_private_name_check_finds_a_reach(tmp_path: Path) -> None:
+    (tmp_path / "part").mkdir()
+    (tmp_path / "part" / "a.py").write_text(
+        "import os\n"
+        "class A:\n"
+        "    def f(self, other):\n"
+        "        self._mine = other._theirs\n"
+        "        os._exit(0)\n"
+        "        return self.ex._queue, cls._x, other.__dict__, p._replace(x=1)\n"
+    )
+    assert private_reaches(tmp_path, ("part",)) == [
+        "part/a.py:4: other._theirs",
+        "part/a.py:6: self.ex._queue",
+    ]

@@ -210,7 +210,7 @@ def test_an_executor_outside_the_runner_or_without_a_state_dir_is_refused(
         futures.DurableExecutor(state_dir=tmp_path)
     from durable_dispatch.futures import _executor
 
-    monkeypatch.setitem(_executor._job, "runner", True)
+    monkeypatch.setitem(_executor.JOB, "runner", True)
     with pytest.raises(UsageError, match="state directory"):
         futures.DurableExecutor()
     for bad in (0, -1, 1.5):
@@ -229,11 +229,11 @@ def test_the_executors_state_dir_comes_from_the_runner_or_the_environment(
 ) -> None:
     from durable_dispatch.futures import _executor
 
-    monkeypatch.setitem(_executor._job, "made", 0)
-    monkeypatch.setitem(_executor._job, "state_dir", None)
+    monkeypatch.setitem(_executor.JOB, "made", 0)
+    monkeypatch.setitem(_executor.JOB, "state_dir", None)
     monkeypatch.setenv(futures.STATE_DIR_ENV, str(tmp_path / "env"))
     assert _executor._state_dir(None) == str(tmp_path / "env" / "executor-1")
-    monkeypatch.setitem(_executor._job, "state_dir", str(tmp_path / "run"))
+    monkeypatch.setitem(_executor.JOB, "state_dir", str(tmp_path / "run"))
     assert _executor._state_dir(None) == str(tmp_path / "run" / "executor-2")
     assert _executor._state_dir(tmp_path / "own") == str(tmp_path / "own")
 

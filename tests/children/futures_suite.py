@@ -752,7 +752,7 @@ def test_shutdown_cancel_futures_withdraws_the_calls_the_frontier_held_ahead(
             assert time.monotonic() < deadline, "the workers never took the blocking calls"
             time.sleep(0.01)
         frontier = ex._feed.state.core.ledger.frontier  # (the next dispatches' calls)
-        while ex._queue or not frontier:  # the manager took every call, and some went ahead
+        while ex._board.queue or not frontier:  # the manager took every call, and some went ahead
             assert time.monotonic() < deadline, "no call went into the frontier"
             time.sleep(0.01)
         ex.shutdown(wait=False, cancel_futures=True)

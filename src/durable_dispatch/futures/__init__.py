@@ -135,7 +135,7 @@ class DurableCommExecutor:
 
         from . import _executor, _serve
 
-        if _executor._job["runner"]:
+        if _executor.JOB["runner"]:
             # under the runner the job's ranks already serve rank 0's executors (mpi4py's
             # shared pool): the block is an executor of those, and leaving it ends only it
             self._ex = DurableExecutor(**self._kw)

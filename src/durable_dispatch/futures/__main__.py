@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         _serve.serve(comm)
         finish(comm)
         return 0
-    _executor._job["runner"] = True
-    _executor._job["state_dir"] = state_dir
+    _executor.JOB["runner"] = True
+    _executor.JOB["state_dir"] = state_dir
     code: int | str | None = 0
     try:
         if kind == "path":

@@ -10,7 +10,9 @@ state directory resolves every committed call from the record at ``submit``, wit
 and runs only the rest.
 
 This module is the submit side (:class:`DurableExecutor`); its manager side, the feed through
-which the calls enter the campaign, is :mod:`._feed`.
+which the calls enter the campaign, is :mod:`._feed`. The two share one part, the executor's
+record of its calls (:class:`~._board.Board`: the queue of submitted calls, the committed and
+failed outcomes, the flags and events of a shutdown), and nothing else of each other.
 
 Threads. ``submit`` (any thread) seals the call and queues it; only the manager thread touches
 the campaign state: it resolves futures (their callbacks run there, as in the standard library),
@@ -43,16 +45,16 @@ from concurrent.futures import (
 from typing import Any
 
 from ..core import RetryPolicy, WatchdogConfig, WorkItem
-from ..errors import DependencyFailed, UsageError
+from ..errors import UsageError
 from ..mpi.context import MAX_RESULT_BYTES
 from ..mpi.master import MasterReport, run_master
 from ..storage import fs
 from . import _serve
+from ._board import Board
 from ._calls import call_digest, call_id, function_name, take_dependencies
 from ._feed import _CallFeed, _cancel
 from ._local import InThread
-from ._outcomes import failure, gather, resolve
-from ._seal import Sealer
+from ._outcomes import gather
 
 __all__ = ["DurableExecutor", "STATE_DIR_ENV"]
 
@@ -61,7 +63,10 @@ log = logging.getLogger("durable_dispatch.futures")
 #: The environment variable that names the state directory of executors made without one.
 STATE_DIR_ENV = "DURABLE_DISPATCH_STATE_DIR"
 
-_job: dict[str, Any] = {"runner": False, "state_dir": None, "made": 0, "open": set()}
+#: The job's runner state: whether the runner runs the script (``runner``), its
+#: ``--state-dir`` (``state_dir``), how many executors took their directory from it (``made``),
+#: and the executors open now (``open``).
+JOB: dict[str, Any] = {"runner": False, "state_dir": None, "made": 0, "open": set()}
 _executors: list[DurableExecutor] = []  # the runner shuts down those the script left open
 
 
@@ -159,7 +164,7 @@ class DurableExecutor(Executor):
             raise TypeError("initializer must be a callable")
         if task_timeout is not None and not task_timeout > 0:
             raise UsageError(f"task_timeout must be > 0 seconds, got {task_timeout!r}")
-        if _comm is None and not _job["runner"]:
+        if _comm is None and not JOB["runner"]:
             raise UsageError(
                 "a DurableExecutor needs worker ranks: run the script with "
                 "'mpiexec -n N python -m durable_dispatch.futures script.py', or use "
@@ -170,7 +175,7 @@ class DurableExecutor(Executor):
         # does), so a value of a class the script defines comes back pickled as
         # ``__mp_main__.Name``: here that is the script's ``__main__``.
         sys.modules.setdefault("__mp_main__", sys.modules["__main__"])
-        if _job["open"] and not _serve.threads_shared():
+        if JOB["open"] and not _serve.threads_shared():
             raise UsageError(
                 "another executor of this job is still open, and this MPI serves one thread at "
                 "a time (not MPI_THREAD_MULTIPLE), so its workers serve one executor at a "
@@ -192,26 +197,17 @@ class DurableExecutor(Executor):
             function_name(initializer)  # a TypeError now, not in every worker
             init = pickle.dumps((initializer, tuple(initargs)), protocol=pickle.HIGHEST_PROTOCOL)
         self._timeout = task_timeout
-        self._lock = threading.Lock()
-        self._queue: collections.deque[tuple[Future[Any], WorkItem]] = collections.deque()
-        self._record: dict[str, Any] = {}
-        self._failed: dict[str, tuple[tuple[str, ...], str | None, int]] = {}
-        self._digests: dict[str, str] = {}
-        self._after: dict[str, tuple[str, ...]] = {}  # a call's dependencies (G4)
+        # the record of the calls, shared with the manager thread (it is all the feed sees)
+        self._board = Board(self._workers)
         self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
-        self._sealer: Sealer | None = None
-        self._shut = self._cancel = False
         self._broken: str | None = None
-        self._error: BaseException | None = None
         self._report: MasterReport | None = None
-        self._bound = threading.Event()
-        self._ready = threading.Event()  # every worker is up (or gone), or the campaign ended
-        self._withdrawn = threading.Event()  # a cancel_futures shutdown was handled
-        self._dropped: collections.deque[str] = collections.deque()  # cancelled: work IDs
-        self._feed = _CallFeed(self)
+        self._feed = _CallFeed(self._board)
         fs.makedirs(self._dir)
-        self._link = InThread() if local else self._open_link(shared=not isolate)
-        _job["open"].add(self)
+        # the master loop's transport: an InThread, or the session's (which has ``comm``)
+        link: Any = InThread() if local else self._open_link(shared=not isolate)
+        self._link = link
+        JOB["open"].add(self)
         self._thread = threading.Thread(
             target=self._manage,
             name="durable-dispatch-executor",
@@ -219,14 +215,15 @@ class DurableExecutor(Executor):
             daemon=True,
         )
         self._thread.start()
-        self._bound.wait()
-        if self._error is not None:
+        board = self._board
+        board.bound.wait()
+        if board.error is not None:
             self._thread.join()
-            raise self._error
-        assert self._sealer is not None
+            raise board.error
+        assert board.sealer is not None
         session = pickle.dumps(
             {
-                "key": self._sealer._key,
+                "key": board.sealer.key,
                 "dir": self._dir,
                 "init": init,
                 "isolate": bool(isolate),
@@ -285,65 +282,27 @@ class DurableExecutor(Executor):
                 self._broken = why
                 log.error("%s; %s resumes it", why, self._dir)
         except BaseException as e:  # noqa: BLE001 - raised to the caller (at start) or kept
-            self._error = e
+            self._board.error = e
             why = f"the executor's campaign failed: {type(e).__name__}: {e}"
             self._broken = why
         finally:
-            self._bound.set()
-            self._ready.set()
-            with self._lock:
-                self._shut = True
+            board = self._board
+            board.bound.set()
+            board.ready.set()
+            with board.lock:
+                board.shut = True
             self._feed.abandon(why)
-            self._withdrawn.set()
-            _job["open"].discard(self)
+            board.withdrawn.set()
+            JOB["open"].discard(self)
             # The session's communicator is never freed: a message still unreceived on it (a
             # worker's last READY) would match a later communicator given its context ID.
-
-    def _resolve(self, fut: Future[Any], wid: str, result: Any) -> None:
-        assert self._sealer is not None
-        resolve(fut, self._sealer, wid, result, self._exception_of)
 
     # ------------------------------------------------- futures as arguments (G4)
     def _mine(self, v: Any) -> str | None:
         """The work ID of ``v`` when it is a future this executor returned, else None."""
-        if isinstance(v, Future) and getattr(v, "_dd_owner", None) is self:
-            return getattr(v, "work_id", None)
+        if isinstance(v, _CallFuture) and v.owner is self._board:
+            return v.work_id
         return None
-
-    def _failure(self, wid: str, failed: tuple[tuple[str, ...], str | None, int]) -> BaseException:
-        """The exception of the deferred call ``wid``: :class:`DependencyFailed` (its cause the
-        failed dependency's exception) when a dependency failed, else :func:`failure`'s. The
-        dependency it names is one the campaign deferred it for (deferred or cancelled itself),
-        not one that raised beside it: a call whose dependencies all ended runs, and one that
-        raised alone makes its outcome a committed DependencyFailed (the worker's)."""
-        kinds, last_error, attempts = failed
-        if not kinds or kinds[-1] != "dependency":
-            return failure(wid, kinds, last_error, attempts)
-        after = self._after.get(wid, ())
-        dep = next((d for d in after if d in self._failed), None)
-        if dep is None:
-            dep = next((d for d in after if self._exception_of(d) is not None), None)
-        e = DependencyFailed(
-            f"the task never ran: its dependency {dep} failed ({last_error})",
-            work_id=wid,
-            attempts=attempts,
-            dependency=dep,
-        )
-        e.__cause__ = self._exception_of(dep) if dep is not None else None
-        return e
-
-    def _exception_of(self, wid: str) -> BaseException | None:
-        """The exception the call ``wid``'s future fails with, from the record; None when it
-        returned a value or has not ended."""
-        failed = self._failed.get(wid)
-        if failed is not None:
-            return self._failure(wid, failed)
-        rec = self._record.get(wid)
-        if rec is None:
-            return None
-        probe: Future[Any] = Future()
-        self._resolve(probe, wid, rec)
-        return probe.exception()
 
     # ------------------------------------------------------------------ the API
     @property
@@ -355,7 +314,7 @@ class DurableExecutor(Executor):
     def num_workers(self) -> int:
         """The number of worker ranks serving this executor, 0 once it is shut down or broken
         (as mpi4py's)."""
-        if self._shut or self._broken is not None:
+        if self._board.shut or self._broken is not None:
             return 0
         return self._workers
 
@@ -367,11 +326,11 @@ class DurableExecutor(Executor):
         Raises:
             RuntimeError: after :meth:`shutdown`.
         """
-        if self._shut:
+        if self._board.shut:
             raise RuntimeError("cannot bootup after shutdown")
         if wait:
-            self._bound.wait()
-            self._ready.wait()
+            self._board.bound.wait()
+            self._board.ready.wait()
         return self
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
@@ -404,10 +363,10 @@ class DurableExecutor(Executor):
         try:
             digest = call_digest(fn, args, kwargs)
         except Exception as e:  # noqa: BLE001 - an argument pickle refuses: the future's
-            with self._lock:
+            with self._board.lock:
                 self._check_open()
             return _failed(e)
-        with self._lock:
+        with self._board.lock:
             self._check_open()
             n = self._counts[(name, digest)]
             self._counts[(name, digest)] = n + 1
@@ -431,45 +390,44 @@ class DurableExecutor(Executor):
         try:
             digest = call_digest(fn, args, kwargs)
         except Exception as e:  # noqa: BLE001 - as in submit
-            with self._lock:
+            with self._board.lock:
                 self._check_open()
             return _failed(e)
-        with self._lock:
+        with self._board.lock:
             self._check_open()
             return self._enqueue(work_id, name, digest, (fn, args, kwargs), after)
 
     def _check_open(self) -> None:
         if self._broken is not None:
             raise BrokenExecutor(self._broken)
-        if self._shut:
+        if self._board.shut:
             raise RuntimeError("cannot schedule new futures after shutdown")
 
     def _enqueue(
         self, wid: str, name: str, digest: str, call: Any, after: list[str] | None = None
     ) -> Future[Any]:
-        known = self._digests.get(wid)
+        board = self._board
+        known = board.digests.get(wid)
         if known is not None and known != digest:
             raise UsageError(
                 f"work ID {wid!r} is known with another call (digest {known[:12]}, this one "
                 f"{digest[:12]}): a work ID names one call"
             )
-        fut: Future[Any] = _CallFuture()
-        fut.work_id = wid  # type: ignore[attr-defined]
-        fut._dd_owner = self  # type: ignore[attr-defined]  # (an argument of a later call, G4)
+        fut = _CallFuture(board, wid)  # (its owner: it may be an argument of a later call, G4)
         if after:
-            self._after[wid] = tuple(after)
-        if self._feed._settled(wid, fut, locked=True):  # committed or deferred: from the record
+            board.after[wid] = tuple(after)
+        if board.settle(wid, fut, locked=True):  # committed or deferred: from the record
             return fut
-        assert self._sealer is not None
+        assert board.sealer is not None
         try:
-            payload = self._sealer.seal_call(wid, name, digest, call)
+            payload = board.sealer.seal_call(wid, name, digest, call)
         except Exception as e:  # noqa: BLE001 - as in submit
             return _failed(e)
-        self._digests[wid] = digest
+        board.digests[wid] = digest
         item = WorkItem(
             wid, payload, timeout=self._timeout, self_contained=True, after=tuple(after or ())
         )
-        self._queue.append((fut, item))
+        board.queue.append((fut, item))
         return fut
 
     def map(
@@ -550,22 +508,23 @@ class DurableExecutor(Executor):
                 their futures but are in memory only (a re-run runs those calls again). Any
                 other error that ended the executor's campaign is raised here too, once.
         """
-        with self._lock:
-            self._shut = True
+        board = self._board
+        with board.lock:
+            board.shut = True
             if cancel_futures:
-                self._cancel = True
+                board.cancel = True
         if cancel_futures:
-            while self._queue:
+            while board.queue:
                 try:
-                    fut, _ = self._queue.popleft()
+                    fut, _ = board.queue.popleft()
                 except IndexError:
                     break
                 _cancel(fut)
             if threading.current_thread() is not self._thread:  # (not from a callback)
-                self._withdrawn.wait()  # the manager's next turn withdraws the frontier's
+                board.withdrawn.wait()  # the manager's next turn withdraws the frontier's
         if wait:
             self._thread.join()
-            error, self._error = self._error, None
+            error, board.error = board.error, None
             if error is not None:  # once: e.g. NotDurableError (the disk refused to the end)
                 raise error
 
@@ -576,16 +535,30 @@ class DurableExecutor(Executor):
 class _CallFuture(Future[Any]):
     """The standard library's ``Future``, whose :meth:`cancel` also tells its executor, so that
     a call cancelled in the frontier (ahead of the workers, not sent) is withdrawn from the run
-    and never runs."""
+    and never runs.
+
+    Args:
+        owner: the record of the executor that returned it (a future it is given as an
+            argument of a later call is one of its own when it names this record); None for
+            one made bare, by ``collect`` or ``compose``, which has no ``work_id`` either.
+        work_id: the work ID of its call.
+    """
+
+    work_id: str
+
+    def __init__(self, owner: Board | None = None, work_id: str | None = None) -> None:
+        super().__init__()
+        self.owner = owner
+        if work_id is not None:
+            self.work_id = work_id
 
     def cancel(self) -> bool:
         """As ``concurrent.futures.Future.cancel``: False once the call was sent to a worker
         (running) or settled; else the future is cancelled and True."""
         if not super().cancel():
             return False
-        owner = getattr(self, "_dd_owner", None)  # (None: made bare, by collect or compose)
-        if owner is not None:
-            owner._dropped.append(self.work_id)  # type: ignore[attr-defined]
+        if self.owner is not None:
+            self.owner.dropped.append(self.work_id)
         return True
 
 
@@ -601,14 +574,14 @@ def _failed(error: BaseException) -> Future[Any]:
 def _state_dir(state_dir: str | os.PathLike[str] | None) -> str:
     if state_dir is not None:
         return os.path.abspath(os.fspath(state_dir))
-    base = _job["state_dir"] or os.environ.get(STATE_DIR_ENV)
+    base = JOB["state_dir"] or os.environ.get(STATE_DIR_ENV)
     if not base:
         raise UsageError(
             "a DurableExecutor needs a state directory: pass state_dir=, or run the script with "
             f"'python -m durable_dispatch.futures --state-dir D', or set {STATE_DIR_ENV}"
         )
-    _job["made"] += 1
-    return os.path.abspath(os.path.join(base, f"executor-{_job['made']}"))
+    JOB["made"] += 1
+    return os.path.abspath(os.path.join(base, f"executor-{JOB['made']}"))
 
 
 def shutdown_all() -> None:

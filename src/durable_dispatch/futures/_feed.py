@@ -1,7 +1,8 @@
 """The manager side of the durable executor: :class:`_CallFeed`, the feed through which the
 executor's submitted calls enter its campaign, run by the manager thread (see
-:mod:`._executor` for the threads), and the helpers that settle a future once (``_start``,
-``_live``, ``_cancel``)."""
+:mod:`._executor` for the threads), and the helpers that settle a future once (``_live``,
+``_cancel``; ``start_future`` is :mod:`._board`'s). The feed shares only the executor's
+:class:`~._board.Board` with the threads that submit calls."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..core import WorkItem
 from ..core.decisions import Defer, Send
 from ..errors import DependencyFailed, RecordTooLargeError
 from ..mpi.master import Feed
+from ._board import Board, start_future
 from ._seal import Sealer, load_or_create_key
 
 #: The last error of a call an operator cancelled (``durable-dispatch cancel``).
@@ -28,8 +30,8 @@ class _CallFeed(Feed):
     #: until a dispatch sends them); the other calls wait here
     AHEAD = 2
 
-    def __init__(self, ex: Any) -> None:  # the DurableExecutor (_executor imports this module)
-        self.ex = ex
+    def __init__(self, board: Board) -> None:
+        self.board = board  # the executor's record of its calls, shared with its submitters
         # work ID -> its futures not settled: pending until its call is sent, then running
         self.waiting: dict[str, list[Future[Any]]] = {}
         self.sent: set[str] = set()  # work IDs sent to a worker in this run, not settled
@@ -44,48 +46,48 @@ class _CallFeed(Feed):
     @property
     def exhausted(self) -> bool:  # type: ignore[override]
         """Shut down, and every submitted call is in the frontier (or settled)."""
-        ex = self.ex
-        return ex._shut and not ex._queue and not self.local
+        board = self.board
+        return board.shut and not board.queue and not self.local
 
     def attach(self, state: CampaignState) -> None:
         """Read the record: committed results, deferred items, pending calls (checked)."""
         super().attach(state)
-        ex = self.ex
+        board = self.board
         try:
-            ex._sealer = Sealer(load_or_create_key(state.directory), state.directory)
+            board.sealer = Sealer(load_or_create_key(state.directory), state.directory)
             for r in read_results(state.directory):  # checked now: a forged one fails closed
-                ex._sealer.check_result(r.work_id, r.result)
-                ex._record[r.work_id] = r.result
+                board.sealer.check_result(r.work_id, r.result)
+                board.record[r.work_id] = r.result
                 if isinstance(r.result, dict) and isinstance(r.result.get("d"), str):
-                    ex._digests[r.work_id] = r.result["d"]
+                    board.digests[r.work_id] = r.result["d"]
             ledger = state.core.ledger
             for d in state.defer.items():
                 if _brought_back(ledger, d.work_id):  # its dependency was retried: it may run
                     continue
-                ex._failed[d.work_id] = (d.kinds, d.last_error, d.attempts)
+                board.failed[d.work_id] = (d.kinds, d.last_error, d.attempts)
                 after = d.item.get("after") if isinstance(d.item, dict) else None
                 if after:
-                    ex._after[d.work_id] = tuple(after)
+                    board.after[d.work_id] = tuple(after)
                 payload = d.item.get("payload") if isinstance(d.item, dict) else None
                 if isinstance(payload, dict) and isinstance(payload.get("d"), str):
-                    ex._digests[d.work_id] = payload["d"]
+                    board.digests[d.work_id] = payload["d"]
             ledger = state.core.ledger
             for wid in ledger.cancelled:  # an operator's cancel (O1): final, like a deferral
-                ex._failed[wid] = (("cancelled",), CANCELLED_ERROR, ledger.attempts.get(wid, 0))
+                board.failed[wid] = (("cancelled",), CANCELLED_ERROR, ledger.attempts.get(wid, 0))
             for wid in (*ledger.frontier, *ledger.waiting):  # calls an earlier run left: checked
                 payload = ledger.items[wid].payload
-                ex._sealer.check_call(wid, payload)
-                ex._digests[wid] = payload["d"]
+                board.sealer.check_call(wid, payload)
+                board.digests[wid] = payload["d"]
             state.on_defer = self.deferred
             state.on_cancel = self.cancelled
             state.on_dispatch = self.dispatched
             state.on_worker_up = self._host
             state.on_worker_gone = self._gone
         except BaseException as e:
-            ex._error = e  # before the constructor wakes: it raises this
+            board.error = e  # before the constructor wakes: it raises this
             raise
         finally:
-            ex._bound.set()
+            board.bound.set()
 
     def _host(self, rank: int, host: str) -> None:
         """``on_worker_up``: a worker's first READY (it is up)."""
@@ -100,16 +102,16 @@ class _CallFeed(Feed):
         """Worker ``rank`` is up (its first READY: an isolated child started) or gone; once
         every worker of the executor is, ``bootup(wait=True)`` returns."""
         self.heard.add(rank)
-        if len(self.heard) >= self.ex._workers:
-            self.ex._ready.set()
+        if len(self.heard) >= self.board.workers:
+            self.board.ready.set()
 
     def refill(self) -> None:
         """Take the submitted calls; move calls into the frontier while it is short."""
-        ex, waiting = self.ex, self.waiting
+        board, waiting = self.board, self.waiting
         ledger = self.state.core.ledger
-        while ex._queue:
+        while board.queue:
             try:
-                fut, item = ex._queue.popleft()
+                fut, item = board.queue.popleft()
             except IndexError:  # shutdown(cancel_futures=True) took it
                 break
             wid = item.work_id
@@ -120,7 +122,7 @@ class _CallFeed(Feed):
                 if wid not in self.sent or fut.set_running_or_notify_cancel():
                     futs.append(fut)
                     self.unrun.discard(wid)  # (cancelled while here: it runs after all)
-            elif not self._settled(wid, fut):
+            elif not self.board.settle(wid, fut):
                 if wid in self.sent:  # an earlier run's call, sent before it was submitted
                     if fut.set_running_or_notify_cancel():
                         waiting[wid] = [fut]
@@ -136,9 +138,9 @@ class _CallFeed(Feed):
                 if not ledger.known(wid):  # (else an earlier run's call, pending)
                     self.local.append(item)
                     self.queued.add(item.work_id)
-        if ex._dropped:
+        if board.dropped:
             self._drop_cancelled()
-        if ex._cancel:
+        if board.cancel:
             self._cancel_local()
             if not self.withdrew:
                 self._withdraw()
@@ -146,7 +148,7 @@ class _CallFeed(Feed):
         batch: list[WorkItem] = []
         # as many calls as the next dispatches take: a dispatch's size (batch="auto") for
         # each worker, twice, so none waits for work (they stay cancellable until sent)
-        low = self.AHEAD * self.ex._workers * self.state.core.auto_batch()
+        low = self.AHEAD * self.board.workers * self.state.core.auto_batch()
         unrun = self.unrun
         while self.local and len(frontier) + len(batch) < low:
             item = self.local.popleft()
@@ -175,7 +177,7 @@ class _CallFeed(Feed):
             sent.add(wid)
             for f in waiting.get(wid, ()):
                 if not f.set_running_or_notify_cancel():  # cancelled: its call runs anyway
-                    waiting[wid] = [g for g in waiting[wid] if _start(g)]
+                    waiting[wid] = [g for g in waiting[wid] if start_future(g)]
                     break
 
     def _drop_cancelled(self) -> None:
@@ -184,7 +186,7 @@ class _CallFeed(Feed):
         one in the frontier (or waiting for a dependency) is withdrawn from this run (it stays
         pending in the state directory, as :meth:`_withdraw`'s calls do), and the calls that
         wait for it fail with DependencyFailed."""
-        dropped, waiting = self.ex._dropped, self.waiting
+        dropped, waiting = self.board.dropped, self.waiting
         while dropped:
             wid = dropped.popleft()
             futs = waiting.get(wid)
@@ -216,7 +218,7 @@ class _CallFeed(Feed):
         )
         e.__cause__ = CancelledError()
         for f in self.waiting.pop(wid, ()):
-            if _start(f):
+            if start_future(f):
                 f.set_exception(e)
 
     def _withdraw(self) -> None:
@@ -231,7 +233,7 @@ class _CallFeed(Feed):
         for wid in [w for w in self.waiting if w not in sent]:
             for f in self.waiting.pop(wid):
                 _cancel(f)
-        self.ex._withdrawn.set()
+        self.board.withdrawn.set()
 
     def _submit(self, batch: list[WorkItem]) -> None:
         # A call pending from an earlier run is known by its work ID (the call's canonical
@@ -249,26 +251,8 @@ class _CallFeed(Feed):
                     self.state.submit([item])
                 except RecordTooLargeError as e:
                     for f in self.waiting.pop(item.work_id, ()):
-                        if _start(f):
+                        if start_future(f):
                             f.set_exception(e)
-
-    def _settled(self, wid: str, fut: Future[Any], *, locked: bool = False) -> bool:
-        """Resolve ``fut`` from the record if ``wid`` is committed or deferred (any thread)."""
-        ex = self.ex
-        if locked:
-            rec, failed = ex._record.get(wid), ex._failed.get(wid)
-        else:
-            with ex._lock:
-                rec, failed = ex._record.get(wid), ex._failed.get(wid)
-        if rec is not None:
-            if _start(fut):
-                ex._resolve(fut, wid, rec)
-            return True
-        if failed is not None:
-            if _start(fut):
-                fut.set_exception(ex._failure(wid, failed))
-            return True
-        return False
 
     def _cancel_local(self) -> None:
         for item in self.local:
@@ -279,12 +263,12 @@ class _CallFeed(Feed):
 
     def committed(self, wid: str, result: Any) -> None:
         """``on_commit``: the result is durable; resolve its futures."""
-        ex = self.ex
-        with ex._lock:
-            ex._record[wid] = result
+        board = self.board
+        with board.lock:
+            board.record[wid] = result
         self.sent.discard(wid)
         for f in self.waiting.pop(wid, ()):  # (each running: its call was sent)
-            ex._resolve(f, wid, result)
+            board.resolve(f, wid, result)
 
     def deferred(self, d: Defer) -> None:
         """``on_defer``: the item's retries are spent; fail its futures, and those of the items
@@ -296,7 +280,7 @@ class _CallFeed(Feed):
         k = 0
         while k < len(failed):
             for dep in tuple(led.dependents_of(failed[k][0])):
-                if dep in led.deferred and dep not in self.ex._failed and dep not in seen:
+                if dep in led.deferred and dep not in self.board.failed and dep not in seen:
                     seen.add(dep)
                     kinds = (*led.kinds.get(dep, ()),)
                     attempts, error = led.attempts.get(dep, 0), led.last_error.get(dep)
@@ -307,57 +291,44 @@ class _CallFeed(Feed):
 
     def _fail(self, wid: str, after: Any, why: tuple[Any, ...]) -> None:
         """Record ``wid`` as failed (``why``: kinds, last error, attempts) and fail its futures."""
-        with self.ex._lock:
-            self.ex._failed[wid] = why
+        with self.board.lock:
+            self.board.failed[wid] = why
         if after:
-            self.ex._after.setdefault(wid, after)
+            self.board.after.setdefault(wid, after)
         self.sent.discard(wid)
         for f in self.waiting.pop(wid, ()):
-            if _start(f):  # (pending when it never ran: a dependency failed)
-                f.set_exception(self.ex._failure(wid, why))
+            if start_future(f):  # (pending when it never ran: a dependency failed)
+                f.set_exception(self.board.failure(wid, why))
 
     def cancelled(self, wid: str) -> None:
         """``on_cancel``: an operator cancelled the call (``durable-dispatch cancel``, O1); its
         futures fail with :class:`TaskFailed` (kind ``"cancelled"``), now and in a re-run."""
         failed = (("cancelled",), CANCELLED_ERROR, self.state.core.ledger.attempts.get(wid, 0))
-        with self.ex._lock:
-            self.ex._failed[wid] = failed
+        with self.board.lock:
+            self.board.failed[wid] = failed
         self.sent.discard(wid)
         for f in self.waiting.pop(wid, ()):
-            if _start(f):
-                f.set_exception(self.ex._failure(wid, failed))
+            if start_future(f):
+                f.set_exception(self.board.failure(wid, failed))
 
     def abandon(self, why: str) -> None:
         """The campaign ended before these calls: each future fails with BrokenExecutor."""
-        ex = self.ex
-        while ex._queue:
+        board = self.board
+        while board.queue:
             try:
-                fut, _ = ex._queue.popleft()
+                fut, _ = board.queue.popleft()
             except IndexError:
                 break
-            if _start(fut):
+            if start_future(fut):
                 fut.set_exception(BrokenExecutor(why))
         for futs in self.waiting.values():
             for f in futs:
-                if _start(f):
+                if start_future(f):
                     f.set_exception(BrokenExecutor(why))
         self.waiting.clear()
         self.sent.clear()
         self.local.clear()
         self.queued.clear()
-
-
-def _start(fut: Future[Any]) -> bool:
-    """Mark ``fut`` running unless it is; True when it is running now (it may be settled),
-    False when it was cancelled (its waiters are told) or settled already."""
-    if fut.running():  # (asking again would log "Future ... in unexpected state: RUNNING")
-        return True
-    if fut.done() and not fut.cancelled():
-        return False  # settled already
-    try:
-        return fut.set_running_or_notify_cancel()
-    except RuntimeError:  # running already, or cancelled (and told) or settled before
-        return fut.running()
 
 
 def _live(fut: Future[Any]) -> bool:

@@ -100,6 +100,11 @@ class Sealer:
         self._key = key
         self.directory = directory
 
+    @property
+    def key(self) -> bytes:
+        """The directory's secret (the workers seal and open with it too)."""
+        return self._key
+
     def tag(self, what: str, work_id: str, digest: str, data: bytes) -> str:
         """The HMAC tag (hex) of a pickle ``data``, sealed as ``what`` of ``work_id``."""
         msg = b"\0".join(

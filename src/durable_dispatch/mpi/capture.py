@@ -104,9 +104,10 @@ class _Tail:
     def add(self, chunk: bytes) -> None:
         self.buf += chunk
         if len(self.buf) > 2 * TAIL_BYTES:  # (cut in steps: not a copy per chunk)
-            self._cut()
+            self.cut()
 
-    def _cut(self) -> None:
+    def cut(self) -> None:
+        """Keep only the last :data:`TAIL_BYTES`, counting the bytes dropped before them."""
         over = len(self.buf) - TAIL_BYTES
         if over > 0:
             del self.buf[:over]
@@ -186,7 +187,7 @@ class Relay:
         if tails is None:
             return None
         for t in tails:
-            t._cut()
+            t.cut()
         return {
             "stdout": bytes(tails[0].buf),
             "stderr": bytes(tails[1].buf),
