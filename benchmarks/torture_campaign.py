@@ -70,13 +70,14 @@ def work(payload: dict[str, Any], ctx: Any) -> Any:
 
 def plant(name: str) -> None:
     """Plant a known bug in this process (see the module docs)."""
+    from durable_dispatch.campaign import recorder as recorder_mod
     from durable_dispatch.campaign import state as state_mod
     from durable_dispatch.core import dispatcher
 
     if name == "double-commit":
-        original = state_mod.CampaignState._journal_commits
+        original = recorder_mod.Recorder._journal_commits
 
-        def twice(self: Any, commits: Any, on_commit: Any) -> Any:
+        def twice(self: Any, commits: Any) -> Any:
             from durable_dispatch.core.events import Committed, encode
 
             first = commits[0]
@@ -87,10 +88,10 @@ def plant(name: str) -> None:
                 tuple(c.result for c in commits),
                 time.time(),
             )
-            self.journal.append(encode(ev))
-            return original(self, commits, on_commit)
+            self._journal.append(encode(ev))
+            return original(self, commits)
 
-        state_mod.CampaignState._journal_commits = twice  # type: ignore[method-assign]
+        recorder_mod.Recorder._journal_commits = twice  # type: ignore[method-assign]
     elif name == "drop-child":
         spawn = state_mod.CampaignState._spawn
 

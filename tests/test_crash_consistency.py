@@ -419,6 +419,7 @@ def test_commit_and_children_crash_states(tally: Tally, tmp_path: Path) -> None:
     def check(d: Path, k: int) -> tuple[bool, str]:
         again: list[str] = []
         with CampaignState.open(d, ranks=(1,), on_commit=lambda w, r: again.append(w)) as s2:
+            s2.deliver()  # (the open queues the redelivery; the delivery point runs it)
             core = s2.core
             committed = core.committed()
             known = set(committed) | set(core.deferred()) | set(core.pending())

@@ -189,7 +189,7 @@ def test_a_memory_only_dependency_reaches_a_dependent_submitted_later(tmp_path: 
 _KILLED_WHILE_DELIVERING = r"""
 import os, signal, sys
 from durable_dispatch import RetryPolicy, WorkItem
-from durable_dispatch.campaign import state
+from durable_dispatch.campaign import delivery
 from durable_dispatch.mpi import run_master
 from durable_dispatch.testing import LocalWorkers
 
@@ -199,7 +199,7 @@ def fn(payload, ctx):
 def die(self):  # the dependency's commit released W; the master dies before it resolves W
     os.kill(os.getpid(), signal.SIGKILL)
 
-state.CampaignState._resolve_released = die
+delivery.Deliveries._resolve_released = die
 items = [WorkItem("D", "fail"), WorkItem("W", "w", after=["D"])]  # (D passes now)
 run_master(items, sys.argv[1], comm=LocalWorkers(fn, 1, context=True), retry=RetryPolicy(0))
 """

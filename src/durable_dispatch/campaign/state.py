@@ -577,14 +577,14 @@ class CampaignState:
 
     @property
     def delivered_seq(self) -> int:
-        """The delivery point: every commit journaled up to this sequence number was handed to
-        the callback, which returned."""
+        """The delivery point, a journal sequence number; every commit journaled up to it was
+        handed to the callback, which returned."""
         return self._deliveries.delivered_seq
 
     @property
     def commit_durable(self) -> bool:
-        """While the commit callback runs: True when an fsync covers the commit being
-        delivered, False for a memory-only commit (the journal is degraded)."""
+        """True while the commit callback runs on a commit an fsync covers, False while it runs
+        on a memory-only commit (the journal is degraded)."""
         return self._deliveries.commit_durable
 
     def publish_statistics(self, *, running: bool = True, force: bool = False) -> bool:
