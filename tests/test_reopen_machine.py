@@ -73,13 +73,15 @@ class Reopen(RuleBasedStateMachine):
 
     # ---------------------------------------------------------------- helpers
     def _open(self) -> CampaignState:
-        return CampaignState.open(
+        st = CampaignState.open(
             self.d,
             sync="always",
             ranks=(1,),
             retry=RetryPolicy(retries=1),
             on_commit=self._on_commit,
         )
+        st.deliver()  # the open's redelivery, at once (the open queues it for this point)
+        return st
 
     def _on_commit(self, wid: str, result: Any) -> Any:
         self.results[wid] = result
