@@ -94,8 +94,3 @@ class FailureDomains:
         """True while a rank of ``host`` is suspect (it lost a rank, and not all answered)."""
         suspect = self._ranks.is_suspect
         return any(suspect(r) for r in self._on_host.get(host, ()))
-
-    def suspects(self) -> list[int]:
-        """The suspect ranks, sorted (:meth:`Ranks.suspects
-        <durable_dispatch.core.ranks.Ranks.suspects>`)."""
-        return self._ranks.suspects()

@@ -51,7 +51,7 @@ class Queries(DispatcherBase):
         return self._snapshot_required is not None
 
     def live_ranks(self) -> list[int]:
-        """Every worker rank not lost (idle, busy or parked), sorted."""
+        """Every worker rank not lost (starting, idle, suspect, busy or parked), sorted."""
         return self._ranks.live()
 
     def live_rank_count(self) -> int:
@@ -75,7 +75,8 @@ class Queries(DispatcherBase):
         return self._ranks.parked()
 
     def rank_state(self, rank: int) -> RankState | None:
-        """Where ``rank`` is (idle, busy, parked, lost), or None for a rank never added."""
+        """Where ``rank`` is (starting, idle, suspect, busy, parked, lost), or None for a rank
+        never added."""
         return self._ranks.state(rank)
 
     def in_flight(self) -> dict[str, Token]:
@@ -128,7 +129,7 @@ class Queries(DispatcherBase):
             starting_ranks_now=self._ranks.count(RankState.STARTING),
             idle_ranks_now=self._ranks.count(RankState.IDLE),
             busy_ranks_now=self._ranks.count(RankState.BUSY),
-            suspect_ranks_now=len(self.domains.suspects()),
+            suspect_ranks_now=self._ranks.suspect_count(),
             in_flight_now=len(self.ledger.in_flight),
             pending_now=len(self.ledger.frontier),
             deferred_now=len(self.ledger.deferred),

@@ -80,6 +80,32 @@ class _Subset:
         return getattr(self._link, name)
 
 
+def _checked_arguments(
+    max_workers: int | None, initializer: Any, task_timeout: float | None, comm: Any
+) -> int | None:
+    """``max_workers`` (or ``MPI4PY_FUTURES_MAX_WORKERS``), the other arguments checked.
+
+    Raises:
+        UsageError: a bad ``max_workers`` or ``task_timeout``, or no runner and no communicator.
+        TypeError: an ``initializer`` that is not callable.
+    """
+    if max_workers is None and os.environ.get("MPI4PY_FUTURES_MAX_WORKERS"):
+        max_workers = int(os.environ["MPI4PY_FUTURES_MAX_WORKERS"])
+    if max_workers is not None and (type(max_workers) is not int or max_workers <= 0):
+        raise UsageError(f"max_workers must be an integer > 0, got {max_workers!r}")
+    if initializer is not None and not callable(initializer):
+        raise TypeError("initializer must be a callable")
+    if task_timeout is not None and not task_timeout > 0:
+        raise UsageError(f"task_timeout must be > 0 seconds, got {task_timeout!r}")
+    if comm is None and not JOB["runner"]:
+        raise UsageError(
+            "a DurableExecutor needs worker ranks: run the script with "
+            "'mpiexec -n N python -m durable_dispatch.futures script.py', or use "
+            "DurableCommExecutor (collective) in a script every rank runs"
+        )
+    return max_workers
+
+
 class DurableExecutor(Executor):
     """A ``concurrent.futures.Executor`` whose calls survive a crash (see the module docs).
 
@@ -156,20 +182,7 @@ class DurableExecutor(Executor):
         backoff: float | None = None,
         _comm: Any = None,
     ) -> None:
-        if max_workers is None and os.environ.get("MPI4PY_FUTURES_MAX_WORKERS"):
-            max_workers = int(os.environ["MPI4PY_FUTURES_MAX_WORKERS"])
-        if max_workers is not None and (type(max_workers) is not int or max_workers <= 0):
-            raise UsageError(f"max_workers must be an integer > 0, got {max_workers!r}")
-        if initializer is not None and not callable(initializer):
-            raise TypeError("initializer must be a callable")
-        if task_timeout is not None and not task_timeout > 0:
-            raise UsageError(f"task_timeout must be > 0 seconds, got {task_timeout!r}")
-        if _comm is None and not JOB["runner"]:
-            raise UsageError(
-                "a DurableExecutor needs worker ranks: run the script with "
-                "'mpiexec -n N python -m durable_dispatch.futures script.py', or use "
-                "DurableCommExecutor (collective) in a script every rank runs"
-            )
+        max_workers = _checked_arguments(max_workers, initializer, task_timeout, _comm)
         self._dir = _state_dir(state_dir)
         # Isolated children import the script as ``__mp_main__`` (as multiprocessing's spawn
         # does), so a value of a class the script defines comes back pickled as
@@ -181,17 +194,7 @@ class DurableExecutor(Executor):
                 "a time (not MPI_THREAD_MULTIPLE), so its workers serve one executor at a "
                 "time; shut it down first (or use one 'with' block after the other)"
             )
-        from mpi4py import MPI
-
-        comm = _comm if _comm is not None else MPI.COMM_WORLD
-        available = comm.Get_size() - 1
-        # a communicator of one (MPICommExecutor(MPI.COMM_SELF)): the calls run in a thread
-        local = _comm is not None and available == 0
-        if available < 1 and not local:
-            raise UsageError("no worker ranks: start the job with at least 2 processes")
-        available = max(available, 1)
-        self._workers: int = min(available, max_workers or available)
-        self._comm = comm
+        comm, local = self._choose_workers(_comm, max_workers)
         init = None
         if initializer is not None:
             function_name(initializer)  # a TypeError now, not in every worker
@@ -208,11 +211,46 @@ class DurableExecutor(Executor):
         link: Any = InThread() if local else self._open_link(shared=not isolate)
         self._link = link
         JOB["open"].add(self)
+        self._start_manager(watchdog=watchdog, retry=retry, sync=sync)
+        self._send_session(
+            local,
+            {
+                "init": init,
+                "isolate": bool(isolate),
+                "memory_limit": memory_limit,
+                "path": [os.fspath(p) for p in path or ()],
+                "wdir": os.fspath(wdir) if wdir is not None else None,
+                "env": {str(k): str(v) for k, v in (env or {}).items()},
+                "globals": dict(globals) if globals else None,
+            },
+        )
+        _executors.append(self)
+
+    def _choose_workers(self, given: Any, max_workers: int | None) -> tuple[Any, bool]:
+        """The communicator (``given``, or the world) and how many of its ranks serve (at most
+        ``max_workers``); True when it is a communicator of one, whose calls run in a thread.
+
+        Raises:
+            UsageError: no worker ranks.
+        """
+        from mpi4py import MPI
+
+        comm = given if given is not None else MPI.COMM_WORLD
+        available = comm.Get_size() - 1
+        # a communicator of one (MPICommExecutor(MPI.COMM_SELF)): the calls run in a thread
+        local = given is not None and available == 0
+        if available < 1 and not local:
+            raise UsageError("no worker ranks: start the job with at least 2 processes")
+        available = max(available, 1)
+        self._workers: int = min(available, max_workers or available)
+        self._comm = comm
+        return comm, local
+
+    def _start_manager(self, **kw: Any) -> None:
+        """Start the manager thread (it runs the campaign) and wait until it read the record;
+        an error it met there is raised here."""
         self._thread = threading.Thread(
-            target=self._manage,
-            name="durable-dispatch-executor",
-            kwargs={"watchdog": watchdog, "retry": retry, "sync": sync},
-            daemon=True,
+            target=self._manage, name="durable-dispatch-executor", kwargs=kw, daemon=True
         )
         self._thread.start()
         board = self._board
@@ -220,32 +258,32 @@ class DurableExecutor(Executor):
         if board.error is not None:
             self._thread.join()
             raise board.error
+
+    def _send_session(self, local: bool, settings: dict[str, Any]) -> None:
+        """Send every worker the session: how to run the calls (``settings``), the state
+        directory and the key that seals their results."""
+        from mpi4py import MPI
+
+        board = self._board
         assert board.sealer is not None
         session = pickle.dumps(
             {
                 "key": board.sealer.key,
                 "dir": self._dir,
-                "init": init,
-                "isolate": bool(isolate),
-                "memory_limit": memory_limit,
                 "max_result": MAX_RESULT_BYTES,
                 "workers": self._workers,
-                "path": [os.fspath(p) for p in path or ()],
-                "wdir": os.fspath(wdir) if wdir is not None else None,
-                "env": {str(k): str(v) for k, v in (env or {}).items()},
-                "globals": dict(globals) if globals else None,
+                **settings,
             }
         )
         if local:
             self._link.start(session)
-        else:
-            sub = self._link.comm
-            for r in range(1, self._workers + 1):
-                try:
-                    sub.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
-                except MPI.Exception as e:  # ULFM: that rank died; the master loop sees it
-                    log.warning("the set-up of worker rank %d was not sent: %s", r, e)
-        _executors.append(self)
+            return
+        sub = self._link.comm
+        for r in range(1, self._workers + 1):
+            try:
+                sub.Send([session, MPI.BYTE], dest=r, tag=_serve.SESSION)
+            except MPI.Exception as e:  # ULFM: that rank died; the master loop sees it
+                log.warning("the set-up of worker rank %d was not sent: %s", r, e)
 
     def _open_link(self, shared: bool) -> Any:
         """The session's own communicator on every worker (several executors open at once
