@@ -161,12 +161,11 @@ class CampaignState:
         )
         #: the allocation's end as the master reads it (``batch``): ``{"ends_at", ...}``, or None
         self.allocation: Callable[[], dict[str, Any]] | None = None
-        self._restore_at, self._restore_backoff = 0.0, 0.5  # storage: retry with a back-off
+        self._restore_at, self._restore_backoff = 0.0, 0.5  # a degraded journal's retry
         self._stuck = Stuck(core)
         self._hosts: dict[int, str] = {}  # rank -> host journaled in this run (note_host)
         self._epoch_seq: int | None = None  # this run's epoch record, until it is durable
-        #: the operator commands this open applied (``control.Applied``)
-        self.applied_at_open: list[Any] = []
+        self.applied_at_open: list[Any] = []  # the operator commands the open applied
         self._dir_sync = dir_sync  # the open's directory fsync of the journals it created
 
     @classmethod
@@ -523,7 +522,7 @@ class CampaignState:
         return out
 
     # ------------------------------------------------------------ the delivery point
-    def deliver(self, *, wait: bool = False) -> int:
+    def deliver(self, *, wait: bool = False, turn: bool = True) -> int:
         """The delivery point: the one place where user code runs. Returns how many commits it
         handed to the callback.
 
@@ -539,11 +538,12 @@ class CampaignState:
         submitted.
 
         With ``wait=True`` it first waits for the newest journaled commit to be durable; while
-        the journal is degraded, commits are delivered as memory-only commits.
+        the journal is degraded, commits are delivered as memory-only commits. ``turn=False``
+        leaves out :attr:`every_turn` (a delivery in the middle of a turn, before a send).
         """
         self._deliveries.settle(wait=wait)
         n = self._deliveries.run()
-        if self.every_turn and not self._closed:
+        if turn and self.every_turn and not self._closed:
             for hook in tuple(self.every_turn):
                 hook()
         return n

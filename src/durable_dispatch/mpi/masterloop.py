@@ -148,7 +148,7 @@ class MasterLoop:
             and (s := state.next_send(now, self._batch())) is not None
         ):
             if state.queued:  # (``on_dispatch``: told before the send, which may run the call)
-                state.deliver()
+                state.deliver(turn=False)
             deps = state.dependencies_of(s)  # None unless an item has ``after``
             msg = P.work_message(s, ahead=self.auto, dependencies=deps)
             error = link.send(s.rank, P.WORK, msg)
