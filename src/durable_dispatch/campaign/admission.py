@@ -104,10 +104,8 @@ class Admission:
                     mine = {w.work_id: digests[k * n : k * n + n] for k, w in enumerate(new)}
                 was = mine[wid]
             if was is not None and was != (now := theirs[j * n : j * n + n]):
-                st = self.core.status(wid) if wid in ids.index else None
-                where = st.name.lower().replace("_", " ") if st else "earlier in this submission"
                 raise ChangedPayloadError(
-                    f"work ID {wid!r} is known ({where}) "
+                    f"work ID {wid!r} is known ({self._where(wid)}) "
                     f"with another payload (digest {was.hex()}, this one {now.hex()}): a work ID "
                     "names one payload; give the changed item a new work ID (one that digests "
                     "its payload, say) or start a new state directory",
@@ -118,15 +116,19 @@ class Admission:
             else:
                 before = next(w.after for w in new if w.work_id == wid)
             if before is not None and set(before) != set(item.after):
-                st = self.core.status(wid) if wid in ids.index else None
-                where = st.name.lower().replace("_", " ") if st else "earlier in this submission"
                 raise ChangedPayloadError(
-                    f"work ID {wid!r} is known ({where}) with another after "
+                    f"work ID {wid!r} is known ({self._where(wid)}) with another after "
                     f"({sorted(before)}, this one {sorted(item.after)}): a work ID names one "
                     "item, its dependencies included; give the changed item a new work ID or "
                     "start a new state directory",
                     work_id=wid,
                 )
+
+    def _where(self, wid: str) -> str:
+        """Where a known work ID is, in words (``pending``, ``committed`` ...), or that it was
+        named earlier in the same submission."""
+        st = self.core.status(wid) if wid in self.core.ledger.ids.index else None
+        return st.name.lower().replace("_", " ") if st else "earlier in this submission"
 
     def _announce(self, items: list[WorkItem], first: int, digests: bytes) -> None:
         """Journal the submission of the stored ``items`` and hand them to the core (with
