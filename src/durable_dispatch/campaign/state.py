@@ -1,12 +1,11 @@
 """Durable campaign state: snapshot + journal replay, crash-safe rollback, master restart.
 
-Theory of operation. A state directory holds the snapshots (``campaign.<generation>.snap``), the
-state journal ``events.jsonl``, the submissions store ``submissions.jsonl`` (every item's payload,
-once, by dense index), the defer journal and the master lock. The durable state is a projection
-(the core's :class:`~durable_dispatch.core.ledger.Ledger`): every decision of the core that
-changes it is journaled as a small event *before* the shell acts on it; a snapshot folds it up
-to a journal sequence number in a compact form whose cost does not grow with the campaign.
-Loading = the submissions store + the newest valid snapshot + the journal records after it.
+Theory of operation. A state directory holds snapshots, the state journal, the submissions store
+(every item's payload, once, by dense index), the defer journal and the master lock. The durable
+state (the core's :class:`~durable_dispatch.core.ledger.Ledger`) changes only by small events
+journaled *before* the shell acts; a snapshot folds them up to a journal sequence number in a
+compact form whose cost does not grow with the campaign. Loading = the submissions store + the
+newest valid snapshot + the journal records after it.
 
 The campaign is parts with one job each, composed by :class:`CampaignState`, the facade the
 master's loop calls (one method per thing that happened: :meth:`~CampaignState.on_ready`,
@@ -314,9 +313,8 @@ class CampaignState:
         """Withdraw ``work_id`` and what waits for it (see :meth:`withdraw`); returns those."""
         led = self.core.ledger
         deps = list(led.waiting_dependents(work_id))
-        led.withdraw_item(work_id)
-        for d in deps:
-            led.withdraw_item(d)
+        for w in (work_id, *deps):
+            led.withdraw_item(w)
         return deps
 
     def put_back(self, work_id: str) -> None:
@@ -541,8 +539,10 @@ class CampaignState:
         the journal is degraded, commits are delivered as memory-only commits. ``turn=False``
         leaves out :attr:`every_turn` (a delivery in the middle of a turn, before a send).
         """
-        self._deliveries.settle(wait=wait)
-        n = self._deliveries.run()
+        d = self._deliveries
+        if d.pending:
+            d.settle(wait=wait)
+        n = d.run() if d.queued else 0
         if turn and self.every_turn and not self._closed:
             for hook in tuple(self.every_turn):
                 hook()

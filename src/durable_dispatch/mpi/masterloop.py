@@ -88,20 +88,26 @@ class MasterLoop:
         now = self.core.clock.observe(raw)  # a pause of the master is not counted
         if self._done(exhausted, now):
             return False
-        self._weigh_the_allocation(raw, now)
+        if self.allocation.ends_at is not None:
+            self._weigh_the_allocation(raw, now)
         self.reason = self.stopping.reason(now, state, signals, raw)
         if self.reason is not None:
             return False
         msgs = self.link.receive(RECEIVE_LIMIT)  # everything that arrived, never blocking
-        inbox = P.sort(msgs)
         if self.ft:
             self._check_failures(now)
-        self._hear(inbox, now)  # 1. READY and HEARTBEAT, and workers that are gone
+        # (a turn that received nothing skips the steps with nothing to do: on a machine where
+        # the ranks share cores, the master's idle turns take the workers' CPU)
+        inbox = P.sort(msgs) if msgs else None
+        if inbox is not None:
+            self._hear(inbox, now)  # 1. READY and HEARTBEAT, and workers that are gone
         self._dispatch(now)  # 2. persist (journal) before send; the deadline starts after
-        self._take_results(inbox, now)  # 3. RESULT (the items sent ahead first)
+        if inbox is not None:
+            self._take_results(inbox, now)  # 3. RESULT (the items sent ahead first)
         state.tick(state.now(), drained=len(msgs) < RECEIVE_LIMIT)  # 4. close, join; 5. sweep
         state.deliver()  # 6. the delivery point
-        self._steer(now)
+        if now >= self.operator.next_poll:
+            self._steer(now)
         self._pace(raw, bool(msgs))
         return True
 
@@ -122,7 +128,7 @@ class MasterLoop:
     def _weigh_the_allocation(self, raw: float, now: float) -> None:
         """Every :data:`PLAN_SECONDS`: drain before the allocation's end, and whether the next
         dispatch still fits."""
-        if raw >= self._next_plan and self.allocation.ends_at is not None:
+        if raw >= self._next_plan:
             self._room = self.stopping.plan(
                 self.plan, self.allocation, now, self.state, self._batch()
             )
@@ -169,8 +175,7 @@ class MasterLoop:
         """Apply the operator's commands that are due: each is journaled durably before it is
         acknowledged (``control.apply_command``); a dispatch cancelled in flight is told to
         stop (an isolated child is killed); a ``drain`` drains as SIGUSR1 does."""
-        operator = self.operator
-        if now < operator.next_poll or not (commands := operator.due(now)):
+        if not (commands := self.operator.due(now)):
             return
         for c in commands:
             done = apply_command(self.state, c, running=True)
