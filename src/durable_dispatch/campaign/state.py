@@ -393,10 +393,9 @@ class CampaignState:
 
     def note_host(self, rank: int, host: str) -> None:
         """Worker ``rank`` runs on ``host`` (its first READY said so): journaled once per rank
-        per run (a ``host`` event, for the joblog's host column), and ``on_worker_up`` told at
-        the delivery point. The record goes with the journal's next flush (the loop does not
-        wait for it): a crash before it loses only the name, and the rank's dispatches,
-        journaled after it, cannot become durable without it (one journal, in order)."""
+        per run (a ``host`` event, for the joblog), ``on_worker_up`` told at the delivery point.
+        The record goes with the journal's next flush (not waited for): a crash before it loses
+        only the name; the rank's dispatches, journaled after it, need it durable first."""
         self.core.note_host(rank, host)  # its failure domain
         if self.on_worker_up is not None:
             self._deliveries.notify(partial(self.on_worker_up, rank), host)
@@ -507,9 +506,10 @@ class CampaignState:
         """
         if drained:
             self.core.clock.drained()
-        self._deliveries.settle()
-        out = self.persist(self.core.join_invalid(now))
-        out += self.persist(self.core.sweep(now))
+        if self._deliveries.pending:
+            self._deliveries.settle()
+        out = self._recorder.apply(self.core.join_invalid(now))  # (persisted, then the sweep)
+        out += self._recorder.apply(self.core.sweep(now))
         if not self.journal.health.ok and now >= self._restore_at:
             if self.try_restore():
                 self._restore_backoff = 0.5

@@ -86,7 +86,7 @@ class MasterLoop:
         state = self.state
         raw = time.monotonic()
         now = self.core.clock.observe(raw)  # a pause of the master is not counted
-        if self._done(exhausted, now):
+        if exhausted and self._done(now):
             return False
         if self.allocation.ends_at is not None:
             self._weigh_the_allocation(raw, now)
@@ -111,12 +111,13 @@ class MasterLoop:
         self._pace(raw, bool(msgs))
         return True
 
-    def _done(self, exhausted: bool, now: float) -> bool:
-        """True when the work is done and no rank is parked (or the linger ran out)."""
+    def _done(self, now: float) -> bool:
+        """The work source is exhausted: True when the work is done and no rank is parked (or
+        the linger ran out)."""
         core, state = self.core, self.state
-        if exhausted and core.ledger.waiting:
+        if core.ledger.waiting:
             state.settle_waiting()  # nothing else can run: what waits never will
-        if not (exhausted and state.done):  # (every callback returned, too)
+        if not state.done:  # (every callback returned, too)
             return False
         if self._linger_until is None:
             self._linger_until = now + self.linger
@@ -147,12 +148,11 @@ class MasterLoop:
             self.lost.setdefault(rank, time.time())  # it ends: no STOP for it
 
     def _dispatch(self, now: float) -> None:
+        if self.stopping.draining or not self._room:
+            return
         state, link = self.state, self.link
-        while (
-            not self.stopping.draining
-            and self._room
-            and (s := state.next_send(now, self._batch())) is not None
-        ):
+        batch = self._batch()
+        while (s := state.next_send(now, batch)) is not None:
             if state.queued:  # (``on_dispatch``: told before the send, which may run the call)
                 state.deliver(turn=False)
             deps = state.dependencies_of(s)  # None unless an item has ``after``
