@@ -115,11 +115,6 @@ class Deliveries:
         self._call = _caller(on_commit, self)
         self._spawn = spawn
 
-    @property
-    def has_callback(self) -> bool:
-        """True when commits are handed to a callback."""
-        return self._call is not None
-
     def add(self, seq: int, token: Token, commits: list[Commit]) -> None:
         """A ``committed`` record was journaled at ``seq``."""
         self.pending.append(PendingCommit(seq, token, commits))
