@@ -8,7 +8,9 @@ Runs, one after another in this one invocation, on 1 master + 3 workers with tri
   futures  mpi4py.futures.MPIPoolExecutor.map(fn, ..., chunksize=1), and for context with
            chunksize=--batch (the executor's own way of sending several tasks per message)
   durable  durable_dispatch.futures' executor: the same map, each call durable, with
-           isolate=False and isolate=True (its default), under its runner
+           isolate=False and isolate=True (its default), under its runner; and the map with
+           chunksize=--batch (one work item per chunk) on --map-tasks calls (200,000), as
+           mpi4py's chunked map is measured
 and prints tasks/s, the ratios (targets: ours >= 5x futures, ours >= 0.3x bare), our per-task
 time in microseconds, and the ULFM kill-to-rollback latency measured by the demo campaign.
 "ours" runs twice: with one item per dispatch (``batch=1``) and with ``--batch`` items per
@@ -112,14 +114,16 @@ def role_futures(n: int, chunksize: int) -> None:
     print(json.dumps({"role": "futures", "tasks_per_s": n / el}), flush=True)
 
 
-def role_durable(n: int, state_dir: str, isolate: bool) -> None:
-    """durable_dispatch.futures: the same map, durable (run under its runner)."""
+def role_durable(n: int, state_dir: str, isolate: bool, chunksize: int = 1) -> None:
+    """durable_dispatch.futures: the same map, durable (run under its runner); with
+    ``chunksize`` > 1 each chunk of calls is one work item."""
     from durable_dispatch.futures import DurableExecutor
 
     with DurableExecutor(state_dir=state_dir, isolate=isolate) as ex:
-        list(ex.map(trivial, range(min(n, 200))))  # warm up
+        # warm up (calls of their own: the timed map's are new work IDs)
+        list(ex.map(trivial, range(-1, -min(n, 200) - 1, -1), chunksize=chunksize))
         t = time.perf_counter()
-        out = list(ex.map(trivial, range(n)))
+        out = list(ex.map(trivial, range(n), chunksize=chunksize))
         el = time.perf_counter() - t
     assert out == list(range(n))
     print(json.dumps({"role": "durable", "tasks_per_s": n / el}), flush=True)
@@ -194,6 +198,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64, help="items per dispatch for 'ours batched'")
     ap.add_argument("--auto", action="store_true", help="role ours: run_master(batch='auto')")
     ap.add_argument("--isolate", action="store_true", help="role ours: run_worker(isolate=True)")
+    ap.add_argument("--chunksize", type=int, default=1, help="role durable: map's chunksize")
+    ap.add_argument(
+        "--map-tasks", type=int, default=200_000, help="calls of the chunked maps (both)"
+    )
     a = ap.parse_args()
     if a.role == "bare":
         role_bare(a.tasks)
@@ -205,7 +213,7 @@ def main() -> int:
         role_futures(a.tasks, a.batch)
         return 0
     if a.role == "durable":
-        role_durable(a.tasks, a.state_dir, a.isolate)
+        role_durable(a.tasks, a.state_dir, a.isolate, a.chunksize)
         return 0
     from durable_dispatch.mpi.launcher import mpiexec_command
 
@@ -230,13 +238,19 @@ def main() -> int:
                 runs[name] = run(mpiexec_command(n, role))
             for name, batch, count in (
                 ("futures", 1, fut_n),
-                ("futures-chunked", a.batch, a.tasks),
+                ("futures-chunked", a.batch, a.map_tasks),
             ):
                 fut = [me, "--role", "futures", "--tasks", str(count), "--batch", str(batch)]
                 runs[name] = run(mpiexec_command(n, [py, "-m", "mpi4py.futures", *fut]))
-            for name, iso in (("durable", []), ("durable-isolated", ["--isolate"])):
+            for name, iso, chunk, count in (
+                ("durable", [], 1, a.tasks),
+                ("durable-isolated", ["--isolate"], 1, a.tasks),
+                ("durable-chunked", [], a.batch, a.map_tasks),
+                ("durable-chunked-isolated", ["--isolate"], a.batch, a.map_tasks),
+            ):
                 state = ["--state-dir", os.path.join(tmp, f"{name}-{k}")]
-                dur = [me, "--role", "durable", *tasks, *state, *iso]
+                sizes = ["--tasks", str(count), "--chunksize", str(chunk)]
+                dur = [me, "--role", "durable", *sizes, *state, *iso]
                 runs[name] = run(mpiexec_command(n, [py, "-m", "durable_dispatch.futures", *dur]))
             for name, r in runs.items():
                 best[name] = max(best.get(name, 0.0), float(r["tasks_per_s"]))  # type: ignore[arg-type]
@@ -277,7 +291,10 @@ def main() -> int:
     def line(label: str, rate: float) -> None:
         print(f"{label:<46}{rate:>10,.0f} tasks/s")
 
-    print(f"{a.workers} workers, trivial tasks, {a.tasks} tasks ({fut_n} for chunksize=1)")
+    print(
+        f"{a.workers} workers, trivial tasks, {a.tasks} tasks ({fut_n} for mpi4py's "
+        f"chunksize=1, {a.map_tasks} for the maps of chunksize={a.batch})"
+    )
     line("bare mpi4py send/recv loop", b)
     line("MPIPoolExecutor.map(chunksize=1)", f)
     line(f"MPIPoolExecutor.map(chunksize={k}) (context)", best["futures-chunked"])
@@ -307,7 +324,12 @@ def main() -> int:
         f"  / batch={k}               = {o / best['batched']:6.2f}  (target: about 1; "
         f"{auto_mean:.1f} items per dispatch on average, ramp-up included)"
     )
-    for name, label in (("durable", "isolate=False"), ("durable-isolated", "isolate=True")):
+    for name, label in (
+        ("durable", "isolate=False"),
+        ("durable-isolated", "isolate=True"),
+        ("durable-chunked", f"chunksize={k}, isolate=False"),
+        ("durable-chunked-isolated", f"chunksize={k}, isolate=True"),
+    ):
         o = best[name]
         line(f"durable_dispatch.futures map, {label}", o)
         print(

@@ -21,14 +21,13 @@ benchmark starts its clock (``_warm.py``: a campaign's throughput, not its impor
                           (``python -m durable_dispatch.futures``, 1 + 3 ranks), each call
                           durable, with ``isolate=False`` and ``isolate=True``, tasks/s
 
-Under ``mpiexec`` each rank's CPU seconds are read too, and the master's CPU per task is printed
-after the figures (a loaded machine moves it much less than tasks/s, which also depends on how
-the OS schedules 4 ranks on few cores). A ratio above 1.0 is faster than the base. This is the
-check every performance claim in a closing note is made with (STYLE.md: compare with the base,
-not with yourself). pyperf is not used: each figure is a whole campaign's throughput, printed by
-the benchmark itself (several processes under mpiexec), not a calibrated loop of one Python
-callable. Not a test: nothing here
-asserts a time.
+Under ``mpiexec`` each rank's CPU seconds are read too: the master's CPU per task and the
+workers' are printed after the figures (a loaded machine moves them much less than tasks/s,
+which also depends on how the OS schedules 4 ranks on few cores). A ratio above 1.0 is faster
+than the base. This is the check every performance claim in a closing note is made with
+(STYLE.md: compare with the base, not with yourself). pyperf is not used: each figure is a whole
+campaign's throughput, printed by the benchmark itself (several processes under mpiexec), not a
+calibrated loop of one Python callable. Not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -50,7 +49,25 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from durable_dispatch.mpi.launcher import mpiexec_command, run_mpiexec  # noqa: E402
 
-FIGURES = ("ceiling-1", "ceiling-64", "mpi-1", "mpi-64", "bare", "durable", "durable-isolated")
+FIGURES = (
+    "ceiling-1",
+    "ceiling-64",
+    "mpi-1",
+    "mpi-64",
+    "bare",
+    "durable",
+    "durable-isolated",
+    "durable-64",
+    "durable-64-isolated",
+    "futures-1",
+    "futures-64",
+)
+#: the figures that do not run the library (the anchors): the same in both trees, so their
+#: ratio shows the machine's drift; each is also what a figure of ours is read against
+ANCHORS = {"mpi-64": "bare", "mpi-1": "futures-1", "durable": "futures-1"}
+ANCHORS |= {"durable-64": "futures-64", "durable-64-isolated": "futures-64"}
+#: the calls of a chunked map (as issue figures and mpi4py's own are measured)
+MAP_TASKS = 200_000
 
 
 def _env(tree: Path) -> dict[str, str]:
@@ -68,7 +85,7 @@ def _last_json(text: str, what: str, key: str = "tasks_per_s") -> dict[str, floa
 
 #: the master's (rank 0's) CPU microseconds per task of the last ``mpi`` figure measured
 #: (``_warm.py`` prints each rank's), or None where the figure has none
-LAST_CPU: list[float | None] = [None]
+LAST_CPU: list[float | None] = [None, None]
 
 
 def ceiling(tree: Path, tasks: int, batch: int) -> float:
@@ -88,13 +105,22 @@ def ceiling(tree: Path, tasks: int, batch: int) -> float:
 LAUNCH_TRIES = 3
 
 
-def mpi(tree: Path, tasks: int, role: list[str], runner: list[str] = []) -> float:  # noqa: B006
-    script = str(tree / "benchmarks" / "bench_mpi.py")
+def mpi(
+    tree: Path,
+    tasks: int,
+    role: list[str],
+    runner: list[str] = [],  # noqa: B006
+    script_tree: Path | None = None,
+    state: bool = True,
+) -> float:
+    """A figure under mpiexec: ``bench_mpi.py`` of ``script_tree`` (default: ``tree``; the
+    new tree's for a figure the base's script cannot run, on the base's package all the same)."""
+    script = str((script_tree or tree) / "benchmarks" / "bench_mpi.py")
     for attempt in range(LAUNCH_TRIES):
         with tempfile.TemporaryDirectory(prefix="dd-compare-") as d:
             warm = [] if runner else [str(HERE / "_warm.py")]  # the imports before the clock
             args = [sys.executable, *runner, *warm, script, *role, "--tasks", str(tasks)]
-            args += ["--state-dir", d + "/s"]
+            args += ["--state-dir", d + "/s"] if state else []
             res = run_mpiexec(mpiexec_command(4, args), timeout=900, env=_env(tree), quiet=True)
         out = res.stdout + res.stderr
         never_started = res.returncode == 213 or "listener thread failed to start" in out
@@ -105,6 +131,8 @@ def mpi(tree: Path, tasks: int, role: list[str], runner: list[str] = []) -> floa
     ranks = [json.loads(x) for x in out.splitlines() if x.startswith('{"rank"')]
     master = [r["cpu_s"] for r in ranks if r["rank"] == 0]
     LAST_CPU[0] = master[0] * 1e6 / tasks if master else None
+    workers = [r["cpu_s"] for r in ranks if r["rank"] != 0]
+    LAST_CPU[1] = sum(workers) * 1e6 / tasks if workers else None
     return got["tasks_per_s"]
 
 
@@ -119,7 +147,18 @@ def measures(tasks: int) -> dict[str, Callable[[Path], float]]:
         "durable-isolated": lambda t: mpi(
             t, tasks // 4, ["--role", "durable", "--isolate"], FUTURES
         ),
+        "durable-64": lambda t: mpi(t, MAP_TASKS, CHUNKED, FUTURES, ROOT),
+        "durable-64-isolated": lambda t: mpi(t, MAP_TASKS, [*CHUNKED, "--isolate"], FUTURES, ROOT),
+        "futures-1": lambda t: mpi(t, tasks // 10, MPI4PY + ["1"], MPI4PY_RUNNER, ROOT, False),
+        "futures-64": lambda t: mpi(t, MAP_TASKS, MPI4PY + ["64"], MPI4PY_RUNNER, ROOT, False),
     }
+
+
+#: the durable map of chunksize 64 (the new tree's script: the base's has no --chunksize)
+CHUNKED = ["--role", "durable", "--chunksize", "64"]
+#: mpi4py's own MPIPoolExecutor.map (the anchor), under its runner; then its chunksize
+MPI4PY = ["--role", "futures", "--batch"]
+MPI4PY_RUNNER = ["-m", "mpi4py.futures"]
 
 
 #: the futures runner, which ``bench_mpi.py --role durable`` runs under
@@ -132,6 +171,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median kept)")
     ap.add_argument("--tasks", type=int, default=20000, help="tasks per campaign (batch 1: /4)")
     ap.add_argument("--only", nargs="*", choices=FIGURES, help="measure only these figures")
+    ap.add_argument(
+        "--anchors-once",
+        action="store_true",
+        help="measure the anchors (bare, futures-1, futures-64) under the new tree only",
+    )
     a = ap.parse_args()
     base_dir = Path(tempfile.mkdtemp(prefix="dd-compare-base-"))
     subprocess.run(
@@ -146,14 +190,20 @@ def main() -> int:
     figs = {k: v for k, v in measures(a.tasks).items() if not a.only or k in a.only}
     got: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[float]] = {}
+    wcpu: dict[tuple[str, str], list[float]] = {}
+    anchors = set(ANCHORS.values()) | {"bare"}
     try:
         for r in range(a.rounds):
             for name, fn in figs.items():
                 for which in ("base", "new") if r % 2 == 0 else ("new", "base"):
-                    LAST_CPU[0] = None
+                    if a.anchors_once and name in anchors and which == "base":
+                        continue
+                    LAST_CPU[:] = [None, None]
                     got.setdefault((name, which), []).append(fn(trees[which]))
                     if LAST_CPU[0] is not None:
                         cpu.setdefault((name, which), []).append(LAST_CPU[0])
+                    if LAST_CPU[1] is not None:
+                        wcpu.setdefault((name, which), []).append(LAST_CPU[1])
             print(f"round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_dir)])
@@ -163,10 +213,21 @@ def main() -> int:
         f"{'figure':<12} {'base tasks/s':>14} {'new tasks/s':>14} {'new/base':>9}  rounds' ratios"
     )
     for name in figs:
-        b, n = got[(name, "base")], got[(name, "new")]
+        n = got[(name, "new")]
+        b = got.get((name, "base"), n)  # (an anchor measured once: under the new tree)
         ratios = " ".join(f"{x / y:.2f}" for x, y in zip(n, b, strict=True))
         mb, mn = statistics.median(b), statistics.median(n)
         print(f"{name:<12} {mb:14,.0f} {mn:14,.0f} {mn / mb:9.2f}  {ratios}")
+    pairs = [(f, x) for f, x in ANCHORS.items() if f in figs and x in figs]
+    if pairs:
+        print("against the anchors, in this run (medians; each tree's figure / the anchor's")
+        print("median over both trees' runs: the anchors do not run the library)")
+        print(f"{'figure':<20} {'anchor':<11} {'base':>7} {'new':>7}")
+        for f, x in pairs:
+            anchor = statistics.median(got[(x, "new")] + got.get((x, "base"), []))
+            fb = statistics.median(got[(f, "base")]) / anchor
+            fn_ = statistics.median(got[(f, "new")]) / anchor
+            print(f"{f:<20} {x:<11} {fb:7.3f} {fn_:7.3f}")
     if cpu:
         print("the master's CPU per task (rank 0's CPU seconds over the run / tasks, median;")
         print("base/new: above 1.0 the new tree spends less; a loaded machine moves it less)")
@@ -175,6 +236,15 @@ def main() -> int:
             if (name, "base") in cpu and (name, "new") in cpu:
                 cb = statistics.median(cpu[(name, "base")])
                 cn = statistics.median(cpu[(name, "new")])
+                print(f"{name:<12} {cb:14.1f} {cn:14.1f} {cb / cn:9.2f}")
+    if wcpu:
+        print("the workers' CPU per task (every worker rank's CPU seconds over the run / tasks,")
+        print("median: on few cores the workers' cost per item counts as much as the master's)")
+        print(f"{'figure':<12} {'base us/task':>14} {'new us/task':>14} {'base/new':>9}")
+        for name in figs:
+            if (name, "base") in wcpu and (name, "new") in wcpu:
+                cb = statistics.median(wcpu[(name, "base")])
+                cn = statistics.median(wcpu[(name, "new")])
                 print(f"{name:<12} {cb:14.1f} {cn:14.1f} {cb / cn:9.2f}")
     return 0
 
