@@ -26,6 +26,7 @@ from typing import Any
 __all__ = [
     "function_name",
     "call_digest",
+    "chunk_digest",
     "call_id",
     "Dependency",
     "take_dependencies",
@@ -126,6 +127,26 @@ def call_digest(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     for part in out:
         h.update(part)
     return h.hexdigest()
+
+
+def chunk_digest(fn: Callable[..., Any], calls: tuple[tuple[Any, ...], ...]) -> str:
+    """The SHA-256 (hex) of a chunk of a ``map``: the calls ``fn(*args)`` for each ``args`` of
+    ``calls``, in order, encoded in one pass after a ``"chunk"`` marker, so that a chunk's digest
+    is never a single call's (see :func:`call_digest`).
+
+    Raises:
+        TypeError: ``fn`` cannot be found by name (see :func:`function_name`).
+        Exception: an argument cannot be pickled: the pickling error itself (its own type).
+    """
+    out: list[bytes] = []
+    name = function_name(fn)
+    bound: tuple[Any, ...] = ()
+    inner: Any = fn
+    while isinstance(inner, functools.partial):
+        bound = (inner.args, inner.keywords, *bound)
+        inner = inner.func
+    _encode(("chunk", name, bound, calls), out)
+    return hashlib.sha256(b"".join(out)).hexdigest()
 
 
 def call_id(name: str, digest: str, n: int) -> str:

@@ -113,18 +113,30 @@ class Sealer:
         return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
 
     # ------------------------------------------------------------------ calls
-    def seal_call(self, work_id: str, name: str, digest: str, call: Any) -> dict[str, Any]:
+    def seal_call(
+        self, work_id: str, name: str, digest: str, call: Any, chunk: int = 0
+    ) -> dict[str, Any]:
         """A task's payload: ``{"fn", "args", "d", "call", "tag"}`` (JSON; ``call`` a base64
         pickle; ``args`` a short text preview of the arguments, for ``durable-dispatch joblog``,
-        which never unpickles)."""
+        which never unpickles). ``chunk``: the call is a chunk of a ``map``, ``(fn, calls)``
+        with that many calls (``calls`` a tuple of argument tuples), and the payload says so
+        (``"chunk"``: the count; ``args`` previews its first call)."""
         data = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
-        return {
+        if chunk:
+            fn, calls = call
+            preview = f"{chunk} calls: {args_preview((fn, calls[0], {}))}, ..."
+        else:
+            preview = args_preview(call)
+        out: dict[str, Any] = {
             "fn": name,
-            "args": args_preview(call),
+            "args": preview,
             "d": digest,
             "call": base64.b64encode(data).decode(),
-            "tag": self.tag("call", work_id, digest, data),
+            "tag": self.tag("chunk" if chunk else "call", work_id, digest, data),
         }
+        if chunk:
+            out["chunk"] = chunk
+        return out
 
     def check_call(self, work_id: str, payload: Any) -> bytes:
         """The pickle of a payload whose tag verifies (not loaded).
@@ -135,7 +147,8 @@ class Sealer:
         try:
             data = base64.b64decode(payload["call"], validate=True)
             digest, tag = payload["d"], payload["tag"]
-            ok = hmac.compare_digest(self.tag("call", work_id, digest, data), tag)
+            what = "chunk" if payload.get("chunk") else "call"  # (a chunk's tag says so)
+            ok = hmac.compare_digest(self.tag(what, work_id, digest, data), tag)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueCorruptError(
                 f"the stored call of {work_id} is malformed: {e}", path=self.directory
