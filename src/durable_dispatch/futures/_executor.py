@@ -7,7 +7,8 @@ workers serve the session (:mod:`._serve`). Every call is a work item whose ID i
 the call (:mod:`._calls`), its payload the sealed pickle of the call (:mod:`._seal`); its
 result, once committed durably, resolves its future. So a re-run of the same script on the same
 state directory resolves every committed call from the record at ``submit``, without running it,
-and runs only the rest.
+and runs only the rest. A chunked ``map`` (``chunksize > 1``) submits one work item per chunk of
+calls instead (:mod:`._chunks`).
 
 This module is the submit side (:class:`DurableExecutor`); its manager side, the feed through
 which the calls enter the campaign, is :mod:`._feed`. The two share one part, the executor's

@@ -25,6 +25,7 @@ import hmac
 import os
 import pickle
 import re
+import reprlib
 import stat
 from typing import Any
 
@@ -252,22 +253,26 @@ class Sealer:
         return data
 
 
+class _Short(reprlib.Repr):
+    """``reprlib`` cut short, object addresses removed (see :func:`args_preview`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = 24
+        self.maxlist = self.maxtuple = self.maxdict = 4
+        self.maxlevel = 2
+
+    def repr_instance(self, x: Any, level: int) -> str:
+        text = _ADDRESS.sub("", repr(x))
+        return text if len(text) <= 24 else text[:10] + "..." + text[-11:]
+
+
 def args_preview(call: Any, limit: int = 80) -> str:
     """A short text of a call's arguments (``reprlib``, object addresses removed so that the
     same call gives the same text in every run), cut at ``limit`` characters."""
-    import reprlib
-
-    class _Short(reprlib.Repr):
-        def repr_instance(self, x: Any, level: int) -> str:
-            text = _ADDRESS.sub("", repr(x))
-            return text if len(text) <= 24 else text[:10] + "..." + text[-11:]
-
     try:
         _fn, args, kwargs = call
         r = _Short()
-        r.maxstring = 24
-        r.maxlist = r.maxtuple = r.maxdict = 4
-        r.maxlevel = 2
         parts = [r.repr(a) for a in args] + [f"{k}={r.repr(v)}" for k, v in kwargs.items()]
     except Exception:  # noqa: BLE001 - a preview must never stop a submit
         return "?"
