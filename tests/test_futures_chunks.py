@@ -207,6 +207,8 @@ EXPECTED = [
     "crashed crash True True",
     "dependency True",
     "unpicklable True",
+    "deadline True",
+    "hung timeout True",
 ]
 
 
@@ -215,7 +217,8 @@ def test_a_chunked_map_under_the_runner_and_a_rerun_that_runs_nothing(tmp_path: 
     is raised at its position; a call whose isolated child SIGKILLs itself fails alone with
     ``TaskCrashed`` under its single call's ID (its chunk crashed in both attempts, then its
     calls ran one by one); a future argument and an argument that cannot be pickled fall back
-    to single calls. Each chunk is one committed record. A re-run on the same state directory
+    to single calls. A chunk's deadline is ``task_timeout`` per call, and a call that hangs in
+    a chunk fails alone with ``TaskTimedOut``. Each chunk is one committed record. A re-run on the same state directory
     prints the same and runs no call (the chunks, the split chunk's single calls and the
     crashed call all come from the record)."""
     state, count = tmp_path / "state", tmp_path / "count"
@@ -224,6 +227,7 @@ def test_a_chunked_map_under_the_runner_and_a_rerun_that_runs_nothing(tmp_path: 
     assert first.stdout.splitlines() == EXPECTED, first.stdout + first.stderr[-3000:]
     ran = _ran(count)
     assert ran.count(151) == 4 and ran.count(144) >= 3  # the chunk twice, then alone (twice)
+    assert ran.count(300) == 1 and ran.count(312) == 2  # in its chunk's deadline; hung twice
     rows = list(read_results(state / "executor-1", with_payload=True))
     chunks = [r for r in rows if r.payload.get("chunk") and r.payload["fn"].endswith(":work")]
     sizes = sorted(r.payload["chunk"] for r in chunks)

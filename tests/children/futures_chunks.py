@@ -15,7 +15,8 @@ import sys
 import threading
 import time
 
-from durable_dispatch.futures import MPIPoolExecutor, TaskCrashed
+from durable_dispatch import RetryPolicy
+from durable_dispatch.futures import MPIPoolExecutor, TaskCrashed, TaskTimedOut
 from durable_dispatch.futures._calls import call_digest
 
 
@@ -38,6 +39,27 @@ def slow(count, x):
         f.write(f"{x}\n")
     time.sleep(0.01)
     return x * x
+
+
+def nap(count, x, seconds):
+    with open(count, "a") as f:
+        f.write(f"{x}\n")
+    time.sleep(seconds)
+    return x
+
+
+def deadlines(count):
+    """A chunk's deadline is task_timeout per call: four calls of 0.6 s each fit in the chunk's
+    4 s (one call's 1 s would not); a call that hangs fails alone with TaskTimedOut."""
+    with MPIPoolExecutor(task_timeout=1, retry=RetryPolicy(0)) as ex:
+        got = list(ex.map(nap, [count] * 4, range(300, 304), [0.6] * 4, chunksize=4))
+        print("deadline", got == list(range(300, 304)))
+        seen = []
+        try:
+            for v in ex.map(nap, [count] * 4, range(310, 314), [0.1, 0.1, 60, 0.1], chunksize=4):
+                seen.append(v)
+        except TaskTimedOut as e:
+            print("hung", e.kind, seen == [310, 311])
 
 
 def checks(count):
@@ -115,5 +137,6 @@ if __name__ == "__main__":
         on_self(sys.argv[1], sys.argv[3])
     elif sys.argv[2] == "checks":
         checks(sys.argv[1])
+        deadlines(sys.argv[1])
     else:
         job(sys.argv[1], int(sys.argv[2]))
