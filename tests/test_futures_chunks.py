@@ -218,9 +218,9 @@ def test_a_chunked_map_under_the_runner_and_a_rerun_that_runs_nothing(tmp_path: 
     ``TaskCrashed`` under its single call's ID (its chunk crashed in both attempts, then its
     calls ran one by one); a future argument and an argument that cannot be pickled fall back
     to single calls. A chunk's deadline is ``task_timeout`` per call, and a call that hangs in
-    a chunk fails alone with ``TaskTimedOut``. Each chunk is one committed record. A re-run on the same state directory
-    prints the same and runs no call (the chunks, the split chunk's single calls and the
-    crashed call all come from the record)."""
+    a chunk fails alone with ``TaskTimedOut``. Each chunk is one committed record. A re-run on
+    the same state directory prints the same and runs no call (the chunks, the split chunk's
+    single calls and the crashed call all come from the record)."""
     state, count = tmp_path / "state", tmp_path / "count"
     first = run_mpiexec(_runner(4, state, CHILD, str(count), "checks"), timeout=240, cwd=ROOT)
     assert not first.timed_out and first.returncode == 0, first.stderr[-3000:]
