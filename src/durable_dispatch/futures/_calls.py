@@ -26,6 +26,7 @@ from typing import Any
 __all__ = [
     "function_name",
     "call_digest",
+    "chunk_digest",
     "call_id",
     "Dependency",
     "take_dependencies",
@@ -126,6 +127,50 @@ def call_digest(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     for part in out:
         h.update(part)
     return h.hexdigest()
+
+
+def chunk_digest(fn: Callable[..., Any], calls: tuple[tuple[Any, ...], ...]) -> str:
+    """The SHA-256 (hex) of a chunk of a ``map``: the canonical encoding of ``("chunk", fn's
+    name, a partial's bound arguments)`` followed by that of ``calls`` (the argument tuples, in
+    order, encoded in one pass), so that a chunk's digest is never a single call's (see
+    :func:`call_digest`).
+
+    Raises:
+        TypeError: ``fn`` cannot be found by name (see :func:`function_name`).
+        Exception: an argument cannot be pickled: the pickling error itself (its own type).
+    """
+    out: list[bytes] = []
+    name = function_name(fn)
+    bound: tuple[Any, ...] = ()
+    inner: Any = fn
+    while isinstance(inner, functools.partial):
+        bound = (inner.args, inner.keywords, *bound)
+        inner = inner.func
+    _encode(("chunk", name, bound), out)
+    _encode_calls(calls, out)
+    return hashlib.sha256(b"".join(out)).hexdigest()
+
+
+_LENGTH = struct.Struct(">I").pack
+
+
+def _encode_calls(calls: tuple[tuple[Any, ...], ...], out: list[bytes]) -> None:
+    """``_encode(calls, out)``, byte for byte, with the arguments most maps are given (ints and
+    strings) encoded inline: a chunk's digest costs little more than its encoding."""
+    append = out.append
+    append(b"(" + _LENGTH(len(calls)))
+    for args in calls:
+        append(b"(" + _LENGTH(len(args)))
+        for v in args:
+            t = type(v)
+            if t is int:
+                raw = str(v).encode()
+                append(b"i" + _LENGTH(len(raw)) + raw)
+            elif t is str:
+                raw = v.encode("utf-8", "surrogatepass")
+                append(b"s" + _LENGTH(len(raw)) + raw)
+            else:
+                _encode(v, out)
 
 
 def call_id(name: str, digest: str, n: int) -> str:

@@ -7,7 +7,8 @@ workers serve the session (:mod:`._serve`). Every call is a work item whose ID i
 the call (:mod:`._calls`), its payload the sealed pickle of the call (:mod:`._seal`); its
 result, once committed durably, resolves its future. So a re-run of the same script on the same
 state directory resolves every committed call from the record at ``submit``, without running it,
-and runs only the rest.
+and runs only the rest. A chunked ``map`` (``chunksize > 1``) submits one work item per chunk of
+calls instead (:mod:`._chunks`).
 
 This module is the submit side (:class:`DurableExecutor`); its manager side, the feed through
 which the calls enter the campaign, is :mod:`._feed`. The two share one part, the executor's
@@ -51,7 +52,8 @@ from ..mpi.master import MasterReport, run_master
 from ..storage import fs
 from . import _serve
 from ._board import Board
-from ._calls import call_digest, call_id, function_name, take_dependencies
+from ._calls import call_digest, call_id, chunk_digest, function_name, take_dependencies
+from ._chunks import chunked_map
 from ._feed import _CallFeed, _cancel
 from ._local import InThread
 from ._outcomes import gather
@@ -441,8 +443,38 @@ class DurableExecutor(Executor):
         if self._board.shut:
             raise RuntimeError("cannot schedule new futures after shutdown")
 
+    def _submit_chunk(
+        self, fn: Callable[..., Any], calls: tuple[tuple[Any, ...], ...]
+    ) -> Future[Any] | None:
+        """Schedule a chunk of a chunked ``map`` (the calls ``fn(*args)``, ``args`` in
+        ``calls``) as one task; returns its future (its value ``(values, raised)``, see
+        :mod:`._chunks`), or None when the chunk cannot be one task (an argument the digest or
+        the pickle refuses, a future among them): the caller submits its calls one by one.
+
+        Raises:
+            RuntimeError: after :meth:`shutdown`.
+            BrokenExecutor: the executor is broken.
+        """
+        name = function_name(fn)
+        try:
+            digest = chunk_digest(fn, calls)
+        except Exception:  # noqa: BLE001 - each call alone: only the one refused fails
+            return None
+        with self._board.lock:
+            self._check_open()
+            n = self._counts[(name, digest)]
+            self._counts[(name, digest)] = n + 1
+            fut = self._enqueue(call_id(name, digest, n), name, digest, (fn, calls), chunk=True)
+        return fut if getattr(fut, "work_id", None) is not None else None
+
     def _enqueue(
-        self, wid: str, name: str, digest: str, call: Any, after: list[str] | None = None
+        self,
+        wid: str,
+        name: str,
+        digest: str,
+        call: Any,
+        after: list[str] | None = None,
+        chunk: bool = False,
     ) -> Future[Any]:
         board = self._board
         known = board.digests.get(wid)
@@ -457,13 +489,16 @@ class DurableExecutor(Executor):
         if board.settle(wid, fut, locked=True):  # committed or deferred: from the record
             return fut
         assert board.sealer is not None
+        size = len(call[1]) if chunk else 0
         try:
-            payload = board.sealer.seal_call(wid, name, digest, call)
+            payload = board.sealer.seal_call(wid, name, digest, call, size)
         except Exception as e:  # noqa: BLE001 - as in submit
-            return _failed(e)
+            return _failed(e)  # (a chunk's: its calls are submitted one by one)
         board.digests[wid] = digest
+        # a chunk's deadline: task_timeout for each of its calls
+        timeout = self._timeout * size if chunk and self._timeout is not None else self._timeout
         item = WorkItem(
-            wid, payload, timeout=self._timeout, self_contained=True, after=tuple(after or ())
+            wid, payload, timeout=timeout, self_contained=True, after=tuple(after or ())
         )
         board.queue.append((fut, item))
         return fut
@@ -479,10 +514,19 @@ class DurableExecutor(Executor):
     ) -> Iterator[Any]:
         """``map(fn, *iterables)``: the results in order (or as they complete, ``unordered``).
 
-        One task per element, whatever ``chunksize`` (the work IDs do not depend on it; the
-        dispatches are sized from the measured task time). ``timeout`` counts from this call;
-        ``buffersize`` bounds the tasks submitted ahead of the results read (in order only, as
-        in mpi4py). An exception a call raised is raised when its result is reached.
+        ``chunksize=1``: one task per element (as :meth:`submit`). ``chunksize=k > 1``: one
+        task per chunk of up to ``k`` consecutive calls, run in order by one worker and
+        committed as one record; its work ID digests the function and the chunk's calls (never
+        a single call's ID), so a re-run with the same chunks resolves them from the record,
+        and its deadline is ``task_timeout`` times its calls. A chunk that fails as a whole (a
+        crash or a hang in each attempt) is split once its retries are spent: its calls are
+        submitted one by one, with ``chunksize=1``'s work IDs, so only the call that crashed
+        fails. A chunk with a future of this executor among its arguments (a dependency), or
+        an argument that cannot be pickled, is submitted as single calls.
+
+        ``timeout`` counts from this call; ``buffersize`` bounds the tasks (chunks) submitted
+        ahead of the results read (in order only, as in mpi4py). An exception a call raised is
+        raised when its result is reached (each call's own, at its position, in a chunk too).
 
         Raises:
             TypeError: ``chunksize`` or ``buffersize`` is not an integer.
@@ -507,7 +551,7 @@ class DurableExecutor(Executor):
         buffersize: int | None = None,
         unordered: bool = False,
     ) -> Iterator[Any]:
-        """``fn(*args)`` for each ``args`` of ``iterable``; see :meth:`map`."""
+        """``fn(*args)`` for each ``args`` of ``iterable``; see :meth:`map` (chunks too)."""
         if not isinstance(chunksize, int):
             raise TypeError("chunksize must be an integer")
         if chunksize < 1:
@@ -520,6 +564,17 @@ class DurableExecutor(Executor):
             if unordered:
                 raise ValueError("buffersize must be None if unordered")
         end = None if timeout is None else time.monotonic() + timeout
+        if chunksize > 1:
+            return chunked_map(
+                self._submit_chunk,
+                self.submit,
+                fn,
+                iterable,
+                chunksize,
+                end,
+                buffersize,
+                unordered,
+            )
         args = iter(iterable)
         ahead = itertools.islice(args, buffersize) if buffersize is not None else args
         first = collections.deque(self.submit(fn, *a) for a in ahead)

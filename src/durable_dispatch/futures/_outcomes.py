@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import DependencyFailed, TaskCrashed, TaskFailed, TaskTimedOut
 from ._seal import Sealer
 
-__all__ = ["failure", "gather", "resolve"]
+__all__ = ["failure", "gather", "resolve", "with_traceback_text"]
 
 
 class _RemoteTraceback(Exception):
@@ -26,6 +26,13 @@ class _RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return self.tb
+
+
+def with_traceback_text(e: BaseException, tb: str) -> BaseException:
+    """``e``, raised by a call in a worker, with the worker's traceback text ``tb`` as its
+    ``__cause__`` (as a committed single call's exception is re-raised)."""
+    e.__cause__ = _RemoteTraceback(tb)
+    return e
 
 
 def resolve(

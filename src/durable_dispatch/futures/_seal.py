@@ -25,6 +25,7 @@ import hmac
 import os
 import pickle
 import re
+import reprlib
 import stat
 from typing import Any
 
@@ -113,18 +114,30 @@ class Sealer:
         return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
 
     # ------------------------------------------------------------------ calls
-    def seal_call(self, work_id: str, name: str, digest: str, call: Any) -> dict[str, Any]:
+    def seal_call(
+        self, work_id: str, name: str, digest: str, call: Any, chunk: int = 0
+    ) -> dict[str, Any]:
         """A task's payload: ``{"fn", "args", "d", "call", "tag"}`` (JSON; ``call`` a base64
         pickle; ``args`` a short text preview of the arguments, for ``durable-dispatch joblog``,
-        which never unpickles)."""
+        which never unpickles). ``chunk``: the call is a chunk of a ``map``, ``(fn, calls)``
+        with that many calls (``calls`` a tuple of argument tuples), and the payload says so
+        (``"chunk"``: the count; ``args`` previews its first call)."""
         data = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
-        return {
+        if chunk:
+            fn, calls = call
+            preview = f"{chunk} calls: {args_preview((fn, calls[0], {}))}, ..."
+        else:
+            preview = args_preview(call)
+        out: dict[str, Any] = {
             "fn": name,
-            "args": args_preview(call),
+            "args": preview,
             "d": digest,
             "call": base64.b64encode(data).decode(),
-            "tag": self.tag("call", work_id, digest, data),
+            "tag": self.tag("chunk" if chunk else "call", work_id, digest, data),
         }
+        if chunk:
+            out["chunk"] = chunk
+        return out
 
     def check_call(self, work_id: str, payload: Any) -> bytes:
         """The pickle of a payload whose tag verifies (not loaded).
@@ -135,7 +148,8 @@ class Sealer:
         try:
             data = base64.b64decode(payload["call"], validate=True)
             digest, tag = payload["d"], payload["tag"]
-            ok = hmac.compare_digest(self.tag("call", work_id, digest, data), tag)
+            what = "chunk" if payload.get("chunk") else "call"  # (a chunk's tag says so)
+            ok = hmac.compare_digest(self.tag(what, work_id, digest, data), tag)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueCorruptError(
                 f"the stored call of {work_id} is malformed: {e}", path=self.directory
@@ -239,22 +253,26 @@ class Sealer:
         return data
 
 
+class _Short(reprlib.Repr):
+    """``reprlib`` cut short, object addresses removed (see :func:`args_preview`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = 24
+        self.maxlist = self.maxtuple = self.maxdict = 4
+        self.maxlevel = 2
+
+    def repr_instance(self, x: Any, level: int) -> str:
+        text = _ADDRESS.sub("", repr(x))
+        return text if len(text) <= 24 else text[:10] + "..." + text[-11:]
+
+
 def args_preview(call: Any, limit: int = 80) -> str:
     """A short text of a call's arguments (``reprlib``, object addresses removed so that the
     same call gives the same text in every run), cut at ``limit`` characters."""
-    import reprlib
-
-    class _Short(reprlib.Repr):
-        def repr_instance(self, x: Any, level: int) -> str:
-            text = _ADDRESS.sub("", repr(x))
-            return text if len(text) <= 24 else text[:10] + "..." + text[-11:]
-
     try:
         _fn, args, kwargs = call
         r = _Short()
-        r.maxstring = 24
-        r.maxlist = r.maxtuple = r.maxdict = 4
-        r.maxlevel = 2
         parts = [r.repr(a) for a in args] + [f"{k}={r.repr(v)}" for k, v in kwargs.items()]
     except Exception:  # noqa: BLE001 - a preview must never stop a submit
         return "?"

@@ -115,6 +115,8 @@ class Task:
         wid = ctx.work_id
         data = self.sealer.check_call(wid, payload)  # a tag that fails is no outcome
         digest = payload["d"]
+        if payload.get("chunk"):
+            return self._chunk(wid, digest, data)
         try:
             fn, args, kwargs = pickle.loads(data)  # an argument that cannot be unpickled
             if ctx.dependencies:  # futures of the same executor among the arguments (G4)
@@ -134,6 +136,38 @@ class Task:
         except Exception as e:  # noqa: BLE001 - a value pickle cannot hold
             return self._raised(wid, digest, e)
 
+    def _chunk(self, wid: str, digest: str, data: bytes) -> dict[str, Any]:
+        """Run a chunk of a ``map``: its calls in order, each one's outcome kept; sealed once, as
+        ``(values, raised)``: the values in order (None where the call raised) and, for each
+        call that raised, its position -> ``(exception, traceback text)``."""
+        try:
+            fn, calls = pickle.loads(data)
+        except BaseException as e:  # noqa: BLE001 - the chunk's outcome: its calls fail
+            return self._raised(wid, digest, e)
+        values: list[Any] = []
+        raised: dict[int, tuple[BaseException, str]] = {}
+        append = values.append
+        _here.comm = self.comm_workers
+        try:
+            for i, args in enumerate(calls):
+                try:
+                    append(fn(*args))
+                except BaseException as e:  # noqa: BLE001 - this call's outcome (as one call's)
+                    append(None)
+                    raised[i] = (_portable(e), _traceback(e))
+        finally:
+            _here.comm = None
+        try:
+            return self.sealer.seal_result(wid, digest, "ok", (values, raised))
+        except Exception:  # noqa: BLE001 - some value pickle cannot hold: that call raises
+            for i, v in enumerate(values):
+                try:
+                    pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as e:  # noqa: BLE001 - its own pickling error, at its place
+                    values[i] = None
+                    raised[i] = (_portable(e), _traceback(e))
+            return self.sealer.seal_result(wid, digest, "ok", (values, raised))
+
     def _dependency_failed(self, wid: str, results: Any) -> DependencyFailed | None:
         """The failure of a call one of whose dependencies raised (its committed outcome), or
         None when each returned a value."""
@@ -152,13 +186,27 @@ class Task:
         return value
 
     def _raised(self, wid: str, digest: str, e: BaseException) -> dict[str, Any]:
-        tb = "".join(traceback.format_exception(e))[-_TB_CHARS:]
+        tb = _traceback(e)
         try:
             pickle.loads(pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL))
             return self.sealer.seal_result(wid, digest, "raised", e, tb)
         except Exception:  # noqa: BLE001 - an exception that does not survive a pickle
             stand_in = RuntimeError(f"{type(e).__name__}: {e}")
             return self.sealer.seal_result(wid, digest, "raised", stand_in, tb)
+
+
+def _traceback(e: BaseException) -> str:
+    """The text of ``e``'s traceback, its end up to ``_TB_CHARS`` characters."""
+    return "".join(traceback.format_exception(e))[-_TB_CHARS:]
+
+
+def _portable(e: BaseException) -> BaseException:
+    """``e`` if it survives a pickle, else a ``RuntimeError`` that names it (as for one call)."""
+    try:
+        pickle.loads(pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL))
+        return e
+    except Exception:  # noqa: BLE001 - an exception that does not survive a pickle
+        return RuntimeError(f"{type(e).__name__}: {e}")
 
 
 def serve(comm: Any = None) -> int:
