@@ -122,7 +122,10 @@ def test_a_crash_right_after_each_fsync_of_a_run_is_recovered(tmp_path: Path) ->
     for k in range(1, sum(op.endswith("fsync") for op, _ in first) + 1):
         state = tmp_path / f"s{k}"
         res = _run(state, tmp_path / f"killed{k}.json", kill_at=k)
-        assert res.returncode == -signal.SIGKILL, (k, res.returncode, res.stderr[-3000:])
+        # (a run makes at least the fixed fsyncs and one group commit; past those, one whose
+        # flusher batched more makes fewer than the run counted, and ends unkilled)
+        fewer = res.returncode == 0 and k > sum(FIXED.values()) + 1
+        assert res.returncode == -signal.SIGKILL or fewer, (k, res.returncode, res.stderr[-3000:])
         again = _run(state, tmp_path / f"again{k}.json")
         assert again.returncode == 0, (k, again.stderr[-3000:])
         assert json.loads((tmp_path / f"again{k}.json").read_text())["finished"], k
@@ -143,3 +146,69 @@ def test_a_name_file_a_crash_left_empty_or_torn_is_replaced(tmp_path: Path, dama
     assert record_name(d, "fixedcost")
     assert recorded_name(d) == "fixedcost"
     assert sorted(p.name for p in d.iterdir()) == [CAMPAIGN_FILE]
+
+
+def test_a_resume_fsyncs_the_earlier_run_s_journals_side_by_side(tmp_path: Path) -> None:
+    """What an earlier run left unsynced in the three journals is fsynced at the resume before
+    it counts as durable: one journal after the other before (three fsyncs' waits in a row on
+    a shared filesystem), side by side now. Each of the three fsyncs waits here until all three
+    are under way: one after the other, they never are (the wait gives up after 10 s)."""
+    import threading
+
+    from durable_dispatch import CampaignState, WorkItem
+    from durable_dispatch.storage import fs
+
+    d = tmp_path / "s"
+    with CampaignState.open(d) as s:
+        s.submit([WorkItem("a")])
+    names = {STATE_JOURNAL, "submissions.jsonl", ".dispatch_protocol_deferred.jsonl"}
+    assert names <= {p.name for p in d.iterdir()}
+    barrier = threading.Barrier(3, timeout=10)
+    met: list[str] = []
+    alone: list[str] = []
+
+    def hook(op: str, path: str) -> None:
+        if op == "fsync" and Path(path).name in names and Path(path).parent == d:
+            if len(met) + len(alone) >= 3:
+                return  # (the run's own fsyncs after the open)
+            try:
+                barrier.wait()
+                met.append(Path(path).name)
+            except threading.BrokenBarrierError:
+                alone.append(Path(path).name)
+
+    prev = fs.set_fault_hook(hook)
+    try:
+        CampaignState.open(d).close()
+    finally:
+        fs.set_fault_hook(prev)
+    assert sorted(met) == sorted(names) and not alone, (met, alone)
+
+
+def test_an_earlier_run_s_journal_whose_fsync_fails_at_the_resume_is_not_fsynced_again(
+    tmp_path: Path,
+) -> None:
+    """The fsync beside the open fails (EIO): the journal's open takes that failure as its own
+    (the journal starts degraded, its records kept in memory) and never fsyncs the file again
+    to find it succeed (a second fsync after a failed one may report success for lost
+    data)."""
+    import errno
+
+    from durable_dispatch import CampaignState, WorkItem
+    from durable_dispatch.storage.health import HealthState
+    from durable_dispatch.testing import inject_faults
+
+    d = tmp_path / "s"
+    with CampaignState.open(d) as s:
+        s.submit([WorkItem("a")])
+    with inject_faults() as f:
+        rule = f.fail("fsync", errno.EIO, path=str(d / STATE_JOURNAL), nth=1)
+        s = CampaignState.open(d)
+        try:
+            assert rule.fired == 1
+            assert s.journal.health.state is HealthState.DEGRADED, s.journal.health
+        finally:
+            try:
+                s.close()
+            except Exception:  # noqa: BLE001 - a degraded journal's close may refuse
+                pass
