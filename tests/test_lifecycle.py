@@ -115,9 +115,9 @@ def test_a_fresh_run_makes_these_fsyncs_and_metadata_operations_and_no_more(
 
 
 def test_a_crash_right_after_each_fsync_of_a_run_is_recovered(tmp_path: Path) -> None:
-    """The run SIGKILLed right after each of its fsyncs in turn, then run again on the same directory: every item is committed
-    once, the name recorded, the directory opens. What each fsync made durable is what the
-    next open starts from."""
+    """The run SIGKILLed right after each of its fsyncs in turn, then run again on the same
+    directory: every item is committed once, the name recorded, the directory opens. What
+    each fsync made durable is what the next open starts from."""
     first = _operations(tmp_path / "count", tmp_path / "count.json")
     for k in range(1, sum(op.endswith("fsync") for op, _ in first) + 1):
         state = tmp_path / f"s{k}"

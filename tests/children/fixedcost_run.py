@@ -4,10 +4,11 @@ through the fs seam.
     python -m tests.children.fixedcost_run STATE OUT N [KILL_AT]
 
 Runs N trivial items at batch 64 with three in-process workers (campaign ``fixedcost``) on
-state directory STATE, recording every fsync and directory fsync the run makes, and every create, rename, link, unlink
-and mkdir, in order, as ``[op, kind]`` (:func:`kind_of` names the file). With KILL_AT the process SIGKILLs itself right
-after its KILL_AT-th fsync returned (counted from 1, whichever thread made it); otherwise it
-writes OUT as JSON: ``{"operations": [[op, kind], ...], "finished": bool}``.
+state directory STATE, recording every fsync and directory fsync the run makes, and every
+create, rename, link, unlink and mkdir, in order, as ``[op, kind]`` (:func:`kind_of` names the
+file). With KILL_AT the process SIGKILLs itself right after its KILL_AT-th fsync returned
+(counted from 1, whichever thread made it); otherwise it writes OUT as JSON:
+``{"operations": [[op, kind], ...], "finished": bool}``.
 """
 
 from __future__ import annotations
