@@ -8,7 +8,7 @@ state directory STATE, recording every fsync and directory fsync the run makes, 
 create, rename, link, unlink and mkdir, in order, as ``[op, kind]`` (:func:`kind_of` names the
 file). With KILL_AT the process SIGKILLs itself right after its KILL_AT-th fsync returned
 (counted from 1, whichever thread made it); otherwise it writes OUT as JSON:
-``{"operations": [[op, kind], ...], "finished": bool}``.
+``{"operations": [[op, kind], ...], "finished": bool, "seconds": the run's}``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 
 def kind_of(op: str, path: str, state: str) -> str:
@@ -59,6 +60,7 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     fs.set_recorder(record)
+    began = time.monotonic()
     report = run_master(
         [WorkItem(f"t{i}", {"i": i}) for i in range(n)],
         state,
@@ -68,8 +70,9 @@ def main() -> None:
         campaign="fixedcost",
     )
     fs.set_recorder(None)
+    took = time.monotonic() - began
     with open(out, "w") as f:
-        json.dump({"operations": seen, "finished": report.finished}, f)
+        json.dump({"operations": seen, "finished": report.finished, "seconds": took}, f)
 
 
 if __name__ == "__main__":
