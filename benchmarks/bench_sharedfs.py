@@ -15,11 +15,14 @@ fastest of each. Each run times the whole ``run_master`` call, opening and closi
 short campaign pays them in full). It prints tasks/s on each and the ratio slow/local; the goals
 (docs/performance.md) are at least 0.5x at batch 64 and 0.3x at batch 1. A second table shows
 the same runs' loop alone (``MasterReport.seconds``: the submission, every dispatch and commit,
-the workers stopped) and, apart, what the open and the close cost in them: the steady state is
-the loop's ratio with many tasks (``--tasks 50000``); the first table stays the whole cost.
+the workers stopped) and, apart, what the open and the close cost in them (the fastest of the
+repeats), and the mount's count of fsyncs and metadata operations in the last run on it (the
+whole run, open to close, loop included): the steady state is the loop's ratio with many
+tasks (``--tasks 50000``); the first table stays the whole cost.
 
-It also prints what one open and close of a state directory costs on each (seconds, and the
-mount's count of fsyncs and metadata operations).
+It also prints what one open and close of a new state directory costs on each, and a second
+one of the same directory (a resume), in seconds (the fastest of the repeats), and the mount's
+count of fsyncs and metadata operations of the two.
 
 ``--base REF`` runs every measurement a second time with the library of git revision REF
 (extracted with ``git archive``), in the same run, alternating, and prints its ratios too.
@@ -104,7 +107,10 @@ def role_openclose(state_dir: str) -> None:
     t = time.perf_counter()
     s = CampaignState.open(state_dir)
     s.close()
-    print(json.dumps({"seconds": time.perf_counter() - t}), flush=True)
+    fresh = time.perf_counter() - t
+    t = time.perf_counter()  # again: a resume (its journals exist; no directory is made)
+    CampaignState.open(state_dir).close()
+    print(json.dumps({"seconds": fresh, "resume": time.perf_counter() - t}), flush=True)
 
 
 # ------------------------------------------------------------------ the driver
@@ -183,6 +189,7 @@ def main() -> int:
             oc_counts: dict[str, dict[str, int]] = {}
             loop: dict[tuple[str, str, str, str], float] = {}
             fixed: dict[tuple[str, str, str, str], float] = {}
+            run_counts: dict[tuple[str, str, str], dict[str, int]] = {}
             k = 0
             for _r in range(a.repeat):
                 for tree, src in trees.items():  # alternating: a noisy moment hits all alike
@@ -190,8 +197,10 @@ def main() -> int:
                         k += 1
                         d = os.path.join(root, f"oc-{k}")
                         before = m.counters() if where == "slow" else {}
-                        sec = _child(src, ["--role", "openclose", "--state-dir", d])["seconds"]
-                        oc[(tree, where)] = min(oc.get((tree, where), 1e9), sec)
+                        got = _child(src, ["--role", "openclose", "--state-dir", d])
+                        oc[(tree, where)] = min(oc.get((tree, where), 1e9), got["seconds"])
+                        again = (tree, where + "-resume")
+                        oc[again] = min(oc.get(again, 1e9), got["resume"])
                         if where == "slow":
                             after = m.counters()
                             oc_counts[tree] = {
@@ -206,7 +215,14 @@ def main() -> int:
                                 args = ["--role", mode, "--tasks", str(a.tasks)]
                                 args += ["--state-dir", d, "--batch", b]
                                 args += ["--workers", str(a.workers)]
+                                before = m.counters() if where == "slow" else {}
                                 res = _child(src, args, mpi=a.workers + 1 if mode == "mpi" else 0)
+                                if where == "slow":
+                                    after = m.counters()
+                                    run_counts[(tree, mode, b)] = {
+                                        x: after.get(x, 0) - before.get(x, 0)
+                                        for x in ("fsyncs", "metadata_ops")
+                                    }
                                 key = (tree, mode, b, where)
                                 best[key] = max(best.get(key, 0.0), res["tasks_per_s"])
                                 loop[key] = max(loop.get(key, 0.0), res["loop_tasks_per_s"])
@@ -228,23 +244,27 @@ def main() -> int:
         )
         print(
             f"{'tree':6} {'mode':7} {'batch':>5} {'local/s':>10} {'slow/s':>10} {'ratio':>7}"
-            f" {'open+close local':>17} {'slow':>9}"
+            f" {'open+close local':>17} {'slow':>9} {'fsyncs':>7} {'metadata':>9}"
         )
         for tree in trees:
             for mode in modes:
                 for b in batches:
                     k_lo, k_sl = (tree, mode, b, "local"), (tree, mode, b, "slow")
                     lo, sl = loop[k_lo], loop[k_sl]
+                    c = run_counts.get((tree, mode, b), {})
                     print(
                         f"{tree:6} {mode:7} {b:>5} {lo:10.0f} {sl:10.0f} {sl / lo:7.2f}x"
                         f" {fixed[k_lo] * 1000:14.1f} ms {fixed[k_sl] * 1000:6.1f} ms"
+                        f" {c.get('fsyncs', 0):7d} {c.get('metadata_ops', 0):9d}"
                     )
         for tree in trees:
             c = oc_counts.get(tree, {})
             print(
                 f"{tree:6} open+close: local {oc[(tree, 'local')] * 1000:.1f} ms, slow "
-                f"{oc[(tree, 'slow')] * 1000:.1f} ms ({c.get('fsyncs', 0)} fsyncs, "
-                f"{c.get('metadata_ops', 0)} metadata operations on the mount)"
+                f"{oc[(tree, 'slow')] * 1000:.1f} ms; the resume: local "
+                f"{oc[(tree, 'local-resume')] * 1000:.1f} ms, slow "
+                f"{oc[(tree, 'slow-resume')] * 1000:.1f} ms ({c.get('fsyncs', 0)} fsyncs, "
+                f"{c.get('metadata_ops', 0)} metadata operations on the mount, both)"
             )
     return 0
 

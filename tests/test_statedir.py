@@ -194,9 +194,11 @@ def test_an_open_and_a_close_cost_at_most_these_operations_on_a_slow_mount(
     (among them each journal's lock file: a lookup, a create and a chmod each, four listings
     of the directory); this version 104 and 7, 130 and 8, and 106 and 132 since the closing
     snapshot checks the owner record again after its wait for the journal's fsync, right before
-    its rename (S13; a lookup of the directory and of the next record's name here). (With the
-    kernel's default 1 s cache, as ``bench_sharedfs.py`` mounts it: 87 and 45 before, 44 and 33
-    now.)"""
+    its rename (S13; a lookup of the directory and of the next record's name here); 106 and 141
+    since the resume fsyncs its three journals side by side, each through a descriptor of its
+    own (a lookup of the directory and of the file each, uncached here; with the kernel's
+    cache they cost none, and the three fsyncs' waits overlap). (With the kernel's default 1 s
+    cache, as ``bench_sharedfs.py`` mounts it: 87 and 45 before, 44 and 33 now.)"""
     with slow_mount(tmp_path, SlowStorage(), cache_seconds=0) as m:
         d = Path(m.path) / "s"
         fresh, trace = _open_close(m, d)
@@ -204,7 +206,7 @@ def test_an_open_and_a_close_cost_at_most_these_operations_on_a_slow_mount(
         assert fresh["fsyncs"] <= 7 and fresh["metadata_ops"] <= 106, (fresh, trace)
         assert kinds["chmod"] == 0 and kinds["readdir"] <= 1, (kinds, trace)
         again, trace = _open_close(m, d)
-        assert again["fsyncs"] <= 8 and again["metadata_ops"] <= 132, (again, trace)
+        assert again["fsyncs"] <= 8 and again["metadata_ops"] <= 141, (again, trace)
 
 
 @fuse

@@ -16,11 +16,13 @@ import logging
 import os
 import sys
 import time
+from functools import partial
 
 import orjson
 
 from ..errors import CampaignMismatchError, UsageError
 from ..storage import fs as _fs
+from ..storage.background import Beside as _Beside
 
 __all__ = ["CAMPAIGN_FILE", "default_name", "recorded_name", "check_name", "record_name"]
 
@@ -96,14 +98,51 @@ def check_name(state_dir: str | os.PathLike[str], name: str | None) -> None:
 
 def record_name(state_dir: str | os.PathLike[str], name: str | None) -> bool:
     """Record ``name`` in ``state_dir`` when none is recorded (call it while holding the state
-    directory's lock, after :func:`check_name`); returns True when it wrote the name."""
+    directory's lock, after :func:`check_name`); returns True when it wrote the name, durably.
+
+    The file is made under its own name (an exclusive create: no temporary file, no rename),
+    and its fsync and its directory's fsync run side by side: one fsync's wait instead of two
+    in a row, and two metadata operations fewer. A crash before both ended leaves the name
+    missing or an empty file, which :func:`recorded_name` reads as no name: the next run
+    records it again. Only a damaged file (what such a crash left) is replaced whole (a
+    temporary file, its fsync, a rename, the directory's fsync).
+
+    Raises:
+        OSError: the disk refused the name (the state is open: the caller closes it).
+    """
     name = _checked(name)
     d = os.fspath(state_dir)
     if name is None or recorded_name(d) is not None:
         return False
     path = os.path.join(d, CAMPAIGN_FILE)
-    tmp = f"{path}.{os.getpid()}.tmp"
     data = orjson.dumps({"campaign": name, "since": time.time()}) + b"\n"
+    try:
+        fd = _fs.create_exclusive(path, 0o600)
+    except FileExistsError:  # a damaged file: replaced whole
+        _replace_name(d, path, data)
+        return True
+    try:
+        entry = _Beside(partial(_fs.fsync_dir, d), "fsync-campaign-name")
+        try:
+            _fs.write_all(fd, data)
+            _fs.fsync(fd)
+        finally:
+            interrupted = entry.wait()
+            _fs.close(fd)
+        if interrupted is not None:
+            raise interrupted
+        if entry.error is not None:
+            raise entry.error
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _fs.unlink(path)  # (no name rather than a name that may not last)
+        raise
+    return True
+
+
+def _replace_name(d: str, path: str, data: bytes) -> None:
+    """Replace the damaged name file at ``path`` with ``data``, atomically and durably."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         _fs.unlink(tmp)  # (a leftover of a run killed here)
     fd = _fs.create_exclusive(tmp, 0o600)
@@ -119,4 +158,3 @@ def record_name(state_dir: str | os.PathLike[str], name: str | None) -> bool:
         with contextlib.suppress(OSError):
             _fs.unlink(tmp)
         raise
-    return True

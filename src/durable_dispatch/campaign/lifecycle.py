@@ -37,6 +37,7 @@ from .replay import (
 )
 from .statedir import (
     STATE_JOURNAL,
+    SUBMISSIONS,
     _take_master_lock,
 )
 
@@ -74,6 +75,7 @@ def open_parts(
     o = _Opening(os.fspath(directory))
     try:
         o.lock_the_directory()
+        o.fsync_the_earlier_runs_journals_beside()
         o.start_a_new_defer_journal_beside()
         o.load_the_snapshot(keep_snapshots)
         o.fold_the_journals(sync, journal_options)
@@ -81,6 +83,7 @@ def open_parts(
         o.share_one_directory_fsync()
         restarts = o.restore_the_core(watchdog, retry, ranks, starting)
         o.repair_the_defer_journal()
+        o.wait_for_the_earlier_runs_fsyncs()
     except BaseException:
         o.undo()
         raise
@@ -99,6 +102,7 @@ class _Opening:
         self.defer: DeferJournal | None = None
         self.defer_opening: _Beside[DeferJournal] | None = None
         self.dir_sync: _Beside[bool] | None = None
+        self.earlier: dict[str, _Beside[None]] = {}
 
     def lock_the_directory(self) -> None:
         """The master lock (S5, S13). A new directory is durable in its parent before anything
@@ -107,8 +111,40 @@ class _Opening:
         self.lock = _take_master_lock(self.d, create=True)
         self.lock.parent_synced()
 
+    def fsync_the_earlier_runs_journals_beside(self) -> None:
+        """What an earlier run left unsynced in the journals is made durable before the open
+        counts it durable: each journal's open fsynced its file in turn (on a shared
+        filesystem three fsyncs in a row on a resume). With the lock held nobody else writes
+        them: the three run side by side from here, and each journal's open waits for its own
+        (``earlier_synced``; it fsyncs itself a file it cut)."""
+        names = self.lock.claim.listing
+        if names is None:
+            return
+        for name in (SUBMISSIONS, STATE_JOURNAL, DEFAULT_DEFER_NAME):
+            if name in names:
+                path = os.path.abspath(os.path.join(self.d, name))
+                self.earlier[path] = _Beside(partial(_fs.fsync_path, path), "fsync-journal")
+
+    def _earlier_synced(self, path: str) -> bool:
+        """``Journal.open(earlier_synced=...)``: True once ``path``'s fsync beside ended (its
+        error raised), False if none runs."""
+        return _done(self.earlier[path], raises=True) if path in self.earlier else False
+
+    def wait_for_the_earlier_runs_fsyncs(self) -> None:
+        """Each journal waited for its own; a file no journal opened, or one an open cut and
+        fsynced itself, may still be running: the open ends after them."""
+        for sync in self.earlier.values():
+            interrupted = sync.wait()
+            if interrupted is not None:
+                raise interrupted
+
     def _open_defer(self) -> DeferJournal:
-        return DeferJournal.open(self.d, dir_sync=False, directory_claim=self.lock.claim)
+        return DeferJournal.open(
+            self.d,
+            dir_sync=False,
+            directory_claim=self.lock.claim,
+            earlier_synced=self._earlier_synced,
+        )
 
     def start_a_new_defer_journal_beside(self) -> None:
         """A defer journal this open creates (on a shared filesystem: a lookup, a create, a
@@ -131,6 +167,7 @@ class _Opening:
         with paused_gc(self.holder) as block:
             kw = {"dir_sync": False, **dict(journal_options or {})}
             kw["directory_claim"] = self.lock.claim
+            kw["earlier_synced"] = self._earlier_synced
             self.journal, self.store, self.proj, self.replayed, stored = _open_and_fold(
                 os.path.join(self.d, STATE_JOURNAL), self.base, sync=sync, **kw
             )
@@ -203,6 +240,8 @@ class _Opening:
         release_frozen(self.holder)
         if self.dir_sync is not None:
             self.dir_sync.wait()
+        for sync in self.earlier.values():
+            sync.wait()
         op = self.defer_opening
         if self.defer is None and op is not None:
             # it may have opened while the state journal failed: closed below
@@ -298,11 +337,16 @@ def _fsync_created(d: str) -> bool:
     return True
 
 
-def _done(beside: _Beside[bool]) -> bool:
-    """Wait for ``beside`` (an interrupt of the wait is raised); True if it returned True."""
+def _done(beside: _Beside[Any], *, raises: bool = False) -> bool:
+    """Wait for ``beside`` (an interrupt of the wait is raised); True if it returned True (with
+    ``raises``: if it returned at all; what it raised is raised)."""
     interrupted = beside.wait()
     if interrupted is not None:
         raise interrupted
+    if raises:
+        if beside.error is not None:
+            raise beside.error
+        return True
     return beside.error is None and bool(beside.value)
 
 

@@ -118,6 +118,7 @@ class Journal(Degradation):
         visit: Callable[[RawBatch], None] | None = None,
         dir_sync: bool = True,
         directory_claim: owner.OwnerClaim | None = None,
+        earlier_synced: Callable[[str], bool] | None = None,
     ) -> Journal:
         """Open (creating if needed) and recover a journal, taking its writer lock.
 
@@ -154,6 +155,14 @@ class Journal(Degradation):
                 other writer out of it, and a journal opened alone on the same file is still
                 refused by the lock on the file itself) and checks this claim before each
                 flush. Without it (a journal used alone) the journal takes its own lock file.
+            earlier_synced: for a caller that fsyncs the existing file beside the open, once
+                it holds the file's writers out (the journals of a state directory at once,
+                :func:`fs.fsync_path`): called with the path where the open would fsync what
+                an earlier process left unsynced, in a file the open neither cut nor
+                rewrote. It returns True once that fsync ended (the open then does not fsync
+                the file again), False if it made none (the open fsyncs it), or raises what
+                that fsync raised (as the open's own fsync would have: never retried, since a
+                second fsync after a failed one may report success for lost data).
 
         Returns:
             The open journal; ``journal.recovery`` reports what opening found and did, and
@@ -197,6 +206,7 @@ class Journal(Degradation):
             mode=mode,
         )
         j._dir_sync = dir_sync
+        j._earlier_synced = earlier_synced
         j._start(recovery, lock_timeout, visit, directory_claim)
         resources.register(j)
         return j
@@ -357,8 +367,11 @@ class Journal(Degradation):
             return
         elif self._fd is None:
             self._fd = fs.open_append(self.path, self._file_mode)
-            # Whatever an earlier process left unsynced becomes durable (or fails) here.
-            fs.fsync(self._fd)
+            # Whatever an earlier process left unsynced becomes durable (or fails) here, or
+            # did beside (the file as it was: nothing cut)
+            synced = self._earlier_synced
+            if cut_offset is not None or synced is None or not synced(self.path):
+                fs.fsync(self._fd)
         self._durable_seq = self._next_seq - 1
 
     def _salvage(self, res: Any, size: int) -> str:

@@ -127,6 +127,7 @@ class JournalFile:
         #: a directory fsync running beside (Journal.directory_sync_beside): True once it did
         self._dir_beside: Callable[[], bool] | None = None
         self._dir_sync = True  # Journal.open(dir_sync=...)
+        self._earlier_synced: Callable[[str], bool] | None = None  # Journal.open(earlier_synced=)
         self.recovery = RecoveryReport(mode=kw["recovery"])
         #: checked before each flush: the owner claim of the state directory (S13), or None
         self._guard: Callable[[], None] | None = None
