@@ -6,7 +6,7 @@ each worker's messages in the order it sent them (RESULT before its READY).
 
 | tag | direction | body |
 | --- | --- | --- |
-| WORK | master -> worker | ``{"token", "items": [{"work_id", "payload", "attempt"}], ...}`` |
+| WORK | master -> worker | ``{"token", "ids": [...], "payloads": [...], "seconds", "lease"}`` |
 | RESULT | worker -> master | ``{"token", "results": [...], "errors": {"<i>": {...}}}`` |
 | READY | worker -> master | ``{"token"}`` (``null`` when the worker starts; then also ``"host"``) |
 | HEARTBEAT | worker -> master | ``{"token"}`` |
@@ -19,7 +19,14 @@ This module holds both ends of WORK and RESULT: the master encodes WORK
 (:func:`result_message`, a part: :func:`part_message`) and the master reads it
 (:func:`read_result`, :func:`sort`).
 
-A WORK message carries one item, or several when the master runs with ``batch > 1``; its RESULT
+A WORK message carries one item, or several when the master runs with ``batch > 1``, as
+columns: ``ids`` (the work IDs) and ``payloads``, one entry per item in order; ``attempts``
+(each item's failed attempts so far) only when one is not 0; and two sparse members by work ID,
+only for the items that have them: ``timeouts`` (in a dispatch of several, an item's own
+timeout in seconds, which an isolating worker applies to that item alone) and
+``dependencies`` (the committed results of an item's ``after`` IDs, its
+``ctx.dependencies``). A WORK is never persisted and both ends are this package: no other form
+is read, and a WORK that does not read (:func:`read_work`) is ignored. Its RESULT
 has one entry in ``results`` per item, in order. ``seconds`` is the dispatch's deadline as the
 master counts it (null when the watchdog is off) and ``lease`` how far a HEARTBEAT pushes it: an
 isolating worker kills the work at the same deadline. ``errors`` (optional) names the items the
