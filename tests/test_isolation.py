@@ -461,7 +461,12 @@ def test_u9_a_restarted_child_keeps_each_items_own_timeout(runner: Any) -> None:
     def hang(work_id: str) -> tuple[Any, float]:
         start = time.monotonic()
         out = _one(
-            runner, _item(work_id, do="hang"), start + 1.0, 0.0, lambda: False, lambda: beats.append(1)
+            runner,
+            _item(work_id, do="hang"),
+            start + 1.0,
+            0.0,
+            lambda: False,
+            lambda: beats.append(1),
         )
         return out, time.monotonic() - start
 

@@ -242,10 +242,15 @@ def test_a_malformed_work_message_is_none_and_the_worker_waits_for_the_next(body
         st.tuples(
             st.text(min_size=1, max_size=8),
             st.recursive(
-                st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
-                | st.floats() | st.text(max_size=5),
-                lambda inner: st.lists(inner, max_size=3)
-                | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                st.none()
+                | st.booleans()
+                | st.integers(-(2**63), 2**63 - 1)
+                | st.floats()
+                | st.text(max_size=5),
+                lambda inner: (
+                    st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+                ),
                 max_leaves=6,
             ),
             st.integers(0, 5),

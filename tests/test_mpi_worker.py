@@ -42,7 +42,9 @@ def test_the_in_process_runner_forwards_each_heartbeat_and_sees_the_end() -> Non
 
     runner = _InProcessRunner(beating, "beat", 1 << 20, 0.05)
     beats: list[int] = []
-    outcomes, whole = _run(runner, _items("a", "b"), None, 0.0, lambda: False, lambda: beats.append(1))
+    outcomes, whole = _run(
+        runner, _items("a", "b"), None, 0.0, lambda: False, lambda: beats.append(1)
+    )
     assert whole is None and outcomes.raw == [b'"A"', b'"B"']
     assert len(beats) == 6  # every beat of both items, none lost, none twice
     assert outcomes.by == ["in-process"] * 2 and None not in outcomes.cpu + outcomes.rss

@@ -24,8 +24,8 @@ from multiprocessing.connection import Connection
 import orjson
 
 from .. import processes
-from .capture import ChildSide, item_key
 from ..values import TAG
+from .capture import ChildSide, item_key
 from .context import Batch, Outcomes, run_items
 from .usage import Meter
 

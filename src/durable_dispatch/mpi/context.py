@@ -242,8 +242,10 @@ class Outcomes:
         failed = self.errors.get(index)
         by = self.by[index]
         c = None if by is None else {"cpu": self.cpu[index], "rss": self.rss[index], "by": by}
-        o = ItemOutcome(self.raw[index]) if failed is None else ItemOutcome(
-            None, failed.kind, failed.reason, failed.final, failed.traceback
+        o = (
+            ItemOutcome(self.raw[index])
+            if failed is None
+            else ItemOutcome(None, failed.kind, failed.reason, failed.final, failed.traceback)
         )
         o.cost, o.output = c, self.outputs.get(index)
         return o

@@ -360,8 +360,8 @@ class IsolatedRunner:
         own = n > 1 and bool(batch.timeouts)
         while todo := [i for i, got in enumerate(have) if not got]:
             self._job += 1
-            job = batch if len(todo) == n else batch.select(todo)
-            child, deadline = self._send(job, deadline, lease, beat)
+            these = batch if len(todo) == n else batch.select(todo)
+            child, deadline = self._send(these, deadline, lease, beat)
             answered = 0
             spent = None  # the cost of the next outcome (a ``C`` entry precedes it)
             running, since = -1, time.monotonic()  # the item the child runs, from when

@@ -69,7 +69,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import orjson
 
@@ -350,7 +350,7 @@ _TAG_BYTES = b'"' + TAG.encode() + b'"'
 
 def result_message(
     token: Any,
-    outcomes: Outcomes,
+    outcomes: Outcomes | list[ItemOutcome],
     whole: ItemOutcome | None,
     ids: list[Any] | None = None,
 ) -> bytes:
@@ -371,16 +371,18 @@ def result_message(
             if whole.output is not None and (said := output_entry(whole.output)):
                 body["outputs"] = {whole.about: said}
         return orjson.dumps(body)
-    if type(outcomes) is not Outcomes:
+    if not isinstance(outcomes, Outcomes):
         outcomes = Outcomes.of(outcomes)
     raws, failed = outcomes.raw, outcomes.errors
     room = MAX_MESSAGE - ROOM
-    if not failed and None not in raws and sum(map(len, raws)) <= room:  # (each one in C)
-        parts: list[bytes] = raws  # type: ignore[assignment]
-        room -= sum(map(len, raws))
-        errors: dict[str, dict[str, Any]] = {}
+    errors: dict[str, dict[str, Any]] = {}
+    if not failed and None not in raws:  # (each one in C: no Python work per item)
+        parts = cast(list[bytes], raws)
+        size = sum(map(len, parts))
+    if not failed and None not in raws and size <= room:
+        room -= size
     else:
-        parts, errors = [], {}
+        parts = []
         for i, r in enumerate(raws):
             o = failed.get(i)
             if r is not None and len(r) > room:
@@ -434,7 +436,7 @@ def _costs(ids: list[Any], outcomes: Outcomes) -> bytes:
         return b""
     c = {
         w: {"cpu": cpu[i], "rss": rss[i], "by": how}
-        for i, (w, how) in enumerate(zip(ids, by))
+        for i, (w, how) in enumerate(zip(ids, by, strict=True))
         if how is not None and type(w) is str
     }
     return orjson.dumps(c) if c else b""
