@@ -363,7 +363,7 @@ class IsolatedRunner:
             these = batch if len(todo) == n else batch.select(todo)
             child, deadline = self._send(these, deadline, lease, beat)
             answered = 0
-            spent = None  # the cost of the next outcome (a ``C`` entry precedes it)
+            spent: tuple[float, int] | None = None  # the next outcome's cost (its ``C`` entry)
             running, since = -1, time.monotonic()  # the item the child runs, from when
             while answered < len(todo):
                 if child.recv.poll(0.001):
@@ -383,31 +383,37 @@ class IsolatedRunner:
                         break  # the rest (unanswered, or not yet sent back) go to a new child
                     for tag, body in unpack(frame):
                         if tag == b"C":  # the next outcome's cost
-                            cpu, rss = COST.unpack(body)
-                            spent = cost(cpu, None if rss < 0 else rss, "child")
+                            spent = COST.unpack(body)
                             continue
                         if tag == b"B":
                             beat()
                             if deadline is not None:
                                 deadline = max(deadline, time.monotonic() + lease)
                             continue
-                        if tag == b"R":
-                            o = ItemOutcome(body, cost=spent)
+                        at = todo[answered]
+                        if tag == b"R":  # (into the columns as it came: no object an item)
+                            out.raw[at] = body
                         else:
                             failure = orjson.loads(body)
-                            o = ItemOutcome(
-                                None,
-                                failure["kind"],
-                                failure["reason"],
-                                failure.get("final") is True,
-                                failure.get("traceback"),
-                                spent,
+                            out.put(
+                                at,
+                                ItemOutcome(
+                                    None,
+                                    failure["kind"],
+                                    failure["reason"],
+                                    failure.get("final") is True,
+                                    failure.get("traceback"),
+                                ),
                             )
-                        spent = None
+                        if spent is not None:
+                            out.cpu[at] = round(spent[0], 6) if spent[0] > 0 else 0.0
+                            out.rss[at] = None if spent[1] < 0 else spent[1]
+                            out.by[at] = "child"
+                            spent = None
                         if self._output.holds:  # (else nothing was written: no call)
-                            o.output = self._output.take(item_key(self._job, answered))
-                        at = todo[answered]
-                        out.put(at, o)
+                            said = self._output.take(item_key(self._job, answered))
+                            if said is not None:
+                                out.outputs[at] = said
                         have[at] = True
                         if report is not None:
                             report(at)
@@ -420,10 +426,10 @@ class IsolatedRunner:
                     limit = batch.timeout(todo[running]) if running >= 0 else None
                     if limit is not None and time.monotonic() >= since + limit:
                         late = todo[running]
-                        spent = self._kill_costing(child)
+                        killed = self._kill_costing(child)
                         why = f"{batch.ids[late]}: its own timeout ({limit:g} s) passed"
                         o = ItemOutcome(
-                            None, "timeout", why + "; its processes were killed", cost=spent
+                            None, "timeout", why + "; its processes were killed", cost=killed
                         )
                         o.output = self._last_output(self._job, running)
                         out.put(late, o)
@@ -433,10 +439,10 @@ class IsolatedRunner:
                         break  # the rest (not answered yet) go to a new child
                 if deadline is not None and time.monotonic() >= deadline - margin:
                     job, index = child.running()
-                    spent = self._kill_costing(child)
+                    killed = self._kill_costing(child)
                     wid = batch.ids[todo[index] if job == self._job else todo[answered]]
                     why = f"{wid}: deadline passed; its processes were killed"
-                    whole = ItemOutcome(None, "timeout", why, cost=spent, about=wid)
+                    whole = ItemOutcome(None, "timeout", why, cost=killed, about=wid)
                     whole.output = self._last_output(
                         self._job, index if job == self._job else answered
                     )
