@@ -155,11 +155,6 @@ class Batch:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Batch) and all(
-            getattr(self, a) == getattr(other, a) for a in self.__slots__
-        )
-
     def __repr__(self) -> str:
         return f"Batch(ids={self.ids!r}, attempts={self.attempts!r})"
 
