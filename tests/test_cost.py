@@ -56,9 +56,18 @@ def test_cost_rounds_to_the_microsecond_and_never_goes_below_zero() -> None:
     assert [cost(c, None, "x")["cpu"] for c in (-1.0, -0.0, math.nan, None)] == [0.0] * 3 + [None]
 
 
+def _columns(costs: list[dict[str, Any] | None]) -> tuple[list[Any], list[Any], list[Any]]:
+    """The worker's cost columns of ``costs`` (None: an item not measured)."""
+    return (
+        [None if c is None else c["cpu"] for c in costs],
+        [None if c is None else c["rss"] for c in costs],
+        [None if c is None else c["by"] for c in costs],
+    )
+
+
 def test_the_table_a_worker_sends_is_the_one_the_master_holds_and_the_record_keeps() -> None:
     costs = [cost(0.5, 1, "child"), cost(1.0, None, "child")]
-    table = wire_table(["a", "b"], costs)
+    table = wire_table(["a", "b"], *_columns(costs))
     assert table == {"ids": ["a", "b"], "cpu": [0.5, 1.0], "rss": [1, None], "by": "child"}
     held = cost_entries(table)
     assert isinstance(held, CostTable)
@@ -71,16 +80,16 @@ def test_the_table_a_worker_sends_is_the_one_the_master_holds_and_the_record_kee
 
 def test_a_table_is_only_for_several_costs_all_measured_alike() -> None:
     one, other = cost(0.5, 1, "child"), cost(0.5, 1, "child-ended")
-    assert wire_table(["a"], [one]) is None
-    assert wire_table(["a", "b"], [one, None]) is None
-    assert wire_table(["a", "b"], [one, other]) is None
-    assert wire_table(["a", 2], [one, one]) is None
+    assert wire_table(["a"], *_columns([one])) is None
+    assert wire_table(["a", "b"], *_columns([one, None])) is None
+    assert wire_table(["a", "b"], *_columns([one, other])) is None
+    assert wire_table(["a", 2], *_columns([one, one])) is None
 
 
 def test_what_a_record_carries_of_its_costs_reads_back_by_work_id() -> None:
     """``record_members`` writes a record's cost members, ``events.record_costs`` reads them."""
     a, b = cost(0.5, 1, "child"), cost(1.0, None, "child")
-    table = cost_entries(wire_table(["a", "b"], [a, b]) or {})
+    table = cost_entries(wire_table(["a", "b"], *_columns([a, b])) or {})
     assert table is not None
     for held, ids, members in [
         ({"a": a}, ("a",), {"cost": a}),

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from durable_dispatch.errors import IsolationError
-from durable_dispatch.mpi.context import WorkContext
+from durable_dispatch.mpi.context import Batch, Outcomes, WorkContext
 from durable_dispatch.mpi.isolation import IsolatedRunner, StopRequested
 
 #: the variables Open MPI's and Hydra's (MPICH, Intel MPI) mpiexec give a rank (issue 33)
@@ -82,10 +82,27 @@ def _item(work_id: str, **payload: Any) -> dict[str, Any]:
     return {"work_id": work_id, "attempt": 1, "payload": payload}
 
 
+def _one(r: IsolatedRunner, item: dict[str, Any], *args: Any) -> Any:
+    """``r.run_item`` of ``item`` (``deadline, lease, tick, beat`` follow)."""
+    return r.run_item(item["work_id"], item["payload"], *args, attempt=item["attempt"])
+
+
+def _several(
+    r: IsolatedRunner, items: list[dict[str, Any]], deadline: float | None
+) -> tuple[list[Any], Any]:
+    """``r.run`` of ``items``: the outcomes that came (in order), and the whole's failure."""
+    batch = Batch(
+        [w["work_id"] for w in items], [w["payload"] for w in items], [w["attempt"] for w in items]
+    )
+    out = Outcomes(len(items))
+    whole = r.run(batch, out, deadline, 1.0, lambda: False, lambda: None)
+    return [out.item(i) for i in range(len(items)) if out.by[i] is not None], whole
+
+
 def _run(r: IsolatedRunner, item: dict[str, Any], seconds: float = 30.0) -> Any:
     beats: list[float] = []
-    outcome = r.run_item(
-        item, time.monotonic() + seconds, seconds, lambda: False, lambda: beats.append(1.0)
+    outcome = _one(
+        r, item, time.monotonic() + seconds, seconds, lambda: False, lambda: beats.append(1.0)
     )
     return outcome, beats
 
@@ -177,7 +194,7 @@ def test_stop_while_an_item_runs_kills_the_child(runner: Any) -> None:
         return len(calls) > 20
 
     with pytest.raises(StopRequested):
-        runner.run_item(_item("w1", do="hang"), None, 1.0, tick, lambda: None)
+        _one(runner, _item("w1", do="hang"), None, 1.0, tick, lambda: None)
     assert child.poll() is not None
 
 
@@ -232,7 +249,7 @@ if __name__ == "__main__":
     except IsolationError as e:
         print("REFUSED", e, flush=True)
         sys.exit(0)
-    out = r.run_item({{"work_id": "w", "attempt": 0, "payload": 7}}, None, 1.0,
+    out = r.run_item("w", 7, None, 1.0,
                      lambda: False, lambda: None)
     r.close()
     print("RAN", out.raw, flush=True)
@@ -275,7 +292,7 @@ def leave_daemon(payload, ctx):
 
 if __name__ == "__main__":
     r = IsolatedRunner(leave_daemon, "context", 100, None)
-    print(r.run_item({{"work_id": "w", "attempt": 0, "payload": None}}, None, 1.0,
+    print(r.run_item("w", None, None, 1.0,
                      lambda: False, lambda: None).kind, flush=True)
     time.sleep(0.5)
     r.close()
@@ -318,7 +335,7 @@ def alive():
 
 if __name__ == "__main__":
     r = IsolatedRunner(leave_two, "context", 100, None)
-    o = r.run_item({{"work_id": "w", "attempt": 0, "payload": None}}, None, 1.0,
+    o = r.run_item("w", None, None, 1.0,
                    lambda: False, lambda: None)
     print(o.kind, alive(), flush=True)
     r.close()
@@ -356,7 +373,7 @@ def start_and_wait(payload, ctx):
 if __name__ == "__main__":
     r = IsolatedRunner(start_and_wait, "context", 100, None)
     threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()  # the OOM killer
-    r.run_item({{"work_id": "w", "attempt": 0, "payload": None}}, None, 1.0,
+    r.run_item("w", None, None, 1.0,
                lambda: False, lambda: None)
 """
 
@@ -415,14 +432,14 @@ def _cmdline(pid: int) -> str:
 
 def test_a_dispatch_of_several_items_goes_on_in_a_fresh_child_after_a_crash(runner: Any) -> None:
     items = [_item("a"), _item("b", do="segfault"), _item("c"), _item("d", do="raise")]
-    out, whole = runner.run(items, None, 1.0, lambda: False, lambda: None)
+    out, whole = _several(runner, items, None)
     assert whole is None and [o.kind for o in out] == [None, "crash", None, "error"]
     assert runner.restarts == 1
 
 
 def test_a_dispatch_of_several_items_fails_as_a_whole_at_its_shared_deadline(runner: Any) -> None:
     items = [_item("a"), _item("b", do="hang"), _item("c")]
-    out, whole = runner.run(items, time.monotonic() + 1.0, 1.0, lambda: False, lambda: None)
+    out, whole = _several(runner, items, time.monotonic() + 1.0)
     assert whole is not None and whole.kind == "timeout" and "b:" in (whole.reason or "")
     assert [o.kind for o in out] in ([], [None])  # a's result may not have been sent yet
 
@@ -443,8 +460,13 @@ def test_u9_a_restarted_child_keeps_each_items_own_timeout(runner: Any) -> None:
 
     def hang(work_id: str) -> tuple[Any, float]:
         start = time.monotonic()
-        out = runner.run_item(
-            _item(work_id, do="hang"), start + 1.0, 0.0, lambda: False, lambda: beats.append(1)
+        out = _one(
+            runner,
+            _item(work_id, do="hang"),
+            start + 1.0,
+            0.0,
+            lambda: False,
+            lambda: beats.append(1),
         )
         return out, time.monotonic() - start
 
@@ -550,7 +572,7 @@ def test_a_worker_output_that_refuses_writes_does_not_break_its_children(tmp_pat
         "from durable_dispatch.mpi.isolation import IsolatedRunner\n"
         "r = IsolatedRunner(work, 'context', 4096, None, subreaper=False)\n"
         "for w in ('w1', 'w2', 'w3'):\n"
-        "    o = r.run_item({'work_id': w, 'attempt': 0, 'payload': {'do': 'print'}},\n"
+        "    o = r.run_item(w, {'do': 'print'},\n"
         "                   time.monotonic() + 60, 60.0, lambda: False, lambda: None)\n"
         "    kept = len((o.output or {}).get('stdout', b''))\n"
         "    print(w, o.kind, o.raw, kept, file=sys.stderr, flush=True)\n"

@@ -102,19 +102,25 @@ def is_cost_table(v: Any) -> bool:
     return type(v) is dict and len(v) == 3 and columns_ok(v.get("cpu"), v.get("rss"), v.get("by"))
 
 
-def wire_table(ids: Sequence[Any], costs: Sequence[Cost | None]) -> dict[str, Any] | None:
-    """The table a RESULT carries for the costs of the items ``ids`` (in order): when there
-    are several, every one measured, all ``by`` the same way and every work ID a string; else
-    None (the RESULT carries them by work ID)."""
-    known = [c for c in costs if c is not None]
-    if not 1 < len(known) == len(costs) == len(ids):
+def wire_table(
+    ids: Sequence[Any],
+    cpu: Sequence[float | None],
+    rss: Sequence[int | None],
+    by: Sequence[str | None],
+) -> dict[str, Any] | None:
+    """The table a RESULT carries for the costs of the items ``ids`` (in order), from the
+    worker's columns (each item's CPU seconds, peak and how it was measured, None for an item
+    not measured): when there are several, every one measured, all ``by`` the same way and
+    every work ID a string; else None (the RESULT carries them by work ID). Checked a column
+    at a time (no Python work per item)."""
+    n = len(ids)
+    first = by[0] if n else None
+    if not (
+        n > 1
+        and len(cpu) == len(rss) == len(by) == n
+        and type(first) is str
+        and list(by).count(first) == n
+        and set(map(type, ids)) == {str}
+    ):
         return None
-    by = known[0]["by"]
-    if not all(c["by"] == by for c in known) or not all(type(w) is str for w in ids):
-        return None
-    return {
-        "ids": list(ids),
-        "cpu": [c["cpu"] for c in known],
-        "rss": [c["rss"] for c in known],
-        "by": by,
-    }
+    return {"ids": list(ids), "cpu": list(cpu), "rss": list(rss), "by": first}

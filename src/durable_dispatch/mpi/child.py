@@ -24,8 +24,9 @@ from multiprocessing.connection import Connection
 import orjson
 
 from .. import processes
+from ..values import TAG
 from .capture import ChildSide, item_key
-from .context import run_items
+from .context import Batch, Outcomes, run_items
 from .usage import Meter
 
 __all__ = ["child_main", "pack", "unpack", "PROGRESS", "COST", "FLUSH_SECONDS"]
@@ -81,32 +82,48 @@ def child_main(argv: list[str]) -> int:
     send(b"S")
     while True:
         try:
-            job = orjson.loads(inbox.recv_bytes())
+            frame = inbox.recv_bytes()
         except EOFError:
             return 0
+        job = orjson.loads(frame)
+        batch = Batch(
+            job["ids"],
+            job["payloads"],
+            job.get("attempts"),
+            None,
+            job.get("dependencies"),
+            _TAG_BYTES in frame,  # (no stored form in it: nothing to restore item by item)
+        )
+        done = Outcomes(len(batch))
 
         def started(index: int, number: int = job["job"]) -> None:
             progress[: PROGRESS.size] = PROGRESS.pack(number, index, meter.cpu0)
             capture.start(item_key(number, index))
 
-        beat = functools.partial(send, b"B")
-        lease = float(job["lease"])
-        meter.rebase()
-        for o in run_items(
-            fn, mode, job["items"], job["deadline"], lease, beat, max_result, started, meter
-        ):
+        def ended(index: int, done: Outcomes = done) -> None:
             capture.end()  # (what it wrote is read by the worker before its outcome arrives)
-            spent = o.cost or {}  # (before its outcome: the same item's; -1: no peak)
-            rss = spent.get("rss")
-            cost = pack(b"C", COST.pack(spent.get("cpu") or 0.0, -1 if rss is None else rss))
-            if o.raw is not None:
-                held.add(cost + pack(b"R", o.raw))
+            rss = done.rss[index]  # (its cost before its outcome; -1: no peak)
+            cost = pack(b"C", COST.pack(done.cpu[index] or 0.0, -1 if rss is None else rss))
+            raw = done.raw[index]
+            if raw is not None:
+                held.add(cost + pack(b"R", raw))
             else:
+                o = done.errors[index]
                 failed = {"kind": o.kind, "reason": o.reason, "final": o.final}
                 if o.traceback:
                     failed["traceback"] = o.traceback
                 held.add(cost + pack(b"E", orjson.dumps(failed)))
+
+        beat = functools.partial(send, b"B")
+        lease = float(job["lease"])
+        meter.rebase()
+        run_items(
+            fn, mode, batch, job["deadline"], lease, beat, max_result, done, started, ended, meter
+        )
         held.flush()
+
+
+_TAG_BYTES = b'"' + TAG.encode() + b'"'
 
 
 class _Held:

@@ -22,7 +22,9 @@ child's group and every descendant it can still find, so a hang costs a deadline
 costs a restart, never the rank.
 
 Frames on the two pipes (``multiprocessing.connection`` framing): the worker sends the pickled
-set-up, then one JSON frame per dispatch (``{"job", "items", "deadline", "lease"}``); the child
+set-up, then one JSON frame per dispatch (``{"job", "ids", "payloads", "deadline", "lease"}``, and
+the WORK's ``attempts`` and ``dependencies`` when it has them: the columns of
+:class:`~.context.Batch`); the child
 answers ``S`` (ready) or ``X`` + reason (cannot start) once; then ``B`` for each heartbeat, and
 frames of entries (a tag, a 4-byte length, a body), two entries per item in order: ``C`` + its
 cost (:data:`.child.COST`; see :mod:`.usage`), then ``R`` + result JSON or ``E`` + ``{"kind",
@@ -53,7 +55,7 @@ from .. import processes
 from ..errors import IsolationError
 from .capture import Relay, item_key
 from .child import COST, PROGRESS, unpack
-from .context import CHILD_MARKER, ItemOutcome
+from .context import CHILD_MARKER, Batch, ItemOutcome, Outcomes
 from .usage import cost, peak_of
 
 __all__ = ["IsolatedRunner", "IsolationError", "CHILD_MARKER", "child_environment"]
@@ -322,16 +324,17 @@ class IsolatedRunner:
 
     def run(
         self,
-        items: list[dict[str, Any]],
+        batch: Batch,
+        out: Outcomes,
         deadline: float | None,
         lease: float,
         tick: Callable[[], bool],
         beat: Callable[[], None],
-        report: Callable[[int, ItemOutcome], None] | None = None,
-    ) -> tuple[list[ItemOutcome], ItemOutcome | None]:
-        """Run a dispatch's items in the child; returns their outcomes, and the failure of the
-        whole dispatch when its (shared) deadline passed. ``report(index, outcome)`` is called
-        as each item's outcome arrives.
+        report: Callable[[int], None] | None = None,
+    ) -> ItemOutcome | None:
+        """Run a dispatch's items in the child, each one's outcome into ``out``; returns the
+        failure of the whole dispatch when its (shared) deadline passed, else None.
+        ``report(index)`` is called as each item's outcome arrives.
 
         The items go to the child in one frame; it runs them in order and sends their outcomes
         in batches (after the last item, and at least every 20 ms), so a dispatch of many short
@@ -351,14 +354,16 @@ class IsolatedRunner:
         # parked (the watchdog stays the backstop).
         left = 0.0 if deadline is None else deadline - time.monotonic()
         margin = min(0.5, max(0.02, 0.05 * left))
-        out: list[ItemOutcome | None] = [None] * len(items)
+        n = len(batch)
+        have = [False] * n  # (the items whose outcome is in ``out``)
         self._output.forget()  # (what a dispatch before left is nobody's now)
-        own = len(items) > 1 and any(item.get("timeout") is not None for item in items)
-        while todo := [i for i, o in enumerate(out) if o is None]:
+        own = n > 1 and bool(batch.timeouts)
+        while todo := [i for i, got in enumerate(have) if not got]:
             self._job += 1
-            child, deadline = self._send([items[i] for i in todo], deadline, lease, beat)
+            these = batch if len(todo) == n else batch.select(todo)
+            child, deadline = self._send(these, deadline, lease, beat)
             answered = 0
-            spent = None  # the cost of the next outcome (a ``C`` entry precedes it)
+            spent: tuple[float, int] | None = None  # the next outcome's cost (its ``C`` entry)
             running, since = -1, time.monotonic()  # the item the child runs, from when
             while answered < len(todo):
                 if child.recv.poll(0.001):
@@ -367,69 +372,81 @@ class IsolatedRunner:
                     except (EOFError, OSError):
                         job, index = child.running()
                         crashed = todo[index] if job == self._job else todo[answered]
-                        out[crashed] = self._died(child, items[crashed])
-                        out[crashed].output = self._last_output(  # type: ignore[union-attr]
+                        died = self._died(child, batch.ids[crashed])
+                        died.output = self._last_output(
                             self._job, index if job == self._job else answered
                         )
+                        out.put(crashed, died)
+                        have[crashed] = True
                         if report is not None:
-                            report(crashed, out[crashed])  # type: ignore[arg-type]
+                            report(crashed)
                         break  # the rest (unanswered, or not yet sent back) go to a new child
                     for tag, body in unpack(frame):
                         if tag == b"C":  # the next outcome's cost
-                            cpu, rss = COST.unpack(body)
-                            spent = cost(cpu, None if rss < 0 else rss, "child")
+                            spent = COST.unpack(body)
                             continue
                         if tag == b"B":
                             beat()
                             if deadline is not None:
                                 deadline = max(deadline, time.monotonic() + lease)
                             continue
-                        if tag == b"R":
-                            out[todo[answered]] = ItemOutcome(body, cost=spent)
+                        at = todo[answered]
+                        if tag == b"R":  # (into the columns as it came: no object an item)
+                            out.raw[at] = body
                         else:
                             failure = orjson.loads(body)
-                            out[todo[answered]] = ItemOutcome(
-                                None,
-                                failure["kind"],
-                                failure["reason"],
-                                failure.get("final") is True,
-                                failure.get("traceback"),
-                                spent,
+                            out.put(
+                                at,
+                                ItemOutcome(
+                                    None,
+                                    failure["kind"],
+                                    failure["reason"],
+                                    failure.get("final") is True,
+                                    failure.get("traceback"),
+                                ),
                             )
-                        spent = None
+                        if spent is not None:
+                            out.cpu[at] = round(spent[0], 6) if spent[0] > 0 else 0.0
+                            out.rss[at] = None if spent[1] < 0 else spent[1]
+                            out.by[at] = "child"
+                            spent = None
                         if self._output.holds:  # (else nothing was written: no call)
                             said = self._output.take(item_key(self._job, answered))
-                            out[todo[answered]].output = said  # type: ignore[union-attr]
+                            if said is not None:
+                                out.outputs[at] = said
+                        have[at] = True
                         if report is not None:
-                            report(todo[answered], out[todo[answered]])  # type: ignore[arg-type]
+                            report(at)
                         answered += 1
                     continue
                 if own:
                     job, index = child.running()
                     if job == self._job and index != running:
                         running, since = index, time.monotonic()
-                    limit = items[todo[running]].get("timeout") if running >= 0 else None
+                    limit = batch.timeout(todo[running]) if running >= 0 else None
                     if limit is not None and time.monotonic() >= since + limit:
                         late = todo[running]
-                        spent = self._kill_costing(child)
-                        why = f"{items[late]['work_id']}: its own timeout ({limit:g} s) passed"
-                        out[late] = ItemOutcome(
-                            None, "timeout", why + "; its processes were killed", cost=spent
+                        killed = self._kill_costing(child)
+                        why = f"{batch.ids[late]}: its own timeout ({limit:g} s) passed"
+                        o = ItemOutcome(
+                            None, "timeout", why + "; its processes were killed", cost=killed
                         )
-                        out[late].output = self._last_output(self._job, running)  # type: ignore[union-attr]
+                        o.output = self._last_output(self._job, running)
+                        out.put(late, o)
+                        have[late] = True
                         if report is not None:
-                            report(late, out[late])  # type: ignore[arg-type]
+                            report(late)
                         break  # the rest (not answered yet) go to a new child
                 if deadline is not None and time.monotonic() >= deadline - margin:
                     job, index = child.running()
-                    spent = self._kill_costing(child)
-                    wid = items[todo[index] if job == self._job else todo[answered]]["work_id"]
+                    killed = self._kill_costing(child)
+                    wid = batch.ids[todo[index] if job == self._job else todo[answered]]
                     why = f"{wid}: deadline passed; its processes were killed"
-                    whole = ItemOutcome(None, "timeout", why, cost=spent, about=wid)
+                    whole = ItemOutcome(None, "timeout", why, cost=killed, about=wid)
                     whole.output = self._last_output(
                         self._job, index if job == self._job else answered
                     )
-                    return [o for o in out if o is not None], whole
+                    return whole
                 if stop := tick():
                     if stop is CANCEL_REQUESTED:  # an operator cancelled the dispatch (O1)
                         self._kill()
@@ -438,7 +455,7 @@ class IsolatedRunner:
                     self.close()
                     raise StopRequested
         self._kill_leftovers()
-        return [o for o in out if o is not None], None
+        return None
 
     def _kill_leftovers(self) -> None:
         """U3: kill what the dispatch's items left running: the child's own children, and the
@@ -460,19 +477,22 @@ class IsolatedRunner:
 
     def run_item(
         self,
-        item: dict[str, Any],
+        work_id: str,
+        payload: Any,
         deadline: float | None,
         lease: float,
         tick: Callable[[], bool],
         beat: Callable[[], None],
+        attempt: int = 0,
     ) -> ItemOutcome:
         """Run one item (see :meth:`run`); its outcome, kind ``timeout`` at the deadline."""
-        out, whole = self.run([item], deadline, lease, tick, beat)
-        return whole or out[0]
+        out = Outcomes(1)
+        whole = self.run(Batch([work_id], [payload], [attempt]), out, deadline, lease, tick, beat)
+        return whole or out.item(0)
 
     def _send(
         self,
-        items: list[dict[str, Any]],
+        items: Batch,
         deadline: float | None,
         lease: float,
         beat: Callable[[], None],
@@ -498,6 +518,11 @@ class IsolatedRunner:
         child.send.send_bytes(self._job_frame(items, deadline, lease))
         return child, deadline
 
+    @staticmethod
+    def seal_part(part: Outcomes) -> None:
+        """Nothing to add to a part sent ahead: each item's peak is its own, measured in the
+        child."""
+
     def prepare(self) -> None:
         """Between dispatches: start a fresh child if the last one was killed or died, so the
         next item's deadline never pays for a start-up (nothing extends an item's own timeout).
@@ -508,10 +533,9 @@ class IsolatedRunner:
         if self._child is None:
             self._start()
 
-    def _job_frame(
-        self, items: list[dict[str, Any]], deadline: float | None, lease: float
-    ) -> bytes:
-        job = {"job": self._job, "items": items, "deadline": deadline, "lease": lease}
+    def _job_frame(self, items: Batch, deadline: float | None, lease: float) -> bytes:
+        job = items.to_json()
+        job["job"], job["deadline"], job["lease"] = self._job, deadline, lease
         return orjson.dumps(job)
 
     def _start(self) -> _Child:
@@ -551,7 +575,7 @@ class IsolatedRunner:
         self._kill()
         return child.ended_cost(self._job, page, peak)
 
-    def _died(self, child: _Child, item: dict[str, Any]) -> ItemOutcome:
+    def _died(self, child: _Child, work_id: Any) -> ItemOutcome:
         # alive (None), but it closed its end of the pipe: of no use any more
         code = child.reap(processes.REAP_SECONDS)
         page = child.page()
@@ -562,7 +586,7 @@ class IsolatedRunner:
             why = f"killed by {_signal_name(code)}"
         else:
             why = f"exited with code {code}"
-        why = f"{item['work_id']}: the work function's process {why}"
+        why = f"{work_id}: the work function's process {why}"
         return ItemOutcome(None, "crash", why, cost=child.ended_cost(self._job, page))
 
     def close(self) -> None:

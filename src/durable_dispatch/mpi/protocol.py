@@ -6,7 +6,7 @@ each worker's messages in the order it sent them (RESULT before its READY).
 
 | tag | direction | body |
 | --- | --- | --- |
-| WORK | master -> worker | ``{"token", "items": [{"work_id", "payload", "attempt"}], ...}`` |
+| WORK | master -> worker | ``{"token", "ids": [...], "payloads": [...], "seconds", "lease"}`` |
 | RESULT | worker -> master | ``{"token", "results": [...], "errors": {"<i>": {...}}}`` |
 | READY | worker -> master | ``{"token"}`` (``null`` when the worker starts; then also ``"host"``) |
 | HEARTBEAT | worker -> master | ``{"token"}`` |
@@ -19,7 +19,14 @@ This module holds both ends of WORK and RESULT: the master encodes WORK
 (:func:`result_message`, a part: :func:`part_message`) and the master reads it
 (:func:`read_result`, :func:`sort`).
 
-A WORK message carries one item, or several when the master runs with ``batch > 1``; its RESULT
+A WORK message carries one item, or several when the master runs with ``batch > 1``, as
+columns: ``ids`` (the work IDs) and ``payloads``, one entry per item in order; ``attempts``
+(each item's failed attempts so far) only when one is not 0; and two sparse members by work ID,
+only for the items that have them: ``timeouts`` (in a dispatch of several, an item's own
+timeout in seconds, which an isolating worker applies to that item alone) and
+``dependencies`` (the committed results of an item's ``after`` IDs, its
+``ctx.dependencies``). A WORK is never persisted and both ends are this package: no other form
+is read, and a WORK that does not read (:func:`read_work`) is ignored. Its RESULT
 has one entry in ``results`` per item, in order. ``seconds`` is the dispatch's deadline as the
 master counts it (null when the watchdog is off) and ``lease`` how far a HEARTBEAT pushes it: an
 isolating worker kills the work at the same deadline. ``errors`` (optional) names the items the
@@ -62,14 +69,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import orjson
 
 from ..core.decisions import ItemFailure, Send
 from ..cost import wire_table
+from ..values import TAG
 from .capture import output_entry
-from .context import ItemOutcome
+from .context import Batch, ItemOutcome, Outcomes
 
 __all__ = [
     "WORK",
@@ -245,28 +253,32 @@ def work_message(
     ahead: bool = False,
     dependencies: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> bytes:
-    """The WORK message of a dispatch: its token, its items (work ID, payload, attempt), and its
-    deadline and lease, so an isolating worker kills the work at the master's deadline;
-    ``ahead``: the worker may send finished items ahead of its RESULT (see the module docs);
-    ``dependencies``: by work ID, the committed results of an item's ``after`` IDs, sent as
-    the item's ``dependencies`` member (``ctx.dependencies``)."""
+    """The WORK message of a dispatch, as columns: its token, its items' work IDs and payloads
+    (``ids``, ``payloads``), their failed attempts so far (``attempts``, left out when all are
+    0), and its deadline and lease, so an isolating worker kills the work at the master's
+    deadline. Sparse members: ``timeouts``, by work ID, the own timeout of each item of
+    several that has one (the isolating worker applies it to that item alone; a dispatch of
+    one item never carries it: its deadline is its own); ``dependencies``, by work ID, the
+    committed results of an item's ``after`` IDs (``ctx.dependencies``). ``ahead``: the worker
+    may send finished items ahead of its RESULT (see the module docs)."""
     items = send.items
-    if len(items) == 1 and len(send.attempts) == 1:  # (batch=1: no zip, no comprehension)
+    attempts = send.attempts
+    if len(items) == 1:  # (batch=1: no comprehension)
         w = items[0]
-        listed = [{"work_id": w.work_id, "payload": w.payload, "attempt": send.attempts[0]}]
-    else:  # an item's own timeout, which the isolating worker applies to it alone (one pass)
-        listed = [
-            {"work_id": w.work_id, "payload": w.payload, "attempt": n}
-            if w.timeout is None
-            else {"work_id": w.work_id, "payload": w.payload, "attempt": n, "timeout": w.timeout}
-            for w, n in zip(items, send.attempts, strict=True)
-        ]
+        body: dict[str, Any] = {"token": str(send.token), "ids": [w.work_id]}
+        body["payloads"] = [w.payload]
+        timeouts = None
+    else:
+        body = {"token": str(send.token), "ids": [w.work_id for w in items]}
+        body["payloads"] = [w.payload for w in items]
+        timeouts = {w.work_id: w.timeout for w in items if w.timeout is not None}
+    if any(attempts):
+        body["attempts"] = list(attempts)
+    if timeouts:
+        body["timeouts"] = timeouts
     if dependencies:
-        for entry in listed:
-            deps = dependencies.get(entry["work_id"])
-            if deps is not None:
-                entry["dependencies"] = deps
-    body = {"token": str(send.token), "items": listed, "seconds": send.seconds, "lease": send.lease}
+        body["dependencies"] = dependencies
+    body["seconds"], body["lease"] = send.seconds, send.lease
     if ahead and len(items) > 1:
         body["ahead"] = True
     return orjson.dumps(body)
@@ -277,7 +289,8 @@ class Work(NamedTuple):
 
     Attributes:
         token: the dispatch's token, as it came (the worker's answers echo it).
-        items: the items, each ``{"work_id", "payload", "attempt", ...}``, in order.
+        items: the items, as columns (work IDs, payloads, attempts, own timeouts,
+            dependencies), in order.
         seconds: the dispatch's deadline in seconds from now, or None (no watchdog).
         lease: how far a HEARTBEAT pushes the deadline (0: it is fixed, every item has its own
             timeout).
@@ -285,42 +298,70 @@ class Work(NamedTuple):
     """
 
     token: Any
-    items: list[dict[str, Any]]
+    items: Batch
     seconds: float | None
     lease: float
     ahead: bool
 
 
-def read_work(body: dict[str, Any] | None) -> Work | None:
-    """The WORK a decoded body holds (:func:`decode`), or None when it holds none (no body, or
-    no list of item objects: the worker waits for the next message). A deadline that is not a
-    positive number is none; a lease that is not a number of seconds (0 or more) is the
-    deadline's."""
+_NUMBERS = (int, float)
+
+
+def read_work(body: dict[str, Any] | None, raw: bytes | bytearray | None = None) -> Work | None:
+    """The WORK a decoded body holds (:func:`decode`), or None when it holds none (no body,
+    columns that are not lists of one length, attempts that are not integers, a sparse member
+    that is not an object, an own timeout that is not a positive number: the worker waits for
+    the next message). A deadline that is not a positive number is none; a lease that is not a
+    number of seconds (0 or more) is the deadline's. ``raw``: the bytes the body was decoded
+    from; when they hold no stored form's tag (see :mod:`durable_dispatch.values`), the
+    payloads are the user's values as they are, and nothing is restored item by item."""
     if body is None:
         return None
-    items = body.get("items")
-    if not isinstance(items, list) or not all(isinstance(w, dict) for w in items):
+    ids, payloads = body.get("ids"), body.get("payloads")
+    if type(ids) is not list or type(payloads) is not list or len(ids) != len(payloads):
+        return None
+    attempts = body.get("attempts")
+    if attempts is not None and (
+        type(attempts) is not list
+        or len(attempts) != len(ids)
+        or not set(map(type, attempts)) <= {int}
+    ):
+        return None
+    timeouts, deps = body.get("timeouts"), body.get("dependencies")
+    if timeouts is not None and (
+        type(timeouts) is not dict
+        or not all(type(t) in _NUMBERS and t > 0 for t in timeouts.values())
+    ):
+        return None
+    if deps is not None and type(deps) is not dict:
         return None
     seconds = body.get("seconds")
-    seconds = float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
+    seconds = float(seconds) if isinstance(seconds, _NUMBERS) and seconds > 0 else None
     lease = body.get("lease")
-    lease = float(lease) if isinstance(lease, (int, float)) and lease >= 0 else seconds or 0.0
-    ahead = len(items) > 1 and bool(body.get("ahead"))
-    return Work(body.get("token"), items, seconds, lease, ahead)
+    lease = float(lease) if isinstance(lease, _NUMBERS) and lease >= 0 else seconds or 0.0
+    ahead = len(ids) > 1 and bool(body.get("ahead"))
+    tagged = raw is None or _TAG_BYTES in raw
+    batch = Batch(ids, payloads, attempts, timeouts or None, deps or None, tagged)
+    return Work(body.get("token"), batch, seconds, lease, ahead)
+
+
+_TAG_BYTES = b'"' + TAG.encode() + b'"'
 
 
 def result_message(
     token: Any,
-    outcomes: list[ItemOutcome],
+    outcomes: Outcomes | list[ItemOutcome],
     whole: ItemOutcome | None,
     ids: list[Any] | None = None,
 ) -> bytes:
     """The RESULT for a dispatch: one entry per item (its result JSON spliced in as it came) and
     an ``errors`` entry with kind and reason for each item that failed; or, for a dispatch that
     failed as a whole, ``{"token", "error", "kind"}``. Results that would take the message over
-    its bound become ``result-too-large`` errors. ``ids``: the items' work IDs, in order: each
-    item's cost goes in ``costs`` and what it wrote (with isolation) in ``outputs``, by work ID
-    (see the module docs); outputs past :data:`OUTPUT_ROOM` bytes are left out, logged."""
+    its bound become ``result-too-large`` errors. ``outcomes``: the items' outcomes as columns
+    (:class:`~.context.Outcomes`; a list of :class:`~.context.ItemOutcome` is taken too).
+    ``ids``: the items' work IDs, in order: each item's cost goes in ``costs`` and what it
+    wrote (with isolation) in ``outputs``, by work ID (see the module docs); outputs past
+    :data:`OUTPUT_ROOM` bytes are left out, logged."""
     if whole is not None:
         reason = (whole.reason or "")[:REASON_MAX]
         body: dict[str, Any] = {"token": token, "error": reason, "kind": whole.kind}
@@ -330,31 +371,42 @@ def result_message(
             if whole.output is not None and (said := output_entry(whole.output)):
                 body["outputs"] = {whole.about: said}
         return orjson.dumps(body)
-    parts: list[bytes] = []
-    errors: dict[str, dict[str, Any]] = {}
+    if not isinstance(outcomes, Outcomes):
+        outcomes = Outcomes.of(outcomes)
+    raws, failed = outcomes.raw, outcomes.errors
     room = MAX_MESSAGE - ROOM
-    for i, o in enumerate(outcomes):
-        if o.raw is not None and len(o.raw) > room:
-            o = ItemOutcome(
-                None,
-                "result-too-large",
-                f"{len(o.raw)} bytes would overfill the "
-                f"RESULT message ({MAX_MESSAGE} bytes for the whole dispatch)",
-            )
-        if o.raw is None:
-            parts.append(b"null")
-            entry: dict[str, Any] = {
-                "kind": o.kind or "error",
-                "reason": (o.reason or "")[:REASON_MAX],
-            }
-            if o.final:
-                entry["final"] = True
-            if o.traceback:
-                entry["traceback"] = o.traceback[-TRACEBACK_MAX:]
-            errors[str(i)] = entry
-        else:
-            parts.append(o.raw)
-            room -= len(o.raw)
+    errors: dict[str, dict[str, Any]] = {}
+    if not failed and None not in raws:  # (each one in C: no Python work per item)
+        parts = cast(list[bytes], raws)
+        size = sum(map(len, parts))
+    if not failed and None not in raws and size <= room:
+        room -= size
+    else:
+        parts = []
+        for i, r in enumerate(raws):
+            o = failed.get(i)
+            if r is not None and len(r) > room:
+                o = ItemOutcome(
+                    None,
+                    "result-too-large",
+                    f"{len(r)} bytes would overfill the "
+                    f"RESULT message ({MAX_MESSAGE} bytes for the whole dispatch)",
+                )
+            if r is None or o is not None:
+                parts.append(b"null")
+                o = o or ItemOutcome(None, "error", "no outcome")
+                entry: dict[str, Any] = {
+                    "kind": o.kind or "error",
+                    "reason": (o.reason or "")[:REASON_MAX],
+                }
+                if o.final:
+                    entry["final"] = True
+                if o.traceback:
+                    entry["traceback"] = o.traceback[-TRACEBACK_MAX:]
+                errors[str(i)] = entry
+            else:
+                parts.append(r)
+                room -= len(r)
     raw = b'{"token":' + orjson.dumps(token) + b',"results":[' + b",".join(parts) + b"]"
     if errors:
         raw += b',"errors":' + orjson.dumps(errors)
@@ -366,32 +418,39 @@ def result_message(
     elif costs:
         raw += b',"costs":' + costs
         room -= len(costs) + 16
-    outputs = _outputs(ids, outcomes, room) if ids is not None else b""
+    outputs = _outputs(ids, outcomes, room) if ids is not None and outcomes.outputs else b""
     if outputs:
         raw += b',"outputs":' + outputs
     return raw + b"}"
 
 
-def _costs(ids: list[Any], outcomes: list[ItemOutcome]) -> bytes:
+def _costs(ids: list[Any], outcomes: Outcomes) -> bytes:
     """The ``costs`` member of a RESULT (empty when no item's cost was measured): a table of
-    columns when there are several items, all measured and alike (the master keeps it as it
-    comes, see :mod:`durable_dispatch.cost`), else by work ID."""
-    cs = [o.cost for o in outcomes]
-    table = wire_table(ids, cs)
+    columns when there are several items, all measured and alike (:func:`~durable_dispatch.
+    cost.wire_table`; the master keeps it as it comes), else by work ID."""
+    cpu, rss, by = outcomes.cpu, outcomes.rss, outcomes.by
+    table = wire_table(ids, cpu, rss, by)
     if table is not None:
         return orjson.dumps(table)
-    c = {w: o for w, o in zip(ids, cs, strict=True) if o is not None and type(w) is str}
+    if len(by) != len(ids):
+        return b""
+    c = {
+        w: {"cpu": cpu[i], "rss": rss[i], "by": how}
+        for i, (w, how) in enumerate(zip(ids, by, strict=True))
+        if how is not None and type(w) is str
+    }
     return orjson.dumps(c) if c else b""
 
 
-def _outputs(ids: list[Any], outcomes: list[ItemOutcome], room: int) -> bytes:
+def _outputs(ids: list[Any], outcomes: Outcomes, room: int) -> bytes:
     """The ``outputs`` member of a RESULT (empty when no item wrote anything), in at most
     :data:`OUTPUT_ROOM` bytes and ``room``, what the results left."""
     said: dict[Any, bytes] = {}
     left = min(OUTPUT_ROOM, room - 64)  # (64: the member's name and its braces)
     dropped: list[str] = []
-    for w, o in zip(ids, outcomes, strict=True):
-        if o.output is None or type(w) is not str or (entry := output_entry(o.output)) is None:
+    for i, output in sorted(outcomes.outputs.items()):
+        w = ids[i] if i < len(ids) else None
+        if type(w) is not str or (entry := output_entry(output)) is None:
             continue
         raw = orjson.dumps(entry)
         if len(raw) + len(w) + 4 > left:
@@ -411,7 +470,7 @@ def _outputs(ids: list[Any], outcomes: list[ItemOutcome], room: int) -> bytes:
     return b"{" + b",".join(orjson.dumps(w) + b":" + r for w, r in said.items()) + b"}"
 
 
-def part_message(token: Any, outcomes: list[ItemOutcome], ids: list[Any]) -> bytes:
+def part_message(token: Any, outcomes: Outcomes, ids: list[Any]) -> bytes:
     """A RESULT sent ahead for some items of a dispatch (see the module docs): the RESULT of
     those ``outcomes`` (:func:`result_message`) with their work IDs ``ids`` first."""
     raw = result_message(token, outcomes, None, ids)

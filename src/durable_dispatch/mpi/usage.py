@@ -17,22 +17,35 @@ seconds, "rss": bytes or null, "by": how}`` (its forms: :mod:`durable_dispatch.c
   started; its peak is read just before a timeout's kill, and for a crash it is ``wait4``'s
   high-water mark of the child's life when that is above what the kernel carried over from the
   worker, else null.
-- ``"in-process"``: measured in the worker's own process (``isolate=False``), with
-  ``getrusage`` only (a few hundred nanoseconds: the worker's loop pays it per item): its CPU
-  time during the item, other threads included (the worker's own loop, a library's threads),
-  and the worker's peak resident memory so far (``ru_maxrss``: a high-water mark of the whole
-  worker, not of the item).
+- ``"in-process"``: measured in the worker's own process (``isolate=False``), with one
+  reading of the process's CPU clock between two items (``time.process_time_ns``, one
+  ``clock_gettime``: the worker's loop pays it per item). An item's CPU time is the process's
+  from the end of the item before it (the dispatch's arrival for the first) to its own end,
+  other threads included (the worker's own loop, a library's threads), plus that of the
+  children the process waited for meanwhile (``RUSAGE_CHILDREN``). The children's figure is
+  read after an item that took at least :data:`CHILDREN_AFTER_NS` of wall time (no process
+  can be started and waited for in less: a ``fork`` of this interpreter alone takes longer)
+  and at the dispatch's end, so a child reaped during a shorter item (one an earlier item
+  started) is charged to the next item that is read, at the latest the dispatch's last.
+  Its peak is the worker's high-water mark of resident memory (``ru_maxrss``) when its
+  dispatch ended, or when the part that carried it was sent ahead: read once per dispatch
+  (or part), a high-water mark of the whole worker since it started, not of the item.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import time
 from typing import Any
 
-from ..cost import Cost, cost
+from ..cost import cost
 
-__all__ = ["InProcessMeter", "Meter", "cost", "peak_of"]
+__all__ = ["InProcessMeter", "Meter", "cost", "peak_of", "CHILDREN_AFTER_NS"]
+
+#: An in-process item's children's CPU time is read after it when it took at least this long
+#: (nanoseconds of wall time; see the module docs).
+CHILDREN_AFTER_NS = 50_000
 
 _HWM = b"VmHWM:"
 _getrusage, _SELF, _CHILDREN = resource.getrusage, resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN
@@ -75,7 +88,8 @@ _RSS = b"VmRSS:"
 
 class Meter:
     """Measures the isolated child around each item: :meth:`rebase` when a dispatch arrives,
-    :meth:`start` before each item, :meth:`stop` after it. Two ``getrusage`` calls an item: an
+    :meth:`start` before each item, :meth:`stop` after it (which writes the item's cost into
+    the dispatch's :class:`~.context.Outcomes`). Two ``getrusage`` calls an item: an
     item's figures start where the one before it ended, so they include the library's own
     bookkeeping between the two (microseconds); the first item of a dispatch starts at
     :meth:`rebase`.
@@ -120,20 +134,26 @@ class Meter:
         self._cpu_at, s = _usage()
         self._faults_at = s.ru_minflt + s.ru_majflt
 
-    def stop(self) -> Cost:
-        """The item ended: its cost."""
+    def stop(self, out: Any, index: int) -> None:
+        """Item ``index`` ended: write its cost into ``out`` (a :class:`~.context.Outcomes`)."""
+        cpu, rss = self._stop()
+        out.cpu[index] = round(cpu, 6) if cpu > 0 else 0.0
+        out.rss[index] = rss
+        out.by[index] = self.by
+
+    def _stop(self) -> tuple[float, int | None]:
         now, s = _usage()
         cpu = now - self.cpu0
         self._cpu_at = now
         self._faults_at = faults = s.ru_minflt + s.ru_majflt
         if self._status is None:
-            return cost(cpu, None, self.by)
+            return cpu, None
         if faults == self._faults0 == self._read_at and self._rss is not None:
-            return cost(cpu, self._rss, self.by)  # (no page touched since the last read)
+            return cpu, self._rss  # (no page touched since the last read)
         try:
             status = os.pread(self._status, 4096, 0)
         except OSError:
-            return cost(cpu, None, self.by)
+            return cpu, None
         rss, at = None, status.find(_RSS)
         if at >= 0:
             try:
@@ -144,7 +164,7 @@ class Meter:
         self._rss = rss
         self._read_at = faults
         self._reset = hwm != rss  # (it grew and shrank: the next item starts from a reset)
-        return cost(cpu, hwm, self.by)
+        return cpu, hwm
 
     def close(self) -> None:
         """Stop measuring the peak (the CPU time is still measured)."""
@@ -157,33 +177,58 @@ class Meter:
         self._clear = self._status = None
 
 
-class InProcessMeter:
-    """Measures the worker's own process around each item (``isolate=False``, ``by``
-    ``"in-process"``), with :class:`Meter`'s calls (:meth:`rebase`, :meth:`start`,
-    :meth:`stop`): two ``getrusage`` calls an item and nothing else (the worker's loop pays it
-    per item: about 1 us, where a campaign's items may take a few), the CPU time of the
-    process (its other threads too) and of the children it waited for, and its high-water
-    mark (``ru_maxrss``)."""
+_cpu_ns, _wall_ns = time.process_time_ns, time.monotonic_ns
 
-    __slots__ = ("by", "cpu0", "_cpu_at")
+
+def _children_ns() -> int:
+    c = _getrusage(_CHILDREN)
+    return int((c.ru_utime + c.ru_stime) * 1e9)
+
+
+class InProcessMeter:
+    """Measures the worker's own process, item by item (``isolate=False``, ``by``
+    ``"in-process"``; see the module docs for what a figure means): :meth:`rebase` when a
+    dispatch arrives, :meth:`stop` after each item (one reading of the CPU clock and one of
+    the monotonic clock; the children's figure only after a long item), :meth:`settle` when
+    the dispatch ends (the children's figure, and the peak of every item). It resets nothing
+    before an item (``start`` is None)."""
+
+    __slots__ = ("by", "_cpu", "_wall", "_kids")
+    start = None  # (nothing to do before an item: run_items skips the call)
 
     def __init__(self, by: str = "in-process") -> None:
         self.by = by
-        self.cpu0 = 0.0  # the CPU time when the item started
-        self._cpu_at = 0.0  # the CPU time at the last rebase or stop
+        self._cpu = self._wall = self._kids = 0  # at the last reading, in nanoseconds
         self.rebase()
 
     def rebase(self) -> None:
         """A dispatch arrived: its first item's figures start now."""
-        self._cpu_at = cpu_seconds()
+        self._cpu, self._wall, self._kids = _cpu_ns(), _wall_ns(), _children_ns()
 
-    def start(self) -> None:
-        """An item starts (where the one before it ended)."""
-        self.cpu0 = self._cpu_at
+    def stop(self, out: Any, index: int) -> None:
+        """Item ``index`` ended: write its CPU seconds into ``out`` (its peak waits for
+        :meth:`settle` or :meth:`peak`)."""
+        cpu, wall = _cpu_ns(), _wall_ns()
+        spent = cpu - self._cpu
+        if wall - self._wall >= CHILDREN_AFTER_NS:
+            kids = _children_ns()
+            spent += kids - self._kids
+            self._kids = kids
+        self._cpu, self._wall = cpu, wall
+        out.cpu[index] = (spent + 500) // 1000 / 1e6 if spent > 0 else 0.0
+        out.by[index] = self.by
 
-    def stop(self) -> Cost:
-        """The item ended: its cost (the ``getrusage`` of this process gives the peak too)."""
-        now, s = _usage()
-        cpu = now - self.cpu0
-        self._cpu_at = now
-        return cost(cpu, s.ru_maxrss * 1024, self.by)
+    def settle(self, out: Any) -> None:
+        """The dispatch ended: charge its last item what its children used since the last
+        reading, and give every item the peak now."""
+        n = out.done
+        kids = _children_ns()
+        if kids != self._kids and n:
+            out.cpu[n - 1] = round((out.cpu[n - 1] or 0.0) + (kids - self._kids) / 1e9, 6)
+        self._kids = kids
+        out.rss[:] = [self.peak()] * len(out.rss)
+
+    @staticmethod
+    def peak() -> int:
+        """The worker's high-water mark of resident memory, in bytes (``ru_maxrss``)."""
+        return int(_getrusage(_SELF).ru_maxrss) * 1024

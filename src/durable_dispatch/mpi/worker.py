@@ -33,7 +33,15 @@ from .. import processes
 from ..errors import UsageError
 from . import guard
 from . import protocol as P
-from .context import CHILD_MARKER, MAX_RESULT_BYTES, ItemOutcome, WorkContext, run_items
+from .context import (
+    CHILD_MARKER,
+    MAX_RESULT_BYTES,
+    Batch,
+    ItemOutcome,
+    Outcomes,
+    WorkContext,
+    run_items,
+)
 from .isolation import CANCEL_REQUESTED, CancelRequested, IsolatedRunner, StopRequested
 from .launchcheck import require_workers
 from .protocol import result_message as result_message
@@ -141,39 +149,44 @@ class _InProcessRunner:
     The thread tells the worker's loop of a heartbeat and of the dispatch's end through one
     ``SimpleQueue`` (C-level: the loop wakes at once, and a one-item dispatch's hand-over and
     back costs about half of what an ``Event`` per dispatch cost on a VM's two cores); the
-    loop wakes at least every ``poll`` seconds to look for STOP."""
+    loop wakes at least every ``poll`` seconds to look for STOP. The thread writes each item's
+    outcome into the dispatch's :class:`~.context.Outcomes` (its ``done`` moves after each),
+    which the loop reads as it grows."""
 
     def __init__(self, fn: Callable[..., Any], mode: str, max_result: int, poll: float) -> None:
         self.fn, self.mode, self.max_result, self.poll = fn, mode, max_result, poll
         self.jobs: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        #: (the box of the dispatch it is about, _DONE or _BEAT), from the thread
-        self.events: queue.SimpleQueue[tuple[list[ItemOutcome], int]] = queue.SimpleQueue()
+        #: (the outcomes of the dispatch it is about, _DONE or _BEAT), from the thread
+        self.events: queue.SimpleQueue[tuple[Outcomes, int]] = queue.SimpleQueue()
         threading.Thread(target=self._thread, name="durable-dispatch-work", daemon=True).start()
 
     def _thread(self) -> None:
         meter = InProcessMeter()  # (this process: other threads count too)
         events = self.events
         while True:
-            items, deadline, lease, box = self.jobs.get()
-            beat = functools.partial(events.put, (box, _BEAT))
+            batch, out, deadline, lease = self.jobs.get()
+            beat = functools.partial(events.put, (out, _BEAT))
             meter.rebase()
-            for o in run_items(
-                self.fn, self.mode, items, deadline, lease, beat, self.max_result, meter=meter
-            ):
-                box.append(o)  # (the worker's thread reads it as it grows)
-            events.put((box, _DONE))
+            run_items(
+                self.fn, self.mode, batch, deadline, lease, beat, self.max_result, out, meter=meter
+            )
+            meter.settle(out)
+            events.put((out, _DONE))
 
     def run(
         self,
-        items: list[dict[str, Any]],
+        batch: Batch,
+        out: Outcomes,
         deadline: float | None,
         lease: float,
         tick: Callable[[], bool],
         beat: Callable[[], None],
-        report: Callable[[int, ItemOutcome], None] | None = None,
-    ) -> tuple[list[ItemOutcome], ItemOutcome | None]:
-        box: list[ItemOutcome] = []
-        self.jobs.put((items, deadline, lease, box))
+        report: Callable[[int], None] | None = None,
+    ) -> ItemOutcome | None:
+        """Run ``batch`` into ``out``; None (an in-process dispatch never fails as a whole).
+        ``report(index)`` is called as each item's outcome arrives; ``tick()`` about every
+        ``poll`` seconds (True: STOP arrived, :class:`StopRequested` is raised)."""
+        self.jobs.put((batch, out, deadline, lease))
         reported = 0
         events, poll = self.events, self.poll
         while True:
@@ -181,7 +194,7 @@ class _InProcessRunner:
             try:
                 said = events.get(timeout=poll)
                 while True:  # (and whatever else came meanwhile)
-                    if said[0] is box:  # (an abandoned dispatch's word is not this one's)
+                    if said[0] is out:  # (an abandoned dispatch's word is not this one's)
                         if said[1] == _DONE:
                             over = True
                         else:
@@ -190,13 +203,18 @@ class _InProcessRunner:
             except queue.Empty:
                 pass
             if report is not None:
-                while reported < len(box):
-                    report(reported, box[reported])
+                while reported < out.done:
+                    report(reported)
                     reported += 1
             if over:
-                return box, None
+                return None
             if tick():  # the function may still run; its thread is a daemon
                 raise StopRequested
+
+    @staticmethod
+    def seal_part(part: Outcomes) -> None:
+        """Give the items of a part sent ahead the worker's peak now (see :mod:`.usage`)."""
+        part.rss = [InProcessMeter.peak()] * len(part.rss)
 
     def prepare(self) -> None:
         """Nothing to get ready between dispatches."""
@@ -208,23 +226,30 @@ class _InProcessRunner:
 class _Ahead:
     """A dispatch's finished items, sent ahead of its RESULT when the rest is slow.
 
-    The runner reports each item's outcome as it arrives (:meth:`add`); :meth:`due`, called
-    about every millisecond while the dispatch runs, sends the outcomes held as a part (a
-    RESULT with ``ids``, see :mod:`.protocol`) once no item has finished for
+    The runner reports each item as its outcome arrives (:meth:`add`, its index); :meth:`due`,
+    called about every millisecond while the dispatch runs, sends the outcomes held as a part
+    (a RESULT with ``ids``, see :mod:`.protocol`) once no item has finished for
     :data:`AHEAD_SECONDS` and some item is still to come. So a call that ended waits for a slow
     batch-mate at most that long, and the master commits it durably at once. :meth:`rest`
     gives the outcomes the dispatch's RESULT still carries.
     """
 
-    def __init__(self, link: _Link, token: Any, items: list[dict[str, Any]]) -> None:
-        self.link, self.token, self.items = link, token, items
-        self.held: dict[int, ItemOutcome] = {}
+    def __init__(
+        self,
+        link: _Link,
+        token: Any,
+        ids: list[Any],
+        out: Outcomes,
+        seal: Callable[[Outcomes], None],
+    ) -> None:
+        self.link, self.token, self.ids, self.out, self.seal = link, token, ids, out, seal
+        self.held: list[int] = []
         self.sent: set[int] = set()
         self.last = 0.0  # when the last outcome arrived
 
-    def add(self, index: int, outcome: ItemOutcome) -> None:
+    def add(self, index: int) -> None:
         """The outcome of item ``index`` arrived."""
-        self.held[index] = outcome
+        self.held.append(index)
         self.last = time.monotonic()
 
     def tick(self) -> bool:
@@ -237,31 +262,30 @@ class _Ahead:
         held = self.held
         if (
             held
-            and len(self.sent) + len(held) < len(self.items)
+            and len(self.sent) + len(held) < len(self.ids)
             and time.monotonic() - self.last >= AHEAD_SECONDS
         ):
             order = sorted(held)
-            ids = [self.items[i].get("work_id") for i in order]
-            self.link.send(P.RESULT, P.part_message(self.token, [held[i] for i in order], ids))
+            part = self.out.select(order)
+            self.seal(part)
+            ids = [self.ids[i] for i in order]
+            self.link.send(P.RESULT, P.part_message(self.token, part, ids))
             self.sent.update(order)
             held.clear()
 
-    def rest(self, outcomes: list[ItemOutcome]) -> list[ItemOutcome]:
-        """The outcomes of the items not sent ahead (all ``outcomes``, in order)."""
+    def rest(self) -> tuple[Outcomes, list[Any]]:
+        """The outcomes and the work IDs of the items not sent ahead, in order."""
         if not self.sent:
-            return outcomes
-        return [o for i, o in enumerate(outcomes) if i not in self.sent]
-
-    def rest_ids(self) -> list[Any]:
-        """The work IDs of the items not sent ahead, in order."""
-        return [w.get("work_id") for i, w in enumerate(self.items) if i not in self.sent]
+            return self.out, self.ids
+        keep = [i for i in range(len(self.ids)) if i not in self.sent]
+        return self.out.select(keep), [self.ids[i] for i in keep]
 
 
 class WorkerHooks:
     """Where a test worker may lie (``durable_dispatch.testing.run_lying_worker``); the
     production loop uses this class as it is, which changes nothing."""
 
-    def on_work(self, token: Any, items: list[dict[str, Any]]) -> None:
+    def on_work(self, token: Any, items: Batch) -> None:
         """A WORK message arrived (before its items run)."""
 
     def result(self, token: Any, raw: bytes) -> bytes | None:
@@ -419,33 +443,34 @@ def _serve(link: _Link, runner: _InProcessRunner | IsolatedRunner, hooks: Worker
         tag, buf = link.receive()
         if tag == P.STOP:
             return done
-        work = P.read_work(P.decode(buf)[0])
+        work = P.read_work(P.decode(buf)[0], buf)
         if work is None:
             continue
-        token, items, seconds, lease = work.token, work.items, work.seconds, work.lease
+        token, batch, seconds, lease = work.token, work.items, work.seconds, work.lease
         deadline = time.monotonic() + seconds if seconds is not None else None
-        hooks.on_work(token, items)
+        hooks.on_work(token, batch)
         beat = functools.partial(link.send, P.HEARTBEAT, P.encode({"token": token}))
-        ahead = _Ahead(link, token, items) if work.ahead else None
+        out = Outcomes(len(batch))
+        ahead = _Ahead(link, token, batch.ids, out, runner.seal_part) if work.ahead else None
         tick: Callable[[], bool] = link.stop_arrived
-        report: Callable[[int, ItemOutcome], None] | None = None
+        report: Callable[[int], None] | None = None
         if ahead is not None:  # a slow item must not hold the others' outcomes (see _Ahead)
             tick, report = ahead.tick, ahead.add
         if isinstance(runner, IsolatedRunner):  # O1: an operator's cancel kills the child
             tick = functools.partial(_tick_or_cancel, tick, link, token)
         try:
-            outcomes, whole = runner.run(items, deadline, lease, tick, beat, report)
+            whole = runner.run(batch, out, deadline, lease, tick, beat, report)
         except StopRequested:
             return done
         except CancelRequested:  # (the master rolled it back: READY releases the rank, W7)
             runner.prepare()
             link.send(P.READY, P.encode({"token": token}))
             continue
-        done += len(items)
-        ids = [w.get("work_id") for w in items]
+        done += len(batch)
+        ids = batch.ids
         if ahead is not None and whole is None:
-            outcomes, ids = ahead.rest(outcomes), ahead.rest_ids()
-        raw = hooks.result(token, result_message(token, outcomes, whole, ids))
+            out, ids = ahead.rest()
+        raw = hooks.result(token, result_message(token, out, whole, ids))
         if raw is not None:
             link.send(P.RESULT, raw)
         runner.prepare()  # a killed or crashed child is restarted before READY, not in an item

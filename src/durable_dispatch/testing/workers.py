@@ -84,15 +84,16 @@ def run_lying_worker(
         last_token: Any = None
         message_lie: str | None = None
 
-        def on_work(self, token: Any, items: list[dict[str, Any]]) -> None:
+        def on_work(self, token: Any, items: Any) -> None:
             plan.clear()
-            for w in items:
-                lie = faults(str(w.get("work_id")), int(w.get("attempt", 0)))
+            attempts = items.attempts or [0] * len(items.ids)
+            for work_id, attempt in zip(items.ids, attempts, strict=True):
+                lie = faults(str(work_id), attempt)
                 if lie is not None and lie not in WORKER_LIES:
                     raise UsageError(f"unknown lie {lie!r}; use one of {WORKER_LIES}")
                 if isolate and lie in function_lies:
                     raise UsageError(f"the lie {lie!r} of the function needs isolate=False")
-                plan[str(w.get("work_id"))] = lie
+                plan[str(work_id)] = lie
             if "crash" in plan.values():
                 os.kill(os.getpid(), signal.SIGKILL)
             lies = [x for x in plan.values() if x in ("malformed", "missing", "old-token")]
@@ -174,7 +175,7 @@ class LocalWorkers:
         import orjson
 
         from ..mpi import protocol as P
-        from ..mpi.context import MAX_RESULT_BYTES, run_items
+        from ..mpi.context import MAX_RESULT_BYTES, Outcomes, run_items
         from ..mpi.worker import result_message
 
         if type(workers) is not int or workers < 1:
@@ -182,6 +183,7 @@ class LocalWorkers:
         self._P = P
         # (what each send uses, looked up once: a send is one task of a campaign's test)
         self._loads, self._run_items, self._result = orjson.loads, run_items, result_message
+        self._outcomes = Outcomes
         self._max_result = MAX_RESULT_BYTES
         self.fn, self.mode, self.answer = fn, "context" if context else "payload", answer
         self.size = workers + 1
@@ -213,17 +215,19 @@ class LocalWorkers:
         self.log.append(("send", rank, P.TAG_NAMES.get(tag, str(tag)), token))
         if tag != P.WORK:
             return None
-        items = body.get("items") or []
-        how = self.answer(rank, token, [w.get("work_id") for w in items]) if self.answer else None
+        work = P.read_work(body, data)
+        if work is None:  # (a worker ignores a WORK it cannot read)
+            return None
+        items = work.items
+        how = self.answer(rank, token, list(items.ids)) if self.answer else None
         if how is False:
             return None
-        seconds = body.get("seconds")
-        deadline = time.monotonic() + seconds if isinstance(seconds, (int, float)) else None
-        lease = float(body.get("lease") or 0.0)
-        outcomes = list(
-            self._run_items(self.fn, self.mode, items, deadline, lease, _no_beat, self._max_result)
+        deadline = time.monotonic() + work.seconds if work.seconds is not None else None
+        out = self._outcomes(len(items))
+        self._run_items(
+            self.fn, self.mode, items, deadline, work.lease, _no_beat, self._max_result, out
         )
-        self._inbox.append((rank, P.RESULT, self._result(token, outcomes, None)))
+        self._inbox.append((rank, P.RESULT, self._result(token, out, None)))
         if how != "result-only":
             self._inbox.append((rank, P.READY, P.encode({"token": token})))
         return None
