@@ -120,6 +120,56 @@ def test_requeue_of_the_dependency_then_its_commit_releases_the_dependents(tmp_p
         assert len(dj) == 0  # each released item's defer record is resolved
 
 
+def _send_and_answer(st: CampaignState, *, fail: bool) -> str:
+    s = st.next_send(0.0)
+    assert s is not None
+    st.sent(s.token, 0.0)
+    st.on_results(
+        s.rank, str(s.token), None if fail else [1], 0.0, failure="boom" if fail else None
+    )
+    st.on_ready(s.rank, str(s.token), 0.0)
+    st.deliver(wait=True)
+    st.tick(0.0)
+    return s.items[0].work_id
+
+
+def test_an_item_deferred_for_a_dependency_stays_registered_under_it_however_deferred(
+    tmp_path: Path,
+) -> None:
+    """Deferred with its dependency (``g``) or submitted after it and deferred at once
+    (``late``, by an ``on_defer`` hook that the close runs), an item deferred for a dependency
+    is registered under what it misses: in memory, replayed and reopened alike; the
+    dependency's requeue and commit release it."""
+    from tests.test_reopen_machine import _relations
+
+    state = tmp_path / "s"
+    st = CampaignState.open(state, ranks=[1], retry=RetryPolicy(retries=0))
+
+    def on_defer(d: Any) -> None:
+        if d.work.work_id == "f":
+            st.submit([WorkItem("late", 0, after=("f",))])
+
+    st.on_defer = on_defer
+    st.submit([WorkItem("f", 0), WorkItem("ok", 0), WorkItem("g", 0, after=("f", "ok"))])
+    assert _send_and_answer(st, fail=True) == "f"  # f deferred, g with it; its hooks wait
+    st.close()  # which runs them: late is submitted, and deferred at once
+    led = st.core.ledger
+    assert list(led.deferred) == ["f", "g", "late"]
+    assert led.kinds["g"] == led.kinds["late"] == ["dependency"]
+    assert led.missing == {"g": 2, "late": 1}
+    assert list(led.dependents_of("f")) == ["g", "late"]
+    assert _relations(view_state(state).projection) == _relations(led)
+    with CampaignState.open(state, ranks=[1]) as again:
+        assert _relations(again.core.ledger) == _relations(led)
+    requeue_deferred(state, ["f"])
+    with CampaignState.open(state, ranks=[1]) as st:
+        assert _send_and_answer(st, fail=False) == "ok"  # (f was requeued to the back)
+        led = st.core.ledger
+        assert led.missing == {"g": 1, "late": 1} and list(led.deferred) == ["g", "late"]
+        assert _send_and_answer(st, fail=False) == "f"
+        assert list(led.frontier) == ["g", "late"] and not led.deferred and not led.missing
+
+
 def test_children_of_a_commit_may_wait_for_their_siblings(tmp_path: Path) -> None:
     def on_commit(work_id: str, result: Any) -> list[WorkItem]:
         if work_id != "root":
