@@ -992,3 +992,24 @@ def test_u9_a_reported_failure_leaves_the_watchdogs_seconds_for_the_ready() -> N
     out += d.join_invalid(3.5)
     assert "Requeue" in kinds(out) and d.idle_ranks() == [1]
     assert d.statistics().dispatch_watchdog_timeouts == 0 and d.attempts("own") == 1
+
+
+def test_a_send_that_fails_after_it_was_reported_started_is_rolled_back_the_same_way() -> None:
+    """A non-blocking send is reported started (``mark_dispatched``, its deadline runs) and may
+    fail later: the same compensation path as a send that failed at once, while nothing of its
+    worker came; a failure reported after the worker answered, or for a closed dispatch,
+    changes nothing."""
+    d = make(2, ranks=(1, 2))
+    a, b = d.reserve(0.0), d.reserve(0.0)
+    assert isinstance(a, Send) and isinstance(b, Send)
+    d.mark_dispatched(a.token, 0.0)
+    d.mark_dispatched(b.token, 0.0)
+    out = d.send_failed(a.token, 1.0, "MPI_ERR_OTHER")
+    assert kinds(out) == ["Park", "Requeue", "PersistSnapshot"]
+    assert d.statistics().send_failures == 1 and d.transaction(a.token) is None
+    assert d.send_failed(a.token, 2.0) == []  # reported twice: it is rolled back already
+    d.on_results(b.rank, str(b.token), [b.items[0].payload], 2.0)
+    assert d.send_failed(b.token, 3.0) == []  # its worker answered: it had the WORK
+    assert d.statistics().send_failures == 1
+    with pytest.raises(UsageError):
+        d.send_failed(Token(a.token.epoch, a.token.n + 5), 3.0)  # never reserved

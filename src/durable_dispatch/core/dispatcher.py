@@ -242,10 +242,27 @@ class Dispatcher(Rollbacks, Queries):
         return []
 
     def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
-        """The WORK send for ``token`` failed: the same compensation path as a timeout."""
-        tx = self._open_tx(token)
+        """The WORK send for ``token`` failed: the same compensation path as a timeout.
+
+        A shell whose send completes later (a non-blocking send, reported with
+        :meth:`mark_dispatched` when it was posted) reports its failure here too: the dispatch
+        is rolled back the same way while nothing of its worker came under its token (no
+        RESULT, part, READY or HEARTBEAT); once something came, the worker evidently had the
+        WORK, and a failure reported after it changes nothing (returns ``[]``), as does one
+        for a dispatch no longer open.
+
+        Raises:
+            UsageError: ``token`` was never reserved.
+        """
+        tx = self._open.get(str(token))
+        if tx is None:
+            if (token.epoch, token.n) > (self.ledger.epoch, self.ledger.counter):
+                raise UsageError(f"no transaction has token {token}")
+            return []  # it ended already (rolled back, or its worker answered)
         if tx.state is not TxState.PREPARING:
-            raise UsageError(f"{token} is {tx.state.value}, not PREPARING")
+            answered = tx.ready_seen or tx.beaten or tx.ahead or tx.failure is not None
+            if tx.state is not TxState.DISPATCHED or answered:
+                return []
         self._n.send_failures += 1
         return self._roll_back(tx, SOURCE_SEND_FAILURE, "send-failure", error, RankState.PARKED)
 
