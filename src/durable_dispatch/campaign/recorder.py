@@ -36,6 +36,7 @@ __all__ = ["Recorder", "record_deferral"]
 log = logging.getLogger("durable_dispatch.state")
 
 _COMMIT = {Commit}
+_work_id, _result = attrgetter("work_id"), attrgetter("result")
 _token_of = attrgetter("token")
 _COSTS_HELD = 4096  # dispatches whose costs wait for their items' outcomes, at most
 
@@ -208,7 +209,7 @@ class Recorder:
         if len(commits) == 1:
             wids, results = (first.work_id,), (first.result,)
         else:
-            wids, results = tuple([c.work_id for c in commits]), tuple([c.result for c in commits])
+            wids, results = tuple(map(_work_id, commits)), tuple(map(_result, commits))
         ev = Committed(first.token, first.rank, wids, results, time.time())
         rec = ev.encode()
         costs = self._costs.get(first.token) if self._costs and first.token else None

@@ -54,6 +54,8 @@ A rank's state (starting, idle, suspect, busy, parked, lost) is
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 from ..errors import UsageError
@@ -88,6 +90,10 @@ __all__ = [
     "WorkStatus",
     "RankState",
 ]
+
+
+_work_id = attrgetter("work_id")
+_leases = attrgetter("leases")
 
 
 # ------------------------------------------------------------------------------ the core
@@ -179,7 +185,12 @@ class Dispatcher(Rollbacks, Queries):
             # behind a head whose lease is taken: that head stops the run at once)
             items = [first]
             solo = ledger.solo
-            for head in ledger.items.of(frontier.first(max_items + 1)):
+            heads = ledger.items.of(frontier.first(max_items + 1))
+            if heads[0] is first and not solo and not any(map(_leases, heads)):
+                heads = heads[:max_items]  # the usual run: nothing leased, none alone (C-level)
+                items = heads
+                heads = []
+            for head in heads:
                 if len(items) == max_items:
                     break
                 if head is first:
@@ -202,7 +213,7 @@ class Dispatcher(Rollbacks, Queries):
             tx.seconds = self.allowed_seconds(chosen)  # (the one way a dispatch gets its time)
         attempts = ledger.attempts
         # The event the core applies now and the shell journals (one model, made once).
-        ev = Dispatched(token, rank, tuple([w.work_id for w in chosen]))
+        ev = Dispatched(token, rank, tuple(map(_work_id, chosen)))
         ledger.apply(ev)
         return Send(
             rank,
@@ -412,11 +423,16 @@ class Dispatcher(Rollbacks, Queries):
             tx.ahead + tx.items if tx.ahead else tx.items, now - tx.sent_at
         ):  # (the dispatch's time was spent on the items sent ahead too)
             self._fit_open_deadlines()
+        flying, committed = self.ledger.in_flight, self.ledger.committed
+        if not errors:  # the usual RESULT: every item in flight (none committed), none failed
+            wids = list(map(_work_id, tx.items))
+            if wids and all(map(flying.__contains__, wids)):  # (C-level passes)
+                commits = map(Commit, repeat(rank), repeat(tx.token), wids, results)
+                return [*commits, *self._free_rank_if_done(tx)]
         out: list[Decision] = []
         keep: list[WorkItem] = []
         failed: list[tuple[WorkItem, ItemFailure]] = []
         dups: list[WorkItem] = []
-        flying, committed = self.ledger.in_flight, self.ledger.committed
         for i, (item, value) in enumerate(zip(tx.items, results, strict=True)):
             bad = errors.get(i) if errors else None
             if bad is not None:
@@ -545,7 +561,7 @@ class Dispatcher(Rollbacks, Queries):
         tx = self._open_tx(token)
         advance(tx, TxEvent.COMMITTED)
         items = tx.items
-        self.ledger.apply(Committed(token, tx.rank, tuple([w.work_id for w in items])))
+        self.ledger.apply(Committed(token, tx.rank, tuple(map(_work_id, items))))
         self._n.commits += len(items)
         if self._leases:  # (no item holds a lease in most campaigns)
             for item in items:

@@ -130,14 +130,26 @@ class MpiTransport:
 
     def unsent(self) -> list[tuple[Any, str]]:
         """The sends :meth:`post` started that failed, each ``(key, why)``, since the last call;
-        the ones that ended are forgotten (each is tested once a call: the posted ones not yet
+        the ones that ended are forgotten (all are tested in one call: the posted ones not yet
         ended are the dispatches of the last turns, not one per rank)."""
-        if not self._posted:
+        posted = self._posted
+        if not posted:
             return []
         MPI = self.MPI
+        try:  # one call for them all (each test of MPI's progress engine has a price)
+            done = MPI.Request.Testsome([e[0] for e in posted])
+        except MPI.Exception:
+            pass  # one failed: each is tested below, to name it
+        else:
+            if done is None or len(done) == len(posted):
+                self._posted = []
+            elif done:
+                ended = set(done)
+                self._posted = [e for k, e in enumerate(posted) if k not in ended]
+            return []
         failed: list[tuple[Any, str]] = []
         left = []
-        for entry in self._posted:
+        for entry in posted:
             try:
                 if not entry[0].Test():
                     left.append(entry)
