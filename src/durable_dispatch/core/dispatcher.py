@@ -424,9 +424,9 @@ class Dispatcher(Rollbacks, Queries):
         ):  # (the dispatch's time was spent on the items sent ahead too)
             self._fit_open_deadlines()
         flying, committed = self.ledger.in_flight, self.ledger.committed
-        if not errors:  # the usual RESULT: every item in flight (none committed), none failed
-            wids = list(map(_work_id, tx.items))
-            if wids and all(map(flying.__contains__, wids)):  # (C-level passes)
+        if not errors and len(tx.items) > 1:  # the usual RESULT of several: every item in
+            wids = list(map(_work_id, tx.items))  # flight (none committed), none failed
+            if all(map(flying.__contains__, wids)):  # (C-level passes)
                 commits = map(Commit, repeat(rank), repeat(tx.token), wids, results)
                 return [*commits, *self._free_rank_if_done(tx)]
         out: list[Decision] = []

@@ -45,7 +45,6 @@ __all__ = [
 #: Bytes of one payload digest (:func:`payload_digests`).
 DIGEST_BYTES = 8
 _UNKNOWN = bytes(DIGEST_BYTES)
-_WORK_ITEM = frozenset((WorkItem,))
 _SORT_KEYS = orjson.OPT_SORT_KEYS
 #: A fresh BLAKE2b state of :data:`DIGEST_BYTES`: each digest starts from a copy of it (a copy
 #: costs half of what a new state with its parameters costs)
@@ -313,13 +312,7 @@ class Items(MutableMapping[str, WorkItem]):
         Raises:
             KeyError: a work ID without an open item.
         """
-        index, by = self._ids.index, self._by
-        idx = list(map(index.get, wids))
-        if None not in idx and (not idx or max(idx) < len(by)):  # (C-level passes)
-            got = list(map(by.__getitem__, idx))
-            if set(map(type, got)) <= _WORK_ITEM:  # all built already, none void
-                return got
-        out = []
+        index, by, out = self._ids.index, self._by, []
         for wid in wids:
             i = index.get(wid)
             v = by[i] if i is not None and i < len(by) else None
@@ -375,14 +368,9 @@ class Items(MutableMapping[str, WorkItem]):
         self._n -= 1
         return True
 
-    def discard_indices(self, indices: Sequence[int]) -> None:
+    def discard_indices(self, indices: Iterable[int]) -> None:
         """Forget the items of ``indices`` (each one there: a dispatch's committed items)."""
         by = self._by
-        k = len(indices)
-        if k > 1 and list(indices) == list(range(indices[0], indices[0] + k)):  # (C-level)
-            by[indices[0] : indices[0] + k] = [None] * k  # the usual case: one block
-            self._n -= k
-            return
         for i in indices:
             by[i] = None
             self._n -= 1

@@ -45,7 +45,6 @@ has no event for it, both snapshot forms count them pending or waiting, and
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import (
     Callable,
     Iterable,
@@ -192,7 +191,9 @@ class Ledger(WaitingSet, Withdrawal, SnapshotForms):
         where = (ev.token, ev.rank)
         wids = ev.work_ids
         taken = self.frontier.remove_all(wids)
-        self.in_flight.update(zip(wids[:taken], itertools.repeat(where)))  # (one C-level pass)
+        flying = self.in_flight
+        for wid in wids[:taken]:
+            flying[wid] = where
         if taken < len(wids):
             raise Invalid("work_ids", f"{wids[taken]!r} is not a pending item of this campaign")
         if ev.token.n > self.counter:
@@ -200,22 +201,6 @@ class Ledger(WaitingSet, Withdrawal, SnapshotForms):
 
     def _committed(self, ev: Committed) -> None:
         index, runs, flying, solo = self.ids.index, self.committed.runs, self.in_flight, self.solo
-        wids = ev.work_ids
-        if ev.token is not None and len(wids) > 1:  # a dispatch's record: columns, C-level
-            held = list(map(flying.get, wids))
-            n = len(wids)
-            if (
-                held.count(held[0]) == n
-                and held[0] is not None
-                and held[0][0] == ev.token
-                and len(set(wids)) == n
-            ):  # each in flight under it, once
-                deque(map(flying.__delitem__, wids), maxlen=0)
-                done = list(map(index.__getitem__, wids))
-                if solo:
-                    solo.difference_update(wids)
-                self._commit_indices(done)
-                return
         done: list[int] = []  # committed now: added to the runs at the end, in one step
         for wid in ev.work_ids:
             held = flying.get(wid)
@@ -231,11 +216,7 @@ class Ledger(WaitingSet, Withdrawal, SnapshotForms):
             done.append(index[wid])
             if solo:
                 solo.discard(wid)
-        self._commit_indices(done)
-
-    def _commit_indices(self, done: list[int]) -> None:
-        """The items of ``done`` (indices, each in flight until now) are committed."""
-        self.committed.runs.add_all(done)  # (an item in flight is never committed: each is new)
+        runs.add_all(done)  # (an item in flight is never committed: each is new to the runs)
         self.items.discard_indices(done)
         if self.dependents:
             ids = self.ids.ids
