@@ -30,7 +30,7 @@ from durable_dispatch.core import (
 from durable_dispatch.errors import UsageError
 from durable_dispatch.mpi import protocol
 
-from .helpers import examples
+from .helpers import each_commit, examples
 
 
 def make(
@@ -586,7 +586,8 @@ def test_a_multi_item_dispatch_has_one_token_and_a_deadline_for_all_its_items() 
     assert tx is not None and tx.deadline == 3.0 + 4.0 + 10.0  # own timeouts + watchdog once
     assert d.in_flight() == {"a": s.token, "b": s.token, "c": s.token}
     out = d.on_results(1, str(s.token), [1, 2, 3], 1.0)
-    assert [(c.work_id, c.result) for c in out if isinstance(c, Commit)] == [
+    assert kinds(out) == ["Commits"]  # all committed: one decision, the dispatch's columns
+    assert [(c.work_id, c.result) for c in each_commit(out) if isinstance(c, Commit)] == [
         ("a", 1),
         ("b", 2),
         ("c", 3),
@@ -719,7 +720,7 @@ def test_a_refused_commit_retries_only_that_item() -> None:
     s = d.reserve(0.0, max_items=3)
     assert isinstance(s, Send)
     d.mark_dispatched(s.token, 0.0)
-    assert kinds(d.on_results(1, str(s.token), [0, 1, 2], 1.0)) == ["Commit"] * 3
+    assert kinds(each_commit(d.on_results(1, str(s.token), [0, 1, 2], 1.0))) == ["Commit"] * 3
     with pytest.raises(UsageError, match="not committing"):
         d.commit_refused(s.token, "w9", "too large")
     out = d.commit_refused(s.token, "w1", "result too large")

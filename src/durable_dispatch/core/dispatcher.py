@@ -54,7 +54,6 @@ A rank's state (starting, idle, suspect, busy, parked, lost) is
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
@@ -66,6 +65,7 @@ from .decisions import (
     SOURCE_SEND_FAILURE,
     Classification,
     Commit,
+    Commits,
     Decision,
     ItemFailure,
     PersistSnapshot,
@@ -389,9 +389,10 @@ class Dispatcher(Rollbacks, Queries):
         worker may not report counts as ``malformed-result``. In a multi-item dispatch those
         items leave it at once through the retry path (``source=invalid-result``, charged one
         attempt under their kind); the others commit: one :class:`Commit` each, next to each
-        other. A one-item dispatch with an error, and a RESULT whose entries do not match the
-        dispatch, fail as a whole: the READY that follows rolls back the whole dispatch with
-        that kind (:meth:`join_invalid`).
+        other (one :class:`Commits` of them all, its columns, when every item of several
+        succeeded: the usual RESULT). A one-item dispatch with an error, and a RESULT whose
+        entries do not match the dispatch, fail as a whole: the READY that follows rolls back
+        the whole dispatch with that kind (:meth:`join_invalid`).
         """
         if self._ranks.suspect_until:  # a message from a suspect rank clears it
             self._ranks.heard(rank)
@@ -425,10 +426,9 @@ class Dispatcher(Rollbacks, Queries):
             self._fit_open_deadlines()
         flying, committed = self.ledger.in_flight, self.ledger.committed
         if not errors and len(tx.items) > 1:  # the usual RESULT of several: every item in
-            wids = list(map(_work_id, tx.items))  # flight (none committed), none failed
-            if all(map(flying.__contains__, wids)):  # (C-level passes)
-                commits = map(Commit, repeat(rank), repeat(tx.token), wids, results)
-                return [*commits, *self._free_rank_if_done(tx)]
+            wids = tuple(map(_work_id, tx.items))  # flight (none committed), none failed: one
+            if all(map(flying.__contains__, wids)):  # Commits, its columns (C-level passes)
+                return [Commits(rank, tx.token, wids, results), *self._free_rank_if_done(tx)]
         out: list[Decision] = []
         keep: list[WorkItem] = []
         failed: list[tuple[WorkItem, ItemFailure]] = []
