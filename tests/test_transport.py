@@ -31,7 +31,7 @@ if comm.Get_rank() == 0:
         failures += link.unsent()
         time.sleep(0.01)
     print("unsent", failures, flush=True)
-    print("posted", link.post(1, 7, b"third", "k3"), flush=True)
+    print("posted", link.post(1, 7, b"third", "k3"), flush=True)  # small: a blocking Send
     print("stop", link.stop([1], b"{}", 9, 30.0), flush=True)
 else:
     comm.Barrier()

@@ -20,6 +20,10 @@ __all__ = ["Transport", "MpiTransport", "Message", "ulfm_mode"]
 
 log = logging.getLogger("durable_dispatch.mpi")
 
+#: :meth:`MpiTransport.post` sends a message of at most this many bytes with a blocking ``Send``
+#: (far below any MPI library's eager limit: it returns once the message is copied)
+SMALL_SEND = 1024
+
 #: ``(source rank, tag, body bytes)``
 Message = tuple[int, int, bytes | bytearray]
 
@@ -120,7 +124,12 @@ class MpiTransport:
         send could not start. ``data`` is kept until the send ends; a send that fails later is
         reported by :meth:`unsent` with ``key``. A WORK larger than the MPI library's eager
         limit (a few KB) otherwise waits in a blocking ``Send`` until its worker is scheduled
-        and posts its receive, and the master's core spins meanwhile."""
+        and posts its receive, and the master's core spins meanwhile. A message of at most
+        :data:`SMALL_SEND` bytes (a one-item WORK) is sent at once with a blocking ``Send``: it
+        is sent eagerly by every MPI library, so that returns at once, with nothing to test
+        later."""
+        if len(data) <= SMALL_SEND:
+            return self.send(rank, tag, data)
         try:
             req = self.comm.Isend([data, self.MPI.BYTE], dest=rank, tag=tag)
         except self.MPI.Exception as e:
