@@ -86,17 +86,16 @@ class Recorder:
         if not out:
             return out
         first = out[0]
-        commits = (type(first) is Commits and len(out) == 1) or (
-            type(first) is Commit
-            and (
-                len(out) == 1
-                or (set(map(type, out)) == _COMMIT and len(set(map(_token_of, out))) == 1)
-            )
-        )  # (the usual answer to a RESULT of several items is one Commits, its columns)
-        if commits:  # the commits of one dispatch: one record
-            refused = self._journal_commits(
-                first if type(first) is Commits else Commits.of(out)  # type: ignore[arg-type]
-            )
+        kind = type(first)
+        commits = len(out) == 1 and (kind is Commit or kind is Commits)
+        if commits:  # the answer to a RESULT: one Commit, or a dispatch's Commits (columns)
+            one = first if kind is Commits else Commits.of(out)  # type: ignore[arg-type]
+            refused = self._journal_commits(one)  # type: ignore[arg-type]
+        elif (
+            kind is Commit and set(map(type, out)) == _COMMIT and len(set(map(_token_of, out))) == 1
+        ):  # the commits of one dispatch, one by one (C-level passes): one record
+            commits = True
+            refused = self._journal_commits(Commits.of(out))  # type: ignore[arg-type]
         else:
             refused = self._persist_each(out)
         log_decisions(out, quiet=commits)  # (Commits are logged at DEBUG)
@@ -223,15 +222,15 @@ class Recorder:
             try:
                 r = self._journal.append(rec)
             except RecordTooLargeError:
-                if len(commits) > 1 or rec.pop("cost", None) is None:
+                if len(wids) > 1 or rec.pop("cost", None) is None:
                     raise  # (several: split below, each half with its costs)
                 # what it cost is the library's word, the result the user's: a record that
                 # holds the result without it keeps the result (its cost reads blank)
                 log.warning("commit of %s recorded without its cost (too large)", wids[0])
                 r = self._journal.append(rec)
         except RecordTooLargeError as e:
-            if len(commits) > 1:
-                half = len(commits) // 2
+            if len(wids) > 1:
+                half = len(wids) // 2
                 return self._journal_commits(commits[:half]) + self._journal_commits(commits[half:])
             log.error("result of %s cannot be journaled: %s", wids[0], e)
             why = f"result too large: {e}"
