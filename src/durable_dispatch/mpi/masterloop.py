@@ -78,6 +78,7 @@ class MasterLoop:
         # that fails later is reported by ``unsent`` (see ``Transport``)
         self._post = getattr(link, "post", None)
         self._unsent = getattr(link, "unsent", None)
+        self._posting: Any = link if self._unsent is not None else None  # (its ``posted``)
 
     def run(self, exhausted: Callable[[], bool], signals: list[int]) -> None:
         """Turn until the work is done (``exhausted()`` and nothing left) or a stop is due;
@@ -100,7 +101,7 @@ class MasterLoop:
         msgs = self.link.receive(RECEIVE_LIMIT)  # everything that arrived, never blocking
         if self.ft:
             self._check_failures(now)
-        if self._unsent is not None:
+        if self._posting is not None and self._posting.posted:
             self._send_failures(now)
         # (a turn that received nothing skips the steps with nothing to do: on a machine where
         # the ranks share cores, the master's idle turns take the workers' CPU)

@@ -42,7 +42,9 @@ class Transport(Protocol):
     ``post(rank, tag, data, key) -> str | None``, which starts the send and returns at once
     (None, or why it could not start), and ``unsent() -> list[tuple[key, str]]``, the sends
     started since that failed since the last call, each with why; the master loop then uses
-    those two for WORK and reports each failure as the failed send of that key's dispatch.
+    those two for WORK and reports each failure as the failed send of that key's dispatch; its
+    ``posted`` attribute counts the sends started that ``unsent`` has not seen end (the loop
+    calls ``unsent`` only while it is not 0).
 
     Attributes:
         size: the number of ranks, the master (rank 0) included.
@@ -93,6 +95,9 @@ class MpiTransport:
         self._status = MPI.Status()
         #: the sends :meth:`post` started and no test has seen end: (request, data, key, rank)
         self._posted: list[tuple[Any, bytes, Any, int]] = []
+        #: how many sends :meth:`post` started that no call of :meth:`unsent` has seen end (0:
+        #: nothing to test, the usual state of a turn at batch 1)
+        self.posted = 0
 
     def receive(self, limit: int) -> list[Message]:
         """See :meth:`Transport.receive`. Under ULFM a failed receive is logged (the failed
@@ -135,6 +140,7 @@ class MpiTransport:
         except self.MPI.Exception as e:
             return str(e)
         self._posted.append((req, data, key, rank))
+        self.posted = len(self._posted)
         return None
 
     def unsent(self) -> list[tuple[Any, str]]:
@@ -155,6 +161,7 @@ class MpiTransport:
             elif done:
                 ended = set(done)
                 self._posted = [e for k, e in enumerate(posted) if k not in ended]
+            self.posted = len(self._posted)
             return []
         failed: list[tuple[Any, str]] = []
         left = []
@@ -165,6 +172,7 @@ class MpiTransport:
             except MPI.Exception as e:
                 failed.append((entry[2], str(e)))
         self._posted = left
+        self.posted = len(left)
         return failed
 
     def failed_ranks(self) -> list[int]:
@@ -196,6 +204,7 @@ class MpiTransport:
         reqs = [e[0] for e in self._posted if e[3] in to]
         self._cancel([e[0] for e in self._posted if e[3] not in to])
         self._posted = []
+        self.posted = 0
         failed = False
         for r in ranks:
             try:
