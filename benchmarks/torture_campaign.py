@@ -80,13 +80,9 @@ def plant(name: str) -> None:
         def twice(self: Any, commits: Any) -> Any:
             from durable_dispatch.core.events import Committed, encode
 
-            first = commits[0]
+            # (a dispatch's commits come as columns, core.Commits)
             ev = Committed(
-                first.token,
-                first.rank,
-                tuple(c.work_id for c in commits),
-                tuple(c.result for c in commits),
-                time.time(),
+                commits.token, commits.rank, commits.work_ids, tuple(commits.results), time.time()
             )
             self._journal.append(encode(ev))
             return original(self, commits)

@@ -353,3 +353,20 @@ def examples(full: int) -> int:
     from hypothesis import settings
 
     return max(5, round(full * settings.default.max_examples / 200))
+
+
+def each_commit(decisions: Any) -> list[Any]:
+    """The core's decisions with each ``Commits`` (a dispatch's commits as columns) written as
+    one ``Commit`` per item, in its place: what a test of commits per item reads."""
+    from durable_dispatch.core import Commit, Commits
+
+    out: list[Any] = []
+    for d in decisions:
+        if isinstance(d, Commits):
+            out += [
+                Commit(d.rank, d.token, w, r, d.part)
+                for w, r in zip(d.work_ids, d.results, strict=True)
+            ]
+        else:
+            out.append(d)
+    return out

@@ -30,7 +30,7 @@ from durable_dispatch.core import (
 from durable_dispatch.errors import UsageError
 from durable_dispatch.mpi import protocol
 
-from .helpers import examples
+from .helpers import each_commit, examples
 
 
 def make(
@@ -586,7 +586,8 @@ def test_a_multi_item_dispatch_has_one_token_and_a_deadline_for_all_its_items() 
     assert tx is not None and tx.deadline == 3.0 + 4.0 + 10.0  # own timeouts + watchdog once
     assert d.in_flight() == {"a": s.token, "b": s.token, "c": s.token}
     out = d.on_results(1, str(s.token), [1, 2, 3], 1.0)
-    assert [(c.work_id, c.result) for c in out if isinstance(c, Commit)] == [
+    assert kinds(out) == ["Commits"]  # all committed: one decision, the dispatch's columns
+    assert [(c.work_id, c.result) for c in each_commit(out) if isinstance(c, Commit)] == [
         ("a", 1),
         ("b", 2),
         ("c", 3),
@@ -719,7 +720,7 @@ def test_a_refused_commit_retries_only_that_item() -> None:
     s = d.reserve(0.0, max_items=3)
     assert isinstance(s, Send)
     d.mark_dispatched(s.token, 0.0)
-    assert kinds(d.on_results(1, str(s.token), [0, 1, 2], 1.0)) == ["Commit"] * 3
+    assert kinds(each_commit(d.on_results(1, str(s.token), [0, 1, 2], 1.0))) == ["Commit"] * 3
     with pytest.raises(UsageError, match="not committing"):
         d.commit_refused(s.token, "w9", "too large")
     out = d.commit_refused(s.token, "w1", "result too large")
@@ -992,3 +993,24 @@ def test_u9_a_reported_failure_leaves_the_watchdogs_seconds_for_the_ready() -> N
     out += d.join_invalid(3.5)
     assert "Requeue" in kinds(out) and d.idle_ranks() == [1]
     assert d.statistics().dispatch_watchdog_timeouts == 0 and d.attempts("own") == 1
+
+
+def test_a_send_that_fails_after_it_was_reported_started_is_rolled_back_the_same_way() -> None:
+    """A non-blocking send is reported started (``mark_dispatched``, its deadline runs) and may
+    fail later: the same compensation path as a send that failed at once, while nothing of its
+    worker came; a failure reported after the worker answered, or for a closed dispatch,
+    changes nothing."""
+    d = make(2, ranks=(1, 2))
+    a, b = d.reserve(0.0), d.reserve(0.0)
+    assert isinstance(a, Send) and isinstance(b, Send)
+    d.mark_dispatched(a.token, 0.0)
+    d.mark_dispatched(b.token, 0.0)
+    out = d.send_failed(a.token, 1.0, "MPI_ERR_OTHER")
+    assert kinds(out) == ["Park", "Requeue", "PersistSnapshot"]
+    assert d.statistics().send_failures == 1 and d.transaction(a.token) is None
+    assert d.send_failed(a.token, 2.0) == []  # reported twice: it is rolled back already
+    d.on_results(b.rank, str(b.token), [b.items[0].payload], 2.0)
+    assert d.send_failed(b.token, 3.0) == []  # its worker answered: it had the WORK
+    assert d.statistics().send_failures == 1
+    with pytest.raises(UsageError):
+        d.send_failed(Token(a.token.epoch, a.token.n + 5), 3.0)  # never reserved

@@ -33,6 +33,8 @@ from durable_dispatch.core import (
     WorkStatus,
 )
 
+from .helpers import each_commit
+
 RANKS = (1, 2, 3)
 WORK = [f"w{i}" for i in range(6)]
 
@@ -81,7 +83,7 @@ class DispatchMachine(RuleBasedStateMachine):
     def apply(self, decisions: list[Decision]) -> None:
         group: list[Commit] = []
         ended = False
-        for x in decisions:
+        for x in each_commit(decisions):  # (a Commits: one Commit per item, in its place)
             if isinstance(x, Commit):
                 assert x.work_id not in self.committed, "committed twice"
                 pending = {c.work_id for g in self.committing for c in g}

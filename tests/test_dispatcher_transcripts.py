@@ -25,6 +25,7 @@ import pytest
 
 from durable_dispatch.core import (
     Commit,
+    Commits,
     Decision,
     Defer,
     Dispatcher,
@@ -40,6 +41,8 @@ from durable_dispatch.core import (
     WorkItem,
 )
 
+from .helpers import each_commit
+
 DATA = Path(__file__).parent / "testdata" / "dispatcher"
 
 
@@ -48,6 +51,8 @@ def render(d: Decision) -> str:
         return f"send rank={d.rank} token={d.token} work={','.join(w.work_id for w in d.items)}"
     if isinstance(d, Commit):
         return f"commit rank={d.rank} token={d.token} work={d.work_id} result={d.result}"
+    if isinstance(d, Commits):  # a dispatch's commits as columns: one line per item, as above
+        return "\n".join(map(render, each_commit([d])))
     if isinstance(d, Requeue):
         return (
             f"requeue work={d.work_id} token={d.token} source={d.source} kind={d.kind} "

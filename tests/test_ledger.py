@@ -27,7 +27,7 @@ from durable_dispatch.core.ledger import COMPACT_FORM, Frontier, Ledger, Runs
 from durable_dispatch.schema import Invalid
 from durable_dispatch.tokens import Token
 
-from .helpers import examples
+from .helpers import each_commit, examples
 
 T1, T2, T3, T4 = Token(1, 1), Token(1, 2), Token(1, 3), Token(1, 4)
 EVENTS = [
@@ -213,7 +213,9 @@ def test_replaying_the_cores_events_rebuilds_its_ledger(ops: list[str], ranks: i
         elif op in ("ok", "fail") and sent:
             x = sent[-1]
             errors = {0: "raised"} if op == "fail" else None
-            out = d.on_results(x.rank, str(x.token), [1] * len(x.items), now, errors=errors)
+            out = each_commit(
+                d.on_results(x.rank, str(x.token), [1] * len(x.items), now, errors=errors)
+            )
             journal(out)
             for c in [o for o in out if type(o).__name__ == "Commit"][-1:]:
                 wids = tuple(o.work_id for o in out if type(o).__name__ == "Commit")

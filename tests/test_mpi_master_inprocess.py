@@ -332,3 +332,43 @@ def test_work_a_feed_withdraws_ends_the_run_pending_and_a_later_run_does_it(
     ran.clear()
     again = run_master(items, state, comm=LocalWorkers(fn, workers=2), linger=0)
     assert again.finished and sorted(ran) == sorted({i for i in range(20) if i not in sent} | {99})
+
+
+class _PostingWorkers(LocalWorkers):
+    """LocalWorkers whose WORK goes through ``post``, as MpiTransport's non-blocking send
+    does; the first one is lost (its worker never gets it) and ``unsent`` reports it a turn
+    later."""
+
+    def __init__(self, fn: Any, workers: int) -> None:
+        super().__init__(fn, workers=workers)
+        self.lost: list[tuple[Any, str]] = []
+        self.posted = 0
+
+    def post(self, rank: int, tag: int, data: bytes, key: Any) -> str | None:
+        self.posted += 1
+        if self.posted == 1:
+            self.lost.append((key, "MPI_ERR_PROC_FAILED"))
+            return None
+        return self.send(rank, tag, data)
+
+    def unsent(self) -> list[tuple[Any, str]]:
+        lost, self.lost = self.lost, []
+        return lost
+
+
+def test_a_work_send_that_fails_after_it_started_is_compensated(tmp_path: Path) -> None:
+    """A WORK posted without waiting whose send fails later: its dispatch is rolled back as a
+    failed send (its items go to another worker, each committed once)."""
+    workers = _PostingWorkers(lambda p: p + 1, workers=3)
+    got: dict[str, int] = {}
+
+    def keep(wid: str, value: int) -> None:
+        assert wid not in got
+        got[wid] = value
+
+    items = [WorkItem(f"w{i:02d}", i) for i in range(12)]
+    report = run_master(items, tmp_path / "state", keep, comm=workers, linger=0, batch=2)
+    assert report.finished and got == {f"w{i:02d}": i + 1 for i in range(12)}
+    core = report.stats["core"]
+    assert core["send_failures"] == 1 and core["commits"] == 12
+    assert workers.posted > 1

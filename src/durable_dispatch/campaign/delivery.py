@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import Commit, Decision, Dispatcher, WorkItem
+from ..core import Commits, Decision, Dispatcher, WorkItem
 from ..core.events import Delivered, encode
 from ..core.records import fast_init
 from ..errors import NotDurableError, StorageDegradedError, UsageError
@@ -61,7 +61,7 @@ class PendingCommit:
 
     seq: int  # its journal sequence number
     token: Token  # the dispatch it belongs to
-    commits: list[Commit]  # the Commits it holds
+    commits: Commits  # the commits it holds, as columns
 
 
 class Deliveries:
@@ -115,7 +115,7 @@ class Deliveries:
         self._call = _caller(on_commit, self)
         self._spawn = spawn
 
-    def add(self, seq: int, token: Token, commits: list[Commit]) -> None:
+    def add(self, seq: int, token: Token, commits: Commits) -> None:
         """A ``committed`` record was journaled at ``seq``."""
         self.pending.append(PendingCommit(seq, token, commits))
 
@@ -171,8 +171,8 @@ class Deliveries:
             if p.seq > durable:
                 self._in_memory.extend([p.seq] * len(p.commits))
                 self._dependencies.hold(p.seq, p.commits)  # a dependency's result is here
-            if p.commits[0].part:  # sent ahead: the dispatch goes on
-                self._core.part_done(p.token, p.commits[0].rank, [c.work_id for c in p.commits])
+            if p.commits.part:  # sent ahead: the dispatch goes on
+                self._core.part_done(p.token, p.commits.rank, list(p.commits.work_ids))
             elif closes:
                 follow += self._core.commit_done(p.token)  # the dispatch's last record is in
             items += len(p.commits)
@@ -197,7 +197,7 @@ class Deliveries:
 
     def committing(self) -> set[str]:
         """The work IDs whose commit is journaled and not yet closed in the core."""
-        return {c.work_id for p in self.pending for c in p.commits}
+        return {w for p in self.pending for w in p.commits.work_ids}
 
     @property
     def in_memory(self) -> int:
@@ -244,9 +244,9 @@ class Deliveries:
                 if call is not None and not self.callback_failed:
                     self.commit_durable = durable
                     try:
-                        for c in p.commits:
-                            assert spawn is not None
-                            spawn(c.work_id, call(c.work_id, restore(c.result)))
+                        assert spawn is not None
+                        for wid, result in zip(p.commits.work_ids, p.commits.results, strict=True):
+                            spawn(wid, call(wid, restore(result)))
                     except BaseException:
                         # this record and every later one are delivered again on the next
                         # open; from now on nothing is handed to the callback (it failed)

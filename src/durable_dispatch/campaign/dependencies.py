@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from ..core import Commit, Dispatcher, Send, WorkItem
+from ..core import Commits, Dispatcher, Send, WorkItem
 from .results import stored_results
 from .statedir import RESULT_RECORD_BYTES
 
@@ -95,17 +95,16 @@ class DependencyResults:
         for r in stored_results(self._directory, wanted):
             self._results[r.work_id] = [r.result, refs[r.work_id]]
 
-    def note_commits(self, commits: Iterable[Commit]) -> None:
+    def note_commits(self, commits: Commits) -> None:
         """Commits being journaled: keep the result of each that an item waits for, and count
         down the results each committed dependent needed."""
         if not self.has_after:
             return
         led = self._core.ledger
         dependents, items, cache = led.dependents, led.items, self._results
-        for c in commits:
-            wid = c.work_id
+        for wid, result in zip(commits.work_ids, commits.results, strict=True):
             if wid in dependents:
-                cache[wid] = [c.result, len(led.dependents_of(wid))]
+                cache[wid] = [result, len(led.dependents_of(wid))]
             item = items.get(wid)
             if item is not None and item.after:
                 self._forget_results(item.after)
@@ -144,12 +143,12 @@ class DependencyResults:
                 cache[r.work_id] = [r.result, 1]
         return {d: cache[d][0] for d in dict.fromkeys(after) if d in cache}
 
-    def hold(self, seq: int, commits: Iterable[Commit]) -> None:
+    def hold(self, seq: int, commits: Commits) -> None:
         """Keep the results of memory-only commits (the journal degraded) until an fsync covers
         their record (:meth:`forget_durable`)."""
         held = self._held
-        for c in commits:
-            held[c.work_id] = (seq, c.result)
+        for wid, result in zip(commits.work_ids, commits.results, strict=True):
+            held[wid] = (seq, result)
 
     def forget_durable(self, durable: int) -> None:
         """The journal is durable through ``durable``: the results held for commits up to it

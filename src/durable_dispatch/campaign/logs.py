@@ -16,6 +16,7 @@ from typing import Any
 
 from ..core.decisions import (
     Commit,
+    Commits,
     Decision,
     Defer,
     Park,
@@ -79,6 +80,12 @@ def decision_fields(d: Decision) -> tuple[str, int, dict[str, Any]]:
             "commit",
             logging.DEBUG,
             {"rank": d.rank, "token": str(d.token), "work_id": d.work_id},
+        )
+    if isinstance(d, Commits):
+        return (
+            "commit",
+            logging.DEBUG,
+            {"rank": d.rank, "token": str(d.token), "work_id": ",".join(d.work_ids)},
         )
     if isinstance(d, Send):
         return (

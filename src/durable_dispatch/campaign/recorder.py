@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import Any
 
-from ..core import Commit, Decision, Defer, Dispatcher, PersistSnapshot, Requeue, Send
+from ..core import Commit, Commits, Decision, Defer, Dispatcher, PersistSnapshot, Requeue, Send
 from ..core.events import Committed, of_decision
 from ..errors import RecordTooLargeError, StorageDegradedError
 from ..storage import DeferJournal, Journal
@@ -74,9 +74,10 @@ class Recorder:
     def apply(self, decisions: Iterable[Decision]) -> list[Decision]:
         """Persist each decision that changes durable state, in order; returns them all.
 
-        * :class:`Commit`: journal it (the Commits of one dispatch, which the core returns next to
-          each other, as one record) and queue it for the delivery point, which closes it in
-          the core once an fsync covers it and then hands it to the callback.
+        * :class:`Commit` / :class:`Commits`: journal it (the commits of one dispatch, which the
+          core returns next to each other or as one ``Commits``, as one record) and queue it
+          for the delivery point, which closes it in the core once an fsync covers it and
+          then hands it to the callback.
         * :class:`Requeue` / :class:`Defer`: journal it; a Defer is appended to the defer journal
           and its outcome (on disk or in memory) reported to the core; ``on_defer`` is queued.
         * :class:`PersistSnapshot`: write the snapshot now.
@@ -85,11 +86,16 @@ class Recorder:
         if not out:
             return out
         first = out[0]
-        commits = type(first) is Commit and (
-            len(out) == 1 or (set(map(type, out)) == _COMMIT and len(set(map(_token_of, out))) == 1)
-        )  # (C-level passes: a RESULT of 64 items is 64 Commits)
-        if commits:  # the usual answer to a RESULT: the Commits of one dispatch, one record
-            refused = self._journal_commits(out)  # type: ignore[arg-type]
+        kind = type(first)
+        commits = len(out) == 1 and (kind is Commit or kind is Commits)
+        if commits:  # the answer to a RESULT: one Commit, or a dispatch's Commits (columns)
+            one = first if kind is Commits else Commits.of(out)  # type: ignore[arg-type]
+            refused = self._journal_commits(one)  # type: ignore[arg-type]
+        elif (
+            kind is Commit and set(map(type, out)) == _COMMIT and len(set(map(_token_of, out))) == 1
+        ):  # the commits of one dispatch, one by one (C-level passes): one record
+            commits = True
+            refused = self._journal_commits(Commits.of(out))  # type: ignore[arg-type]
         else:
             refused = self._persist_each(out)
         log_decisions(out, quiet=commits)  # (Commits are logged at DEBUG)
@@ -107,8 +113,10 @@ class Recorder:
                 group.append(d)
                 nxt = out[i + 1] if i + 1 < len(out) else None
                 if not isinstance(nxt, Commit) or nxt.token != d.token:
-                    refused += self._journal_commits(group)
+                    refused += self._journal_commits(Commits.of(group))
                     group = []
+            elif isinstance(d, Commits):
+                refused += self._journal_commits(d)
             elif isinstance(d, Requeue):
                 self._journal_event_of(d, self._cost_of(d.token, d.work_id))
             elif isinstance(d, Defer):
@@ -198,20 +206,14 @@ class Recorder:
         return c
 
     # ------------------------------------------------------------ the commits
-    def _journal_commits(self, commits: list[Commit]) -> list[Decision]:
-        """One ``committed`` record for the Commits of one dispatch, or several when one would
-        exceed the journal's record bound. A single result too large for any record is refused:
-        the core retries that item (returns its decisions)."""
-        first = commits[0]
-        wids: tuple[str, ...]
-        results: tuple[Any, ...]
-        if len(commits) == 1:
-            wids, results = (first.work_id,), (first.result,)
-        else:
-            wids, results = tuple([c.work_id for c in commits]), tuple([c.result for c in commits])
-        ev = Committed(first.token, first.rank, wids, results, time.time())
+    def _journal_commits(self, commits: Commits) -> list[Decision]:
+        """One ``committed`` record for the commits of one dispatch (its columns), or several
+        when one would exceed the journal's record bound. A single result too large for any
+        record is refused: the core retries that item (returns its decisions)."""
+        wids = commits.work_ids
+        ev = Committed(commits.token, commits.rank, wids, tuple(commits.results), time.time())
         rec = ev.encode()
-        costs = self._costs.get(first.token) if self._costs and first.token else None
+        costs = self._costs.get(commits.token) if self._costs and commits.token else None
         table = None
         if costs:  # what each attempt cost: informational, replay ignores it
             rec.update(record_members(costs, wids))
@@ -220,29 +222,29 @@ class Recorder:
             try:
                 r = self._journal.append(rec)
             except RecordTooLargeError:
-                if len(commits) > 1 or rec.pop("cost", None) is None:
+                if len(wids) > 1 or rec.pop("cost", None) is None:
                     raise  # (several: split below, each half with its costs)
                 # what it cost is the library's word, the result the user's: a record that
                 # holds the result without it keeps the result (its cost reads blank)
-                log.warning("commit of %s recorded without its cost (too large)", first.work_id)
+                log.warning("commit of %s recorded without its cost (too large)", wids[0])
                 r = self._journal.append(rec)
         except RecordTooLargeError as e:
-            if len(commits) > 1:
-                half = len(commits) // 2
+            if len(wids) > 1:
+                half = len(wids) // 2
                 return self._journal_commits(commits[:half]) + self._journal_commits(commits[half:])
-            log.error("result of %s cannot be journaled: %s", first.work_id, e)
+            log.error("result of %s cannot be journaled: %s", wids[0], e)
             why = f"result too large: {e}"
-            if first.part:  # sent ahead of its dispatch: the item takes the retry path
-                return self._core.part_refused(first.token, first.work_id, why)
-            return self._core.commit_refused(first.token, first.work_id, why)
+            if commits.part:  # sent ahead of its dispatch: the item takes the retry path
+                return self._core.part_refused(commits.token, wids[0], why)
+            return self._core.commit_refused(commits.token, wids[0], why)
         if costs:
             if table is None:
                 for w in wids:
                     costs.pop(w, None)
             if table is not None or not costs:
-                del self._costs[first.token]
+                del self._costs[commits.token]
         self._dependencies.note_commits(commits)  # (keeps what a dependent needs)
-        self._deliveries.add(r.seq, first.token, commits)
+        self._deliveries.add(r.seq, commits.token, commits)
         return []
 
 

@@ -445,7 +445,7 @@ class CampaignState:
         return self.persist(self.core.on_part(rank, token, work_ids, results, now, errors=errors))
 
     def sent(self, token: Token, now: float, error: str | None = None) -> list[Decision]:
-        """The WORK send of :meth:`next_send`'s dispatch returned (``error`` None) or failed."""
+        """The WORK send of :meth:`next_send`'s dispatch started (``error`` None) or failed."""
         if error is None:
             return self.persist(self.core.mark_dispatched(token, now))
         return self.persist(self.core.send_failed(token, now, error))

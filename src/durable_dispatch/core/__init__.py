@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .decisions import (
         Classification,
         Commit,
+        Commits,
         Decision,
         Defer,
         ItemFailure,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Classification",
     "Commit",
+    "Commits",
     "Correction",
     "Decision",
     "Defer",
@@ -65,6 +67,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "Classification": ".decisions",
         "Commit": ".decisions",
+        "Commits": ".decisions",
         "Correction": ".config",
         "Decision": ".decisions",
         "Defer": ".decisions",

@@ -9,9 +9,10 @@ appended to the defer journal (and its outcome reported back with ``defer_record
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "Decision",
     "Send",
     "Commit",
+    "Commits",
     "Requeue",
     "Defer",
     "Park",
@@ -273,6 +275,41 @@ class Commit(Decision):
     work_id: str
     result: Any
     part: bool = False
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Commits(Decision):
+    """What a :class:`Commit` each says for several items of one dispatch, as columns (no
+    object per item): journal them as one record, then report ``commit_done(token)`` (or
+    ``part_done(token, rank, work_ids)`` when ``part``). ``results[i]`` is the result of
+    ``work_ids[i]``. A RESULT of several items that all succeeded yields one.
+    """
+
+    rank: int
+    token: Token
+    work_ids: tuple[str, ...]
+    results: Sequence[Any]
+    part: bool = False
+
+    @classmethod
+    def of(cls, commits: Sequence[Commit]) -> Commits:
+        """The columns of ``commits`` (one or more, of one dispatch, in order)."""
+        first = commits[0]
+        if len(commits) == 1:
+            return cls(first.rank, first.token, (first.work_id,), (first.result,), first.part)
+        wids, results = tuple(map(_work_id, commits)), tuple(map(_result, commits))
+        return cls(first.rank, first.token, wids, results, first.part)
+
+    def __len__(self) -> int:
+        return len(self.work_ids)
+
+    def __getitem__(self, k: slice) -> Commits:
+        """The commits of the slice ``k`` of the columns (a record split in two)."""
+        return Commits(self.rank, self.token, self.work_ids[k], self.results[k], self.part)
+
+
+_work_id, _result = attrgetter("work_id"), attrgetter("result")
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ A rank's state (starting, idle, suspect, busy, parked, lost) is
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from ..errors import UsageError
@@ -64,6 +65,7 @@ from .decisions import (
     SOURCE_SEND_FAILURE,
     Classification,
     Commit,
+    Commits,
     Decision,
     ItemFailure,
     PersistSnapshot,
@@ -88,6 +90,10 @@ __all__ = [
     "WorkStatus",
     "RankState",
 ]
+
+
+_work_id = attrgetter("work_id")
+_leases = attrgetter("leases")
 
 
 # ------------------------------------------------------------------------------ the core
@@ -179,7 +185,12 @@ class Dispatcher(Rollbacks, Queries):
             # behind a head whose lease is taken: that head stops the run at once)
             items = [first]
             solo = ledger.solo
-            for head in ledger.items.of(frontier.first(max_items + 1)):
+            heads = ledger.items.of(frontier.first(max_items + 1))
+            if heads[0] is first and not solo and not any(map(_leases, heads)):
+                heads = heads[:max_items]  # the usual run: nothing leased, none alone (C-level)
+                items = heads
+                heads = []
+            for head in heads:
                 if len(items) == max_items:
                     break
                 if head is first:
@@ -202,7 +213,7 @@ class Dispatcher(Rollbacks, Queries):
             tx.seconds = self.allowed_seconds(chosen)  # (the one way a dispatch gets its time)
         attempts = ledger.attempts
         # The event the core applies now and the shell journals (one model, made once).
-        ev = Dispatched(token, rank, tuple([w.work_id for w in chosen]))
+        ev = Dispatched(token, rank, tuple(map(_work_id, chosen)))
         ledger.apply(ev)
         return Send(
             rank,
@@ -242,10 +253,27 @@ class Dispatcher(Rollbacks, Queries):
         return []
 
     def send_failed(self, token: Token, now: float, error: str = "send failed") -> list[Decision]:
-        """The WORK send for ``token`` failed: the same compensation path as a timeout."""
-        tx = self._open_tx(token)
+        """The WORK send for ``token`` failed: the same compensation path as a timeout.
+
+        A shell whose send completes later (a non-blocking send, reported with
+        :meth:`mark_dispatched` when it was posted) reports its failure here too: the dispatch
+        is rolled back the same way while nothing of its worker came under its token (no
+        RESULT, part, READY or HEARTBEAT); once something came, the worker evidently had the
+        WORK, and a failure reported after it changes nothing (returns ``[]``), as does one
+        for a dispatch no longer open.
+
+        Raises:
+            UsageError: ``token`` was never reserved.
+        """
+        tx = self._open.get(str(token))
+        if tx is None:
+            if (token.epoch, token.n) > (self.ledger.epoch, self.ledger.counter):
+                raise UsageError(f"no transaction has token {token}")
+            return []  # it ended already (rolled back, or its worker answered)
         if tx.state is not TxState.PREPARING:
-            raise UsageError(f"{token} is {tx.state.value}, not PREPARING")
+            answered = tx.ready_seen or tx.beaten or tx.ahead or tx.failure is not None
+            if tx.state is not TxState.DISPATCHED or answered:
+                return []
         self._n.send_failures += 1
         return self._roll_back(tx, SOURCE_SEND_FAILURE, "send-failure", error, RankState.PARKED)
 
@@ -361,9 +389,10 @@ class Dispatcher(Rollbacks, Queries):
         worker may not report counts as ``malformed-result``. In a multi-item dispatch those
         items leave it at once through the retry path (``source=invalid-result``, charged one
         attempt under their kind); the others commit: one :class:`Commit` each, next to each
-        other. A one-item dispatch with an error, and a RESULT whose entries do not match the
-        dispatch, fail as a whole: the READY that follows rolls back the whole dispatch with
-        that kind (:meth:`join_invalid`).
+        other (one :class:`Commits` of them all, its columns, when every item of several
+        succeeded: the usual RESULT). A one-item dispatch with an error, and a RESULT whose
+        entries do not match the dispatch, fail as a whole: the READY that follows rolls back
+        the whole dispatch with that kind (:meth:`join_invalid`).
         """
         if self._ranks.suspect_until:  # a message from a suspect rank clears it
             self._ranks.heard(rank)
@@ -395,11 +424,15 @@ class Dispatcher(Rollbacks, Queries):
             tx.ahead + tx.items if tx.ahead else tx.items, now - tx.sent_at
         ):  # (the dispatch's time was spent on the items sent ahead too)
             self._fit_open_deadlines()
+        flying, committed = self.ledger.in_flight, self.ledger.committed
+        if not errors and len(tx.items) > 1:  # the usual RESULT of several: every item in
+            wids = tuple(map(_work_id, tx.items))  # flight (none committed), none failed: one
+            if all(map(flying.__contains__, wids)):  # Commits, its columns (C-level passes)
+                return [Commits(rank, tx.token, wids, results), *self._free_rank_if_done(tx)]
         out: list[Decision] = []
         keep: list[WorkItem] = []
         failed: list[tuple[WorkItem, ItemFailure]] = []
         dups: list[WorkItem] = []
-        flying, committed = self.ledger.in_flight, self.ledger.committed
         for i, (item, value) in enumerate(zip(tx.items, results, strict=True)):
             bad = errors.get(i) if errors else None
             if bad is not None:
@@ -528,7 +561,7 @@ class Dispatcher(Rollbacks, Queries):
         tx = self._open_tx(token)
         advance(tx, TxEvent.COMMITTED)
         items = tx.items
-        self.ledger.apply(Committed(token, tx.rank, tuple([w.work_id for w in items])))
+        self.ledger.apply(Committed(token, tx.rank, tuple(map(_work_id, items))))
         self._n.commits += len(items)
         if self._leases:  # (no item holds a lease in most campaigns)
             for item in items:

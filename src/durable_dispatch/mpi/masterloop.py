@@ -74,6 +74,11 @@ class MasterLoop:
         self._next_plan = 0.0
         self._idle_sleep = 0.0
         self._heard = 0.0
+        # a transport that sends without waiting (``MpiTransport``): WORK is posted, and a send
+        # that fails later is reported by ``unsent`` (see ``Transport``)
+        self._post = getattr(link, "post", None)
+        self._unsent = getattr(link, "unsent", None)
+        self._posting: Any = link if self._unsent is not None else None  # (its ``posted``)
 
     def run(self, exhausted: Callable[[], bool], signals: list[int]) -> None:
         """Turn until the work is done (``exhausted()`` and nothing left) or a stop is due;
@@ -96,6 +101,8 @@ class MasterLoop:
         msgs = self.link.receive(RECEIVE_LIMIT)  # everything that arrived, never blocking
         if self.ft:
             self._check_failures(now)
+        if self._posting is not None and self._posting.posted:
+            self._send_failures(now)
         # (a turn that received nothing skips the steps with nothing to do: on a machine where
         # the ranks share cores, the master's idle turns take the workers' CPU)
         inbox = P.sort(msgs) if msgs else None
@@ -157,10 +164,23 @@ class MasterLoop:
                 state.deliver(turn=False)
             deps = state.dependencies_of(s)  # None unless an item has ``after``
             msg = P.work_message(s, ahead=self.auto, dependencies=deps)
-            error = link.send(s.rank, P.WORK, msg)
+            if self._post is not None:  # (its deadline starts once the send is started)
+                error = self._post(s.rank, P.WORK, msg, s.token)
+            else:
+                error = link.send(s.rank, P.WORK, msg)
             state.sent(s.token, state.now(), error)
             if error is not None and self.ft:
                 self._check_failures(now)
+
+    def _send_failures(self, now: float) -> None:
+        """The WORK sends started in earlier turns that failed: each takes a failed send's
+        compensation path (a dispatch whose worker answered meanwhile is not touched)."""
+        failures = self._unsent()  # type: ignore[misc]
+        for token, error in failures:
+            log.warning("master: WORK %s failed: %s", token, error)
+            self.state.sent(token, self.state.now(), error)
+        if failures and self.ft:
+            self._check_failures(now)
 
     def _take_results(self, inbox: Any, now: float) -> None:
         state = self.state

@@ -20,6 +20,10 @@ __all__ = ["Transport", "MpiTransport", "Message", "ulfm_mode"]
 
 log = logging.getLogger("durable_dispatch.mpi")
 
+#: :meth:`MpiTransport.post` sends a message of at most this many bytes with a blocking ``Send``
+#: (far below any MPI library's eager limit: it returns once the message is copied)
+SMALL_SEND = 1024
+
 #: ``(source rank, tag, body bytes)``
 Message = tuple[int, int, bytes | bytearray]
 
@@ -33,6 +37,14 @@ def ulfm_mode(comm: Any) -> bool:
 @runtime_checkable
 class Transport(Protocol):
     """What the master loop needs from its communicator.
+
+    A transport may also send without waiting (as :class:`MpiTransport` does): it then has
+    ``post(rank, tag, data, key) -> str | None``, which starts the send and returns at once
+    (None, or why it could not start), and ``unsent() -> list[tuple[key, str]]``, the sends
+    started since that failed since the last call, each with why; the master loop then uses
+    those two for WORK and reports each failure as the failed send of that key's dispatch; its
+    ``posted`` attribute counts the sends started that ``unsent`` has not seen end (the loop
+    calls ``unsent`` only while it is not 0).
 
     Attributes:
         size: the number of ranks, the master (rank 0) included.
@@ -81,6 +93,11 @@ class MpiTransport:
         self.size: int = self.comm.Get_size()
         self.ulfm: bool = ulfm_mode(self.comm)
         self._status = MPI.Status()
+        #: the sends :meth:`post` started and no test has seen end: (request, data, key, rank)
+        self._posted: list[tuple[Any, bytes, Any, int]] = []
+        #: how many sends :meth:`post` started that no call of :meth:`unsent` has seen end (0:
+        #: nothing to test, the usual state of a turn at batch 1)
+        self.posted = 0
 
     def receive(self, limit: int) -> list[Message]:
         """See :meth:`Transport.receive`. Under ULFM a failed receive is logged (the failed
@@ -107,6 +124,57 @@ class MpiTransport:
             return str(e)
         return None
 
+    def post(self, rank: int, tag: int, data: bytes, key: Any) -> str | None:
+        """Start sending ``data`` to ``rank`` (``Isend``) and return at once: None, or why the
+        send could not start. ``data`` is kept until the send ends; a send that fails later is
+        reported by :meth:`unsent` with ``key``. A WORK larger than the MPI library's eager
+        limit (a few KB) otherwise waits in a blocking ``Send`` until its worker is scheduled
+        and posts its receive, and the master's core spins meanwhile. A message of at most
+        :data:`SMALL_SEND` bytes (a one-item WORK) is sent at once with a blocking ``Send``: it
+        is sent eagerly by every MPI library, so that returns at once, with nothing to test
+        later."""
+        if len(data) <= SMALL_SEND:
+            return self.send(rank, tag, data)
+        try:
+            req = self.comm.Isend([data, self.MPI.BYTE], dest=rank, tag=tag)
+        except self.MPI.Exception as e:
+            return str(e)
+        self._posted.append((req, data, key, rank))
+        self.posted = len(self._posted)
+        return None
+
+    def unsent(self) -> list[tuple[Any, str]]:
+        """The sends :meth:`post` started that failed, each ``(key, why)``, since the last call;
+        the ones that ended are forgotten (all are tested in one call: the posted ones not yet
+        ended are the dispatches of the last turns, not one per rank)."""
+        posted = self._posted
+        if not posted:
+            return []
+        MPI = self.MPI
+        try:  # one call for them all (each test of MPI's progress engine has a price)
+            done = MPI.Request.Testsome([e[0] for e in posted])
+        except MPI.Exception:
+            pass  # one failed: each is tested below, to name it
+        else:
+            if done is None or len(done) == len(posted):
+                self._posted = []
+            elif done:
+                ended = set(done)
+                self._posted = [e for k, e in enumerate(posted) if k not in ended]
+            self.posted = len(self._posted)
+            return []
+        failed: list[tuple[Any, str]] = []
+        left = []
+        for entry in posted:
+            try:
+                if not entry[0].Test():
+                    left.append(entry)
+            except MPI.Exception as e:
+                failed.append((entry[2], str(e)))
+        self._posted = left
+        self.posted = len(left)
+        return failed
+
     def failed_ranks(self) -> list[int]:
         """See :meth:`Transport.failed_ranks`: ``Comm.Get_failed``, then ``Ack_failed``."""
         if not self.ulfm:
@@ -127,10 +195,16 @@ class MpiTransport:
         return [r for r in ranks if r is not None and r >= 0]
 
     def stop(self, ranks: Iterable[int], data: bytes, tag: int, timeout: float) -> bool:
-        """See :meth:`Transport.stop`: one ``Isend`` each, tested until ``timeout``, then the
-        ones not done are cancelled."""
+        """See :meth:`Transport.stop`: one ``Isend`` each, tested until ``timeout`` with the
+        sends :meth:`post` started to those ranks that have not ended (a worker reads its WORK
+        before its STOP), then the ones not done are cancelled (at once: those to other ranks)."""
         MPI = self.MPI
-        reqs = []
+        ranks = list(ranks)
+        to = set(ranks)
+        reqs = [e[0] for e in self._posted if e[3] in to]
+        self._cancel([e[0] for e in self._posted if e[3] not in to])
+        self._posted = []
+        self.posted = 0
         failed = False
         for r in ranks:
             try:
@@ -145,12 +219,15 @@ class MpiTransport:
             except MPI.Exception:
                 break
             time.sleep(0.001)
+        self._cancel(reqs)
+        return not reqs and not failed
+
+    def _cancel(self, reqs: list[Any]) -> None:
         for q in reqs:
             try:
                 q.Cancel()
-            except MPI.Exception:
+            except self.MPI.Exception:
                 pass
-        return not reqs and not failed
 
     def abort(self, code: int) -> None:
         """``MPI_Abort`` of the whole job."""
