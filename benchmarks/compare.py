@@ -228,23 +228,24 @@ def main() -> int:
             fb = statistics.median(got[(f, "base")]) / anchor
             fn_ = statistics.median(got[(f, "new")]) / anchor
             print(f"{f:<20} {x:<11} {fb:7.3f} {fn_:7.3f}")
-    if cpu:
-        print("the master's CPU per task (rank 0's CPU seconds over the run / tasks, median;")
-        print("base/new: above 1.0 the new tree spends less; a loaded machine moves it less)")
+    heads = {
+        "the master's CPU per task (rank 0's CPU seconds over the run / tasks, median;": cpu,
+        "the workers' CPU per task (every worker rank's CPU seconds over the run / tasks,": wcpu,
+    }
+    tails = (
+        "base/new: above 1.0 the new tree spends less; a loaded machine moves it less)",
+        "median: on few cores the workers' cost per item counts as much as the master's)",
+    )
+    for (head, table), tail in zip(heads.items(), tails, strict=True):
+        if not table:
+            continue
+        print(head)
+        print(tail)
         print(f"{'figure':<12} {'base us/task':>14} {'new us/task':>14} {'base/new':>9}")
         for name in figs:
-            if (name, "base") in cpu and (name, "new") in cpu:
-                cb = statistics.median(cpu[(name, "base")])
-                cn = statistics.median(cpu[(name, "new")])
-                print(f"{name:<12} {cb:14.1f} {cn:14.1f} {cb / cn:9.2f}")
-    if wcpu:
-        print("the workers' CPU per task (every worker rank's CPU seconds over the run / tasks,")
-        print("median: on few cores the workers' cost per item counts as much as the master's)")
-        print(f"{'figure':<12} {'base us/task':>14} {'new us/task':>14} {'base/new':>9}")
-        for name in figs:
-            if (name, "base") in wcpu and (name, "new") in wcpu:
-                cb = statistics.median(wcpu[(name, "base")])
-                cn = statistics.median(wcpu[(name, "new")])
+            if (name, "base") in table and (name, "new") in table:
+                cb = statistics.median(table[(name, "base")])
+                cn = statistics.median(table[(name, "new")])
                 print(f"{name:<12} {cb:14.1f} {cn:14.1f} {cb / cn:9.2f}")
     return 0
 

@@ -47,7 +47,7 @@ from durable_dispatch.campaign.control import apply_waiting, pending_commands, w
 from durable_dispatch.core.ledger import Ledger
 from durable_dispatch.mpi import Feed, run_master
 from durable_dispatch.testing import LocalWorkers
-from tests.test_reopen_machine import IDS, Reopen, _relations
+from tests.test_reopen_machine import IDS, Reopen, _relations, run_checked
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "children" / "hooks_futures_reopen.py"
@@ -264,17 +264,8 @@ EACH: list[tuple[str, dict[str, Any]]] = [
 
 def test_each_hook_does_each_action_and_a_reopen_rebuilds_every_step() -> None:
     machine = HookedReopen()
-    checks = [
-        machine.a_snapshot_rebuilds_what_is_in_memory,
-        machine.a_reopen_rebuilds_what_is_in_memory,
-        machine.stats_deferred_list_and_joblog_agree,
-        machine.every_committed_result_is_the_one_delivered,
-    ]
     try:
-        for rule_name, args in EACH:
-            getattr(machine, rule_name)(**args)
-            for check in checks:
-                check()
+        run_checked(machine, EACH)
         assert set(machine.acted) == {f"{k} {a}" for k in KINDS for a in ACTIONS}, machine.acted
     finally:
         machine.teardown()
@@ -322,17 +313,8 @@ FOUND: dict[str, list[tuple[str, dict[str, Any]]]] = {
 @pytest.mark.parametrize("name", list(FOUND))
 def test_a_hook_waiting_for_the_delivery_point_at_a_reopen_or_a_crash(name: str) -> None:
     machine = HookedReopen()
-    checks = [
-        machine.a_snapshot_rebuilds_what_is_in_memory,
-        machine.a_reopen_rebuilds_what_is_in_memory,
-        machine.stats_deferred_list_and_joblog_agree,
-        machine.every_committed_result_is_the_one_delivered,
-    ]
     try:
-        for rule_name, args in FOUND[name]:
-            getattr(machine, rule_name)(**args)
-            for check in checks:
-                check()
+        run_checked(machine, FOUND[name])
         led = machine.led
         if name.startswith("reopen"):
             # h2 is deferred for i0 as i4 is, each registered under what it misses, in memory

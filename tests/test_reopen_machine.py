@@ -341,19 +341,25 @@ FOUND: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 
 
-@pytest.mark.parametrize("steps", list(FOUND.values()), ids=list(FOUND))
-def test_what_the_machine_found(steps: list[tuple[str, dict[str, Any]]]) -> None:
-    machine = Reopen()
+def run_checked(machine: Reopen, steps: list[tuple[str, dict[str, Any]]]) -> None:
+    """Run ``steps`` (a rule's name and its arguments) on ``machine``, each followed by every
+    invariant of the machine, as hypothesis runs them."""
     checks = [
         machine.a_snapshot_rebuilds_what_is_in_memory,
         machine.a_reopen_rebuilds_what_is_in_memory,
         machine.stats_deferred_list_and_joblog_agree,
         machine.every_committed_result_is_the_one_delivered,
     ]
+    for rule_name, args in steps:
+        getattr(machine, rule_name)(**args)
+        for check in checks:
+            check()
+
+
+@pytest.mark.parametrize("steps", list(FOUND.values()), ids=list(FOUND))
+def test_what_the_machine_found(steps: list[tuple[str, dict[str, Any]]]) -> None:
+    machine = Reopen()
     try:
-        for rule, args in steps:
-            getattr(machine, rule)(**args)
-            for check in checks:
-                check()
+        run_checked(machine, steps)
     finally:
         machine.teardown()
