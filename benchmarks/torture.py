@@ -53,7 +53,8 @@ them against the model: every submitted or spawned work ID ends committed, defer
 by an operator's cancel) cancelled, once;
 each committed result is the function of its payload; every commit reached the callback; no
 duplicate commit in the journal; each deferral's kinds are allowed for its item and its counts
-follow the retry budgets; no rank parked at the end with isolation; no process of the job left;
+follow the retry budgets; no rank parked at the end with isolation (unless a drain or a stop
+explains it: :func:`parked_at_end`); no process of the job left;
 each run ended by itself within a bound computed from the scenario's deadlines; ``verify``
 passes. A failing scenario is written to ``torture-failures/`` with its seed; ``--shrink`` drops
 faults and items while it still fails. Exit status: 0 no violation, 1 violations.
@@ -865,6 +866,7 @@ def _one_run(
             for t_end, pid in list(stopped):
                 if now >= t_end:
                     _signal(pid, signal.SIGCONT)
+                    _log_fault(workdir, r, "cont", pid, None)
                     stopped.remove((t_end, pid))
             if filler is not None and now > fill_until:
                 filler.unlink(missing_ok=True)  # the disk frees: the journal recovers
@@ -884,6 +886,7 @@ def _one_run(
             launcher.kill_session(proc)
         for _, pid in stopped:
             _signal(pid, signal.SIGCONT)
+            _log_fault(workdir, r, "cont", pid, None)
         if filler is not None:
             filler.unlink(missing_ok=True)
         stdout, stderr = proc.communicate()
@@ -905,6 +908,16 @@ def _one_run(
     if "Traceback" in stderr and "CorruptError" in stderr:
         out.violations.append(f"run {r} refused its own state: {stderr[-1500:]}")
     return False
+
+
+def _log_fault(workdir: Path, run: int, do: str, pid: int, rank: int | None) -> None:
+    """Log a signal the nemesis sent in ``faults.jsonl`` (``{"run", "do", "pid", "rank",
+    "t"}``; ``do`` is ``"cont"`` for the SIGCONT that ends a stop): which rank it hit and when,
+    for the checker (a stopped rank cannot answer) and for whoever reads a failure."""
+    with open(workdir / "faults.jsonl", "a") as f:
+        f.write(
+            json.dumps({"run": run, "do": do, "pid": pid, "rank": rank, "t": time.time()}) + "\n"
+        )
 
 
 def _rank0(ranks: list[int]) -> int:
@@ -956,7 +969,8 @@ def _act(
     do = a["do"]
     if a.get("after") == "state" and not (_statedir(s, workdir) / "events.jsonl").exists():
         return False, None
-    workers = [p for p in (_pid(workdir, k) for k in range(1, s["ranks"])) if p]
+    rank_of = {p: k for k in range(1, s["ranks"]) if (p := _pid(workdir, k))}
+    workers = list(rank_of)
     master = _pid(workdir, 0)
     if s.get("mode") == "futures":  # the runner's ranks: mpiexec's children, rank 0 the first
         ranks = sorted(c for c in _children_of(proc.pid) if "python" in _cmdline(c))
@@ -966,26 +980,34 @@ def _act(
         if len(ranks) < s["ranks"] or master is None:
             return False, None
         master, workers = _rank0(ranks), [p for p in ranks if p != _rank0(ranks)]
+        rank_of = {}  # (the runner's ranks: not known by number)
     target: int | None = None
+    rank: int | None = None  # the rank the target is (or serves: an isolated child's worker)
     if do in ("kill-master", "stop-master"):
-        target = master
+        target, rank = master, 0
     elif do in ("kill-worker", "stop-worker") and workers:
         target = random.Random(a["at"]).choice(workers)
+        rank = rank_of.get(target)
     elif do in ("kill-child", "stop-child") and workers:
-        kids = [c for w in workers for c in _children_of(w)]
-        target = random.Random(a["at"]).choice(kids) if kids else None
+        kids = [(c, w) for w in workers for c in _children_of(w)]
+        if kids:
+            target, parent = random.Random(a["at"]).choice(kids)
+            rank = rank_of.get(parent)
     if do.startswith(("kill-", "stop-")):
         if target is None:
             return False, None
         if do.startswith("kill-") and _signal(target, signal.SIGKILL):
             out.faults[do] += 1
+            _log_fault(workdir, a["run"], do, target, rank)
         elif do.startswith("stop-") and _signal(target, signal.SIGSTOP):
             out.faults[do] += 1
+            _log_fault(workdir, a["run"], do, target, rank)
             stopped.append((now + a.get("seconds", 1.0), target))
         return True, None
     if do == "drain":
         if _signal(proc.pid, signal.SIGUSR1):
             out.faults[do] += 1
+            _log_fault(workdir, a["run"], do, proc.pid, None)
         return True, None
     if do.startswith("op-"):
         return _operator(a, s, workdir, out), None
@@ -1184,16 +1206,81 @@ def check(s: dict[str, Any], workdir: Path) -> list[str]:
     missing = set(committed) - delivered
     if missing:
         v.append(f"commits that never reached the callback: {sorted(missing)[:5]}")
-    reports = sorted(workdir.glob("report-*.json"), key=lambda f: f.stat().st_mtime)
-    if reports and s["isolate"]:
-        st = json.loads(reports[-1].read_text())
-        parked = _find(st["stats"], "parked_ranks_now")
-        if parked:
-            v.append(f"{parked} rank(s) parked at the end with isolation on")
+    v += parked_at_end(s, workdir)
     res = _cli("verify", str(state))
     if res.returncode != 0:
         v.append(f"verify: exit {res.returncode}: {res.stdout[-500:]}")
     return v
+
+
+#: How long ``run_master`` keeps serving parked ranks once the work is done (its ``linger``,
+#: which torture_campaign.py leaves at its default).
+LINGER = 2.0
+
+
+def parked_at_end(s: dict[str, Any], workdir: Path) -> list[str]:
+    """With isolation, no rank is parked when the last run ends: an isolated worker answers a
+    dispatch the master rolled back (a timeout, an operator's cancel) with the READY of its
+    exact token once it has killed its child and started a fresh one, and the master, once the
+    work is done, keeps serving for :data:`LINGER` seconds while a rank is parked. Two ends
+    leave a rank parked by design, and are not violations:
+
+    - a drained run (an operator's ``drain`` that the master applied, or SIGUSR1, in that run):
+      a drain stops once nothing is in flight and does not linger, and a parked rank has
+      nothing in flight (its dispatch was rolled back). Its worker may still be starting its
+      fresh child (an interpreter and the campaign script: up to a second on a loaded machine)
+      when the master ends (seed 2144568252: a cancel in flight, then that child SIGSTOPped
+      while it started, then the drain);
+    - ranks whose worker, or an isolated child of it, the nemesis SIGSTOPped and continued only
+      after the linger began (at the latest, :data:`LINGER` before the master's end): they
+      could not answer in time (a worker restarts a killed child before it says READY, so a
+      child stopped while it starts holds its worker).
+
+    The run and its end are the last report's (``torture_campaign.py`` writes them), the
+    drains those of ``ops.jsonl`` and ``faults.jsonl``, the stops and their SIGCONTs those of
+    ``faults.jsonl``.
+    """
+    reports = sorted(workdir.glob("report-*.json"), key=lambda f: f.stat().st_mtime)
+    if not reports or not s["isolate"]:
+        return []
+    st = json.loads(reports[-1].read_text())
+    parked = _find(st["stats"], "parked_ranks_now")
+    if not parked:
+        return []
+    run = st.get("run")  # (None in a report of before: then nothing excuses a parked rank)
+    end = st.get("t", reports[-1].stat().st_mtime)
+    faults = _faults(workdir)
+    ops = _ops(workdir)
+    drained = run is not None and (
+        any(f["do"] == "drain" and f["run"] == run for f in faults)
+        or any(
+            o["do"] == "op-drain"
+            and o.get("ran_in") == run
+            and (o.get("answer") or {}).get("ok") is True
+            and (o.get("answer") or {}).get("applied_by") == "master"
+            for o in ops
+        )
+    )
+    if drained:
+        return []
+    stopped: set[int] = set()
+    for n, f in enumerate(faults):
+        if run is None or f["run"] != run or f["do"] not in ("stop-worker", "stop-child"):
+            continue
+        conts = [g["t"] for g in faults[n + 1 :] if g["do"] == "cont" and g["pid"] == f["pid"]]
+        if f["rank"] is not None and (conts[0] if conts else float("inf")) >= end - LINGER:
+            stopped.add(f["rank"])
+    if parked <= len(stopped):
+        return []
+    return [
+        f"{parked} rank(s) parked at the end with isolation on (run {run} was not drained; "
+        f"ranks stopped into the linger: {sorted(stopped) or 'none'})"
+    ]
+
+
+def _faults(workdir: Path) -> list[dict[str, Any]]:
+    path = workdir / "faults.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
 def _duplicate_commits(state: Path) -> list[str]:

@@ -5,7 +5,8 @@
 commit its callback sees to ``WORKDIR/sink.jsonl`` (``{"id", "result"}``, flushed and fsynced
 before the callback returns) and returns each item's children; the other ranks run
 ``run_worker``, isolated or not. Every rank writes its pid to ``WORKDIR/pids/<rank>`` so the
-nemesis can find it; rank 0 writes its report to ``WORKDIR/report-<pid>.json``.
+nemesis can find it; rank 0 writes its report to ``WORKDIR/report-<pid>.json`` (with the
+run's number, ``TORTURE_RUN``, and when it ended).
 
 ``--plant NAME`` plants a known bug in this process before the campaign runs (the harness's own
 tests check that the checker catches each): ``double-commit`` journals every commit twice,
@@ -182,8 +183,12 @@ def main() -> int:
         stuck_grace=scenario.get("stuck_grace", 10.0),
         drain_seconds=scenario.get("drain_seconds", 20.0),
     )
+    run = int(os.environ.get("TORTURE_RUN", "0"))  # (which run wrote it, and when it ended)
     (workdir / f"report-{os.getpid()}.json").write_text(
-        json.dumps({"finished": report.finished, "reason": report.reason, "stats": report.stats})
+        json.dumps(
+            {"finished": report.finished, "reason": report.reason, "stats": report.stats}
+            | {"run": run, "t": time.time()}
+        )
     )
     sink.close()
     code = 0 if report.finished else 3

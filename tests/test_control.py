@@ -295,6 +295,30 @@ def test_drain_command_drains_a_running_master_as_sigusr1_does(tmp_path: Path) -
     assert read_ack(str(d), feed.sent[0].id)["message"] == "the master is draining"  # type: ignore[index]
 
 
+def test_a_drain_does_not_linger_for_a_parked_rank_even_when_the_work_is_done(
+    tmp_path: Path,
+) -> None:
+    """A cancel in flight parks its rank (its worker never answers: a late READY), the rest is
+    committed, then a drain: the run is finished, and it ends at once with the rank parked,
+    however long ``linger`` is (the torture harness's check of parked ranks relies on this)."""
+    d = tmp_path / "state"
+    link = LocalWorkers(lambda p: p, workers=2, answer=lambda r, t, ids: "h0" not in ids)
+
+    class Then(_Steered):  # (nothing more to come once the commands are written)
+        def refill(self) -> None:
+            super().refill()
+            self.exhausted = self.exhausted or bool(self.sent)
+
+    feed = Then(d, [("cancel", {"work_ids": ["h0"]}), ("drain", {})], n=2)
+    start = time.monotonic()
+    report = run_master(feed, d, comm=link, linger=60.0)
+    assert time.monotonic() - start < 30
+    assert report.finished and report.reason is None, report
+    assert report.stats["core"]["parked_ranks_now"] == 1
+    assert report.stats["core"]["operator_cancelled_in_flight"] == 1
+    assert any(e[0] == "send" and e[2] == "CANCEL" for e in link.log)
+
+
 def test_the_inbox_costs_one_stat_per_poll_and_lists_only_on_change(tmp_path: Path) -> None:
     d = _state(tmp_path)
     write_command(str(d), "retry", {"all": True})
