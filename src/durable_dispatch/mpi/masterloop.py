@@ -76,9 +76,7 @@ class MasterLoop:
         self._heard = 0.0
         # a transport that sends without waiting (``MpiTransport``): WORK is posted, and a send
         # that fails later is reported by ``unsent`` (see ``Transport``)
-        self._post = getattr(link, "post", None)
-        self._unsent = getattr(link, "unsent", None)
-        self._posting: Any = link if self._unsent is not None else None  # (its ``posted``)
+        self._posting: Any = link if hasattr(link, "post") and hasattr(link, "unsent") else None
 
     def run(self, exhausted: Callable[[], bool], signals: list[int]) -> None:
         """Turn until the work is done (``exhausted()`` and nothing left) or a stop is due;
@@ -164,8 +162,8 @@ class MasterLoop:
                 state.deliver(turn=False)
             deps = state.dependencies_of(s)  # None unless an item has ``after``
             msg = P.work_message(s, ahead=self.auto, dependencies=deps)
-            if self._post is not None:  # (its deadline starts once the send is started)
-                error = self._post(s.rank, P.WORK, msg, s.token)
+            if self._posting is not None:  # (its deadline starts once the send is started)
+                error = self._posting.post(s.rank, P.WORK, msg, s.token)
             else:
                 error = link.send(s.rank, P.WORK, msg)
             state.sent(s.token, state.now(), error)
@@ -175,7 +173,7 @@ class MasterLoop:
     def _send_failures(self, now: float) -> None:
         """The WORK sends started in earlier turns that failed: each takes a failed send's
         compensation path (a dispatch whose worker answered meanwhile is not touched)."""
-        failures = self._unsent()  # type: ignore[misc]
+        failures = self._posting.unsent()
         for token, error in failures:
             log.warning("master: WORK %s failed: %s", token, error)
             self.state.sent(token, self.state.now(), error)
